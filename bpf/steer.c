@@ -1,0 +1,277 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (MIT OR GPL-2.0)
+//
+// steer: the XDP program that decides, for every frame arriving on an
+// interface, whether it belongs to one of our stacks (redirect it into that
+// stack's AF_XDP socket) or to the kernel (XDP_PASS).
+//
+// Lookup order, first match wins:
+//   1. flows:     (protocol, local addr, remote addr, local port, remote port)
+//   2. listeners: (protocol, local addr, local port)
+//   3. listeners: (protocol, 0.0.0.0,    local port)   -- wildcard bind
+// The value is a stack id. The frame goes to the XSK in slot
+//   stack * MAX_QUEUES + rx_queue_index
+// because an AF_XDP socket only receives frames from the (device, queue) it
+// is bound to.
+//
+// Frames we do not handle are passed to the kernel untouched and counted:
+// anything not IPv4 (ARP, IPv6), VLAN-tagged frames, broadcast/multicast,
+// protocols other than TCP and UDP (ICMP), IP fragments (the stack does not
+// reassemble; the kernel does, and delivers to the port's reserving socket),
+// and malformed or truncated headers (the kernel counts and drops them).
+// IPv4 options are accepted: the ports are found after them.
+//
+// A frame that matches an entry but whose stack has no socket on the queue it
+// arrived on is dropped and counted, not passed: the kernel does not know the
+// connection and would answer it with a reset.
+//
+// Lazy interrupts: a stack about to sleep sets its armed flag in the
+// mmapable control array (a plain store, no system call). Redirecting to an
+// armed stack clears the flag and posts one wake event on the events ring
+// buffer, which onloadd reads. The flag is tested and cleared without an
+// atomic exchange (which would need Linux 5.12): two CPUs racing may both
+// post, and a duplicate wake-up is harmless; a lost one cannot happen because
+// both see the flag set.
+
+#include "include/bpf_defs.h"
+
+#define MAX_STACKS 256
+#define MAX_QUEUES 64
+#define ETH_ALEN 6
+#define ETH_P_IP 0x0800
+#define ETH_P_8021Q 0x8100
+#define ETH_P_8021AD 0x88A8
+#define IPPROTO_TCP 6
+#define IPPROTO_UDP 17
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1FFF
+
+char __license[] SEC("license") = "Dual MIT/GPL";
+
+// Counter indices; bpf/counters.go mirrors them in the same order.
+enum counter {
+	CTR_RX = 0,            // frames seen
+	CTR_REDIRECT_FLOW,     // redirected by a flow entry
+	CTR_REDIRECT_LISTENER, // redirected by a listener entry
+	CTR_PASS_NOT_IPV4,     // ARP, IPv6, other ethertypes
+	CTR_PASS_VLAN,         // 802.1Q / 802.1ad tagged
+	CTR_PASS_NOT_UNICAST,  // broadcast or multicast destination MAC
+	CTR_PASS_OTHER_PROTO,  // ICMP and every protocol but TCP and UDP
+	CTR_PASS_FRAGMENT,     // IPv4 fragments
+	CTR_PASS_MALFORMED,    // truncated or inconsistent headers
+	CTR_PASS_NO_MATCH,     // TCP/UDP with no flow or listener entry
+	CTR_PASS_BAD_ENTRY,    // an entry names a stack id out of range
+	CTR_DROP_NO_XSK,       // matched, but no socket for that stack and queue
+	CTR_WAKEUP,            // wake events posted
+	CTR_WAKEUP_LOST,       // wake events lost: ring buffer full
+	CTR_MAX,
+};
+
+struct listener_key {
+	__be32 addr; // local address, 0 for a wildcard bind
+	__be16 port; // local port
+	__u8 proto;  // IPPROTO_TCP or IPPROTO_UDP
+	__u8 pad;
+};
+
+struct flow_key {
+	__be32 local_addr;
+	__be32 remote_addr;
+	__be16 local_port;
+	__be16 remote_port;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+// One cache line per stack so that stacks do not share lines.
+struct stack_ctl {
+	__u32 armed;   // 1: the stack sleeps and wants a wake event
+	__u32 wakeups; // wake events posted for this stack
+	__u32 pad[14];
+};
+
+struct wake_event {
+	__u32 stack;
+	__u32 queue;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct listener_key);
+	__type(value, __u32);
+} listeners SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct flow_key);
+	__type(value, __u32);
+} flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__uint(max_entries, MAX_STACKS * MAX_QUEUES);
+	__type(key, __u32);
+	__type(value, __u32);
+} xsks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_STACKS);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct stack_ctl);
+} control SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 64 * 1024);
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CTR_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+// Force BTF for types only user space uses, so bpf2go can generate them.
+const struct wake_event *unused_wake_event __attribute__((unused));
+
+static __always_inline void count(__u32 idx)
+{
+	__u64 *c = bpf_map_lookup_elem(&counters, &idx);
+	if (c)
+		*c += 1; // per-CPU: no atomic needed
+}
+
+static __always_inline int pass(__u32 idx)
+{
+	count(idx);
+	return XDP_PASS;
+}
+
+static __always_inline void wake(__u32 stack, __u32 queue)
+{
+	struct stack_ctl *ctl = bpf_map_lookup_elem(&control, &stack);
+	if (!ctl)
+		return;
+	volatile __u32 *armed = &ctl->armed;
+	if (!*armed)
+		return;
+	*armed = 0;
+	__sync_fetch_and_add(&ctl->wakeups, 1);
+
+	struct wake_event ev = {.stack = stack, .queue = queue};
+	if (bpf_ringbuf_output(&events, &ev, sizeof(ev), 0) < 0)
+		count(CTR_WAKEUP_LOST);
+	else
+		count(CTR_WAKEUP);
+}
+
+SEC("xdp")
+int steer(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+
+	count(CTR_RX);
+
+	// Ethernet: 14 bytes.
+	if (data + 14 > data_end)
+		return pass(CTR_PASS_MALFORMED);
+	__u8 *eth = data;
+	if (eth[0] & 1) // group bit: broadcast or multicast
+		return pass(CTR_PASS_NOT_UNICAST);
+	__be16 proto = *(__be16 *)(eth + 12);
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
+		return pass(CTR_PASS_VLAN);
+	if (proto != bpf_htons(ETH_P_IP))
+		return pass(CTR_PASS_NOT_IPV4);
+
+	// IPv4: at least 20 bytes, version 4, 5 <= IHL, the header and the
+	// total length within the frame (trailing Ethernet padding is allowed).
+	__u8 *ip = data + 14;
+	if ((void *)(ip + 20) > data_end)
+		return pass(CTR_PASS_MALFORMED);
+	if ((ip[0] >> 4) != 4)
+		return pass(CTR_PASS_MALFORMED);
+	__u32 ihl = (ip[0] & 0x0F) * 4;
+	if (ihl < 20)
+		return pass(CTR_PASS_MALFORMED);
+	__u32 tot_len = ((__u32)ip[2] << 8) | ip[3];
+	if (tot_len < ihl || (void *)ip + tot_len > data_end)
+		return pass(CTR_PASS_MALFORMED);
+	__u16 frag = ((__u16)ip[6] << 8) | ip[7];
+	if (frag & (IP_MF | IP_OFFSET))
+		return pass(CTR_PASS_FRAGMENT);
+	__u8 l4proto = ip[9];
+	if (l4proto != IPPROTO_TCP && l4proto != IPPROTO_UDP)
+		return pass(CTR_PASS_OTHER_PROTO);
+
+	// Transport: the ports are the first four bytes of both headers, but
+	// the whole fixed header must be present and self-consistent.
+	__u8 *l4 = ip + ihl;
+	__u32 l4len = tot_len - ihl;
+	if (l4proto == IPPROTO_TCP) {
+		if ((void *)(l4 + 20) > data_end || l4len < 20)
+			return pass(CTR_PASS_MALFORMED);
+		__u32 doff = (l4[12] >> 4) * 4;
+		if (doff < 20 || doff > l4len)
+			return pass(CTR_PASS_MALFORMED);
+	} else {
+		if ((void *)(l4 + 8) > data_end || l4len < 8)
+			return pass(CTR_PASS_MALFORMED);
+		__u32 ulen = ((__u32)l4[4] << 8) | l4[5];
+		if (ulen < 8 || ulen > l4len)
+			return pass(CTR_PASS_MALFORMED);
+	}
+
+	struct flow_key fk = {
+		.local_addr = *(__be32 *)(ip + 16),
+		.remote_addr = *(__be32 *)(ip + 12),
+		.local_port = *(__be16 *)(l4 + 2),
+		.remote_port = *(__be16 *)(l4 + 0),
+		.proto = l4proto,
+	};
+	__u32 redirect_ctr = CTR_REDIRECT_FLOW;
+	__u32 *stack = bpf_map_lookup_elem(&flows, &fk);
+	if (!stack) {
+		struct listener_key lk = {
+			.addr = fk.local_addr,
+			.port = fk.local_port,
+			.proto = l4proto,
+		};
+		redirect_ctr = CTR_REDIRECT_LISTENER;
+		stack = bpf_map_lookup_elem(&listeners, &lk);
+		if (!stack) {
+			lk.addr = 0;
+			stack = bpf_map_lookup_elem(&listeners, &lk);
+		}
+	}
+	if (!stack)
+		return pass(CTR_PASS_NO_MATCH);
+
+	__u32 id = *stack;
+	__u32 queue = ctx->rx_queue_index;
+	if (id >= MAX_STACKS)
+		return pass(CTR_PASS_BAD_ENTRY);
+	if (queue >= MAX_QUEUES) {
+		count(CTR_DROP_NO_XSK);
+		return XDP_DROP;
+	}
+	__u32 slot = id * MAX_QUEUES + queue;
+	if (!bpf_map_lookup_elem(&xsks, &slot)) {
+		count(CTR_DROP_NO_XSK);
+		return XDP_DROP;
+	}
+
+	wake(id, queue);
+	count(redirect_ctr);
+	// The socket was there a moment ago; if it has just gone, drop.
+	return bpf_redirect_map(&xsks, slot, XDP_DROP);
+}

@@ -1,0 +1,416 @@
+package bpf_test
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/xdp-onload/onload/bpf"
+	"github.com/xdp-onload/onload/internal/pkt"
+	"github.com/xdp-onload/onload/test"
+	"github.com/xdp-onload/onload/xdp"
+)
+
+// xdpMd is struct xdp_md, the context BPF_PROG_RUN hands the program.
+type xdpMd struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+var (
+	macA   = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xa}
+	macB   = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xb}
+	ipA    = netip.MustParseAddr("198.18.0.1")
+	ipB    = netip.MustParseAddr("198.18.0.2")
+	remote = pkt.Endpoint{MAC: macA, Addr: netip.AddrPortFrom(ipA, 40000)}
+)
+
+func local(port uint16) pkt.Endpoint {
+	return pkt.Endpoint{MAC: macB, Addr: netip.AddrPortFrom(ipB, port)}
+}
+
+func udpFrame(t *testing.T, dport uint16, payload string) []byte {
+	t.Helper()
+	b := make([]byte, 1514)
+	n, err := pkt.UDP(b, remote, local(dport), []byte(payload))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b[:n]
+}
+
+func tcpFrame(t *testing.T, dport uint16, flags header.TCPFlags) []byte {
+	t.Helper()
+	b := make([]byte, 1514)
+	n, err := pkt.TCP(b, remote, local(dport), pkt.TCPSegment{Seq: 1000, Flags: flags, Window: 65535})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b[:n]
+}
+
+// rig is a loaded steering program with real AF_XDP sockets in some XSKMAP
+// slots, on a 4-queue veth in a private network namespace (no traffic is
+// sent: the program runs on crafted frames through BPF_PROG_RUN).
+type rig struct {
+	t     *testing.T
+	s     *bpf.Steering
+	host  *test.Host
+	iface *test.Iface
+}
+
+func newRig(t *testing.T) *rig {
+	test.RequireRoot(t)
+	a, _ := test.Pair(t, test.LinkOptions{Queues: 4})
+	s, err := bpf.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return &rig{t: t, s: s, host: a, iface: a.Iface0()}
+}
+
+// socket binds an AF_XDP socket to queue q and registers it for stack id.
+func (r *rig) socket(id bpf.StackID, q int) {
+	r.t.Helper()
+	err := r.host.Do(func() error {
+		u, err := xdp.NewUmem(xdp.UmemConfig{FrameCount: 64})
+		if err != nil {
+			return err
+		}
+		sk, err := xdp.Open(u, xdp.Config{Interface: r.iface.Name, Queue: q, RxSize: 64, TxSize: 64, FillSize: 64, CompletionSize: 64})
+		if err != nil {
+			u.Close()
+			return err
+		}
+		r.t.Cleanup(func() { sk.Close(); u.Close() })
+		return r.s.SetSocket(id, q, sk.FD())
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// listenAll registers stack 1, with a socket on queue 0, for UDP and TCP
+// to port on every address.
+func (r *rig) listenAll(port uint16) {
+	r.t.Helper()
+	r.socket(1, 0)
+	for _, p := range []bpf.Proto{bpf.UDP, bpf.TCP} {
+		if err := r.s.AddListener(bpf.Listener{Proto: p, Port: port}, 1); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+}
+
+// run runs the program once on frame as if it arrived on queue q and
+// returns the verdict and the counters that moved.
+func (r *rig) run(frame []byte, q int) (uint32, bpf.Counters) {
+	r.t.Helper()
+	before, err := r.s.Counters()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var ret uint32
+	err = r.host.Do(func() (err error) {
+		ret, err = r.s.Program().Run(&ebpf.RunOptions{
+			Data: frame,
+			Context: xdpMd{
+				DataEnd:        uint32(len(frame)),
+				IngressIfindex: uint32(r.iface.Index),
+				RxQueueIndex:   uint32(q),
+			},
+		})
+		return err
+	})
+	if err != nil {
+		r.t.Fatalf("run program: %v", err)
+	}
+	after, err := r.s.Counters()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return ret, after.Sub(before)
+}
+
+const (
+	xdpDrop     = 1
+	xdpPass     = 2
+	xdpRedirect = 4
+)
+
+func verdictName(v uint32) string {
+	return map[uint32]string{0: "ABORTED", 1: "DROP", 2: "PASS", 3: "TX", 4: "REDIRECT"}[v]
+}
+
+// expect checks one run: the verdict and that exactly the named counter
+// moved besides rx (and, for redirects, nothing else).
+func (r *rig) expect(name string, frame []byte, q int, verdict uint32, counter int) {
+	r.t.Helper()
+	got, c := r.run(frame, q)
+	if got != verdict {
+		r.t.Errorf("%s: verdict %s, want %s (counters %s)", name, verdictName(got), verdictName(verdict), c)
+	}
+	want := bpf.Counters{}
+	want[bpf.CounterRX] = 1
+	want[counter] = 1
+	c[bpf.CounterWakeup], c[bpf.CounterWakeupLost] = 0, 0
+	if c != want {
+		r.t.Errorf("%s: counters moved %s, want %s", name, c, want)
+	}
+}
+
+func TestSteeringVerdicts(t *testing.T) {
+	r := newRig(t)
+	// One UMEM per (device, queue): each stack gets its own queues.
+	const stackUDP, stackTCP, stackFlow, stackNoSock bpf.StackID = 1, 2, 3, 4
+	r.socket(stackUDP, 0)
+	r.socket(stackFlow, 1)
+	r.socket(stackTCP, 2)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(r.s.AddListener(bpf.Listener{Proto: bpf.UDP, Addr: ipB, Port: 7000}, stackUDP))
+	must(r.s.AddListener(bpf.Listener{Proto: bpf.TCP, Port: 7001}, stackTCP)) // wildcard address
+	must(r.s.AddListener(bpf.Listener{Proto: bpf.TCP, Addr: ipB, Port: 7002}, stackNoSock))
+	// A flow on the listener's port goes to another stack: flows win.
+	must(r.s.AddFlow(bpf.Flow{Proto: bpf.TCP, Local: netip.AddrPortFrom(ipB, 7001), Remote: remote.Addr}, stackFlow))
+
+	r.expect("udp to listener", udpFrame(t, 7000, "hello"), 0, xdpRedirect, bpf.CounterRedirectListener)
+	// Were the listener chosen, stack 2 has no socket on queue 1: a drop.
+	r.expect("tcp syn matching a flow", tcpFrame(t, 7001, header.TCPFlagSyn), 1, xdpRedirect, bpf.CounterRedirectFlow)
+	r.expect("udp to unregistered port", udpFrame(t, 7005, "x"), 0, xdpPass, bpf.CounterPassNoMatch)
+	r.expect("tcp to unregistered port", tcpFrame(t, 80, header.TCPFlagSyn), 0, xdpPass, bpf.CounterPassNoMatch)
+	// Same port but from another remote port: the flow does not match, the
+	// wildcard listener does.
+	other := tcpFrame(t, 7001, header.TCPFlagSyn)
+	binary.BigEndian.PutUint16(other[14+20:], 40001)
+	r.expect("tcp to wildcard listener", other, 2, xdpRedirect, bpf.CounterRedirectListener)
+	r.expect("tcp to wildcard listener, stack has no socket on queue 1", other, 1, xdpDrop, bpf.CounterDropNoXSK)
+	r.expect("udp on queue 2, stack has no socket there", udpFrame(t, 7000, "q2"), 2, xdpDrop, bpf.CounterDropNoXSK)
+	r.expect("listener with no socket", tcpFrame(t, 7002, header.TCPFlagSyn), 0, xdpDrop, bpf.CounterDropNoXSK)
+
+	// Padding after the IP datagram (short frames padded to 60 bytes) is
+	// fine.
+	padded := append(udpFrame(t, 7000, "p"), make([]byte, 20)...)
+	r.expect("udp with ethernet padding", padded, 0, xdpRedirect, bpf.CounterRedirectListener)
+
+	// IPv4 options: the ports are found after them.
+	r.expect("udp with ip options", withIPOptions(udpFrame(t, 7000, "opts")), 0, xdpRedirect, bpf.CounterRedirectListener)
+
+	// Removing entries takes effect.
+	must(r.s.RemoveListener(bpf.Listener{Proto: bpf.UDP, Addr: ipB, Port: 7000}))
+	r.expect("udp after listener removed", udpFrame(t, 7000, "gone"), 0, xdpPass, bpf.CounterPassNoMatch)
+	must(r.s.RemoveFlow(bpf.Flow{Proto: bpf.TCP, Local: netip.AddrPortFrom(ipB, 7001), Remote: remote.Addr}))
+	r.expect("tcp after flow removed", tcpFrame(t, 7001, header.TCPFlagAck), 2, xdpRedirect, bpf.CounterRedirectListener)
+	must(r.s.ClearSocket(stackTCP, 2))
+	r.expect("tcp after socket cleared", tcpFrame(t, 7001, header.TCPFlagAck), 2, xdpDrop, bpf.CounterDropNoXSK)
+	// Removing what is not there is not an error.
+	must(r.s.RemoveListener(bpf.Listener{Proto: bpf.UDP, Addr: ipB, Port: 7000}))
+}
+
+// withIPOptions inserts 4 bytes of IP options (NOP NOP NOP EOL) and fixes
+// the header length, total length and checksum.
+func withIPOptions(f []byte) []byte {
+	out := append([]byte{}, f[:14+20]...)
+	out = append(out, 1, 1, 1, 0)
+	out = append(out, f[14+20:]...)
+	ip := header.IPv4(out[14:])
+	ip[0] = 0x46
+	ip.SetTotalLength(ip.TotalLength() + 4)
+	ip.SetChecksum(0)
+	ip.SetChecksum(^ip.CalculateChecksum())
+	return out
+}
+
+func TestSteeringLeavesOtherTrafficToTheKernel(t *testing.T) {
+	r := newRig(t)
+	r.listenAll(7000)
+	udp := udpFrame(t, 7000, "payload")
+	mod := func(f func(b []byte) []byte) []byte { return f(append([]byte{}, udp...)) }
+
+	arp := mod(func(b []byte) []byte { binary.BigEndian.PutUint16(b[12:], 0x0806); return b[:42] })
+	ipv6 := mod(func(b []byte) []byte { binary.BigEndian.PutUint16(b[12:], 0x86dd); return b })
+	vlan := append(append(append([]byte{}, udp[:12]...), 0x81, 0x00, 0x00, 0x05), udp[12:]...)
+	qinq := append(append(append([]byte{}, udp[:12]...), 0x88, 0xa8, 0x00, 0x05), udp[12:]...)
+	bcast := mod(func(b []byte) []byte { copy(b, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}); return b })
+	mcast := mod(func(b []byte) []byte { copy(b, []byte{0x01, 0x00, 0x5e, 0, 0, 1}); return b })
+	icmp := mod(func(b []byte) []byte { b[14+9] = 1; return b })
+	sctp := mod(func(b []byte) []byte { b[14+9] = 132; return b })
+	mf := mod(func(b []byte) []byte { b[14+6] |= 0x20; return b })
+	offset := mod(func(b []byte) []byte { b[14+7] = 8; return b })
+
+	for _, c := range []struct {
+		name    string
+		frame   []byte
+		counter int
+	}{
+		{"arp", arp, bpf.CounterPassNotIPv4},
+		{"ipv6", ipv6, bpf.CounterPassNotIPv4},
+		{"802.1q vlan", vlan, bpf.CounterPassVLAN},
+		{"802.1ad vlan", qinq, bpf.CounterPassVLAN},
+		{"broadcast", bcast, bpf.CounterPassNotUnicast},
+		{"multicast", mcast, bpf.CounterPassNotUnicast},
+		{"icmp", icmp, bpf.CounterPassOtherProto},
+		{"sctp", sctp, bpf.CounterPassOtherProto},
+		{"first fragment", mf, bpf.CounterPassFragment},
+		{"later fragment", offset, bpf.CounterPassFragment},
+	} {
+		r.expect(c.name, c.frame, 0, xdpPass, c.counter)
+	}
+}
+
+func TestSteeringMalformedFrames(t *testing.T) {
+	r := newRig(t)
+	r.listenAll(7000)
+	udp := udpFrame(t, 7000, "payload")
+	tcp := tcpFrame(t, 7000, header.TCPFlagSyn)
+	mod := func(f []byte, fn func(b []byte) []byte) []byte { return fn(append([]byte{}, f...)) }
+
+	cases := []struct {
+		name  string
+		frame []byte
+	}{
+		{"ip header cut", udp[:14+10]},
+		{"ip version 5", mod(udp, func(b []byte) []byte { b[14] = 0x55; return b })},
+		{"ihl 4", mod(udp, func(b []byte) []byte { b[14] = 0x44; return b })},
+		{"ihl beyond frame", mod(udp, func(b []byte) []byte { b[14] = 0x4f; return b[:14+30] })},
+		{"total length beyond frame", mod(udp, func(b []byte) []byte { b[14+2] = 0x05; return b })},
+		{"total length below ihl", mod(udp, func(b []byte) []byte { b[14+2], b[14+3] = 0, 10; return b })},
+		{"udp header cut", udp[:14+20+4]},
+		{"udp length beyond datagram", mod(udp, func(b []byte) []byte { b[14+20+4] = 0x10; return b })},
+		{"udp length below 8", mod(udp, func(b []byte) []byte { b[14+20+4], b[14+20+5] = 0, 4; return b })},
+		{"tcp header cut", mod(tcp, func(b []byte) []byte { b[14+3] = 30; return b[:14+30] })},
+		{"tcp data offset 4", mod(tcp, func(b []byte) []byte { b[14+20+12] = 0x40; return b })},
+		{"tcp data offset beyond segment", mod(tcp, func(b []byte) []byte { b[14+20+12] = 0xf0; return b })},
+	}
+	for _, c := range cases {
+		r.expect(c.name, c.frame, 0, xdpPass, bpf.CounterPassMalformed)
+	}
+	// Cuts at every length: never anything but PASS (or a redirect of the
+	// whole frame), never an error.
+	for n := 14; n < len(tcp); n++ {
+		if v, _ := r.run(tcp[:n], 0); v != xdpPass {
+			t.Errorf("tcp frame cut to %d bytes: verdict %s, want PASS", n, verdictName(v))
+		}
+	}
+}
+
+func TestSteeringBadEntry(t *testing.T) {
+	r := newRig(t)
+	// Go refuses out-of-range stack ids...
+	if err := r.s.AddListener(bpf.Listener{Proto: bpf.UDP, Port: 7000}, bpf.MaxStacks); err == nil {
+		t.Error("AddListener accepted stack id bpf.MaxStacks")
+	}
+	// ...and the program checks them anyway (maps can be written by anyone
+	// holding their fd).
+	if err := bpf.PutListenerRaw(r.s, bpf.Listener{Proto: bpf.UDP, Port: 7000}, uint32(bpf.MaxStacks+5)); err != nil {
+		t.Fatal(err)
+	}
+	r.expect("listener naming stack 261", udpFrame(t, 7000, "x"), 0, xdpPass, bpf.CounterPassBadEntry)
+}
+
+func TestSteeringArgumentErrors(t *testing.T) {
+	r := newRig(t)
+	for name, err := range map[string]error{
+		"icmp listener":  r.s.AddListener(bpf.Listener{Proto: 1, Port: 1}, 1),
+		"ipv6 listener":  r.s.AddListener(bpf.Listener{Proto: bpf.TCP, Addr: netip.MustParseAddr("::1"), Port: 1}, 1),
+		"port 0":         r.s.AddListener(bpf.Listener{Proto: bpf.TCP, Port: 0}, 1),
+		"flow no addr":   r.s.AddFlow(bpf.Flow{Proto: bpf.TCP}, 1),
+		"queue 64":       r.s.SetSocket(1, bpf.MaxQueues, 0),
+		"stack 256":      r.s.SetSocket(bpf.MaxStacks, 0, 0),
+		"not a socket":   r.s.SetSocket(1, 0, int(os.Stdin.Fd())),
+		"control of 256": func() error { _, err := r.s.Control(bpf.MaxStacks); return err }(),
+	} {
+		if err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+func TestSteeringWakeEvents(t *testing.T) {
+	r := newRig(t)
+	r.socket(7, 0)
+	if err := r.s.AddListener(bpf.Listener{Proto: bpf.UDP, Port: 7000}, 7); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := r.s.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ev.Close()
+	ctl, err := r.s.Control(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := udpFrame(t, 7000, "wake")
+
+	// Not armed: no event.
+	if _, c := r.run(frame, 0); c[bpf.CounterWakeup] != 0 {
+		t.Fatalf("unarmed stack got a wake event: %s", c)
+	}
+	ctl.Arm()
+	if !ctl.Armed() {
+		t.Fatal("Arm did not set the flag")
+	}
+	v, c := r.run(frame, 0)
+	if v != xdpRedirect || c[bpf.CounterWakeup] != 1 {
+		t.Fatalf("armed stack: verdict %s, counters %s; want REDIRECT and one wakeup", verdictName(v), c)
+	}
+	if ctl.Armed() {
+		t.Error("the program did not clear the armed flag")
+	}
+	if ctl.Wakeups() != 1 {
+		t.Errorf("wakeups = %d, want 1", ctl.Wakeups())
+	}
+	ev.SetDeadline(time.Now().Add(2 * time.Second))
+	e, err := ev.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e != (bpf.WakeEvent{Stack: 7, Queue: 0}) {
+		t.Errorf("event = %+v, want stack 7 queue 0", e)
+	}
+	// Disarmed by the first frame: the next one posts nothing.
+	if _, c := r.run(frame, 0); c[bpf.CounterWakeup] != 0 {
+		t.Errorf("second frame posted another event: %s", c)
+	}
+	ev.SetDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := ev.Read(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("second read: %v, want deadline exceeded", err)
+	}
+	// Other stacks' flags are untouched.
+	other, _ := r.s.Control(8)
+	other.Arm()
+	r.run(frame, 0)
+	if !other.Armed() {
+		t.Error("a frame for stack 7 disarmed stack 8")
+	}
+}
+
+// TestCounterNamesMatchProgram checks that the Go counter table has one
+// name per counter slot in the program.
+func TestCounterNamesMatchProgram(t *testing.T) {
+	spec, err := bpf.LoadSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := spec.Maps["counters"].MaxEntries; got != bpf.NumCounters {
+		t.Errorf("program has %d counters, Go names %d", got, bpf.NumCounters)
+	}
+	if got := spec.Maps["xsks"].MaxEntries; got != bpf.MaxStacks*bpf.MaxQueues {
+		t.Errorf("xsks has %d slots, want bpf.MaxStacks*bpf.MaxQueues = %d", got, bpf.MaxStacks*bpf.MaxQueues)
+	}
+	if got := spec.Maps["control"].MaxEntries; got != bpf.MaxStacks {
+		t.Errorf("control has %d entries, want bpf.MaxStacks = %d", got, bpf.MaxStacks)
+	}
+}

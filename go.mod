@@ -1,0 +1,16 @@
+module github.com/xdp-onload/onload
+
+go 1.26.8
+
+require (
+	github.com/cilium/ebpf v0.22.0
+	golang.org/x/sys v0.49.0
+	gvisor.dev/gvisor v0.0.0-20260701204157-69c2d17aea96
+)
+
+require (
+	golang.org/x/exp v0.0.0-20250711185948-6ae5c78190dc // indirect
+	golang.org/x/time v0.15.0 // indirect
+)
+
+tool github.com/cilium/ebpf/cmd/bpf2go

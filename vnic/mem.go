@@ -1,0 +1,337 @@
+package vnic
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Impairment is what a Mem wire does to frames in one direction. Each
+// probability applies to each frame independently; decisions come from a
+// random source seeded by MemConfig.Seed, so the same sequence of
+// transmits is impaired the same way on every run.
+type Impairment struct {
+	Loss      float64 // probability a frame is lost
+	Duplicate float64 // probability a frame is delivered twice
+	Corrupt   float64 // probability one bit of the frame is flipped
+	// Reorder is the probability a frame is held back by ReorderDelay
+	// (default 1ms), so that the frames sent after it overtake it.
+	Reorder      float64
+	ReorderDelay time.Duration
+	Delay        time.Duration // added to every frame
+	Jitter       time.Duration // uniform extra delay in [0, Jitter); it reorders too
+}
+
+func (i *Impairment) check(dir string) error {
+	for _, p := range []struct {
+		name string
+		v    float64
+	}{{"loss", i.Loss}, {"duplicate", i.Duplicate}, {"corrupt", i.Corrupt}, {"reorder", i.Reorder}} {
+		if !(p.v >= 0 && p.v <= 1) {
+			return fmt.Errorf("%s %s probability %v: must be from 0 to 1", dir, p.name, p.v)
+		}
+	}
+	if i.Delay < 0 || i.Jitter < 0 || i.ReorderDelay < 0 {
+		return fmt.Errorf("%s delays must not be negative", dir)
+	}
+	if i.Reorder > 0 && i.ReorderDelay == 0 {
+		i.ReorderDelay = time.Millisecond
+	}
+	return nil
+}
+
+// MemConfig shapes an in-memory pair.
+type MemConfig struct {
+	Seed       uint64
+	AtoB, BtoA Impairment
+	FrameSize  int // each end's frame buffers (default 2048)
+	FrameCount int // frames in each end's pool (default 4096)
+	Headroom   int // default 256, as in a UMEM
+	WireSlots  int // frames in flight per direction (default 4096)
+	MTU        int // default 1500
+	// Now is the clock that delays are measured on (default: monotonic
+	// time). A test can drive it by hand.
+	Now func() time.Duration
+}
+
+// Mem is one end of an in-memory wire. Each end has its own pool, as two
+// hosts would; frames are copied across.
+type Mem struct {
+	pool  *Pool
+	info  Info
+	out   *wire // frames we send
+	in    *wire // frames we receive
+	stats Stats
+	// closed is shared by both ends so that either end sees the pair shut.
+	closed *atomic.Bool
+	now    func() time.Duration
+}
+
+// NewMemPair returns two connected in-memory NICs.
+func NewMemPair(cfg MemConfig) (a, b *Mem, err error) {
+	if cfg.FrameSize == 0 {
+		cfg.FrameSize = 2048
+	}
+	if cfg.FrameCount == 0 {
+		cfg.FrameCount = 4096
+	}
+	if cfg.Headroom == 0 {
+		cfg.Headroom = 256
+	}
+	if cfg.WireSlots == 0 {
+		cfg.WireSlots = 4096
+	}
+	if cfg.MTU == 0 {
+		cfg.MTU = 1500
+	}
+	if cfg.WireSlots < 1 || cfg.WireSlots > 1<<20 {
+		return nil, nil, fmt.Errorf("wire slots %d: must be from 1 to %d", cfg.WireSlots, 1<<20)
+	}
+	if cfg.MTU < 68 || cfg.MTU+14 > cfg.FrameSize-cfg.Headroom {
+		return nil, nil, fmt.Errorf("mtu %d: must be from 68 to %d for %d-byte frames with %d bytes of headroom",
+			cfg.MTU, cfg.FrameSize-cfg.Headroom-14, cfg.FrameSize, cfg.Headroom)
+	}
+	if err := cfg.AtoB.check("a->b"); err != nil {
+		return nil, nil, err
+	}
+	if err := cfg.BtoA.check("b->a"); err != nil {
+		return nil, nil, err
+	}
+	if cfg.Now == nil {
+		start := time.Now()
+		cfg.Now = func() time.Duration { return time.Since(start) }
+	}
+	closed := new(atomic.Bool)
+	mk := func(name string, mac net.HardwareAddr) (*Mem, error) {
+		if cfg.FrameCount < 1 || cfg.FrameCount > MaxFrames {
+			return nil, fmt.Errorf("frame count %d: must be from 1 to %d", cfg.FrameCount, MaxFrames)
+		}
+		meta := make([]uint64, (PoolMetaSize(cfg.FrameCount)+7)/8)
+		metaBytes := unsafeBytes(meta)
+		p, err := NewPool(metaBytes, make([]byte, cfg.FrameSize*cfg.FrameCount), cfg.FrameSize, cfg.Headroom)
+		if err != nil {
+			return nil, err
+		}
+		return &Mem{pool: p, info: Info{Name: "mem " + name, Mode: "memory", MTU: cfg.MTU, MAC: mac}, closed: closed, now: cfg.Now}, nil
+	}
+	if a, err = mk("a", net.HardwareAddr{0x02, 0, 0, 0, 0, 0x0a}); err != nil {
+		return nil, nil, err
+	}
+	if b, err = mk("b", net.HardwareAddr{0x02, 0, 0, 0, 0, 0x0b}); err != nil {
+		return nil, nil, err
+	}
+	ab := newWire(cfg.AtoB, cfg.WireSlots, cfg.FrameSize, rand.New(rand.NewPCG(cfg.Seed, 0xab)))
+	ba := newWire(cfg.BtoA, cfg.WireSlots, cfg.FrameSize, rand.New(rand.NewPCG(cfg.Seed, 0xba)))
+	a.out, a.in = ab, ba
+	b.out, b.in = ba, ab
+	return a, b, nil
+}
+
+var errClosed = errors.New("vnic: closed")
+
+func (m *Mem) Pool() *Pool { return m.pool }
+func (m *Mem) Info() Info  { return m.info }
+
+// Stats returns the end's counters, including the impairments the wire
+// applied to what this end sent.
+func (m *Mem) Stats() Stats {
+	s := m.stats
+	m.out.mu.Lock()
+	s.Lost, s.Duplicated, s.Reordered, s.Corrupted, s.Delayed = m.out.lost, m.out.duplicated, m.out.reordered, m.out.corrupted, m.out.delayed
+	s.TxErrors += m.out.full
+	m.out.mu.Unlock()
+	return s
+}
+
+// Close shuts both ends of the pair.
+func (m *Mem) Close() error {
+	m.closed.Store(true)
+	return nil
+}
+
+// Transmit copies each frame onto the wire (where it may be impaired) and
+// frees it.
+func (m *Mem) Transmit(hs []Handle) (int, error) {
+	w := m.out
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if m.closed.Load() {
+		return 0, errClosed
+	}
+	now := m.now()
+	for i, h := range hs {
+		data := m.pool.Data(h)
+		if data == nil {
+			m.stats.TxErrors++
+			return i, ErrStale
+		}
+		if len(data) > m.info.MTU+14 {
+			m.stats.TxErrors++
+			return i, fmt.Errorf("vnic: %d-byte frame exceeds mtu %d: %w", len(data), m.info.MTU, ErrTooLong)
+		}
+		w.send(data, now)
+		m.stats.TxFrames++
+		m.stats.TxBytes += uint64(len(data))
+		m.pool.Free(h)
+	}
+	return len(hs), nil
+}
+
+// Receive delivers the frames whose time has come, in arrival order, into
+// frames of this end's pool. Frames that find the pool empty are dropped
+// and counted, as a NIC with an empty fill ring would.
+func (m *Mem) Receive(hs []Handle) int {
+	w := m.in
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if m.closed.Load() {
+		return 0
+	}
+	now := m.now()
+	n := 0
+	for n < len(hs) && len(w.heap) > 0 && w.heap[0].at <= now {
+		e := w.pop()
+		data := w.buf(e.slot)[:w.lens[e.slot]]
+		h := m.pool.Alloc()
+		if h != Null {
+			copy(m.pool.Buf(h), data)
+			m.pool.SetLen(h, len(data))
+			hs[n] = h
+			n++
+			m.stats.RxFrames++
+			m.stats.RxBytes += uint64(len(data))
+		} else {
+			m.stats.RxDropped++
+		}
+		w.free = append(w.free, e.slot)
+	}
+	return n
+}
+
+// wire is one direction: fixed slots of frame bytes in flight and a
+// min-heap ordering them by delivery time. Nothing is allocated per frame.
+type wire struct {
+	mu    sync.Mutex
+	imp   Impairment
+	rng   *rand.Rand
+	slots []byte
+	size  int
+	lens  []uint16
+	free  []uint32
+	heap  []wireEntry
+	seq   uint64
+
+	lost, duplicated, reordered, corrupted, delayed, full uint64
+}
+
+type wireEntry struct {
+	at   time.Duration
+	seq  uint64
+	slot uint32
+}
+
+func newWire(imp Impairment, slots, size int, rng *rand.Rand) *wire {
+	w := &wire{
+		imp: imp, rng: rng, size: size,
+		slots: make([]byte, slots*size),
+		lens:  make([]uint16, slots),
+		free:  make([]uint32, slots),
+		heap:  make([]wireEntry, 0, slots),
+	}
+	for i := range w.free {
+		w.free[i] = uint32(slots - 1 - i)
+	}
+	return w
+}
+
+func (w *wire) buf(slot uint32) []byte {
+	off := int(slot) * w.size
+	return w.slots[off : off+w.size]
+}
+
+// send applies the impairments to one frame and queues the copies that
+// survive. Called with w.mu held.
+func (w *wire) send(data []byte, now time.Duration) {
+	imp := &w.imp
+	if imp.Loss > 0 && w.rng.Float64() < imp.Loss {
+		w.lost++
+		return
+	}
+	copies := 1
+	if imp.Duplicate > 0 && w.rng.Float64() < imp.Duplicate {
+		copies = 2
+		w.duplicated++
+	}
+	for range copies {
+		if len(w.free) == 0 {
+			w.full++
+			return
+		}
+		slot := w.free[len(w.free)-1]
+		w.free = w.free[:len(w.free)-1]
+		b := w.buf(slot)
+		copy(b, data)
+		w.lens[slot] = uint16(len(data))
+		if imp.Corrupt > 0 && w.rng.Float64() < imp.Corrupt && len(data) > 0 {
+			bit := w.rng.IntN(len(data) * 8)
+			b[bit/8] ^= 1 << (bit % 8)
+			w.corrupted++
+		}
+		at := now + imp.Delay
+		if imp.Jitter > 0 {
+			at += time.Duration(w.rng.Int64N(int64(imp.Jitter)))
+		}
+		if imp.Reorder > 0 && w.rng.Float64() < imp.Reorder {
+			at += imp.ReorderDelay
+			w.reordered++
+		}
+		if at > now {
+			w.delayed++
+		}
+		w.push(wireEntry{at: at, seq: w.seq, slot: slot})
+		w.seq++
+	}
+}
+
+func (a wireEntry) less(b wireEntry) bool {
+	return a.at < b.at || (a.at == b.at && a.seq < b.seq)
+}
+
+func (w *wire) push(e wireEntry) {
+	w.heap = append(w.heap, e)
+	i := len(w.heap) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !w.heap[i].less(w.heap[p]) {
+			break
+		}
+		w.heap[i], w.heap[p] = w.heap[p], w.heap[i]
+		i = p
+	}
+}
+
+func (w *wire) pop() wireEntry {
+	top := w.heap[0]
+	last := len(w.heap) - 1
+	w.heap[0] = w.heap[last]
+	w.heap = w.heap[:last]
+	i := 0
+	for {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < last && w.heap[l].less(w.heap[m]) {
+			m = l
+		}
+		if r < last && w.heap[r].less(w.heap[m]) {
+			m = r
+		}
+		if m == i {
+			return top
+		}
+		w.heap[i], w.heap[m] = w.heap[m], w.heap[i]
+		i = m
+	}
+}

@@ -1,0 +1,71 @@
+// Package vnic is the virtual NIC the stack talks to: a pool of frames
+// named by checked handles, batch receive and batch transmit. Two
+// implementations satisfy the same interface and the same contract tests
+// (vnic/vnictest): XDP, over an AF_XDP socket and its UMEM, and Mem, a
+// connected pair in memory that can lose, duplicate, reorder, delay and
+// corrupt frames, deterministically by seed, so that stack tests run
+// without root or a network.
+package vnic
+
+import (
+	"fmt"
+	"net"
+)
+
+// NIC is a virtual network interface: one queue of one device, or one end
+// of an in-memory wire.
+//
+// Frames move by handle. Receive hands the caller frames it then owns;
+// the caller passes each one on with Transmit (the NIC owns it then) or
+// gives it back with Pool().Free. A handle stops working the moment its
+// frame leaves the caller's hands.
+//
+// A NIC is not safe for concurrent use: one goroutine (the holder of the
+// stack lock) drives it. The two ends of a Mem pair may be driven by two
+// goroutines.
+type NIC interface {
+	// Pool is the frame pool the NIC receives into and sends from.
+	Pool() *Pool
+	// Receive moves up to len(hs) received frames into hs and returns how
+	// many. It never blocks.
+	Receive(hs []Handle) int
+	// Transmit queues hs for sending and returns how many it took; those
+	// belong to the NIC now. The rest stay the caller's: the ring was full
+	// (err nil), or hs[n] is not a handle the caller holds (err ErrStale).
+	Transmit(hs []Handle) (n int, err error)
+	// Info describes the NIC.
+	Info() Info
+	// Stats returns the NIC's counters.
+	Stats() Stats
+	// Close releases the NIC. Handles die with it.
+	Close() error
+}
+
+// Info describes a NIC.
+type Info struct {
+	Name string // e.g. "eth0 queue 0" or "mem a"
+	Mode string // e.g. "xdp copy", "xdp zero-copy", "memory"
+	MTU  int
+	MAC  net.HardwareAddr
+}
+
+func (i Info) String() string {
+	return fmt.Sprintf("%s (%s, mtu %d, %s)", i.Name, i.Mode, i.MTU, i.MAC)
+}
+
+// Stats are a NIC's counters.
+type Stats struct {
+	RxFrames, RxBytes uint64
+	TxFrames, TxBytes uint64
+	// RxDropped counts frames lost on the way in: no free frame to receive
+	// into, a full ring, or kernel drops.
+	RxDropped uint64
+	// RxInvalid counts descriptors that named memory we never gave out
+	// (checked and refused, never used).
+	RxInvalid uint64
+	// TxErrors counts frames refused or failed on the way out.
+	TxErrors uint64
+
+	// Impairments applied by a Mem wire on this NIC's transmit side.
+	Lost, Duplicated, Reordered, Corrupted, Delayed uint64
+}

@@ -1,0 +1,228 @@
+package vnic
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdp-onload/onload/xdp"
+)
+
+// XDPConfig says which device queue an XDP NIC binds and how much memory
+// it has.
+type XDPConfig struct {
+	Interface string
+	Queue     int
+	// FrameSize and FrameCount size the UMEM (defaults 2048 and 4096).
+	FrameSize, FrameCount int
+	// RingSize is the size of each of the four rings (default 2048). The
+	// fill ring is kept topped up to min(RingSize, FrameCount/2) frames;
+	// the rest of the pool is for the frames the stack holds and sends.
+	RingSize int
+	Mode     xdp.BindMode
+}
+
+// XDP is a NIC over one AF_XDP socket. Its frame pool lives in the UMEM
+// memfd: the frames in the registered part, the pool's descriptors in the
+// region after it, so a process given the memfd sees everything.
+//
+// The socket only receives what the steering program redirects to it:
+// register FD() in bpf.Steering.SetSocket for the queue.
+type XDP struct {
+	umem       *xdp.Umem
+	sock       *xdp.Socket
+	pool       *Pool
+	info       Info
+	fillTarget uint32
+	inFill     uint32 // frames given to the kernel to receive into
+	stats      Stats
+}
+
+// OpenXDP creates the UMEM and the socket and fills the fill ring. It must
+// run in the interface's network namespace.
+func OpenXDP(cfg XDPConfig) (*XDP, error) {
+	if cfg.FrameSize == 0 {
+		cfg.FrameSize = 2048
+	}
+	if cfg.FrameCount == 0 {
+		cfg.FrameCount = 4096
+	}
+	if cfg.RingSize == 0 {
+		cfg.RingSize = 2048
+	}
+	if cfg.FrameCount < 2 || cfg.FrameCount > MaxFrames {
+		return nil, fmt.Errorf("open xdp nic: frame count %d: must be from 2 to %d", cfg.FrameCount, MaxFrames)
+	}
+	umem, err := xdp.NewUmem(xdp.UmemConfig{
+		FrameSize: cfg.FrameSize, FrameCount: cfg.FrameCount,
+		MetaSize: PoolMetaSize(cfg.FrameCount),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open xdp nic: %w", err)
+	}
+	pool, err := NewPool(umem.Meta(), umem.Frames(), cfg.FrameSize, unix.XDP_PACKET_HEADROOM)
+	if err != nil {
+		umem.Close()
+		return nil, fmt.Errorf("open xdp nic: %w", err)
+	}
+	sock, err := xdp.Open(umem, xdp.Config{
+		Interface: cfg.Interface, Queue: cfg.Queue, Mode: cfg.Mode,
+		RxSize: cfg.RingSize, TxSize: cfg.RingSize, FillSize: cfg.RingSize, CompletionSize: cfg.RingSize,
+	})
+	if err != nil {
+		umem.Close()
+		return nil, err // already a sentence naming the interface and queue
+	}
+	mode := "xdp copy"
+	if sock.ZeroCopy() {
+		mode = "xdp zero-copy"
+	}
+	iface := sock.Interface()
+	x := &XDP{
+		umem: umem, sock: sock, pool: pool,
+		info:       Info{Name: fmt.Sprintf("%s queue %d", iface.Name, cfg.Queue), Mode: mode, MTU: iface.MTU, MAC: iface.MAC},
+		fillTarget: uint32(min(cfg.RingSize, cfg.FrameCount/2)),
+	}
+	x.refill()
+	return x, nil
+}
+
+func (x *XDP) Pool() *Pool { return x.pool }
+func (x *XDP) Info() Info  { return x.info }
+
+// FD is the AF_XDP socket, for the steering program's XSKMAP.
+func (x *XDP) FD() int { return x.sock.FD() }
+
+// Socket is the underlying AF_XDP socket.
+func (x *XDP) Socket() *xdp.Socket { return x.sock }
+
+// Umem is the packet memory (its FD shares it with another process).
+func (x *XDP) Umem() *xdp.Umem { return x.umem }
+
+// refill tops the fill ring up to its target from the free frames.
+func (x *XDP) refill() {
+	if x.inFill >= x.fillTarget {
+		return
+	}
+	want := min(x.fillTarget-x.inFill, uint32(x.pool.Available()))
+	if want == 0 {
+		return
+	}
+	idx, got := x.sock.Fill.Reserve(want)
+	var n uint32
+	for ; n < got; n++ {
+		addr, ok := x.pool.fillKernel()
+		if !ok {
+			break
+		}
+		x.sock.Fill.Set(idx+n, addr)
+	}
+	x.sock.Fill.Cancel(got - n)
+	if n > 0 {
+		x.sock.Fill.Submit()
+		x.inFill += n
+	}
+}
+
+// reap takes sent frames back from the completion ring.
+func (x *XDP) reap() {
+	c := &x.sock.Completion
+	idx, got := c.Peek(c.Size())
+	if got == 0 {
+		return
+	}
+	for i := range got {
+		if !x.pool.kernelDone(c.Get(idx + i)) {
+			x.stats.TxErrors++
+		}
+	}
+	c.Release()
+}
+
+// Receive takes up to len(hs) frames from the RX ring, then returns sent
+// frames to the pool and refills the fill ring.
+func (x *XDP) Receive(hs []Handle) int {
+	rx := &x.sock.RX
+	idx, got := rx.Peek(uint32(len(hs)))
+	n := 0
+	for i := range got {
+		d := rx.Get(idx + i)
+		h, ok := x.pool.fromKernel(d.Addr, d.Len)
+		if !ok {
+			x.stats.RxInvalid++
+			continue
+		}
+		hs[n] = h
+		n++
+		x.stats.RxBytes += uint64(d.Len)
+	}
+	if got > 0 {
+		rx.Release()
+		x.inFill -= min(got, x.inFill)
+		x.stats.RxFrames += uint64(n)
+	}
+	x.reap()
+	x.refill()
+	if got == 0 && x.sock.Fill.NeedsWakeup() {
+		x.sock.KickRX()
+	}
+	return n
+}
+
+// Transmit puts frames on the TX ring and kicks the kernel if it asks to be
+// (in copy mode it always does: the send happens in that system call).
+func (x *XDP) Transmit(hs []Handle) (int, error) {
+	x.reap()
+	tx := &x.sock.TX
+	idx, got := tx.Reserve(uint32(len(hs)))
+	var n uint32
+	var err error
+	maxLen := x.info.MTU + 14
+	for ; n < got; n++ {
+		if data := x.pool.Data(hs[n]); data == nil {
+			err = ErrStale
+		} else if len(data) > maxLen {
+			err = fmt.Errorf("vnic: %d-byte frame exceeds mtu %d: %w", len(data), x.info.MTU, ErrTooLong)
+		}
+		if err != nil {
+			x.stats.TxErrors++
+			break
+		}
+		addr, l, _ := x.pool.giveKernel(hs[n])
+		tx.Set(idx+n, xdp.Desc{Addr: addr, Len: l})
+		x.stats.TxBytes += uint64(l)
+	}
+	tx.Cancel(got - n)
+	if n > 0 {
+		tx.Submit()
+		x.stats.TxFrames += uint64(n)
+		if tx.NeedsWakeup() {
+			if kerr := x.sock.Kick(); kerr != nil && err == nil {
+				err = kerr
+			}
+		}
+	}
+	return int(n), err
+}
+
+// Stats returns the NIC's counters with the kernel's drops folded in.
+func (x *XDP) Stats() Stats {
+	s := x.stats
+	if ks, err := x.sock.Stats(); err == nil {
+		s.RxDropped += ks.RxDropped + ks.RxRingFull
+		s.RxInvalid += ks.RxInvalidDescs
+		s.TxErrors += ks.TxInvalidDescs
+	}
+	return s
+}
+
+// Close closes the socket and unmaps the UMEM; every handle dies.
+func (x *XDP) Close() error {
+	if x.sock == nil {
+		return nil
+	}
+	err := errors.Join(x.sock.Close(), x.umem.Close())
+	x.sock, x.umem = nil, nil
+	return err
+}

@@ -1,0 +1,101 @@
+package vnic_test
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/xdp-onload/onload/bpf"
+	"github.com/xdp-onload/onload/internal/pkt"
+	"github.com/xdp-onload/onload/test"
+	"github.com/xdp-onload/onload/vnic"
+	"github.com/xdp-onload/onload/vnic/vnictest"
+	"github.com/xdp-onload/onload/xdp"
+)
+
+const port = 7000
+
+// xdpPair puts an XDP NIC in each of two test hosts joined by veth, each
+// receiving UDP to its address on port 7000.
+func xdpPair(t *testing.T, frames int) vnictest.Pair {
+	a, b := test.Pair(t, test.LinkOptions{})
+	var ends [2]pkt.Endpoint
+	var nics [2]vnic.NIC
+	for i, h := range []*test.Host{a, b} {
+		ifc := h.Iface0()
+		s, err := test.Steer(ifc, test.SteerConfig{
+			Listeners: []bpf.Listener{{Proto: bpf.UDP, Addr: ifc.Addr(), Port: port}},
+			NIC:       vnic.XDPConfig{FrameCount: frames, RingSize: 256},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		nics[i] = s.NIC
+		ends[i] = pkt.Endpoint{MAC: ifc.MAC, Addr: netip.AddrPortFrom(ifc.Addr(), port)}
+	}
+	return vnictest.Pair{A: nics[0], B: nics[1], AEnd: ends[0], BEnd: ends[1]}
+}
+
+func TestXDPContract(t *testing.T) {
+	test.RequireRoot(t)
+	vnictest.Run(t, func(t *testing.T) vnictest.Pair { return xdpPair(t, 1024) })
+}
+
+func TestXDPInfo(t *testing.T) {
+	test.RequireRoot(t)
+	p := xdpPair(t, 64)
+	info := p.A.Info()
+	if info.Mode != "xdp copy" || info.MTU != 1500 || info.Name != "eth0 queue 0" {
+		t.Errorf("info = %v, want eth0 queue 0 in xdp copy mode with mtu 1500 (veth has no zero-copy)", info)
+	}
+}
+
+// TestXDPQueueBusy checks the error a user gets when a queue is taken.
+func TestXDPQueueBusy(t *testing.T) {
+	test.RequireRoot(t)
+	a, _ := test.Pair(t, test.LinkOptions{Queues: 2})
+	err := a.Do(func() error {
+		first, err := vnic.OpenXDP(vnic.XDPConfig{Interface: "eth0", FrameCount: 64, RingSize: 64})
+		if err != nil {
+			return err
+		}
+		defer first.Close()
+		second, err := vnic.OpenXDP(vnic.XDPConfig{Interface: "eth0", FrameCount: 64, RingSize: 64})
+		if err == nil {
+			second.Close()
+			t.Fatal("a second UMEM bound the same queue")
+		}
+		if !errors.Is(err, xdp.ErrQueueBusy) {
+			t.Errorf("error %v does not match ErrQueueBusy", err)
+		}
+		if want := "interface eth0 queue 0 is already used by another AF_XDP socket; run onloadd to share it"; err.Error() != want {
+			t.Errorf("error = %q\nwant %q", err, want)
+		}
+		// Another queue of the same device is free.
+		other, err := vnic.OpenXDP(vnic.XDPConfig{Interface: "eth0", Queue: 1, FrameCount: 64, RingSize: 64})
+		if err != nil {
+			return err
+		}
+		other.Close()
+		// A queue that does not exist, and an interface that does not.
+		_, err = vnic.OpenXDP(vnic.XDPConfig{Interface: "eth0", Queue: 5, FrameCount: 64, RingSize: 64})
+		if !errors.Is(err, xdp.ErrNoQueue) {
+			t.Errorf("queue 5 of 2: %v, want ErrNoQueue", err)
+		}
+		_, err = vnic.OpenXDP(vnic.XDPConfig{Interface: "nosuch0", FrameCount: 64, RingSize: 64})
+		if !errors.Is(err, xdp.ErrNoInterface) {
+			t.Errorf("missing interface: %v, want ErrNoInterface", err)
+		}
+		// Closing frees the queue for the next owner.
+		first.Close()
+		again, err := vnic.OpenXDP(vnic.XDPConfig{Interface: "eth0", FrameCount: 64, RingSize: 64})
+		if err != nil {
+			return err
+		}
+		return again.Close()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
