@@ -115,4 +115,3 @@ func TestSweep(t *testing.T) {
 		t.Errorf("stale namespace %s not swept", stale)
 	}
 }
-

@@ -72,11 +72,11 @@ func pageAlign(n int) int {
 // device and queue must use the same UMEM, and a (device, queue) that another
 // UMEM holds is refused with ErrQueueBusy.
 type Umem struct {
-	cfg     UmemConfig
-	fd      int
-	mem     []byte
-	socks   []int // open sockets on this UMEM; the kernel's UMEM lives while any does
-	closed  bool
+	cfg    UmemConfig
+	fd     int
+	mem    []byte
+	socks  []int // open sockets on this UMEM; the kernel's UMEM lives while any does
+	closed bool
 }
 
 // NewUmem creates a memfd of the configured size and maps it.
