@@ -16,11 +16,16 @@ type XDPConfig struct {
 	Queue     int
 	// FrameSize and FrameCount size the UMEM (defaults 2048 and 4096).
 	FrameSize, FrameCount int
-	// RingSize is the size of each of the four rings (default 2048). The
-	// fill ring is kept topped up to min(RingSize, FrameCount/2) frames;
-	// the rest of the pool is for the frames the stack holds and sends.
+	// RingSize is the size of each of the four rings (default 2048).
 	RingSize int
-	Mode     xdp.BindMode
+	// FillDepth is how many frames the fill ring is kept topped up with
+	// (default 128, at most RingSize and FrameCount/2). The kernel takes
+	// fill frames in order, so every frame in the ring is touched once per
+	// lap: a shallow ring keeps the frames in use few and hot in the caches
+	// and TLB, and a poller that refills on every Receive needs no more. A
+	// deeper ring absorbs longer bursts while nobody polls.
+	FillDepth int
+	Mode      xdp.BindMode
 }
 
 // XDP is a NIC over one AF_XDP socket. Its frame pool lives in the UMEM
@@ -51,8 +56,14 @@ func OpenXDP(cfg XDPConfig) (*XDP, error) {
 	if cfg.RingSize == 0 {
 		cfg.RingSize = 2048
 	}
+	if cfg.FillDepth == 0 {
+		cfg.FillDepth = 128
+	}
 	if cfg.FrameCount < 2 || cfg.FrameCount > MaxFrames {
 		return nil, fmt.Errorf("open xdp nic: frame count %d: must be from 2 to %d", cfg.FrameCount, MaxFrames)
+	}
+	if cfg.FillDepth < 1 {
+		return nil, fmt.Errorf("open xdp nic: fill depth %d: must be at least 1", cfg.FillDepth)
 	}
 	umem, err := xdp.NewUmem(xdp.UmemConfig{
 		FrameSize: cfg.FrameSize, FrameCount: cfg.FrameCount,
@@ -82,7 +93,7 @@ func OpenXDP(cfg XDPConfig) (*XDP, error) {
 	x := &XDP{
 		umem: umem, sock: sock, pool: pool,
 		info:       Info{Name: fmt.Sprintf("%s queue %d", iface.Name, cfg.Queue), Mode: mode, MTU: iface.MTU, MAC: iface.MAC},
-		fillTarget: uint32(min(cfg.RingSize, cfg.FrameCount/2)),
+		fillTarget: uint32(min(cfg.FillDepth, cfg.RingSize, cfg.FrameCount/2)),
 	}
 	x.refill()
 	return x, nil
@@ -125,6 +136,10 @@ func (x *XDP) refill() {
 	}
 }
 
+// reapBatch is how many sent frames Transmit lets wait in the completion
+// ring before taking them back itself.
+const reapBatch = 32
+
 // reap takes sent frames back from the completion ring.
 func (x *XDP) reap() {
 	c := &x.sock.Completion
@@ -140,8 +155,10 @@ func (x *XDP) reap() {
 	c.Release()
 }
 
-// Receive takes up to len(hs) frames from the RX ring, then returns sent
-// frames to the pool and refills the fill ring.
+// Receive takes up to len(hs) frames from the RX ring. Housekeeping
+// (taking sent frames back from the completion ring, topping the fill ring
+// up) is done when the RX ring is empty or the fill ring is half drained,
+// so that a frame that has just arrived goes back to the caller at once.
 func (x *XDP) Receive(hs []Handle) int {
 	rx := &x.sock.RX
 	idx, got := rx.Peek(uint32(len(hs)))
@@ -162,10 +179,12 @@ func (x *XDP) Receive(hs []Handle) int {
 		x.inFill -= min(got, x.inFill)
 		x.stats.RxFrames += uint64(n)
 	}
-	x.reap()
-	x.refill()
-	if got == 0 && x.sock.Fill.NeedsWakeup() {
-		x.sock.KickRX()
+	if got == 0 || x.inFill < x.fillTarget/2 {
+		x.reap()
+		x.refill()
+		if got == 0 && x.sock.Fill.NeedsWakeup() {
+			x.sock.KickRX()
+		}
 	}
 	return n
 }
@@ -173,7 +192,11 @@ func (x *XDP) Receive(hs []Handle) int {
 // Transmit puts frames on the TX ring and kicks the kernel if it asks to be
 // (in copy mode it always does: the send happens in that system call).
 func (x *XDP) Transmit(hs []Handle) (int, error) {
-	x.reap()
+	// Sent frames are taken back in batches (Receive takes them whenever
+	// it finds nothing to receive); here only when they pile up.
+	if x.sock.Completion.Pending() >= reapBatch {
+		x.reap()
+	}
 	tx := &x.sock.TX
 	idx, got := tx.Reserve(uint32(len(hs)))
 	var n uint32

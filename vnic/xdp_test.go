@@ -25,7 +25,7 @@ func xdpPair(t *testing.T, frames int) vnictest.Pair {
 		ifc := h.Iface0()
 		s, err := test.Steer(ifc, test.SteerConfig{
 			Listeners: []bpf.Listener{{Proto: bpf.UDP, Addr: ifc.Addr(), Port: port}},
-			NIC:       vnic.XDPConfig{FrameCount: frames, RingSize: 256},
+			NIC:       vnic.XDPConfig{FrameCount: frames, RingSize: 256, FillDepth: 256},
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -17,7 +17,7 @@ type Desc = unix.XDPDesc
 // The shared producer and consumer words are read and written with atomics;
 // each side keeps a cached copy of the other side's word and only reloads it
 // when the cache says there is not enough room (producer) or nothing to read
-// (consumer), so a batch costs one atomic load and one atomic store.
+// (consumer), so a batch costs one atomic load and one release store.
 type ring struct {
 	producer *uint32
 	consumer *uint32
@@ -69,10 +69,10 @@ func (r *ring) reserve(n uint32) (idx, got uint32) {
 // cancel gives back the last n reserved entries, unpublished.
 func (r *ring) cancel(n uint32) { r.cachedProd -= n }
 
-// submit publishes every reserved entry to the consumer. The atomic store
+// submit publishes every reserved entry to the consumer. The release store
 // orders the descriptor writes before the index the kernel reads.
 func (r *ring) submit() {
-	atomic.StoreUint32(r.producer, r.cachedProd)
+	storeRelease(r.producer, r.cachedProd)
 }
 
 // available returns how many entries a consumer can read, reloading the
@@ -97,7 +97,7 @@ func (r *ring) peek(n uint32) (idx, got uint32) {
 
 // release hands every peeked entry back to the producer.
 func (r *ring) release() {
-	atomic.StoreUint32(r.consumer, r.cachedCons)
+	storeRelease(r.consumer, r.cachedCons)
 }
 
 // needsWakeup reports whether the kernel asked to be kicked (the

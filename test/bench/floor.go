@@ -1,0 +1,407 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/xdp-onload/onload/test"
+)
+
+// Result is one contender's round-trip times.
+type Result struct {
+	ID          string    `json:"id"`
+	Name        string    `json:"name"`
+	P50us       float64   `json:"p50_us"`
+	P99us       float64   `json:"p99_us"`
+	P999us      float64   `json:"p999_us,omitempty"`
+	MinUs       float64   `json:"min_us"`
+	Samples     int       `json:"samples"`
+	Lost        int       `json:"lost"`
+	RoundsP50us []float64 `json:"rounds_p50_us"`
+	Note        string    `json:"note,omitempty"`
+}
+
+// Report is the JSON bench writes.
+type Report struct {
+	Run struct {
+		Date    string `json:"date"`
+		Kernel  string `json:"kernel"`
+		Go      string `json:"go"`
+		CPUs    int    `json:"cpus"`
+		Command string `json:"command"`
+	} `json:"run"`
+	Floor struct {
+		FrameBytes int                `json:"frame_bytes"`
+		Rounds     int                `json:"rounds"`
+		Results    []Result           `json:"results"`
+		Ratios     map[string]float64 `json:"ratios"`
+	} `json:"floor"`
+}
+
+func floorMain(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ExitOnError)
+	rounds := fs.Int("rounds", 10, "rounds per contender, interleaved so that drift in a noisy machine hits all alike")
+	count := fs.Int("count", 20000, "round trips per round for the AF_XDP contenders")
+	seconds := fs.Int("sockperf-seconds", 1, "seconds per sockperf round")
+	out := fs.String("out", "test/bench/results/bench.json", "where to write the JSON ('' for nowhere)")
+	fs.Parse(args)
+	if *rounds < 1 || *count < 100 || *seconds < 1 {
+		return errors.New("-rounds must be at least 1, -count at least 100, -sockperf-seconds at least 1")
+	}
+	for _, tool := range []string{"sockperf", "taskset"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s not found: apt-get install sockperf util-linux", tool)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+
+	n, a, b, err := test.NewPair(test.LinkOptions{})
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	// Tear the hosts down on ^C too.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	ib := b.Iface0()
+	pinA, pinB := pin(0), pin(1)
+	type acc struct {
+		rtts   []float64
+		lost   int
+		rounds []float64
+	}
+	accs := map[string]*acc{"ours": {}, "asavie": {}}
+	var kernelRounds []Result
+	for r := range *rounds {
+		for _, impl := range []string{"ours", "asavie"} {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			res, err := xdpRound(ctx, self, a, b, pinA, pinB, impl, ib.MAC.String(), *count)
+			if err != nil {
+				return fmt.Errorf("round %d, %s: %w", r+1, impl, err)
+			}
+			ac := accs[impl]
+			ac.rtts = append(ac.rtts, res.RTTs...)
+			ac.lost += res.Lost
+			ac.rounds = append(ac.rounds, pct(res.RTTs, 50))
+			fmt.Fprintf(os.Stderr, "round %d %-7s p50 %6.2f us  p99 %6.2f us\n", r+1, impl, pct(res.RTTs, 50), pct(res.RTTs, 99))
+		}
+		sp, err := sockperfRound(ctx, a, b, pinA, pinB, ib.Addr().String(), *seconds)
+		if err != nil {
+			return fmt.Errorf("round %d, sockperf: %w", r+1, err)
+		}
+		fmt.Fprintf(os.Stderr, "round %d kernel  p50 %6.2f us  p99 %6.2f us (sockperf)\n", r+1, sp.P50us, sp.P99us)
+		kernelRounds = append(kernelRounds, sp)
+	}
+
+	var rep Report
+	rep.Run.Date = time.Now().UTC().Format(time.RFC3339)
+	rep.Run.Kernel = kernelRelease()
+	rep.Run.Go = runtime.Version()
+	rep.Run.CPUs = runtime.NumCPU()
+	rep.Run.Command = "make bench"
+	rep.Floor.FrameBytes = 64
+	rep.Floor.Rounds = *rounds
+	for _, c := range []struct{ id, name string }{
+		{"ours", "this project's rings (xdp + vnic), AF_XDP busy-poll"},
+		{"asavie", "github.com/asavie/xdp v0.3.3, AF_XDP busy-poll"},
+	} {
+		ac := accs[c.id]
+		slices.Sort(ac.rtts)
+		rep.Floor.Results = append(rep.Floor.Results, Result{
+			ID: "xdp-" + c.id, Name: c.name, Samples: len(ac.rtts), Lost: ac.lost,
+			P50us: pct(ac.rtts, 50), P99us: pct(ac.rtts, 99), P999us: pct(ac.rtts, 99.9), MinUs: pct(ac.rtts, 0),
+			RoundsP50us: ac.rounds,
+		})
+	}
+	rep.Floor.Results = append(rep.Floor.Results, mergeSockperf(kernelRounds))
+	ours, asv, kern := rep.Floor.Results[0], rep.Floor.Results[1], rep.Floor.Results[2]
+	rep.Floor.Ratios = map[string]float64{
+		"ours_vs_asavie_p50":     round3(ours.P50us / asv.P50us),
+		"ours_vs_asavie_p99":     round3(ours.P99us / asv.P99us),
+		"ours_vs_kernel_tcp_p50": round3(ours.P50us / kern.P50us),
+		// Each round runs both libraries back to back: the median of the
+		// per-round ratios is the least sensitive to the machine's drift.
+		"ours_vs_asavie_p50_median_of_rounds": round3(medianRatio(ours.RoundsP50us, asv.RoundsP50us)),
+	}
+	printTable(os.Stdout, &rep)
+	if *out != "" {
+		if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+			return err
+		}
+		j, _ := json.MarshalIndent(&rep, "", "  ")
+		if err := os.WriteFile(*out, append(j, '\n'), 0o644); err != nil {
+			return err
+		}
+		fmt.Printf("\nwritten to %s\n", *out)
+	}
+	return nil
+}
+
+// pin returns the taskset prefix that puts a process on cpu, or nothing on
+// a one-CPU machine.
+func pin(cpu int) []string {
+	if runtime.NumCPU() < 2 {
+		return nil
+	}
+	return []string{"taskset", "-c", strconv.Itoa(cpu)}
+}
+
+func inHost(ctx context.Context, h *test.Host, pin []string, name string, args ...string) *exec.Cmd {
+	argv := append(append([]string{"netns", "exec", h.NS}, pin...), name)
+	cmd := exec.CommandContext(ctx, "ip", append(argv, args...)...)
+	cmd.Stderr = os.Stderr
+	return cmd
+}
+
+// startServer starts a server process and waits until ready says it is
+// up (ready is polled every 20ms for up to 10s).
+func startServer(cmd *exec.Cmd, ready func() bool) (stop func(), err error) {
+	if cmd.Stdout == nil {
+		cmd.Stdout = io.Discard
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	stop = func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !ready() {
+		select {
+		case <-exited:
+			return nil, errors.New("server exited before it was ready")
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, errors.New("server not ready after 10s")
+		}
+	}
+	return stop, nil
+}
+
+// listening reports whether something in host h listens on TCP port.
+func listening(h *test.Host, port int) func() bool {
+	return func() bool {
+		out, err := h.Command("ss", "-Hltn", "sport", "=", ":"+strconv.Itoa(port)).Output()
+		return err == nil && len(bytes.TrimSpace(out)) > 0
+	}
+}
+
+// xdpRound runs one echo process in b and one ping process in a. A
+// closed AF_XDP socket releases its queue a moment after its process
+// exits, so a round that finds the queue still held is retried.
+func xdpRound(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, impl, dstMAC string, count int) (*pingResult, error) {
+	var err error
+	for try := 0; try < 5; try++ {
+		if try > 0 {
+			time.Sleep(200 * time.Millisecond)
+		}
+		var res *pingResult
+		if res, err = xdpRoundOnce(ctx, self, a, b, pinA, pinB, impl, dstMAC, count); err == nil {
+			return res, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+func xdpRoundOnce(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, impl, dstMAC string, count int) (*pingResult, error) {
+	echo := inHost(ctx, b, pinB, self, "echo", "-impl", impl, "-iface", b.Iface0().Name)
+	var ready readyWriter
+	echo.Stdout = &ready
+	stop, err := startServer(echo, ready.seen)
+	if err != nil {
+		return nil, fmt.Errorf("echo: %w", err)
+	}
+	defer stop()
+	cmd := inHost(ctx, a, pinA, self, "ping", "-impl", impl, "-iface", a.Iface0().Name,
+		"-src", a.Iface0().Addr().String(), "-dst", b.Iface0().Addr().String(), "-dst-mac", dstMAC,
+		"-count", strconv.Itoa(count))
+	outb, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("ping: %w", err)
+	}
+	var res pingResult
+	if err := json.Unmarshal(outb, &res); err != nil {
+		return nil, fmt.Errorf("ping output: %w", err)
+	}
+	return &res, nil
+}
+
+// readyWriter is a process's stdout that notes when "ready" was written.
+type readyWriter struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (w *readyWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.buf) < 1024 {
+		w.buf = append(w.buf, p...)
+	}
+	return len(p), nil
+}
+
+func (w *readyWriter) seen() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return bytes.Contains(w.buf, []byte("ready"))
+}
+
+var percentileLine = regexp.MustCompile(`percentile\s+([0-9.]+)\s*=\s*([0-9.]+)`)
+var minLine = regexp.MustCompile(`<MIN> observation\s*=\s*([0-9.]+)`)
+var totalLine = regexp.MustCompile(`Total (\d+) observations`)
+
+// sockperfRound runs the kernel's TCP ping-pong: sockperf server in b,
+// client in a, both non-blocking and busy-polling, 64-byte messages,
+// round-trip times (--full-rtt).
+func sockperfRound(ctx context.Context, a, b *test.Host, pinA, pinB []string, addr string, seconds int) (Result, error) {
+	srv := inHost(ctx, b, pinB, "sockperf", "sr", "--tcp", "-i", addr, "-p", "11111", "--nonblocked")
+	stop, err := startServer(srv, listening(b, 11111))
+	if err != nil {
+		return Result{}, fmt.Errorf("sockperf server: %w", err)
+	}
+	defer stop()
+	var out []byte
+	for try := 0; ; try++ {
+		cmd := inHost(ctx, a, pinA, "sockperf", "pp", "--tcp", "-i", addr, "-p", "11111", "-m", "64",
+			"-t", strconv.Itoa(seconds), "--nonblocked", "--full-rtt")
+		cmd.Stderr = nil
+		out, err = cmd.CombinedOutput()
+		if err == nil || try == 5 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond) // server still starting
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("sockperf client: %w\n%s", err, out)
+	}
+	return parseSockperf(out)
+}
+
+func parseSockperf(out []byte) (Result, error) {
+	r := Result{ID: "kernel-tcp", Name: "Linux kernel TCP, sockperf ping-pong --nonblocked --tcp -m 64"}
+	for _, m := range percentileLine.FindAllSubmatch(out, -1) {
+		p, _ := strconv.ParseFloat(string(m[1]), 64)
+		v, _ := strconv.ParseFloat(string(m[2]), 64)
+		switch p {
+		case 50:
+			r.P50us = v
+		case 99:
+			r.P99us = v
+		case 99.9:
+			r.P999us = v
+		}
+	}
+	if m := minLine.FindSubmatch(out); m != nil {
+		r.MinUs, _ = strconv.ParseFloat(string(m[1]), 64)
+	}
+	if m := totalLine.FindSubmatch(out); m != nil {
+		r.Samples, _ = strconv.Atoi(string(m[1]))
+	}
+	if r.P50us == 0 || r.Samples == 0 {
+		return r, fmt.Errorf("no percentiles in sockperf output:\n%s", bytes.TrimSpace(out))
+	}
+	return r, nil
+}
+
+// mergeSockperf combines rounds: sockperf reports percentiles, not
+// samples, so the merged p50 and p99 are the medians of the rounds'.
+func mergeSockperf(rs []Result) Result {
+	m := rs[0]
+	m.Samples = 0
+	var p50, p99, p999, mins []float64
+	for _, r := range rs {
+		p50, p99, p999, mins = append(p50, r.P50us), append(p99, r.P99us), append(p999, r.P999us), append(mins, r.MinUs)
+		m.Samples += r.Samples
+	}
+	m.RoundsP50us = slices.Clone(p50)
+	m.P50us, m.P99us, m.P999us, m.MinUs = median(p50), median(p99), median(p999), slices.Min(mins)
+	m.Note = "percentiles are the median over rounds of sockperf's own percentiles"
+	return m
+}
+
+func medianRatio(a, b []float64) float64 {
+	r := make([]float64, len(a))
+	for i := range a {
+		r[i] = a[i] / b[i]
+	}
+	return median(r)
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// pct is the p-th percentile of sorted values (nearest rank).
+func pct(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p / 100 * float64(len(sorted)))
+	return sorted[min(i, len(sorted)-1)]
+}
+
+func round3(v float64) float64 { return float64(int(v*1000+0.5)) / 1000 }
+
+func kernelRelease() string {
+	var u syscall.Utsname
+	if syscall.Uname(&u) != nil {
+		return ""
+	}
+	var b []byte
+	for _, c := range u.Release {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}
+
+func printTable(w io.Writer, rep *Report) {
+	fmt.Fprintf(w, "\nFloor: 64-byte round trip over veth between two test hosts (%d rounds, %s, %d CPUs)\n\n",
+		rep.Floor.Rounds, rep.Run.Kernel, rep.Run.CPUs)
+	fmt.Fprintf(w, "%-62s %9s %9s %9s\n", "", "p50 µs", "p99 µs", "samples")
+	for _, r := range rep.Floor.Results {
+		fmt.Fprintf(w, "%-62s %9.2f %9.2f %9d\n", r.Name, r.P50us, r.P99us, r.Samples)
+	}
+	fmt.Fprintf(w, "\nours / asavie p50: %.3f   ours / asavie p99: %.3f   ours / kernel TCP p50: %.3f\n",
+		rep.Floor.Ratios["ours_vs_asavie_p50"], rep.Floor.Ratios["ours_vs_asavie_p99"], rep.Floor.Ratios["ours_vs_kernel_tcp_p50"])
+}
