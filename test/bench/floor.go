@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -171,7 +172,7 @@ func pin(cpu int) []string {
 func inHost(ctx context.Context, h *test.Host, pin []string, name string, args ...string) *exec.Cmd {
 	argv := append(append([]string{"netns", "exec", h.NS}, pin...), name)
 	cmd := exec.CommandContext(ctx, "ip", append(argv, args...)...)
-	cmd.Stderr = os.Stderr
+	cmd.Stderr = new(limitedBuffer)
 	return cmd
 }
 
@@ -240,11 +241,11 @@ func xdpRound(ctx context.Context, self string, a, b *test.Host, pinA, pinB []st
 
 func xdpRoundOnce(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, impl, dstMAC string, count int) (*pingResult, error) {
 	echo := inHost(ctx, b, pinB, self, "echo", "-impl", impl, "-iface", b.Iface0().Name)
-	var ready readyWriter
-	echo.Stdout = &ready
-	stop, err := startServer(echo, ready.seen)
+	out := new(limitedBuffer)
+	echo.Stdout = out
+	stop, err := startServer(echo, func() bool { return strings.Contains(out.String(), "ready") })
 	if err != nil {
-		return nil, fmt.Errorf("echo: %w", err)
+		return nil, fmt.Errorf("echo: %w: %s", err, echo.Stderr)
 	}
 	defer stop()
 	cmd := inHost(ctx, a, pinA, self, "ping", "-impl", impl, "-iface", a.Iface0().Name,
@@ -252,7 +253,7 @@ func xdpRoundOnce(ctx context.Context, self string, a, b *test.Host, pinA, pinB 
 		"-count", strconv.Itoa(count))
 	outb, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("ping: %w", err)
+		return nil, fmt.Errorf("ping: %w: %s", err, cmd.Stderr)
 	}
 	var res pingResult
 	if err := json.Unmarshal(outb, &res); err != nil {
@@ -261,25 +262,25 @@ func xdpRoundOnce(ctx context.Context, self string, a, b *test.Host, pinA, pinB 
 	return &res, nil
 }
 
-// readyWriter is a process's stdout that notes when "ready" was written.
-type readyWriter struct {
-	mu  sync.Mutex
-	buf []byte
+// limitedBuffer keeps the first 4 KiB of a helper's stderr, for errors.
+type limitedBuffer struct {
+	mu sync.Mutex
+	b  []byte
 }
 
-func (w *readyWriter) Write(p []byte) (int, error) {
+func (w *limitedBuffer) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.buf) < 1024 {
-		w.buf = append(w.buf, p...)
+	if room := 4096 - len(w.b); room > 0 {
+		w.b = append(w.b, p[:min(room, len(p))]...)
 	}
 	return len(p), nil
 }
 
-func (w *readyWriter) seen() bool {
+func (w *limitedBuffer) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return bytes.Contains(w.buf, []byte("ready"))
+	return string(bytes.TrimSpace(w.b))
 }
 
 var percentileLine = regexp.MustCompile(`percentile\s+([0-9.]+)\s*=\s*([0-9.]+)`)

@@ -1,0 +1,37 @@
+# The README's commands. `make demo` and `make test` run as root; each
+# installs the Debian packages it needs first (test/deps.sh).
+
+export PATH := /usr/local/go/bin:$(PATH)
+GO ?= go
+
+.PHONY: all build generate test bench demo deps clean
+
+all: build
+
+deps:
+	@test/deps.sh
+
+build:
+	$(GO) build -o bin/onloadd ./cmd/onloadd
+	$(GO) build -o bin/onload-bench ./test/bench
+	$(GO) build -o bin/onload-demo ./test/demo
+
+# Rebuild the XDP program and its Go bindings with clang (bpf2go). The
+# result is committed; on a clean tree this changes nothing.
+generate: deps
+	cd bpf && $(GO) generate ./...
+
+test: deps
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 20m ./...
+
+# Writes test/bench/results/bench.json and prints the table the README
+# quotes.
+bench: deps build
+	bin/onload-bench
+
+demo: deps build
+	bin/onload-demo
+
+clean:
+	rm -rf bin
