@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -340,4 +341,23 @@ func (h *Host) Iface0() *Iface {
 		return nil
 	}
 	return h.Ifaces[0]
+}
+
+// KernelEcho starts a TCP echo server of the host's kernel on addr
+// ("ip:port"); it stops when the listener is closed.
+func (h *Host) KernelEcho(addr string) (net.Listener, error) {
+	var ln net.Listener
+	if err := h.Do(func() (err error) { ln, err = net.Listen("tcp", addr); return }); err != nil {
+		return nil, fmt.Errorf("echo server in host %s: %w", h.Name, err)
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	return ln, nil
 }

@@ -40,28 +40,19 @@ func TestSteeringOnVeth(t *testing.T) {
 
 	// b's kernel: an echo server on 8080, and a UDP socket on 7000 that
 	// must see nothing (the kernel never gets those datagrams).
-	var echo net.Listener
+	echo, err := b.KernelEcho(ib.Addr().String() + ":8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
 	var reserved net.PacketConn
 	if err := b.Do(func() (err error) {
-		if echo, err = net.Listen("tcp", ib.Addr().String()+":8080"); err != nil {
-			return err
-		}
 		reserved, err = net.ListenPacket("udp", ib.Addr().String()+":7000")
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	defer echo.Close()
 	defer reserved.Close()
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
 
 	before, _ := s.Steering.Counters()
 	udpPayload := []byte("steered datagram: \x00\x01\x02\xff and some bytes after")

@@ -51,20 +51,11 @@ func run() error {
 	step("Two test hosts, a (%s) and b (%s), joined by a veth pair", ia.Addr(), ib.Addr())
 
 	// b's kernel serves TCP on 8080.
-	var echo net.Listener
-	if err := b.Do(func() (err error) { echo, err = net.Listen("tcp", ib.Addr().String()+":8080"); return }); err != nil {
+	echo, err := b.KernelEcho(ib.Addr().String() + ":8080")
+	if err != nil {
 		return err
 	}
 	defer echo.Close()
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
 
 	step("b: onloadd capture steers UDP 7000 and TCP 7001 into an AF_XDP socket")
 	capture := b.Command(*onloadd, "capture", "-iface", ib.Name, "-udp", "7000", "-tcp", "7001", "-duration", "3s")
