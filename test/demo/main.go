@@ -164,6 +164,8 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("onloadd capture: %w", err)
 	}
+	fmt.Println("   (redirect_listener: the datagram and the SYN; pass_other_proto: the pings;")
+	fmt.Println("    pass_no_match: the TCP connection to 8080; pass_not_unicast: IPv6 neighbour discovery)")
 
 	if *bench == "" {
 		return nil
