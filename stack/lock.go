@@ -1,0 +1,157 @@
+package stack
+
+import (
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Deferred is work a thread that could not take the stack lock leaves for
+// the thread that holds it (Onload's ci_netif_lock_or_defer_work): the
+// holder does it before it lets the lock go.
+type Deferred uint32
+
+const (
+	// DeferPoll: frames may be waiting; poll the NIC.
+	DeferPoll Deferred = 1 << (iota + 2)
+	// DeferWake: sleepers may be able to make progress; wake them.
+	DeferWake
+	// DeferTransmit: sockets have queued data; push it out.
+	DeferTransmit
+
+	deferMask = ^Deferred(0) &^ (lockHeld | lockWaiters)
+)
+
+const (
+	lockHeld    = 1 << 0 // someone holds the lock
+	lockWaiters = 1 << 1 // someone may sleep in futex_wait on the word
+)
+
+// Lock is the stack lock: one word in the stack image, shared by every
+// process that maps the image (the application's threads, onloadd). The
+// word holds the held bit, a bit saying someone sleeps on it, and the
+// deferred-work flags.
+//
+// Contended waiters sleep on the word with a futex (not a private one:
+// the word is in shared memory), so a lock held by another process wakes
+// them too. The zero value is an unlocked lock.
+type Lock struct {
+	word uint32
+}
+
+// TryLock takes the lock if it is free, without waiting.
+func (l *Lock) TryLock() bool {
+	v := atomic.LoadUint32(&l.word)
+	return v&lockHeld == 0 && atomic.CompareAndSwapUint32(&l.word, v, v|lockHeld)
+}
+
+// lockSpins is how many times Lock retries before it sleeps: the lock is
+// held for short stretches (one poll), so spinning usually wins.
+const lockSpins = 200
+
+// Lock takes the lock, waiting for it if it is held.
+func (l *Lock) Lock() {
+	for range lockSpins {
+		if l.TryLock() {
+			return
+		}
+		runtime.Gosched()
+	}
+	slept := false
+	for {
+		v := atomic.LoadUint32(&l.word)
+		if v&lockHeld == 0 {
+			// Having slept, we cannot know whether others sleep too:
+			// keep the waiters bit so that our Unlock wakes one.
+			nv := v | lockHeld
+			if slept {
+				nv |= lockWaiters
+			}
+			if atomic.CompareAndSwapUint32(&l.word, v, nv) {
+				return
+			}
+			continue
+		}
+		if v&lockWaiters == 0 {
+			if !atomic.CompareAndSwapUint32(&l.word, v, v|lockWaiters) {
+				continue
+			}
+			v |= lockWaiters
+		}
+		futexWait(&l.word, v, 100*time.Millisecond)
+		slept = true
+	}
+}
+
+// LockOrDefer takes the lock if it is free and returns true: the caller
+// then does the work itself. If the lock is held it leaves work for the
+// holder, who will do it before unlocking, and returns false.
+func (l *Lock) LockOrDefer(work Deferred) bool {
+	work &= deferMask
+	for {
+		v := atomic.LoadUint32(&l.word)
+		if v&lockHeld == 0 {
+			if atomic.CompareAndSwapUint32(&l.word, v, v|lockHeld) {
+				return true
+			}
+			continue
+		}
+		if v&uint32(work) == uint32(work) {
+			return false // already asked for
+		}
+		if atomic.CompareAndSwapUint32(&l.word, v, v|uint32(work)) {
+			return false
+		}
+	}
+}
+
+// Unlock lets the lock go. First, still holding it, it hands any work
+// deferred by LockOrDefer to do (which may defer more: Unlock loops until
+// none is left), so that no deferred work is ever lost.
+func (l *Lock) Unlock(do func(Deferred)) {
+	for {
+		v := atomic.LoadUint32(&l.word)
+		if w := Deferred(v) & deferMask; w != 0 {
+			if atomic.CompareAndSwapUint32(&l.word, v, v&^uint32(deferMask)) && do != nil {
+				do(w)
+			}
+			continue
+		}
+		if atomic.CompareAndSwapUint32(&l.word, v, 0) {
+			if v&lockWaiters != 0 {
+				futexWake(&l.word, 1)
+			}
+			return
+		}
+	}
+}
+
+// Held reports whether someone holds the lock (for diagnostics: the
+// answer may be stale at once).
+func (l *Lock) Held() bool { return atomic.LoadUint32(&l.word)&lockHeld != 0 }
+
+// Pending reports the deferred work waiting for the holder.
+func (l *Lock) Pending() Deferred { return Deferred(atomic.LoadUint32(&l.word)) & deferMask }
+
+// futex operations (linux/futex.h). Not the _PRIVATE variants: the word
+// is shared between processes.
+const (
+	futexWaitOp = 0 // FUTEX_WAIT
+	futexWakeOp = 1 // FUTEX_WAKE
+)
+
+// futexWait sleeps while *addr == val, for at most timeout (a holder in
+// another process that dies must not leave us asleep forever; the caller
+// looks again).
+func futexWait(addr *uint32, val uint32, timeout time.Duration) {
+	ts := unix.NsecToTimespec(int64(timeout))
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWaitOp, uintptr(val),
+		uintptr(unsafe.Pointer(&ts)), 0, 0)
+}
+
+func futexWake(addr *uint32, n int) {
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeOp, uintptr(n), 0, 0, 0)
+}
