@@ -155,7 +155,13 @@ func (m *Mem) Close() error {
 
 // Transmit copies each frame onto the wire (where it may be impaired) and
 // frees it.
-func (m *Mem) Transmit(hs []Handle) (int, error) {
+func (m *Mem) Transmit(hs []Handle) (int, error) { return m.transmit(hs, false) }
+
+// TransmitKeep copies each frame onto the wire; the caller keeps it. A Mem
+// frame is never busy: the copy is made at once.
+func (m *Mem) TransmitKeep(hs []Handle) (int, error) { return m.transmit(hs, true) }
+
+func (m *Mem) transmit(hs []Handle, keep bool) (int, error) {
 	w := m.out
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -176,7 +182,9 @@ func (m *Mem) Transmit(hs []Handle) (int, error) {
 		w.send(data, now)
 		m.stats.TxFrames++
 		m.stats.TxBytes += uint64(len(data))
-		m.pool.Free(h)
+		if !keep {
+			m.pool.Free(h)
+		}
 	}
 	return len(hs), nil
 }

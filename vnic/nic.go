@@ -33,6 +33,11 @@ type NIC interface {
 	// belong to the NIC now. The rest stay the caller's: the ring was full
 	// (err nil), or hs[n] is not a handle the caller holds (err ErrStale).
 	Transmit(hs []Handle) (n int, err error)
+	// TransmitKeep queues hs for sending while the caller keeps them (a
+	// TCP segment stays queued for retransmission): the handles stay
+	// valid, and each frame is Busy until the NIC is done with it. A frame
+	// that is already busy is refused with ErrBusy.
+	TransmitKeep(hs []Handle) (n int, err error)
 	// Info describes the NIC.
 	Info() Info
 	// Stats returns the NIC's counters.

@@ -62,20 +62,29 @@ type poolHeader struct {
 	_         [8]uint32
 }
 
+// AuxWords is how many 32-bit words of its own a frame's owner may keep in
+// the frame's descriptor (the stack keeps a segment's sequence number,
+// checksum and send time there).
+const AuxWords = 5
+
 // frameDesc is one frame's shared descriptor.
 type frameDesc struct {
 	gen   uint16
 	state uint8
-	_     uint8
+	flags uint8  // flagBusy
 	off   uint16 // first byte of data, from the start of the chunk
 	len   uint16 // bytes of data
 	next  Handle // for lists kept by the frame's owner (the stack's queues)
-	aux   uint32 // for the frame's owner
+	aux   [AuxWords]uint32
 }
+
+// flagBusy: an owned frame is also in a transmit ring (TransmitKeep); its
+// bytes must not change until the NIC is done with it.
+const flagBusy = 1
 
 const (
 	poolMagic   = 0x504c4e4f // "ONLP"
-	poolVersion = 1
+	poolVersion = 2
 	headerSize  = int(unsafe.Sizeof(poolHeader{}))
 	descSize    = int(unsafe.Sizeof(frameDesc{}))
 )
@@ -86,6 +95,7 @@ var (
 	ErrStale     = errors.New("stale or invalid frame handle: the frame was freed, transmitted or never allocated")
 	ErrPoolEmpty = errors.New("no free frames in the pool")
 	ErrTooLong   = errors.New("frame data does not fit the frame buffer")
+	ErrBusy      = errors.New("frame is still being sent: it cannot be sent again or changed until the NIC is done with it")
 )
 
 // PoolMetaSize is the size of the metadata region for count frames.
@@ -219,7 +229,7 @@ func (p *Pool) popFree() (uint32, bool) {
 
 func (p *Pool) pushFree(idx uint32) {
 	d := &p.descs[idx]
-	d.state = stateFree
+	d.state, d.flags = stateFree, 0
 	d.next = Null
 	if p.hdr.freeTop < p.count {
 		p.free[p.hdr.freeTop] = idx
@@ -236,8 +246,8 @@ func (p *Pool) Alloc() Handle {
 		return Null
 	}
 	d := &p.descs[idx]
-	d.state = stateApp
-	d.off, d.len, d.next, d.aux = uint16(p.headroom), 0, Null, 0
+	d.state, d.flags = stateApp, 0
+	d.off, d.len, d.next, d.aux = uint16(p.headroom), 0, Null, [AuxWords]uint32{}
 	return makeHandle(idx, uint32(d.gen))
 }
 
@@ -253,13 +263,47 @@ func (p *Pool) AllocBatch(hs []Handle) int {
 
 // Free returns a frame to the pool. Freeing a handle twice, or one that was
 // transmitted, returns ErrStale and changes nothing.
+//
+// A frame still being sent (TransmitKeep) is given up at once (the handle
+// goes stale) and returns to the pool when the NIC is done with it.
 func (p *Pool) Free(h Handle) error {
 	d := p.desc(h)
 	if d == nil {
 		return ErrStale
 	}
 	d.gen = nextGen(d.gen)
+	if d.flags&flagBusy != 0 {
+		d.state, d.flags = stateKernel, 0
+		return nil
+	}
 	p.pushFree(h.Index())
+	return nil
+}
+
+// Busy reports whether a frame the caller holds is still being sent
+// (TransmitKeep): until it is not, its bytes must not change and it cannot
+// be sent again.
+func (p *Pool) Busy(h Handle) bool {
+	d := p.desc(h)
+	return d != nil && d.flags&flagBusy != 0
+}
+
+// Aux reads word i (below AuxWords) of the frame's owner data; 0 for a
+// handle the caller does not hold.
+func (p *Pool) Aux(h Handle, i int) uint32 {
+	if d := p.desc(h); d != nil && uint(i) < AuxWords {
+		return d.aux[i]
+	}
+	return 0
+}
+
+// SetAux writes word i of the frame's owner data.
+func (p *Pool) SetAux(h Handle, i int, v uint32) error {
+	d := p.desc(h)
+	if d == nil || uint(i) >= AuxWords {
+		return ErrStale
+	}
+	d.aux[i] = v
 	return nil
 }
 
@@ -310,6 +354,9 @@ func (p *Pool) SetData(h Handle, off, n int) error {
 	d := p.desc(h)
 	if d == nil {
 		return ErrStale
+	}
+	if d.flags&flagBusy != 0 {
+		return ErrBusy
 	}
 	if off < 0 || n < 0 || off+n > int(p.frameSize) {
 		return ErrTooLong
@@ -380,11 +427,23 @@ func (p *Pool) Stats() PoolStats {
 // goes stale.
 func (p *Pool) giveKernel(h Handle) (addr uint64, n uint32, ok bool) {
 	d := p.desc(h)
-	if d == nil || uint32(d.off)+uint32(d.len) > p.frameSize {
+	if d == nil || d.flags&flagBusy != 0 || uint32(d.off)+uint32(d.len) > p.frameSize {
 		return 0, 0, false
 	}
 	d.gen = nextGen(d.gen)
 	d.state = stateKernel
+	return uint64(h.Index())*uint64(p.frameSize) + uint64(d.off), uint32(d.len), true
+}
+
+// lendKernel passes a frame to a ring for sending while the caller keeps
+// it (TransmitKeep): the handle stays valid, the frame is busy until
+// kernelDone.
+func (p *Pool) lendKernel(h Handle) (addr uint64, n uint32, ok bool) {
+	d := p.desc(h)
+	if d == nil || d.flags&flagBusy != 0 || uint32(d.off)+uint32(d.len) > p.frameSize {
+		return 0, 0, false
+	}
+	d.flags |= flagBusy
 	return uint64(h.Index())*uint64(p.frameSize) + uint64(d.off), uint32(d.len), true
 }
 
@@ -412,18 +471,28 @@ func (p *Pool) fromKernel(addr uint64, n uint32) (Handle, bool) {
 	if d.state != stateKernel {
 		return Null, false
 	}
-	d.state = stateApp
-	d.off, d.len, d.next, d.aux = uint16(off), uint16(n), Null, 0
+	d.state, d.flags = stateApp, 0
+	d.off, d.len, d.next, d.aux = uint16(off), uint16(n), Null, [AuxWords]uint32{}
 	return makeHandle(uint32(idx), uint32(d.gen)), true
 }
 
 // kernelDone returns a sent frame (its address as given by giveKernel) to
 // the free stack.
+// A frame that was lent (TransmitKeep) and is still owned just stops
+// being busy.
 func (p *Pool) kernelDone(addr uint64) bool {
 	idx := addr / uint64(p.frameSize)
-	if idx >= uint64(p.count) || p.descs[idx].state != stateKernel {
+	if idx >= uint64(p.count) {
 		return false
 	}
-	p.pushFree(uint32(idx))
-	return true
+	d := &p.descs[idx]
+	switch {
+	case d.state == stateKernel:
+		p.pushFree(uint32(idx))
+		return true
+	case d.state == stateApp && d.flags&flagBusy != 0:
+		d.flags &^= flagBusy
+		return true
+	}
+	return false
 }

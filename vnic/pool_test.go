@@ -159,3 +159,56 @@ func TestZeroAllocs(t *testing.T) {
 		t.Errorf("mem nic: %v allocations per batch", n)
 	}
 }
+
+// TestBusyFrames walks a kept frame through its states as a NIC would.
+func TestBusyFrames(t *testing.T) {
+	p, _, _ := newTestPool(t, 4)
+	h := p.Alloc()
+	p.SetLen(h, 100)
+	p.SetAux(h, 0, 7)
+	addr, n, ok := p.lendKernel(h)
+	if !ok || n != 100 || addr != uint64(h.Index())*2048+256 {
+		t.Fatalf("lendKernel = %d, %d, %v", addr, n, ok)
+	}
+	if !p.Busy(h) || p.Data(h) == nil || p.Aux(h, 0) != 7 {
+		t.Fatal("a lent frame must stay readable, busy, with its aux words")
+	}
+	if err := p.SetData(h, 256, 10); !errors.Is(err, ErrBusy) {
+		t.Errorf("SetData on a busy frame: %v, want ErrBusy", err)
+	}
+	if _, _, ok := p.lendKernel(h); ok {
+		t.Error("a busy frame was lent twice")
+	}
+	if _, _, ok := p.giveKernel(h); ok {
+		t.Error("a busy frame was given away")
+	}
+	if !p.kernelDone(addr) || p.Busy(h) {
+		t.Fatal("completion did not end the busy state")
+	}
+	// Freed while busy: the handle dies at once, the frame returns at
+	// completion.
+	p.lendKernel(h)
+	free := p.Available()
+	if err := p.Free(h); err != nil {
+		t.Fatal(err)
+	}
+	if p.Check(h) == nil || p.Available() != free {
+		t.Fatal("a busy frame freed: handle must die, frame must wait for completion")
+	}
+	if !p.kernelDone(addr) || p.Available() != free+1 {
+		t.Fatal("completion did not return the freed frame")
+	}
+	if p.kernelDone(addr) {
+		t.Error("a second completion for the same frame was accepted")
+	}
+	// Aux words are cleared for the next owner.
+	h2 := p.Alloc()
+	for i := range AuxWords {
+		if p.Aux(h2, i) != 0 {
+			t.Errorf("aux word %d not cleared on Alloc", i)
+		}
+	}
+	if err := p.SetAux(h2, AuxWords, 1); err == nil {
+		t.Error("SetAux past the last word accepted")
+	}
+}

@@ -191,7 +191,13 @@ func (x *XDP) Receive(hs []Handle) int {
 
 // Transmit puts frames on the TX ring and kicks the kernel if it asks to be
 // (in copy mode it always does: the send happens in that system call).
-func (x *XDP) Transmit(hs []Handle) (int, error) {
+func (x *XDP) Transmit(hs []Handle) (int, error) { return x.transmit(hs, false) }
+
+// TransmitKeep puts frames on the TX ring while the caller keeps them: they
+// are busy until their completions come back.
+func (x *XDP) TransmitKeep(hs []Handle) (int, error) { return x.transmit(hs, true) }
+
+func (x *XDP) transmit(hs []Handle, keep bool) (int, error) {
 	// Sent frames are taken back in batches (Receive takes them whenever
 	// it finds nothing to receive); here only when they pile up.
 	if x.sock.Completion.Pending() >= reapBatch {
@@ -207,12 +213,20 @@ func (x *XDP) Transmit(hs []Handle) (int, error) {
 			err = ErrStale
 		} else if len(data) > maxLen {
 			err = fmt.Errorf("vnic: %d-byte frame exceeds mtu %d: %w", len(data), x.info.MTU, ErrTooLong)
+		} else if x.pool.Busy(hs[n]) {
+			err = ErrBusy
 		}
 		if err != nil {
 			x.stats.TxErrors++
 			break
 		}
-		addr, l, _ := x.pool.giveKernel(hs[n])
+		var addr uint64
+		var l uint32
+		if keep {
+			addr, l, _ = x.pool.lendKernel(hs[n])
+		} else {
+			addr, l, _ = x.pool.giveKernel(hs[n])
+		}
 		tx.Set(idx+n, xdp.Desc{Addr: addr, Len: l})
 		x.stats.TxBytes += uint64(l)
 	}

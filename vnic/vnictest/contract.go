@@ -39,6 +39,7 @@ func Run(t *testing.T, newPair func(t *testing.T) Pair) {
 		{"Exhaustion", testExhaustion},
 		{"FrameSizes", testFrameSizes},
 		{"Idle", testIdle},
+		{"TransmitKeep", testTransmitKeep},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, newPair(t)) })
 	}
@@ -388,5 +389,50 @@ func testIdle(t *testing.T, p Pair) {
 	}
 	if n, err := p.B.Transmit(nil); n != 0 || err != nil {
 		t.Fatalf("Transmit(nil) = %d, %v", n, err)
+	}
+}
+
+// testTransmitKeep sends a frame the sender keeps, as a TCP retransmission
+// queue does: the handle stays valid, the frame can be sent again once the
+// NIC is done with it, and freeing it returns it to the pool.
+func testTransmitKeep(t *testing.T, p Pair) {
+	pool := p.A.Pool()
+	free := pool.Available()
+	h, want := build(t, p.A, p.AEnd, p.BEnd, payload(42, 300))
+	for round := range 3 {
+		// Wait until the NIC is done with the previous send.
+		deadline := time.Now().Add(timeout)
+		for pool.Busy(h) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: frame still busy after %v", round, timeout)
+			}
+			var none [0]vnic.Handle
+			p.A.Receive(none[:])
+			time.Sleep(10 * time.Microsecond)
+		}
+		if n, err := p.A.TransmitKeep([]vnic.Handle{h}); n != 1 || err != nil {
+			t.Fatalf("round %d: TransmitKeep = %d, %v", round, n, err)
+		}
+		if !bytes.Equal(pool.Data(h), want) {
+			t.Fatalf("round %d: the kept handle no longer reads its frame", round)
+		}
+		if got := collect(t, p.B, 1); !bytes.Equal(got[0], want) {
+			t.Fatalf("round %d: received frame differs", round)
+		}
+	}
+	if err := pool.Free(h); err != nil {
+		t.Fatal(err)
+	}
+	if pool.Data(h) != nil {
+		t.Error("freed kept frame still readable")
+	}
+	deadline := time.Now().Add(timeout)
+	for pool.Available() != free {
+		if time.Now().After(deadline) {
+			t.Fatalf("kept frame not back in the pool: %d free, want %d", pool.Available(), free)
+		}
+		var none [0]vnic.Handle
+		p.A.Receive(none[:])
+		time.Sleep(10 * time.Microsecond)
 	}
 }
