@@ -365,6 +365,21 @@ func (p *Pool) SetData(h Handle, off, n int) error {
 	return nil
 }
 
+// Trim narrows the frame's data to n bytes starting start bytes into it
+// (a layer stripping the headers below it).
+func (p *Pool) Trim(h Handle, start, n int) error {
+	d := p.desc(h)
+	if d == nil {
+		return ErrStale
+	}
+	if start < 0 || n < 0 || start+n > int(d.len) {
+		return ErrTooLong
+	}
+	d.off += uint16(start)
+	d.len = uint16(n)
+	return nil
+}
+
 // Next and SetNext link frames into lists for the frame's owner (the
 // stack's send and receive queues). A handle the caller does not hold
 // reads as Null and cannot be set.

@@ -1,0 +1,51 @@
+package stack
+
+import "syscall"
+
+// Errno is an error that also matches a system error number with
+// errors.Is, so that the sockets layer can report exactly what the kernel
+// would.
+type Errno struct {
+	Msg   string
+	Errno syscall.Errno
+}
+
+func (e *Errno) Error() string { return e.Msg }
+
+func (e *Errno) Is(target error) bool { return target == e.Errno }
+
+func (e *Errno) Unwrap() error { return e.Errno }
+
+// Errors the engine returns. They are values: returning one allocates
+// nothing.
+var (
+	// ErrWouldBlock: the operation cannot complete now (EAGAIN).
+	ErrWouldBlock = &Errno{"operation would block", syscall.EAGAIN}
+	// ErrBadSocket: the SockID was closed or never valid (EBADF).
+	ErrBadSocket = &Errno{"bad socket: closed or never opened", syscall.EBADF}
+	// ErrNoSockets: the socket table is full (EMFILE).
+	ErrNoSockets = &Errno{"stack socket table is full: raise Config.Sockets", syscall.EMFILE}
+	// ErrNoBuffers: no free frame to send with (ENOBUFS).
+	ErrNoBuffers = &Errno{"no free frames: the stack holds too much unsent or unread data", syscall.ENOBUFS}
+	// ErrAddrInUse: the address and port are taken (EADDRINUSE).
+	ErrAddrInUse = &Errno{"address already in use", syscall.EADDRINUSE}
+	// ErrAddrNotAvail: not one of the stack's addresses (EADDRNOTAVAIL).
+	ErrAddrNotAvail = &Errno{"address not available: not this stack's address", syscall.EADDRNOTAVAIL}
+	// ErrNoPorts: every ephemeral port is taken (EADDRNOTAVAIL).
+	ErrNoPorts = &Errno{"no free ephemeral port", syscall.EADDRNOTAVAIL}
+	// ErrInvalid: an argument is wrong for this socket (EINVAL).
+	ErrInvalid = &Errno{"invalid argument", syscall.EINVAL}
+	// ErrDestAddrRequired: a send without a destination on an unconnected
+	// socket (EDESTADDRREQ).
+	ErrDestAddrRequired = &Errno{"destination address required", syscall.EDESTADDRREQ}
+	// ErrMsgSize: the datagram does not fit one frame (EMSGSIZE).
+	ErrMsgSize = &Errno{"message too long for one datagram (no fragmentation)", syscall.EMSGSIZE}
+	// ErrHostUnreachable: no route to the destination (EHOSTUNREACH).
+	ErrHostUnreachable = &Errno{"no route to host: outside the stack's subnet and no gateway", syscall.EHOSTUNREACH}
+	// ErrNoNeighbour: the next hop's Ethernet address is not known
+	// (EHOSTUNREACH).
+	ErrNoNeighbour = &Errno{"next hop's Ethernet address is unknown (no neighbour entry)", syscall.EHOSTUNREACH}
+	// ErrNotSupported: not implemented for this kind of socket
+	// (EOPNOTSUPP).
+	ErrNotSupported = &Errno{"operation not supported on this socket", syscall.EOPNOTSUPP}
+)

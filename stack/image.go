@@ -1,0 +1,270 @@
+package stack
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"reflect"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdp-onload/onload/timers"
+)
+
+// The stack image is one memfd holding every byte of a stack's state, so
+// that a second process (onloadd) can map it and carry on where the first
+// stopped:
+//
+//	header   the layout hash, the lock, configuration, counters
+//	sockets  the socket table: fixed slots, linked by SockID
+//	buckets  the connection hash table: SockID chains by 4-tuple
+//	neigh    the neighbour table: IPv4 → Ethernet address
+//	timers   the timer wheel (package timers)
+//
+// Frames are not in the image: they are in the UMEM memfd, named by
+// vnic.Handle. The image holds no Go pointers; cross-references are
+// indices checked on every use.
+
+// imageVersion changes whenever the meaning of the image changes in a way
+// the layout hash cannot see.
+const imageVersion = 1
+
+const imageMagic = 0x474d494f // "OIMG"
+
+// header starts the image.
+type header struct {
+	magic   uint32
+	version uint32
+	layout  uint64 // layoutHash of the build that made the image
+	lock    Lock
+	_       uint32
+	size    uint64
+
+	// Configuration, fixed at creation.
+	sockets    uint32
+	buckets    uint32 // a power of two
+	neighs     uint32
+	timerSlots uint32
+	tickNs     uint64
+	addr       [4]byte
+	prefixLen  uint32
+	gateway    [4]byte
+	mac        [6]byte
+	_          [2]byte
+	mtu        uint32
+	recvBuffer uint32
+	sendBuffer uint32
+
+	// Offsets of the regions.
+	offSockets, offBuckets, offNeigh, offTimers uint64
+
+	// State.
+	sockFree  uint32 // head of the free socket list (a slot index)
+	sockInUse uint32
+	ephemeral uint32 // next ephemeral port to try
+	isnKey    [16]byte
+	ipID      uint32 // next IPv4 identification
+	_         uint32
+	counters  Counters
+}
+
+// neighbour is one entry of the neighbour table.
+type neighbour struct {
+	addr  [4]byte
+	mac   [6]byte
+	state uint8 // neighFree, neighValid
+	_     uint8
+}
+
+const (
+	neighFree  = 0
+	neighValid = 1
+)
+
+// layoutHash fingerprints the image's structures: their fields' names,
+// offsets and sizes. A process built with a different layout is refused
+// rather than allowed to misread the image.
+func layoutHash() uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "v%d;", imageVersion)
+	var walk func(t reflect.Type)
+	walk = func(t reflect.Type) {
+		fmt.Fprintf(h, "%s:%d{", t.Name(), t.Size())
+		if t.Kind() == reflect.Struct {
+			for i := range t.NumField() {
+				f := t.Field(i)
+				fmt.Fprintf(h, "%s@%d:", f.Name, f.Offset)
+				walk(f.Type)
+			}
+		}
+		h.Write([]byte("}"))
+	}
+	for _, v := range []any{header{}, sock{}, neighbour{}} {
+		walk(reflect.TypeOf(v))
+	}
+	return h.Sum64()
+}
+
+// Image is a stack image mapped into this process.
+type Image struct {
+	mem     []byte
+	fd      int
+	hdr     *header
+	socks   []sock
+	buckets []uint32
+	neigh   []neighbour
+	wheel   *timers.Wheel
+}
+
+// timersPerSock is how many timers each socket owns in the wheel.
+const timersPerSock = 4
+
+type imageLayout struct {
+	offSockets, offBuckets, offNeigh, offTimers, size uint64
+	buckets                                           uint32
+}
+
+const neighEntries = 256
+
+func layoutFor(c *Config) imageLayout {
+	var l imageLayout
+	align := func(n uint64) uint64 { return (n + 63) &^ 63 }
+	l.buckets = 1
+	for l.buckets < uint32(2*c.Sockets) {
+		l.buckets <<= 1
+	}
+	l.offSockets = align(uint64(unsafe.Sizeof(header{})))
+	l.offBuckets = align(l.offSockets + uint64(c.Sockets)*uint64(unsafe.Sizeof(sock{})))
+	l.offNeigh = align(l.offBuckets + uint64(l.buckets)*4)
+	l.offTimers = align(l.offNeigh + neighEntries*uint64(unsafe.Sizeof(neighbour{})))
+	l.size = uint64(pageAlign(int(l.offTimers) + timers.Size(c.Sockets*timersPerSock, c.TimerSlots)))
+	return l
+}
+
+func pageAlign(n int) int {
+	p := unix.Getpagesize()
+	return (n + p - 1) &^ (p - 1)
+}
+
+// newImage creates a memfd for a stack configured by c and lays the image
+// out in it.
+func newImage(c *Config, now Mono) (*Image, error) {
+	l := layoutFor(c)
+	fd, err := unix.MemfdCreate("onload-stack", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("create stack image memfd: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(l.size)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("size stack image to %d bytes: %w", l.size, err)
+	}
+	mem, err := unix.Mmap(fd, 0, int(l.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("map %d bytes of stack image: %w", l.size, err)
+	}
+	img := &Image{mem: mem, fd: fd, hdr: (*header)(unsafe.Pointer(&mem[0]))}
+	h := img.hdr
+	*h = header{
+		magic: imageMagic, version: imageVersion, layout: layoutHash(), size: l.size,
+		sockets: uint32(c.Sockets), buckets: l.buckets, neighs: neighEntries, timerSlots: uint32(c.TimerSlots),
+		tickNs: uint64(c.Tick), addr: c.Addr.Addr().As4(), prefixLen: uint32(c.Addr.Bits()),
+		mtu: uint32(c.MTU), recvBuffer: uint32(c.RecvBuffer), sendBuffer: uint32(c.SendBuffer),
+		offSockets: l.offSockets, offBuckets: l.offBuckets, offNeigh: l.offNeigh, offTimers: l.offTimers,
+		ephemeral: ephemeralLow,
+	}
+	copy(h.mac[:], c.MAC)
+	if c.Gateway.IsValid() {
+		h.gateway = c.Gateway.As4()
+	}
+	if _, err := rand.Read(h.isnKey[:]); err != nil {
+		img.Close()
+		return nil, fmt.Errorf("read a secret for initial sequence numbers: %w", err)
+	}
+	if err := img.view(); err != nil {
+		img.Close()
+		return nil, err
+	}
+	for i := range img.buckets {
+		img.buckets[i] = noSlot
+	}
+	img.formatSockets()
+	if img.wheel, err = timers.Format(img.mem[l.offTimers:], c.Sockets*timersPerSock, c.TimerSlots, timers.Tick(int64(now)/int64(c.Tick))); err != nil {
+		img.Close()
+		return nil, err
+	}
+	return img, nil
+}
+
+// AttachImage maps a stack image made by another process from its memfd
+// (which the Image then owns). The image's layout must be this build's.
+func AttachImage(fd int) (*Image, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("attach stack image: %w", err)
+	}
+	if st.Size < int64(unsafe.Sizeof(header{})) {
+		return nil, fmt.Errorf("attach stack image: %d bytes is too small to be one", st.Size)
+	}
+	mem, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("attach stack image: map: %w", err)
+	}
+	img := &Image{mem: mem, fd: fd, hdr: (*header)(unsafe.Pointer(&mem[0]))}
+	h := img.hdr
+	switch {
+	case h.magic != imageMagic:
+		err = fmt.Errorf("attach stack image: not a stack image (magic %#x)", h.magic)
+	case h.layout != layoutHash() || h.version != imageVersion:
+		err = fmt.Errorf("attach stack image: made by a different build (layout %#x version %d; this build: %#x version %d): run the same version on both sides",
+			h.layout, h.version, layoutHash(), imageVersion)
+	case h.size != uint64(st.Size):
+		err = fmt.Errorf("attach stack image: header says %d bytes, the memfd holds %d", h.size, st.Size)
+	}
+	if err == nil {
+		err = img.view()
+	}
+	if err == nil {
+		img.wheel, err = timers.Attach(img.mem[h.offTimers:])
+	}
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, err
+	}
+	return img, nil
+}
+
+// view makes the slices over the regions, checking that they fit.
+func (img *Image) view() error {
+	h := img.hdr
+	end := func(off, n, size uint64) uint64 { return off + n*size }
+	if h.sockets < 1 || h.sockets > maxSockets || h.buckets == 0 || h.buckets&(h.buckets-1) != 0 || h.neighs != neighEntries ||
+		end(h.offSockets, uint64(h.sockets), uint64(unsafe.Sizeof(sock{}))) > h.offBuckets ||
+		end(h.offBuckets, uint64(h.buckets), 4) > h.offNeigh ||
+		end(h.offNeigh, uint64(h.neighs), uint64(unsafe.Sizeof(neighbour{}))) > h.offTimers ||
+		h.offTimers >= uint64(len(img.mem)) || h.tickNs == 0 {
+		return errors.New("stack image header is inconsistent")
+	}
+	img.socks = unsafe.Slice((*sock)(unsafe.Pointer(&img.mem[h.offSockets])), h.sockets)
+	img.buckets = unsafe.Slice((*uint32)(unsafe.Pointer(&img.mem[h.offBuckets])), h.buckets)
+	img.neigh = unsafe.Slice((*neighbour)(unsafe.Pointer(&img.mem[h.offNeigh])), h.neighs)
+	return nil
+}
+
+// FD is the image's memfd, to hand to another process.
+func (img *Image) FD() int { return img.fd }
+
+// Size is the image's size in bytes.
+func (img *Image) Size() int { return len(img.mem) }
+
+// Close unmaps the image and closes its memfd.
+func (img *Image) Close() error {
+	if img.mem == nil {
+		return nil
+	}
+	err := errors.Join(unix.Munmap(img.mem), unix.Close(img.fd))
+	img.mem = nil
+	return err
+}

@@ -1,0 +1,265 @@
+package stack
+
+import (
+	"net/netip"
+)
+
+// The engine's socket operations, which the sockets package wraps. All are
+// non-blocking: an operation that would wait returns ErrWouldBlock.
+
+// Events are a socket's readiness bits, for an epoll-like layer.
+type Events uint32
+
+const (
+	Readable Events = 1 << iota // a receive would not block
+	Writable                    // a send would not block
+	Error                       // an error is pending
+	Hangup                      // the peer is gone (TCP)
+)
+
+// Ephemeral ports, as Linux's default ip_local_port_range.
+const (
+	ephemeralLow  = 32768
+	ephemeralHigh = 60999
+)
+
+// Open makes a socket.
+func (s *Stack) Open(p Proto) (SockID, error) {
+	if p != UDP {
+		return NullSock, ErrNotSupported
+	}
+	s.lock()
+	defer s.unlock()
+	_, id, err := s.allocSockLocked(uint8(p))
+	return id, err
+}
+
+// Bind gives a socket its local address and port. The address must be the
+// stack's or unspecified; port 0 picks a free ephemeral port.
+func (s *Stack) Bind(id SockID, local netip.AddrPort) error {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return err
+	}
+	return s.bindLocked(sk, local)
+}
+
+func (s *Stack) bindLocked(sk *sock, local netip.AddrPort) error {
+	if sk.flags&sfBound != 0 {
+		return ErrInvalid
+	}
+	var addr [4]byte
+	if a := local.Addr(); a.IsValid() && !a.IsUnspecified() {
+		if !a.Is4() && !a.Is4In6() || a.Unmap().As4() != s.img.hdr.addr {
+			return ErrAddrNotAvail
+		}
+		addr = a.Unmap().As4()
+	}
+	port := local.Port()
+	if port == 0 {
+		var ok bool
+		if port, ok = s.ephemeralLocked(sk.kind, addr); !ok {
+			return ErrNoPorts
+		}
+	} else if s.portInUseLocked(sk.kind, addr, port) {
+		return ErrAddrInUse
+	}
+	if s.filters != nil {
+		if err := s.filters.AddListener(Proto(sk.kind), addrPort(addr, port)); err != nil {
+			return &Errno{Msg: "steer " + Proto(sk.kind).String() + " port to the stack: " + err.Error(), Errno: ErrAddrInUse.Errno}
+		}
+	}
+	sk.localAddr, sk.localPort = addr, port
+	sk.flags |= sfBound
+	s.hashLocked(sk)
+	return nil
+}
+
+// ephemeralLocked finds a free port in the ephemeral range, starting after
+// the last one handed out.
+func (s *Stack) ephemeralLocked(kind uint8, addr [4]byte) (uint16, bool) {
+	h := s.img.hdr
+	const n = ephemeralHigh - ephemeralLow + 1
+	for range n {
+		p := h.ephemeral
+		if p < ephemeralLow || p > ephemeralHigh {
+			p = ephemeralLow
+		}
+		h.ephemeral = p + 1
+		if !s.portInUseLocked(kind, addr, uint16(p)) {
+			return uint16(p), true
+		}
+	}
+	return 0, false
+}
+
+// Connect sets a UDP socket's peer: sends without a destination go there,
+// and only its datagrams are received.
+func (s *Stack) Connect(id SockID, remote netip.AddrPort) error {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return err
+	}
+	ra := remote.Addr().Unmap()
+	if !ra.Is4() || ra.IsUnspecified() || remote.Port() == 0 {
+		return ErrInvalid
+	}
+	if sk.flags&sfBound == 0 {
+		if err := s.bindLocked(sk, netip.AddrPort{}); err != nil {
+			return err
+		}
+	}
+	mac, err := s.nextHopLocked(ra.As4())
+	if err != nil {
+		return err
+	}
+	s.unhashLocked(sk)
+	sk.localAddr = s.img.hdr.addr
+	sk.remoteAddr, sk.remotePort, sk.remoteMAC = ra.As4(), remote.Port(), mac
+	sk.flags |= sfConnected | sfRemoteMAC
+	s.hashLocked(sk)
+	return nil
+}
+
+// SendTo sends one datagram to `to`, or to the connected peer if `to` is
+// the zero AddrPort. An unbound socket is bound to an ephemeral port first.
+func (s *Stack) SendTo(id SockID, buf []byte, to netip.AddrPort) (int, error) {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return 0, err
+	}
+	if sk.kind != kindUDP {
+		return 0, ErrNotSupported
+	}
+	var dst [4]byte
+	var dport uint16
+	var mac [6]byte
+	switch {
+	case to.IsValid():
+		a := to.Addr().Unmap()
+		if !a.Is4() || a.IsUnspecified() || to.Port() == 0 {
+			return 0, ErrInvalid
+		}
+		dst, dport = a.As4(), to.Port()
+		if sk.flags&sfRemoteMAC != 0 && dst == sk.remoteAddr {
+			mac = sk.remoteMAC
+		} else if mac, err = s.nextHopLocked(dst); err != nil {
+			return 0, err
+		}
+	case sk.flags&sfConnected != 0:
+		dst, dport, mac = sk.remoteAddr, sk.remotePort, sk.remoteMAC
+	default:
+		return 0, ErrDestAddrRequired
+	}
+	if sk.flags&sfBound == 0 {
+		if err := s.bindLocked(sk, netip.AddrPort{}); err != nil {
+			return 0, err
+		}
+	}
+	if err := s.udpSendLocked(sk, buf, dst, dport, mac); err != nil {
+		return 0, err
+	}
+	s.flushLocked()
+	return len(buf), nil
+}
+
+// RecvFrom copies the next datagram into buf and says who sent it. With
+// peek the datagram stays queued.
+func (s *Stack) RecvFrom(id SockID, buf []byte, peek bool) (int, netip.AddrPort, error) {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return 0, netip.AddrPort{}, err
+	}
+	if sk.kind != kindUDP {
+		return 0, netip.AddrPort{}, ErrNotSupported
+	}
+	return s.udpRecvLocked(sk, buf, peek)
+}
+
+// Close releases a socket: its queued frames, its port and its slot.
+func (s *Stack) Close(id SockID) error {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return err
+	}
+	s.closeLocked(sk)
+	return nil
+}
+
+func (s *Stack) closeLocked(sk *sock) {
+	for h := s.dequeueRcvLocked(sk); h != 0; h = s.dequeueRcvLocked(sk) {
+		s.pool.Free(h)
+	}
+	s.unhashLocked(sk)
+	if sk.flags&sfBound != 0 && s.filters != nil && !s.portSharedLocked(sk) {
+		s.filters.RemoveListener(Proto(sk.kind), addrPort(sk.localAddr, sk.localPort))
+	}
+	s.freeSockLocked(sk)
+}
+
+// portSharedLocked reports whether another socket is bound to sk's port.
+func (s *Stack) portSharedLocked(sk *sock) bool {
+	for i := range s.img.socks {
+		o := &s.img.socks[i]
+		if o != sk && o.kind == sk.kind && o.flags&sfBound != 0 && o.localPort == sk.localPort {
+			return true
+		}
+	}
+	return false
+}
+
+// LocalAddr is the socket's bound address and port.
+func (s *Stack) LocalAddr(id SockID) (netip.AddrPort, error) {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	return addrPort(sk.localAddr, sk.localPort), nil
+}
+
+// RemoteAddr is the socket's peer, if it is connected.
+func (s *Stack) RemoteAddr(id SockID) (netip.AddrPort, error) {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	if sk.flags&sfConnected == 0 {
+		return netip.AddrPort{}, nil
+	}
+	return addrPort(sk.remoteAddr, sk.remotePort), nil
+}
+
+// Events reports the socket's readiness.
+func (s *Stack) Events(id SockID) Events {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return Error | Hangup
+	}
+	var ev Events
+	if sk.rcvHead != 0 {
+		ev |= Readable
+	}
+	if s.pool.Available() > 0 {
+		ev |= Writable
+	}
+	if sk.err != 0 {
+		ev |= Error
+	}
+	return ev
+}

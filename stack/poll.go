@@ -1,0 +1,48 @@
+package stack
+
+import "github.com/xdp-onload/onload/timers"
+
+// Poll processes up to a budget of received frames, runs due timers and
+// sends what is ready, in the calling goroutine. If another thread holds
+// the stack lock, it leaves the poll to that thread (LockOrDefer) and
+// returns 0 at once. It returns the number of frames it took in.
+func (s *Stack) Poll() int {
+	if !s.img.hdr.lock.LockOrDefer(DeferPoll) {
+		return 0
+	}
+	n := s.pollLocked()
+	s.unlock()
+	return n
+}
+
+func (s *Stack) pollLocked() int {
+	n := s.nic.Receive(s.rx)
+	for _, h := range s.rx[:n] {
+		s.inputLocked(h)
+	}
+	s.timersLocked(Now())
+	s.flushLocked()
+	return n
+}
+
+// timersLocked runs the timers due by now.
+func (s *Stack) timersLocked(now Mono) {
+	for {
+		n, err := s.img.wheel.Expire(s.tickAt(now), s.expired)
+		if err != nil {
+			s.img.hdr.counters.ImageCorrupt++
+			return
+		}
+		for _, id := range s.expired[:n] {
+			s.timerLocked(id)
+		}
+		if n < len(s.expired) {
+			return
+		}
+	}
+}
+
+// timerLocked dispatches one expired timer to its socket.
+func (s *Stack) timerLocked(id timers.ID) {
+	_ = id // no protocol arms timers yet
+}

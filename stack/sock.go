@@ -1,0 +1,227 @@
+package stack
+
+import (
+	"fmt"
+	"net/netip"
+	"unsafe"
+
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// SockID names a socket: a 20-bit slot index and a 12-bit generation that
+// changes every time the slot is reused, so an ID kept after Close is
+// refused (ErrBadSocket) rather than reaching the slot's next occupant.
+// The zero SockID is NullSock.
+type SockID uint32
+
+// NullSock names no socket.
+const NullSock SockID = 0
+
+func makeSockID(idx, gen uint32) SockID { return SockID(gen<<20 | idx) }
+
+func (id SockID) index() uint32 { return uint32(id) & (1<<20 - 1) }
+func (id SockID) gen() uint32   { return uint32(id) >> 20 }
+
+func (id SockID) String() string { return fmt.Sprintf("sock(%d/%d)", id.index(), id.gen()) }
+
+// noSlot ends the socket free list and the hash chains, which link slot
+// indices.
+const noSlot = ^uint32(0)
+
+// Socket kinds.
+const (
+	kindFree = 0
+	kindUDP  = 1
+	kindTCP  = 2
+)
+
+// Socket flags.
+const (
+	sfBound     = 1 << 0 // has a local address and port
+	sfConnected = 1 << 1 // has a remote address and port
+	sfHashed    = 1 << 2 // is in the connection hash table
+	sfRemoteMAC = 1 << 3 // remoteMAC holds the next hop for the peer
+)
+
+// sock is one slot of the socket table. Fields are plain values: the slot
+// lives in the image.
+type sock struct {
+	kind  uint8
+	_     uint8
+	flags uint16
+	gen   uint32 // generation of the slot's current SockID
+	next  uint32 // free list or hash chain
+
+	localAddr, remoteAddr [4]byte
+	localPort, remotePort uint16
+	remoteMAC             [6]byte
+	_                     [2]byte
+
+	err uint32 // pending error, an errno, reported once
+
+	// The receive queue: frames linked through their descriptors' next
+	// handles; each frame's data is exactly its payload.
+	rcvHead, rcvTail vnic.Handle
+	rcvBytes         uint32
+	rcvFrames        uint32
+
+	rcvBuf, sndBuf uint32
+}
+
+// sockLocked resolves id to its slot, or returns ErrBadSocket. It is the
+// one way from an ID to a socket.
+func (s *Stack) sockLocked(id SockID) (*sock, error) {
+	idx := id.index()
+	if idx >= uint32(len(s.img.socks)) {
+		return nil, ErrBadSocket
+	}
+	sk := &s.img.socks[idx]
+	if sk.kind == kindFree || sk.gen != id.gen() || id.gen() == 0 {
+		return nil, ErrBadSocket
+	}
+	return sk, nil
+}
+
+func (s *Stack) idOf(sk *sock) SockID {
+	return makeSockID(s.slotOf(sk), sk.gen)
+}
+
+func (s *Stack) slotOf(sk *sock) uint32 {
+	return uint32((uintptrOf(sk) - uintptrOf(&s.img.socks[0])) / sockSize)
+}
+
+// formatSockets links every slot into the free list.
+func (img *Image) formatSockets() {
+	for i := range img.socks {
+		img.socks[i] = sock{next: uint32(i + 1), gen: 1}
+	}
+	img.socks[len(img.socks)-1].next = noSlot
+	img.hdr.sockFree = 0
+}
+
+// allocSockLocked takes a free slot for a socket of kind.
+func (s *Stack) allocSockLocked(kind uint8) (*sock, SockID, error) {
+	h := s.img.hdr
+	idx := h.sockFree
+	if idx >= uint32(len(s.img.socks)) || s.img.socks[idx].kind != kindFree {
+		h.counters.SocketsExhausted++
+		return nil, NullSock, ErrNoSockets
+	}
+	sk := &s.img.socks[idx]
+	h.sockFree = sk.next
+	gen := sk.gen
+	*sk = sock{kind: kind, gen: gen, next: noSlot, rcvBuf: h.recvBuffer, sndBuf: h.sendBuffer}
+	h.sockInUse++
+	return sk, makeSockID(idx, gen), nil
+}
+
+// freeSockLocked returns a slot to the free list; its frames must already
+// be freed and it must be out of the hash table.
+func (s *Stack) freeSockLocked(sk *sock) {
+	h := s.img.hdr
+	idx := s.slotOf(sk)
+	gen := (sk.gen + 1) & (1<<12 - 1)
+	if gen == 0 {
+		gen = 1
+	}
+	*sk = sock{gen: gen, next: h.sockFree}
+	h.sockFree = idx
+	h.sockInUse--
+}
+
+// tupleHash spreads a connection's 4-tuple over the buckets.
+func tupleHash(kind uint8, laddr [4]byte, lport uint16, raddr [4]byte, rport uint16) uint32 {
+	x := uint64(be32(laddr))<<32 | uint64(be32(raddr))
+	x ^= uint64(lport)<<16 | uint64(rport) | uint64(kind)<<40
+	x *= 0x9e3779b97f4a7c15
+	return uint32(x >> 32)
+}
+
+func be32(a [4]byte) uint32 {
+	return uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+}
+
+// hashLocked puts a bound socket in the table under its current tuple.
+func (s *Stack) hashLocked(sk *sock) {
+	b := tupleHash(sk.kind, sk.localAddr, sk.localPort, sk.remoteAddr, sk.remotePort) & uint32(len(s.img.buckets)-1)
+	sk.next = s.img.buckets[b]
+	s.img.buckets[b] = s.slotOf(sk)
+	sk.flags |= sfHashed
+}
+
+// unhashLocked takes a socket out of the table.
+func (s *Stack) unhashLocked(sk *sock) {
+	if sk.flags&sfHashed == 0 {
+		return
+	}
+	b := tupleHash(sk.kind, sk.localAddr, sk.localPort, sk.remoteAddr, sk.remotePort) & uint32(len(s.img.buckets)-1)
+	me := s.slotOf(sk)
+	link := &s.img.buckets[b]
+	for steps := 0; *link != noSlot && steps < len(s.img.socks); steps++ {
+		if *link == me {
+			*link = sk.next
+			break
+		}
+		if *link >= uint32(len(s.img.socks)) {
+			s.img.hdr.counters.ImageCorrupt++
+			break
+		}
+		link = &s.img.socks[*link].next
+	}
+	sk.next = noSlot
+	sk.flags &^= sfHashed
+}
+
+// lookupLocked finds the socket for a frame of kind from raddr:rport to
+// laddr:lport: first a connected socket with that exact tuple, then one
+// bound to laddr:lport, then one bound to the wildcard address.
+func (s *Stack) lookupLocked(kind uint8, laddr [4]byte, lport uint16, raddr [4]byte, rport uint16) *sock {
+	var zero [4]byte
+	if sk := s.findLocked(kind, laddr, lport, raddr, rport); sk != nil {
+		return sk
+	}
+	if sk := s.findLocked(kind, laddr, lport, zero, 0); sk != nil {
+		return sk
+	}
+	return s.findLocked(kind, zero, lport, zero, 0)
+}
+
+func (s *Stack) findLocked(kind uint8, laddr [4]byte, lport uint16, raddr [4]byte, rport uint16) *sock {
+	b := tupleHash(kind, laddr, lport, raddr, rport) & uint32(len(s.img.buckets)-1)
+	i := s.img.buckets[b]
+	for steps := 0; i != noSlot; steps++ {
+		if i >= uint32(len(s.img.socks)) || steps >= len(s.img.socks) {
+			s.img.hdr.counters.ImageCorrupt++
+			return nil
+		}
+		sk := &s.img.socks[i]
+		if sk.kind == kind && sk.localPort == lport && sk.remotePort == rport && sk.localAddr == laddr && sk.remoteAddr == raddr {
+			return sk
+		}
+		i = sk.next
+	}
+	return nil
+}
+
+// portInUseLocked reports whether a socket of kind is bound to port on
+// addr, or on any address if addr is the wildcard (and, bound to the
+// wildcard, clashes with every address).
+func (s *Stack) portInUseLocked(kind uint8, addr [4]byte, port uint16) bool {
+	var zero [4]byte
+	for i := range s.img.socks {
+		sk := &s.img.socks[i]
+		if sk.kind != kind || sk.flags&sfBound == 0 || sk.localPort != port {
+			continue
+		}
+		if addr == zero || sk.localAddr == zero || sk.localAddr == addr {
+			return true
+		}
+	}
+	return false
+}
+
+var sockSize = unsafe.Sizeof(sock{})
+
+func uintptrOf[T any](p *T) uintptr { return uintptr(unsafe.Pointer(p)) }
+
+func addrPort(a [4]byte, p uint16) netip.AddrPort { return netip.AddrPortFrom(netip.AddrFrom4(a), p) }

@@ -1,0 +1,173 @@
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/xdp-onload/onload/timers"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// Proto is a transport protocol.
+type Proto uint8
+
+const (
+	UDP Proto = kindUDP
+	TCP Proto = kindTCP
+)
+
+func (p Proto) String() string {
+	switch p {
+	case UDP:
+		return "udp"
+	case TCP:
+		return "tcp"
+	}
+	return fmt.Sprintf("proto(%d)", uint8(p))
+}
+
+// ipProto is the IPv4 protocol number of a socket kind.
+func ipProto(kind uint8) uint8 {
+	if kind == kindTCP {
+		return 6
+	}
+	return 17
+}
+
+// Filters steer traffic to the stack: the XDP steering program's maps, or
+// nothing for an in-memory NIC. The stack asks for the local ports it
+// binds and gives them back when it closes them.
+type Filters interface {
+	AddListener(p Proto, local netip.AddrPort) error
+	RemoveListener(p Proto, local netip.AddrPort) error
+}
+
+// Resolver finds the Ethernet address of a neighbour the stack does not
+// know yet (the kernel's neighbour table, in production).
+type Resolver interface {
+	Resolve(ip netip.Addr) (net.HardwareAddr, bool)
+}
+
+// Stack is this process's handle on a stack: the image it shares with
+// any other process that maps it, the NIC, and scratch space. Its methods
+// are safe for concurrent use: each takes the stack lock.
+type Stack struct {
+	img      *Image
+	nic      vnic.NIC
+	pool     *vnic.Pool
+	filters  Filters
+	resolver Resolver
+	tickNs   int64
+	mtu      int
+
+	// Scratch, used with the lock held.
+	rx      []vnic.Handle
+	tx      []vnic.Handle
+	expired []timers.ID
+}
+
+// rxBudget is how many frames one poll takes from the NIC.
+const rxBudget = 64
+
+// Options wire a new stack to the world around it.
+type Options struct {
+	Filters    Filters  // nil: no steering (an in-memory NIC)
+	Resolver   Resolver // nil: only Neighbours are known
+	Neighbours map[netip.Addr]net.HardwareAddr
+}
+
+// New makes a stack over nic: a new image, configured by cfg.
+func New(nic vnic.NIC, cfg Config, opt Options) (*Stack, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if nic.Info().MTU < cfg.MTU {
+		return nil, fmt.Errorf("stack config: MTU %d is larger than the NIC's (%d)", cfg.MTU, nic.Info().MTU)
+	}
+	if max := nic.Pool().FrameSize() - nic.Pool().Headroom(); cfg.MTU+14 > max {
+		return nil, fmt.Errorf("stack config: MTU %d does not fit the NIC's %d-byte frames", cfg.MTU, max)
+	}
+	img, err := newImage(&cfg, Now())
+	if err != nil {
+		return nil, err
+	}
+	s := newStack(img, nic, opt)
+	for ip, mac := range opt.Neighbours {
+		if err := s.AddNeighbour(ip, mac); err != nil {
+			img.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Attach makes a handle on an existing image (another process's stack)
+// over nic, which must be a view of the same frames.
+func Attach(img *Image, nic vnic.NIC, opt Options) *Stack {
+	return newStack(img, nic, opt)
+}
+
+func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
+	return &Stack{
+		img: img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver,
+		tickNs: int64(img.hdr.tickNs), mtu: int(img.hdr.mtu),
+		rx: make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), expired: make([]timers.ID, 64),
+	}
+}
+
+// Image is the stack's image, to hand to another process.
+func (s *Stack) Image() *Image { return s.img }
+
+// Addr is the stack's IPv4 address.
+func (s *Stack) Addr() netip.Addr { return netip.AddrFrom4(s.img.hdr.addr) }
+
+// Counters returns a copy of the stack's counters.
+func (s *Stack) Counters() Counters {
+	s.lock()
+	defer s.unlock()
+	return s.img.hdr.counters
+}
+
+func (s *Stack) lock() { s.img.hdr.lock.Lock() }
+
+// unlock does the work others deferred to us, then lets the lock go.
+func (s *Stack) unlock() { s.img.hdr.lock.Unlock(s.deferredLocked) }
+
+func (s *Stack) deferredLocked(d Deferred) {
+	if d&DeferPoll != 0 {
+		s.pollLocked()
+	}
+	s.flushLocked()
+}
+
+// Destroy closes every socket, freeing its frames, and unmaps the image.
+// The NIC is the caller's to close.
+func (s *Stack) Destroy() error {
+	s.lock()
+	for i := range s.img.socks {
+		sk := &s.img.socks[i]
+		if sk.kind != kindFree {
+			s.closeLocked(sk)
+		}
+	}
+	s.flushLocked()
+	s.unlock()
+	return s.img.Close()
+}
+
+// AddNeighbour records the Ethernet address of a neighbour.
+func (s *Stack) AddNeighbour(ip netip.Addr, mac net.HardwareAddr) error {
+	if !ip.Is4() || len(mac) != 6 {
+		return fmt.Errorf("neighbour %v at %v: want an IPv4 address and an Ethernet address", ip, mac)
+	}
+	s.lock()
+	defer s.unlock()
+	var m [6]byte
+	copy(m[:], mac)
+	if !s.setNeighbourLocked(ip.As4(), m) {
+		return errors.New("neighbour table is full")
+	}
+	return nil
+}

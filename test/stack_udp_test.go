@@ -1,0 +1,107 @@
+package test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xdp-onload/onload/stack"
+)
+
+// ourStack puts our stack on iface's host: the steering program, an XDP
+// NIC and a stack using the interface's address, with the peer's MAC as a
+// neighbour.
+func ourStack(t *testing.T, iface *Iface) *stack.Stack {
+	t.Helper()
+	st, err := Steer(iface, SteerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	s, err := stack.New(st.NIC, stack.Config{Addr: iface.Prefix, MAC: iface.MAC}, stack.Options{
+		Filters:    stack.SteeringFilters{Steering: st.Steering, Stack: st.Stack},
+		Neighbours: map[netip.Addr]net.HardwareAddr{iface.Peer.Addr(): iface.Peer.MAC},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Destroy() })
+	return s
+}
+
+// TestStackUDPWithKernel exchanges datagrams between our stack in host b
+// and the Linux kernel's UDP in host a, while b's kernel keeps answering
+// ping.
+func TestStackUDPWithKernel(t *testing.T) {
+	a, b := Pair(t, LinkOptions{})
+	s := ourStack(t, b.Iface0())
+	id, err := s.Open(stack.UDP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Bind(id, netip.AddrPortFrom(netip.Addr{}, 7000)); err != nil {
+		t.Fatal(err)
+	}
+	var kc *net.UDPConn
+	if err := a.Do(func() (err error) {
+		kc, err = net.DialUDP("udp", nil, &net.UDPAddr{IP: b.Iface0().Addr().AsSlice(), Port: 7000})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+
+	buf := make([]byte, 2048)
+	for i := range 200 {
+		msg := []byte(fmt.Sprintf("kernel datagram %d %s", i, bytes.Repeat([]byte{'k'}, i*7)))
+		if _, err := kc.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		var from netip.AddrPort
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			s.Poll()
+			n, from, err = s.RecvFrom(id, buf, false)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, stack.ErrWouldBlock) || time.Now().After(deadline) {
+				c := s.Counters()
+				t.Fatalf("datagram %d: %v (counters %s)", i, err, &c)
+			}
+		}
+		if !bytes.Equal(buf[:n], msg) || from.Addr() != a.Iface0().Addr() {
+			t.Fatalf("datagram %d: %q from %v", i, buf[:n], from)
+		}
+		reply := append([]byte("our reply to "), msg...)
+		if _, err := s.SendTo(id, reply, from); err != nil {
+			t.Fatal(err)
+		}
+		kc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		m, err := kc.Read(buf)
+		if err != nil {
+			t.Fatalf("kernel read %d: %v", i, err)
+		}
+		if !bytes.Equal(buf[:m], reply) {
+			t.Fatalf("kernel got %q", buf[:m])
+		}
+	}
+	if _, err := a.Run("ping", "-c", "2", "-i", "0.1", "-W", "2", b.Iface0().Addr().String()); err != nil {
+		t.Error(err)
+	}
+	// Closing the socket gives the port back to the kernel: b's kernel now
+	// answers (with ICMP port unreachable, which a connected UDP socket
+	// reports as connection refused).
+	s.Close(id)
+	kc.Write([]byte("after close"))
+	kc.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := kc.Read(buf); err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("after close: %v, want connection refused from b's kernel", err)
+	}
+}
