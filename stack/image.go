@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdp-onload/onload/timers"
+	"github.com/xdp-onload/onload/vnic"
 )
 
 // The stack image is one memfd holding every byte of a stack's state, so
@@ -66,21 +67,27 @@ type header struct {
 	ephemeral uint32 // next ephemeral port to try
 	isnKey    [16]byte
 	ipID      uint32 // next IPv4 identification
-	_         uint32
+	neighWait uint32 // neighbour entries being resolved
 	counters  Counters
 }
 
-// neighbour is one entry of the neighbour table.
+// neighbour is one entry of the neighbour table. While the kernel
+// resolves an address the entry holds the frames waiting for it.
 type neighbour struct {
-	addr  [4]byte
-	mac   [6]byte
-	state uint8 // neighFree, neighValid
-	_     uint8
+	addr     [4]byte
+	mac      [6]byte
+	state    uint8 // neighFree, neighIncomplete, neighValid, neighFailed
+	npending uint8
+	pendHead vnic.Handle
+	pendTail vnic.Handle
+	since    timers.Tick // when resolution started or failed
 }
 
 const (
-	neighFree  = 0
-	neighValid = 1
+	neighFree       = 0
+	neighIncomplete = 1
+	neighValid      = 2
+	neighFailed     = 3
 )
 
 // layoutHash fingerprints the image's structures: their fields' names,
@@ -118,8 +125,12 @@ type Image struct {
 	wheel   *timers.Wheel
 }
 
-// timersPerSock is how many timers each socket owns in the wheel.
-const timersPerSock = 4
+// timersPerSock is how many timers each socket owns in the wheel; the
+// stack's own timers come after the sockets'.
+const (
+	timersPerSock = 4
+	stackTimers   = 4
+)
 
 type imageLayout struct {
 	offSockets, offBuckets, offNeigh, offTimers, size uint64
@@ -139,7 +150,7 @@ func layoutFor(c *Config) imageLayout {
 	l.offBuckets = align(l.offSockets + uint64(c.Sockets)*uint64(unsafe.Sizeof(sock{})))
 	l.offNeigh = align(l.offBuckets + uint64(l.buckets)*4)
 	l.offTimers = align(l.offNeigh + neighEntries*uint64(unsafe.Sizeof(neighbour{})))
-	l.size = uint64(pageAlign(int(l.offTimers) + timers.Size(c.Sockets*timersPerSock, c.TimerSlots)))
+	l.size = uint64(pageAlign(int(l.offTimers) + timers.Size(c.Sockets*timersPerSock+stackTimers, c.TimerSlots)))
 	return l
 }
 
@@ -191,7 +202,7 @@ func newImage(c *Config, now Mono) (*Image, error) {
 		img.buckets[i] = noSlot
 	}
 	img.formatSockets()
-	if img.wheel, err = timers.Format(img.mem[l.offTimers:], c.Sockets*timersPerSock, c.TimerSlots, timers.Tick(int64(now)/int64(c.Tick))); err != nil {
+	if img.wheel, err = timers.Format(img.mem[l.offTimers:], c.Sockets*timersPerSock+stackTimers, c.TimerSlots, timers.Tick(int64(now)/int64(c.Tick))); err != nil {
 		img.Close()
 		return nil, err
 	}

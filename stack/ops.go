@@ -113,14 +113,18 @@ func (s *Stack) Connect(id SockID, remote netip.AddrPort) error {
 			return err
 		}
 	}
-	mac, err := s.nextHopLocked(ra.As4())
-	if err != nil {
+	mac, _, err := s.nextHopLocked(ra.As4())
+	if err != nil && err != errNeighPending {
 		return err
 	}
 	s.unhashLocked(sk)
 	sk.localAddr = s.img.hdr.addr
 	sk.remoteAddr, sk.remotePort, sk.remoteMAC = ra.As4(), remote.Port(), mac
-	sk.flags |= sfConnected | sfRemoteMAC
+	sk.flags |= sfConnected
+	sk.flags &^= sfRemoteMAC
+	if err == nil {
+		sk.flags |= sfRemoteMAC
+	}
 	s.hashLocked(sk)
 	return nil
 }
@@ -139,7 +143,6 @@ func (s *Stack) SendTo(id SockID, buf []byte, to netip.AddrPort) (int, error) {
 	}
 	var dst [4]byte
 	var dport uint16
-	var mac [6]byte
 	switch {
 	case to.IsValid():
 		a := to.Addr().Unmap()
@@ -147,24 +150,42 @@ func (s *Stack) SendTo(id SockID, buf []byte, to netip.AddrPort) (int, error) {
 			return 0, ErrInvalid
 		}
 		dst, dport = a.As4(), to.Port()
-		if sk.flags&sfRemoteMAC != 0 && dst == sk.remoteAddr {
-			mac = sk.remoteMAC
-		} else if mac, err = s.nextHopLocked(dst); err != nil {
-			return 0, err
-		}
 	case sk.flags&sfConnected != 0:
-		dst, dport, mac = sk.remoteAddr, sk.remotePort, sk.remoteMAC
+		dst, dport = sk.remoteAddr, sk.remotePort
 	default:
 		return 0, ErrDestAddrRequired
+	}
+	var mac [6]byte
+	var neigh *neighbour
+	if sk.flags&sfRemoteMAC != 0 && dst == sk.remoteAddr {
+		mac = sk.remoteMAC
+	} else {
+		mac, neigh, err = s.nextHopLocked(dst)
+		if err != nil && err != errNeighPending {
+			return 0, err
+		}
+		if err == nil && sk.flags&sfConnected != 0 && dst == sk.remoteAddr {
+			sk.remoteMAC = mac
+			sk.flags |= sfRemoteMAC
+		}
+		if err == nil {
+			neigh = nil // resolved: send at once
+		}
 	}
 	if sk.flags&sfBound == 0 {
 		if err := s.bindLocked(sk, netip.AddrPort{}); err != nil {
 			return 0, err
 		}
 	}
-	if err := s.udpSendLocked(sk, buf, dst, dport, mac); err != nil {
+	h, err := s.udpBuildLocked(sk, buf, dst, dport, mac)
+	if err != nil {
 		return 0, err
 	}
+	if neigh != nil {
+		s.holdLocked(neigh, h)
+		return len(buf), nil
+	}
+	s.queueTxLocked(h)
 	s.flushLocked()
 	return len(buf), nil
 }

@@ -44,5 +44,7 @@ func (s *Stack) timersLocked(now Mono) {
 
 // timerLocked dispatches one expired timer to its socket.
 func (s *Stack) timerLocked(id timers.ID) {
-	_ = id // no protocol arms timers yet
+	if id == s.stackTimer(timerNeigh) {
+		s.neighTimerLocked()
+	}
 }

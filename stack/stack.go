@@ -152,6 +152,15 @@ func (s *Stack) Destroy() error {
 			s.closeLocked(sk)
 		}
 	}
+	for i := range s.img.neigh {
+		e := &s.img.neigh[i]
+		for h := e.pendHead; h != vnic.Null; {
+			next := s.pool.Next(h)
+			s.pool.Free(h)
+			h = next
+		}
+		e.pendHead, e.pendTail, e.npending = vnic.Null, vnic.Null, 0
+	}
 	s.flushLocked()
 	s.unlock()
 	return s.img.Close()
@@ -169,5 +178,6 @@ func (s *Stack) AddNeighbour(ip netip.Addr, mac net.HardwareAddr) error {
 	if !s.setNeighbourLocked(ip.As4(), m) {
 		return errors.New("neighbour table is full")
 	}
+	s.flushLocked()
 	return nil
 }

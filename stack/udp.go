@@ -91,15 +91,15 @@ func (s *Stack) dequeueRcvLocked(sk *sock) vnic.Handle {
 	return h
 }
 
-// udpSendLocked builds one datagram and queues it for the NIC.
-func (s *Stack) udpSendLocked(sk *sock, buf []byte, dst [4]byte, dport uint16, mac [6]byte) error {
+// udpBuildLocked builds one datagram in a new frame.
+func (s *Stack) udpBuildLocked(sk *sock, buf []byte, dst [4]byte, dport uint16, mac [6]byte) (vnic.Handle, error) {
 	if ethLen+ipLen+udpLen+len(buf) > s.mtu+ethLen {
-		return ErrMsgSize
+		return vnic.Null, ErrMsgSize
 	}
 	h := s.pool.Alloc()
 	if h == vnic.Null {
 		s.img.hdr.counters.TxNoFrames++
-		return ErrNoBuffers
+		return vnic.Null, ErrNoBuffers
 	}
 	b := s.pool.Buf(h)
 	ulen := udpLen + len(buf)
@@ -116,8 +116,7 @@ func (s *Stack) udpSendLocked(sk *sock, buf []byte, dst [4]byte, dport uint16, m
 	}
 	binary.BigEndian.PutUint16(u[6:], sum)
 	s.pool.SetLen(h, off+ulen)
-	s.queueTxLocked(h)
-	return nil
+	return h, nil
 }
 
 // udpRecvLocked copies the next datagram into buf. A datagram longer than

@@ -14,8 +14,8 @@ import (
 )
 
 // ourStack puts our stack on iface's host: the steering program, an XDP
-// NIC and a stack using the interface's address, with the peer's MAC as a
-// neighbour.
+// NIC and a stack using the interface's address, which resolves its
+// neighbours through the host kernel's table.
 func ourStack(t *testing.T, iface *Iface) *stack.Stack {
 	t.Helper()
 	st, err := Steer(iface, SteerConfig{})
@@ -23,9 +23,14 @@ func ourStack(t *testing.T, iface *Iface) *stack.Stack {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
+	var kn *stack.KernelNeighbours
+	if err := iface.Host.Do(func() (err error) { kn, err = stack.NewKernelNeighbours(iface.Name); return }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { kn.Close() })
 	s, err := stack.New(st.NIC, stack.Config{Addr: iface.Prefix, MAC: iface.MAC}, stack.Options{
-		Filters:    stack.SteeringFilters{Steering: st.Steering, Stack: st.Stack},
-		Neighbours: map[netip.Addr]net.HardwareAddr{iface.Peer.Addr(): iface.Peer.MAC},
+		Filters:  stack.SteeringFilters{Steering: st.Steering, Stack: st.Stack},
+		Resolver: kn,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -103,5 +108,69 @@ func TestStackUDPWithKernel(t *testing.T) {
 	kc.SetReadDeadline(time.Now().Add(2 * time.Second))
 	if _, err := kc.Read(buf); err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("after close: %v, want connection refused from b's kernel", err)
+	}
+}
+
+// TestStackNeighbourResolution sends first, to a host b's kernel has never
+// talked to: the datagram waits while the kernel resolves the address, then
+// goes. A host that does not exist costs the frames held for it, after the
+// resolution times out, and is then refused at once.
+func TestStackNeighbourResolution(t *testing.T) {
+	a, b := Pair(t, LinkOptions{})
+	s := ourStack(t, b.Iface0())
+	var kc net.PacketConn
+	if err := a.Do(func() (err error) { kc, err = net.ListenPacket("udp", a.Iface0().Addr().String()+":9000"); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	id, _ := s.Open(stack.UDP)
+	if _, err := s.SendTo(id, []byte("first words"), netip.AddrPortFrom(a.Iface0().Addr(), 9000)); err != nil {
+		t.Fatalf("send before the neighbour is known: %v", err)
+	}
+	got := make(chan string, 1)
+	go func() {
+		buf := make([]byte, 100)
+		kc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, _, err := kc.ReadFrom(buf)
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		got <- string(buf[:n])
+	}()
+	var msg string
+	deadline := time.Now().Add(5 * time.Second)
+poll:
+	for time.Now().Before(deadline) {
+		s.Poll()
+		select {
+		case msg = <-got:
+			break poll
+		default:
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	if msg != "first words" {
+		c := s.Counters()
+		t.Fatalf("kernel in a got %q (counters %s)", msg, &c)
+	}
+
+	// Nobody at 198.18.0.77.
+	ghost := netip.MustParseAddrPort("198.18.0.77:9000")
+	for range 3 {
+		if _, err := s.SendTo(id, []byte("into the void"), ghost); err != nil {
+			t.Fatalf("send to an unresolved host: %v", err)
+		}
+	}
+	before := s.Counters().TxNoNeighbour
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end) && s.Counters().TxNoNeighbour < before+3; {
+		s.Poll()
+		time.Sleep(time.Millisecond)
+	}
+	if got := s.Counters().TxNoNeighbour - before; got != 3 {
+		t.Errorf("%d held frames dropped after the resolution timed out, want 3", got)
+	}
+	if _, err := s.SendTo(id, []byte("again"), ghost); !errors.Is(err, syscall.EHOSTUNREACH) {
+		t.Errorf("send to a host that failed to resolve: %v, want EHOSTUNREACH", err)
 	}
 }
