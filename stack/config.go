@@ -33,6 +33,16 @@ type Config struct {
 	// RecvBuffer and SendBuffer are the default socket buffer sizes in bytes
 	// (default 256 KiB each, from 2 KiB to 64 MiB).
 	RecvBuffer, SendBuffer int
+
+	// MinRTO is the least retransmission timeout (default 200ms, as Linux;
+	// from 1ms to 10s). RFC 6298 asks for 1s; LANs do better with less.
+	MinRTO time.Duration
+	// DelayedAck is how long an ACK may wait for data to ride on (default
+	// 40ms, from 1ms to 500ms: RFC 1122 4.2.3.2).
+	DelayedAck time.Duration
+	// TimeWait is how long a closed connection stays in TIME-WAIT (default
+	// 60s: 2MSL; from 1ms to 240s).
+	TimeWait time.Duration
 }
 
 // Bounds and defaults.
@@ -65,7 +75,22 @@ func (c *Config) setDefaults() error {
 	if c.SendBuffer == 0 {
 		c.SendBuffer = defaultBuffer
 	}
+	if c.MinRTO == 0 {
+		c.MinRTO = defaultMinRTO
+	}
+	if c.DelayedAck == 0 {
+		c.DelayedAck = defaultDelAck
+	}
+	if c.TimeWait == 0 {
+		c.TimeWait = defaultTimeWait
+	}
 	switch {
+	case c.MinRTO < time.Millisecond || c.MinRTO > 10*time.Second:
+		return fmt.Errorf("stack config: MinRTO %v: must be from 1ms to 10s", c.MinRTO)
+	case c.DelayedAck < time.Millisecond || c.DelayedAck > 500*time.Millisecond:
+		return fmt.Errorf("stack config: DelayedAck %v: must be from 1ms to 500ms", c.DelayedAck)
+	case c.TimeWait < time.Millisecond || c.TimeWait > 240*time.Second:
+		return fmt.Errorf("stack config: TimeWait %v: must be from 1ms to 240s", c.TimeWait)
 	case c.Sockets < 1 || c.Sockets > maxSockets:
 		return fmt.Errorf("stack config: Sockets %d: must be from 1 to %d", c.Sockets, maxSockets)
 	case c.Tick < 10*time.Microsecond || c.Tick > 100*time.Millisecond:

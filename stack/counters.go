@@ -21,6 +21,28 @@ type Counters struct {
 	RxUDPNoSocket    uint64 // UDP to a port nobody has: dropped
 	RxUDPQueueFull   uint64 // UDP receive queue full: dropped
 
+	RxTCP            uint64 // TCP segments taken in by a socket
+	RxTCPBadChecksum uint64 // TCP checksum wrong: dropped
+	RxTCPBadHeader   uint64 // TCP header truncated or data offset wrong: dropped
+	RxTCPNoSocket    uint64 // TCP to a port nobody has: answered with a reset
+	RxTCPOutOfWindow uint64 // segments outside the receive window: acknowledged and dropped
+	RxTCPOutOfOrder  uint64 // segments queued out of order
+	RxTCPDuplicate   uint64 // segments whose data was all received already
+	RxTCPBufferFull  uint64 // data dropped: receive buffer full
+	RxTCPResets      uint64 // resets accepted
+	RxTCPBadAck      uint64 // acknowledgements of data never sent: acknowledged and dropped
+
+	TCPActiveOpens   uint64 // connections we initiated
+	TCPPassiveOpens  uint64 // connections accepted
+	TCPListenDrops   uint64 // SYNs dropped: accept or SYN queue full
+	TCPEstablished   uint64 // connections that reached ESTABLISHED
+	TCPTimeouts      uint64 // connections that gave up retransmitting
+	TCPRetransmits   uint64 // segments sent again
+	TCPFastRetrans   uint64 // fast retransmissions (three duplicate ACKs)
+	TCPRTOs          uint64 // retransmission timeouts
+	TCPTimeWaitReuse uint64 // TIME-WAIT sockets recycled for a new socket
+	TxTCPResets      uint64 // resets sent
+
 	TxFrames      uint64 // frames handed to the NIC
 	TxNoFrames    uint64 // sends refused: no free frame
 	TxNoNeighbour uint64 // sends refused: next hop's Ethernet address unknown

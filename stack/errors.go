@@ -45,7 +45,37 @@ var (
 	// ErrNoNeighbour: the next hop's Ethernet address is not known
 	// (EHOSTUNREACH).
 	ErrNoNeighbour = &Errno{"next hop's Ethernet address is unknown (no neighbour entry)", syscall.EHOSTUNREACH}
+	// ErrInProgress: a connection is being made; the socket turns writable
+	// when it is up (EINPROGRESS).
+	ErrInProgress = &Errno{"connection in progress", syscall.EINPROGRESS}
+	// ErrAlready: a connection is already being made (EALREADY).
+	ErrAlready = &Errno{"connection already in progress", syscall.EALREADY}
+	// ErrIsConn: the socket is already connected (EISCONN).
+	ErrIsConn = &Errno{"socket is already connected", syscall.EISCONN}
+	// ErrNotConn: the socket is not connected (ENOTCONN).
+	ErrNotConn = &Errno{"socket is not connected", syscall.ENOTCONN}
+	// ErrPipe: the socket can no longer send (EPIPE).
+	ErrPipe = &Errno{"broken pipe: the connection can no longer send", syscall.EPIPE}
+	// ErrConnRefused: the peer refused the connection (ECONNREFUSED).
+	ErrConnRefused = &Errno{"connection refused", syscall.ECONNREFUSED}
+	// ErrConnReset: the peer reset the connection (ECONNRESET).
+	ErrConnReset = &Errno{"connection reset by peer", syscall.ECONNRESET}
+	// ErrTimedOut: the peer stopped answering (ETIMEDOUT).
+	ErrTimedOut = &Errno{"connection timed out", syscall.ETIMEDOUT}
 	// ErrNotSupported: not implemented for this kind of socket
 	// (EOPNOTSUPP).
 	ErrNotSupported = &Errno{"operation not supported on this socket", syscall.EOPNOTSUPP}
 )
+
+// errnoError is the error value of a pending error number.
+func errnoError(e uint32) error {
+	switch syscall.Errno(e) {
+	case syscall.ECONNREFUSED:
+		return ErrConnRefused
+	case syscall.ECONNRESET:
+		return ErrConnReset
+	case syscall.ETIMEDOUT:
+		return ErrTimedOut
+	}
+	return &Errno{Msg: syscall.Errno(e).Error(), Errno: syscall.Errno(e)}
+}

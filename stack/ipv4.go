@@ -66,6 +66,8 @@ func (s *Stack) inputLocked(h vnic.Handle) {
 	p.l4 = ip[ihl:total]
 	p.l4off = ethLen + ihl
 	switch p.proto {
+	case 6:
+		s.tcpInputLocked(h, &p)
 	case 17:
 		s.udpInputLocked(h, &p)
 	default:
@@ -116,10 +118,18 @@ func (s *Stack) queueTxLocked(h vnic.Handle) {
 // flushLocked hands the batch to the NIC. Frames the ring had no room for
 // are dropped and counted: the protocols above recover (TCP retransmits).
 func (s *Stack) flushLocked() {
+	c := &s.img.hdr.counters
+	if len(s.txKeep) > 0 {
+		// Lent frames stay on their send queues: one the ring refuses is
+		// simply sent again later.
+		n, _ := s.nic.TransmitKeep(s.txKeep)
+		c.TxFrames += uint64(n)
+		c.TxRingFull += uint64(len(s.txKeep) - n)
+		s.txKeep = s.txKeep[:0]
+	}
 	if len(s.tx) == 0 {
 		return
 	}
-	c := &s.img.hdr.counters
 	n, _ := s.nic.Transmit(s.tx)
 	c.TxFrames += uint64(n)
 	for _, h := range s.tx[n:] {

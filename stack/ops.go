@@ -25,7 +25,7 @@ const (
 
 // Open makes a socket.
 func (s *Stack) Open(p Proto) (SockID, error) {
-	if p != UDP {
+	if p != UDP && p != TCP {
 		return NullSock, ErrNotSupported
 	}
 	s.lock()
@@ -95,8 +95,11 @@ func (s *Stack) ephemeralLocked(kind uint8, addr [4]byte) (uint16, bool) {
 	return 0, false
 }
 
-// Connect sets a UDP socket's peer: sends without a destination go there,
-// and only its datagrams are received.
+// Connect connects a socket to remote. For TCP it starts the handshake and
+// returns ErrInProgress: the socket turns writable when the connection is
+// up, or reports the error (ECONNREFUSED, ETIMEDOUT). For UDP it sets the
+// peer: sends without a destination go there, and only its datagrams are
+// received.
 func (s *Stack) Connect(id SockID, remote netip.AddrPort) error {
 	s.lock()
 	defer s.unlock()
@@ -107,6 +110,11 @@ func (s *Stack) Connect(id SockID, remote netip.AddrPort) error {
 	ra := remote.Addr().Unmap()
 	if !ra.Is4() || ra.IsUnspecified() || remote.Port() == 0 {
 		return ErrInvalid
+	}
+	if sk.kind == kindTCP {
+		err := s.connectTCPLocked(sk, remote)
+		s.flushLocked()
+		return err
 	}
 	if sk.flags&sfBound == 0 {
 		if err := s.bindLocked(sk, netip.AddrPort{}); err != nil {
@@ -205,6 +213,63 @@ func (s *Stack) RecvFrom(id SockID, buf []byte, peek bool) (int, netip.AddrPort,
 	return s.udpRecvLocked(sk, buf, peek)
 }
 
+// Send sends on a connected socket: a TCP stream, or a UDP datagram to the
+// connected peer. A TCP send takes what fits the send buffer and returns
+// how much; ErrWouldBlock if nothing fits.
+func (s *Stack) Send(id SockID, buf []byte) (int, error) {
+	s.lock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		s.unlock()
+		return 0, err
+	}
+	if sk.kind == kindUDP {
+		s.unlock()
+		return s.SendTo(id, buf, netip.AddrPort{})
+	}
+	n, err := s.tcpSendLocked(sk, buf)
+	s.flushLocked()
+	s.unlock()
+	return n, err
+}
+
+// Recv receives from a socket into buf. For TCP, 0 with a nil error is the
+// end of the stream; ErrWouldBlock means nothing has arrived yet. With
+// peek the data stays queued.
+func (s *Stack) Recv(id SockID, buf []byte, peek bool) (int, error) {
+	s.lock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		s.unlock()
+		return 0, err
+	}
+	if sk.kind == kindUDP {
+		n, _, err := s.udpRecvLocked(sk, buf, peek)
+		s.unlock()
+		return n, err
+	}
+	n, err := s.tcpRecvLocked(sk, buf, peek)
+	s.flushLocked()
+	s.unlock()
+	return n, err
+}
+
+// SockError returns and clears the socket's pending error (SO_ERROR).
+func (s *Stack) SockError(id SockID) error {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return err
+	}
+	if sk.err == 0 {
+		return nil
+	}
+	e := sk.err
+	sk.err = 0
+	return errnoError(e)
+}
+
 // Close releases a socket: its queued frames, its port and its slot.
 func (s *Stack) Close(id SockID) error {
 	s.lock()
@@ -218,14 +283,15 @@ func (s *Stack) Close(id SockID) error {
 }
 
 func (s *Stack) closeLocked(sk *sock) {
+	if sk.kind == kindTCP {
+		s.tcpCloseLocked(sk)
+		s.flushLocked()
+		return
+	}
 	for h := s.dequeueRcvLocked(sk); h != 0; h = s.dequeueRcvLocked(sk) {
 		s.pool.Free(h)
 	}
-	s.unhashLocked(sk)
-	if sk.flags&sfBound != 0 && s.filters != nil && !s.portSharedLocked(sk) {
-		s.filters.RemoveListener(Proto(sk.kind), addrPort(sk.localAddr, sk.localPort))
-	}
-	s.freeSockLocked(sk)
+	s.releaseSockLocked(sk)
 }
 
 // portSharedLocked reports whether another socket is bound to sk's port.
@@ -273,14 +339,44 @@ func (s *Stack) Events(id SockID) Events {
 		return Error | Hangup
 	}
 	var ev Events
+	if sk.err != 0 {
+		ev |= Error
+	}
+	if sk.kind == kindTCP {
+		return ev | s.tcpEventsLocked(sk)
+	}
 	if sk.rcvHead != 0 {
 		ev |= Readable
 	}
 	if s.pool.Available() > 0 {
 		ev |= Writable
 	}
-	if sk.err != 0 {
-		ev |= Error
+	return ev
+}
+
+func (s *Stack) tcpEventsLocked(sk *sock) Events {
+	var ev Events
+	if sk.state == tcpListen {
+		if sk.acceptLen > 0 {
+			ev |= Readable
+		}
+		return ev
+	}
+	if sk.rcvHead != 0 || sk.tflags&(tfRcvFin|tfShutRd) != 0 || sk.err != 0 {
+		ev |= Readable
+	}
+	switch sk.state {
+	case tcpEstablished, tcpCloseWait:
+		if sk.tflags&tfFinQueued == 0 && sk.sndBytes < sk.sndBuf && s.pool.Available() > 0 {
+			ev |= Writable
+		}
+	case tcpClosed:
+		if sk.flags&sfConnected != 0 {
+			ev |= Readable | Writable | Hangup
+		}
+	}
+	if sk.tflags&tfRcvFin != 0 && sk.tflags&tfFinQueued != 0 {
+		ev |= Hangup
 	}
 	return ev
 }

@@ -46,5 +46,9 @@ func (s *Stack) timersLocked(now Mono) {
 func (s *Stack) timerLocked(id timers.ID) {
 	if id == s.stackTimer(timerNeigh) {
 		s.neighTimerLocked()
+		return
+	}
+	if sk, n, ok := s.socketTimer(id); ok && sk.kind == kindTCP {
+		s.tcpTimerLocked(sk, n)
 	}
 }

@@ -66,6 +66,8 @@ type sock struct {
 	rcvFrames        uint32
 
 	rcvBuf, sndBuf uint32
+
+	tcb // TCP's part; zero for UDP
 }
 
 // sockLocked resolves id to its slot, or returns ErrBadSocket. It is the
@@ -76,7 +78,7 @@ func (s *Stack) sockLocked(id SockID) (*sock, error) {
 		return nil, ErrBadSocket
 	}
 	sk := &s.img.socks[idx]
-	if sk.kind == kindFree || sk.gen != id.gen() || id.gen() == 0 {
+	if sk.kind == kindFree || sk.gen != id.gen() || id.gen() == 0 || sk.tflags&tfOrphan != 0 {
 		return nil, ErrBadSocket
 	}
 	return sk, nil
@@ -104,15 +106,42 @@ func (s *Stack) allocSockLocked(kind uint8) (*sock, SockID, error) {
 	h := s.img.hdr
 	idx := h.sockFree
 	if idx >= uint32(len(s.img.socks)) || s.img.socks[idx].kind != kindFree {
-		h.counters.SocketsExhausted++
-		return nil, NullSock, ErrNoSockets
+		if !s.recycleTimeWaitLocked() {
+			h.counters.SocketsExhausted++
+			return nil, NullSock, ErrNoSockets
+		}
+		idx = h.sockFree
 	}
 	sk := &s.img.socks[idx]
 	h.sockFree = sk.next
 	gen := sk.gen
 	*sk = sock{kind: kind, gen: gen, next: noSlot, rcvBuf: h.recvBuffer, sndBuf: h.sendBuffer}
+	sk.tcb.acceptHead, sk.tcb.acceptTail, sk.tcb.acceptNext, sk.tcb.parent = noSlot, noSlot, noSlot, noSlot
+	sk.keepIdle, sk.keepIntvl, sk.keepCnt = keepIdleDefault, keepIntvlDefault, keepCntDefault
 	h.sockInUse++
 	return sk, makeSockID(idx, gen), nil
+}
+
+// recycleTimeWaitLocked frees the TIME-WAIT socket closest to its end
+// when the table is full (as Linux does past tcp_max_tw_buckets).
+func (s *Stack) recycleTimeWaitLocked() bool {
+	var best *sock
+	var bestAt uint64
+	for i := range s.img.socks {
+		sk := &s.img.socks[i]
+		if sk.kind == kindTCP && sk.state == tcpTimeWait && sk.tflags&tfOrphan != 0 {
+			at, _ := s.img.wheel.Deadline(s.sockTimer(sk, timerTW))
+			if best == nil || uint64(at) < bestAt {
+				best, bestAt = sk, uint64(at)
+			}
+		}
+	}
+	if best == nil {
+		return false
+	}
+	s.tcpCloseFinalLocked(best)
+	s.img.hdr.counters.TCPTimeWaitReuse++
+	return s.img.hdr.sockFree < uint32(len(s.img.socks))
 }
 
 // freeSockLocked returns a slot to the free list; its frames must already

@@ -64,7 +64,8 @@ type Stack struct {
 
 	// Scratch, used with the lock held.
 	rx      []vnic.Handle
-	tx      []vnic.Handle
+	tx      []vnic.Handle // frames to give to the NIC
+	txKeep  []vnic.Handle // frames to lend it (TCP data kept for retransmission)
 	expired []timers.ID
 }
 
@@ -113,7 +114,8 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 	return &Stack{
 		img: img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver,
 		tickNs: int64(img.hdr.tickNs), mtu: int(img.hdr.mtu),
-		rx: make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), expired: make([]timers.ID, 64),
+		rx: make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
+		expired: make([]timers.ID, 64),
 	}
 }
 

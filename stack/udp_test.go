@@ -180,7 +180,7 @@ func TestUDPErrors(t *testing.T) {
 		"unknown neighbour":   {second(s.SendTo(u, []byte("x"), netip.MustParseAddrPort("198.18.0.77:1"))), syscall.EHOSTUNREACH},
 		"outside the subnet":  {second(s.SendTo(u, []byte("x"), netip.MustParseAddrPort("10.0.0.1:1"))), syscall.EHOSTUNREACH},
 		"nothing to read":     {third(s.RecvFrom(u, make([]byte, 10), false)), syscall.EAGAIN},
-		"tcp not yet":         {second(s.Open(stack.TCP)), syscall.EOPNOTSUPP},
+		"proto 99":            {second(s.Open(stack.Proto(99))), syscall.EOPNOTSUPP},
 		"port 0 destination":  {second(s.SendTo(u, []byte("x"), netip.MustParseAddrPort("198.18.0.2:0"))), syscall.EINVAL},
 		"connect to 0.0.0.0":  {s.Connect(u, netip.MustParseAddrPort("0.0.0.0:1")), syscall.EINVAL},
 		"recv on closed":      {third(s.RecvFrom(closed(t, s), make([]byte, 10), false)), syscall.EBADF},

@@ -4,6 +4,7 @@
 package gvisorpeer
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -150,4 +151,22 @@ func (p *Peer) DialUDP(local, remote netip.AddrPort) (*gonet.UDPConn, error) {
 		return nil, fmt.Errorf("gvisor: udp: %w", err)
 	}
 	return c, nil
+}
+
+// DialTCP connects from netstack to remote.
+func (p *Peer) DialTCP(ctx context.Context, remote netip.AddrPort) (*gonet.TCPConn, error) {
+	c, err := gonet.DialContextTCP(ctx, p.Stack, tcpip.FullAddress{NIC: nicID, Addr: tcpip.AddrFrom4(remote.Addr().As4()), Port: remote.Port()}, ipv4.ProtocolNumber)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: dial %v: %w", remote, err)
+	}
+	return c, nil
+}
+
+// ListenTCP listens on netstack's address at port.
+func (p *Peer) ListenTCP(port uint16) (*gonet.TCPListener, error) {
+	l, err := gonet.ListenTCP(p.Stack, tcpip.FullAddress{NIC: nicID, Addr: tcpip.AddrFrom4(p.Addr.As4()), Port: port}, ipv4.ProtocolNumber)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: listen on %d: %w", port, err)
+	}
+	return l, nil
 }

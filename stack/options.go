@@ -1,0 +1,130 @@
+package stack
+
+// Option is a socket option the engine keeps.
+type Option int
+
+const (
+	NoDelay    Option = iota + 1 // TCP_NODELAY: 0 or 1
+	KeepAlive                    // SO_KEEPALIVE: 0 or 1
+	KeepIdle                     // TCP_KEEPIDLE, seconds: 1 to 32767
+	KeepIntvl                    // TCP_KEEPINTVL, seconds: 1 to 32767
+	KeepCount                    // TCP_KEEPCNT: 1 to 127
+	Linger                       // SO_LINGER: -1 off, 0 reset on close, >0 seconds
+	RecvBuffer                   // SO_RCVBUF, bytes
+	SendBuffer                   // SO_SNDBUF, bytes
+	ReuseAddr                    // SO_REUSEADDR: 0 or 1
+)
+
+// SetOption sets a socket option; a value out of range is ErrInvalid.
+func (s *Stack) SetOption(id SockID, opt Option, v int) error {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return err
+	}
+	flag := func(f uint32) error {
+		if v != 0 && v != 1 {
+			return ErrInvalid
+		}
+		if v == 1 {
+			sk.tflags |= f
+		} else {
+			sk.tflags &^= f
+		}
+		return nil
+	}
+	switch opt {
+	case NoDelay:
+		if err := flag(tfNoDelay); err != nil {
+			return err
+		}
+		if sk.kind == kindTCP {
+			s.tcpOutputLocked(sk) // what Nagle held goes now
+			s.flushLocked()
+		}
+	case KeepAlive:
+		if err := flag(tfKeepAlive); err != nil {
+			return err
+		}
+		s.armKeepaliveLocked(sk)
+	case KeepIdle, KeepIntvl:
+		if v < 1 || v > 32767 {
+			return ErrInvalid
+		}
+		if opt == KeepIdle {
+			sk.keepIdle = uint32(v)
+			s.armKeepaliveLocked(sk)
+		} else {
+			sk.keepIntvl = uint32(v)
+		}
+	case KeepCount:
+		if v < 1 || v > 127 {
+			return ErrInvalid
+		}
+		sk.keepCnt = uint32(v)
+	case Linger:
+		if v < -1 {
+			return ErrInvalid
+		}
+		if v == 0 {
+			sk.tflags |= tfLinger0
+		} else {
+			sk.tflags &^= tfLinger0
+		}
+	case RecvBuffer, SendBuffer:
+		if v < minBuffer || v > maxBuffer {
+			return ErrInvalid
+		}
+		if opt == RecvBuffer {
+			sk.rcvBuf = uint32(v)
+		} else {
+			sk.sndBuf = uint32(v)
+		}
+	case ReuseAddr:
+		return flag(tfReuseAddr)
+	default:
+		return ErrInvalid
+	}
+	return nil
+}
+
+// Option reads a socket option.
+func (s *Stack) Option(id SockID, opt Option) (int, error) {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return 0, err
+	}
+	b := func(f uint32) int {
+		if sk.tflags&f != 0 {
+			return 1
+		}
+		return 0
+	}
+	switch opt {
+	case NoDelay:
+		return b(tfNoDelay), nil
+	case KeepAlive:
+		return b(tfKeepAlive), nil
+	case KeepIdle:
+		return int(sk.keepIdle), nil
+	case KeepIntvl:
+		return int(sk.keepIntvl), nil
+	case KeepCount:
+		return int(sk.keepCnt), nil
+	case Linger:
+		if sk.tflags&tfLinger0 != 0 {
+			return 0, nil
+		}
+		return -1, nil
+	case RecvBuffer:
+		return int(sk.rcvBuf), nil
+	case SendBuffer:
+		return int(sk.sndBuf), nil
+	case ReuseAddr:
+		return b(tfReuseAddr), nil
+	}
+	return 0, ErrInvalid
+}

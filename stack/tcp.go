@@ -1,0 +1,173 @@
+package stack
+
+import (
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+
+	"github.com/xdp-onload/onload/timers"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// TCP states, RFC 9293 section 3.3.2.
+const (
+	tcpClosed = iota
+	tcpListen
+	tcpSynSent
+	tcpSynReceived
+	tcpEstablished
+	tcpFinWait1
+	tcpFinWait2
+	tcpCloseWait
+	tcpClosing
+	tcpLastAck
+	tcpTimeWait
+)
+
+var tcpStateNames = [...]string{"CLOSED", "LISTEN", "SYN-SENT", "SYN-RECEIVED", "ESTABLISHED",
+	"FIN-WAIT-1", "FIN-WAIT-2", "CLOSE-WAIT", "CLOSING", "LAST-ACK", "TIME-WAIT"}
+
+func stateName(st uint8) string {
+	if int(st) < len(tcpStateNames) {
+		return tcpStateNames[st]
+	}
+	return "?"
+}
+
+// synchronized reports whether the state is past the handshake.
+func synchronized(st uint8) bool { return st >= tcpEstablished }
+
+// TCB flags.
+const (
+	tfNoDelay        = 1 << iota // TCP_NODELAY: no Nagle
+	tfSackOK                     // both sides offered SACK
+	tfTSOK                       // both sides offered timestamps
+	tfWSOK                       // both sides offered window scaling
+	tfFinQueued                  // the user closed or shut down writing: FIN after the data
+	tfFinSent                    // our FIN has been sent (sndMax covers it)
+	tfRcvFin                     // the peer's FIN has been received
+	tfAckNow                     // send an ACK at the end of this round
+	tfDelAck                     // an ACK is owed, on the delayed-ACK timer
+	tfShutRd                     // the user shut down reading
+	tfOrphan                     // the user closed the socket; it lives on to finish
+	tfKeepAlive                  // SO_KEEPALIVE
+	tfLinger0                    // SO_LINGER with a zero timeout: close resets
+	tfReuseAddr                  // SO_REUSEADDR
+	tfRetransmitting             // in fast recovery
+	tfPassive                    // made by a listener (SYN-RECEIVED child)
+	tfAccepted                   // handed to the user by Accept
+	tfWindowProbe                // the send timer is the persist timer
+	tfInAcceptQ // a passive child in its listener\'s accept queue
+)
+
+// tcb is the TCP part of a socket slot, with RFC 9293's names.
+type tcb struct {
+	state  uint8
+	sndWS  uint8 // shift applied to the peer's advertised window
+	rcvWS  uint8 // shift the peer applies to ours
+	dupAck uint8
+	tflags uint32
+
+	iss, irs       seqnum.Value
+	sndUna, sndNxt seqnum.Value
+	sndMax         seqnum.Value // highest sequence number sent, plus one
+	sndWnd         uint32       // the peer's window, scaled
+	sndWl1, sndWl2 seqnum.Value
+	rcvNxt         seqnum.Value
+	rcvAdv         seqnum.Value // right edge of the window we last advertised
+	recover        seqnum.Value // NewReno: sndMax when fast recovery began
+
+	mss     uint16 // what we send in a segment
+	peerMSS uint16
+
+	tsRecent   uint32
+	srtt       uint32 // µs; 0 until the first sample
+	rttvar     uint32 // µs
+	rto        uint32 // µs
+	backoff    uint8
+	retries    uint8
+	keepProbes uint8
+	_          uint8
+	cwnd       uint32
+	ssthresh   uint32
+
+	// The send queue: frames of payload, oldest first; sndUnsent is the
+	// first frame not yet sent. sndBytes counts every queued byte.
+	sndHead, sndTail, sndUnsent vnic.Handle
+	sndBytes                    uint32
+
+	// The out-of-order queue: frames sorted by sequence number.
+	oooHead   vnic.Handle
+	oooBytes  uint32
+	oooFrames uint32
+
+	// Listening sockets: the accept queue (slot indices linked by
+	// acceptNext) and counts against the backlog.
+	acceptHead, acceptTail uint32
+	acceptNext             uint32
+	parent                 uint32 // the listener of a passive child
+	acceptLen              uint16
+	synLen                 uint16
+	backlog                uint16
+	_                      uint16
+
+	keepIdle, keepIntvl uint32 // seconds
+	keepCnt             uint32
+	lastRcv             uint32 // tick (low 32 bits) of the last segment received
+	synTime             uint32 // µs clock when our SYN was first sent
+}
+
+// Per-socket timers.
+const (
+	timerRTO    = 0 // retransmission, SYN retries, persist (zero window)
+	timerDelAck = 1
+	timerTW     = 2 // TIME-WAIT, FIN-WAIT-2 for orphans, keepalive
+)
+
+func (s *Stack) sockTimer(sk *sock, n int) timers.ID {
+	return timers.ID(s.slotOf(sk)*timersPerSock + uint32(n))
+}
+
+// Protocol parameters.
+const (
+	defaultMinRTO    = 200 * time.Millisecond
+	maxRTO           = 120 * time.Second
+	initialRTO       = time.Second // RFC 6298 2.1
+	defaultDelAck    = 40 * time.Millisecond
+	defaultTimeWait  = 60 * time.Second // 2MSL, MSL = 30s
+	finWait2Timeout  = 60 * time.Second // an orphan's wait for the peer's FIN
+	synRetries       = 6
+	dataRetries      = 15
+	initialCwnd      = 10 // segments, RFC 6928
+	defaultBacklog   = 128
+	keepIdleDefault  = 7200
+	keepIntvlDefault = 75
+	keepCntDefault   = 9
+)
+
+// Owner words of a send-queue frame.
+const (
+	auxSeq   = 0 // sequence number of the first payload byte
+	auxLen   = 1 // payload length
+	auxTime  = 2 // µs clock (low 32 bits) when last sent
+	auxFlags = 3 // afRetransmitted, afSent
+	auxCsum  = 4 // payload checksum | afCsumValid
+)
+
+const (
+	afRetransmitted = 1 << 0
+	afSent          = 1 << 1
+	afCsumValid     = 1 << 16
+)
+
+// txPayload is where the payload of a send-queue frame starts, counted
+// from Buf: room enough before it for Ethernet, IPv4 and the largest TCP
+// header, so that each transmission writes its headers in place.
+const (
+	maxTCPHeader = 60
+	txPayload    = 96 // >= ethLen + ipLen + maxTCPHeader, 8-aligned
+)
+
+func micros() uint32 { return uint32(nanotime() / 1000) }
+
+func durationNs(ns uint64) time.Duration { return time.Duration(ns) }

@@ -1,0 +1,380 @@
+package stack
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"net/netip"
+	"syscall"
+
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// Pending errors kept in a socket, reported once by the next operation
+// (and by SockError).
+const (
+	errConnRefused = uint32(syscall.ECONNREFUSED)
+	errConnReset   = uint32(syscall.ECONNRESET)
+	errTimedOut    = uint32(syscall.ETIMEDOUT)
+)
+
+// isnLocked picks an initial sequence number (RFC 6528): a clock ticking
+// every 4µs plus a keyed hash of the connection's addresses, so that
+// numbers are unpredictable off-path yet increase for one 4-tuple.
+func (s *Stack) isnLocked(sk *sock) seqnum.Value {
+	var in [16 + 12]byte
+	copy(in[:16], s.img.hdr.isnKey[:])
+	copy(in[16:20], sk.localAddr[:])
+	copy(in[20:24], sk.remoteAddr[:])
+	binary.BigEndian.PutUint16(in[24:], sk.localPort)
+	binary.BigEndian.PutUint16(in[26:], sk.remotePort)
+	sum := sha256.Sum256(in[:])
+	return seqnum.Value(binary.BigEndian.Uint32(sum[:4]) + uint32(nanotime()/4000))
+}
+
+// rcvWSFor is the window scale that lets a buffer of n bytes be advertised.
+func rcvWSFor(n uint32) uint8 {
+	var ws uint8
+	for n>>ws > 0xffff && ws < 14 {
+		ws++
+	}
+	return ws
+}
+
+// Listen makes a TCP socket accept connections (binding it to an ephemeral
+// port if it is not bound). backlog bounds the connections waiting for
+// Accept and, separately, those still in the handshake (0: 128).
+func (s *Stack) Listen(id SockID, backlog int) error {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return err
+	}
+	if sk.kind != kindTCP {
+		return ErrNotSupported
+	}
+	if sk.state == tcpListen {
+		sk.backlog = uint16(clampBacklog(backlog))
+		return nil
+	}
+	if sk.state != tcpClosed || sk.flags&sfConnected != 0 {
+		return ErrInvalid
+	}
+	if sk.flags&sfBound == 0 {
+		if err := s.bindLocked(sk, netip.AddrPort{}); err != nil {
+			return err
+		}
+	}
+	sk.state = tcpListen
+	sk.backlog = uint16(clampBacklog(backlog))
+	sk.acceptHead, sk.acceptTail = noSlot, noSlot
+	return nil
+}
+
+func clampBacklog(b int) int {
+	if b <= 0 {
+		return defaultBacklog
+	}
+	return min(b, 4096)
+}
+
+// listenInputLocked handles a segment for a listening socket (RFC 9293
+// 3.10.7.2): a SYN makes a child in SYN-RECEIVED and answers with a
+// SYN-ACK.
+func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segment) {
+	c := &s.img.hdr.counters
+	defer s.pool.Free(h)
+	if g.flags&flagRST != 0 {
+		return
+	}
+	if g.flags&flagACK != 0 {
+		s.resetReplyLocked(s.pool.Data(h), p, g.sport, g.dport, g.seq, g.ack, g.flags, int(g.len()))
+		return
+	}
+	if g.flags&flagSYN == 0 {
+		return
+	}
+	if l.synLen >= l.backlog || l.acceptLen >= l.backlog {
+		c.TCPListenDrops++
+		return
+	}
+	child, _, err := s.allocSockLocked(kindTCP)
+	if err != nil {
+		c.TCPListenDrops++
+		return
+	}
+	frame := s.pool.Data(h)
+	child.localAddr, child.localPort = p.dst, g.dport
+	child.remoteAddr, child.remotePort = p.src, g.sport
+	copy(child.remoteMAC[:], frame[6:12]) // answer the way the SYN came
+	child.flags = sfBound | sfConnected | sfRemoteMAC
+	child.tflags = tfPassive | tfOrphan | l.tflags&(tfNoDelay|tfKeepAlive|tfLinger0)
+	child.rcvBuf, child.sndBuf = l.rcvBuf, l.sndBuf
+	child.keepIdle, child.keepIntvl, child.keepCnt = l.keepIdle, l.keepIntvl, l.keepCnt
+	child.parent = s.slotOf(l)
+	child.acceptNext = noSlot
+	child.state = tcpSynReceived
+	child.irs = g.seq
+	child.rcvNxt = g.seq.Add(1)
+	child.rcvWS = rcvWSFor(child.rcvBuf)
+	s.negotiateLocked(child, &g.opts)
+	child.iss = s.isnLocked(child)
+	child.sndUna = child.iss
+	child.sndNxt = child.iss.Add(1)
+	child.sndMax = child.sndNxt
+	child.sndWnd = uint32(g.wnd)
+	child.lastRcv = uint32(s.tickAt(Now()))
+	child.synTime = micros()
+	s.hashLocked(child)
+	l.synLen++
+	c.TCPPassiveOpens++
+	s.controlLocked(child, flagSYN|flagACK, child.iss)
+	s.armRTOLocked(child, true)
+}
+
+// establishedChildLocked moves a passive child that completed its
+// handshake to its listener's accept queue.
+func (s *Stack) establishedChildLocked(child *sock) {
+	l := s.parentLocked(child)
+	if l == nil {
+		// The listener is gone: nobody will accept this connection.
+		s.controlLocked(child, flagRST, child.sndNxt)
+		s.tcpCloseFinalLocked(child)
+		return
+	}
+	l.synLen--
+	if l.acceptLen >= l.backlog {
+		s.img.hdr.counters.TCPListenDrops++
+		s.controlLocked(child, flagRST, child.sndNxt)
+		child.tflags &^= tfPassive // already taken off the SYN count
+		s.tcpCloseFinalLocked(child)
+		return
+	}
+	idx := s.slotOf(child)
+	child.acceptNext = noSlot
+	if l.acceptTail == noSlot {
+		l.acceptHead = idx
+	} else if l.acceptTail < uint32(len(s.img.socks)) {
+		s.img.socks[l.acceptTail].acceptNext = idx
+	}
+	l.acceptTail = idx
+	l.acceptLen++
+	child.tflags |= tfInAcceptQ
+}
+
+// parentLocked is a passive child's listener, if it still listens.
+func (s *Stack) parentLocked(child *sock) *sock {
+	if child.parent >= uint32(len(s.img.socks)) {
+		return nil
+	}
+	l := &s.img.socks[child.parent]
+	if l.kind != kindTCP || l.state != tcpListen || l.localPort != child.localPort {
+		return nil
+	}
+	return l
+}
+
+// Accept takes the next established connection from a listening socket.
+func (s *Stack) Accept(id SockID) (SockID, error) {
+	s.lock()
+	defer s.unlock()
+	l, err := s.sockLocked(id)
+	if err != nil {
+		return NullSock, err
+	}
+	if l.kind != kindTCP || l.state != tcpListen {
+		return NullSock, ErrInvalid
+	}
+	idx := l.acceptHead
+	if idx == noSlot || idx >= uint32(len(s.img.socks)) {
+		return NullSock, ErrWouldBlock
+	}
+	child := &s.img.socks[idx]
+	l.acceptHead = child.acceptNext
+	if l.acceptHead == noSlot {
+		l.acceptTail = noSlot
+	}
+	l.acceptLen--
+	child.acceptNext, child.parent = noSlot, noSlot
+	child.tflags &^= tfInAcceptQ | tfOrphan
+	child.tflags |= tfAccepted
+	return s.idOf(child), nil
+}
+
+// unlinkAcceptLocked takes a child out of its listener's accept queue.
+func (s *Stack) unlinkAcceptLocked(l, child *sock) {
+	idx := s.slotOf(child)
+	link := &l.acceptHead
+	var prev uint32 = noSlot
+	for steps := 0; *link != noSlot && steps < len(s.img.socks); steps++ {
+		if *link == idx {
+			*link = child.acceptNext
+			if l.acceptTail == idx {
+				l.acceptTail = prev
+			}
+			l.acceptLen--
+			break
+		}
+		if *link >= uint32(len(s.img.socks)) {
+			s.img.hdr.counters.ImageCorrupt++
+			break
+		}
+		prev = *link
+		link = &s.img.socks[*link].acceptNext
+	}
+	child.tflags &^= tfInAcceptQ
+}
+
+// connectTCPLocked starts an active open (RFC 9293 3.10.1): a SYN, and
+// SYN-SENT. The result arrives later: the socket turns writable, or
+// reports ECONNREFUSED or ETIMEDOUT.
+func (s *Stack) connectTCPLocked(sk *sock, remote netip.AddrPort) error {
+	switch {
+	case sk.state == tcpSynSent || sk.state == tcpSynReceived:
+		return ErrAlready
+	case sk.state != tcpClosed || sk.tflags&tfAccepted != 0:
+		return ErrIsConn
+	case sk.flags&sfConnected != 0:
+		return ErrInvalid // a connection that ended: make a new socket
+	}
+	ra := remote.Addr().Unmap()
+	if sk.flags&sfBound == 0 {
+		if err := s.bindLocked(sk, netip.AddrPort{}); err != nil {
+			return err
+		}
+	}
+	s.unhashLocked(sk)
+	sk.localAddr = s.img.hdr.addr
+	sk.remoteAddr, sk.remotePort = ra.As4(), remote.Port()
+	sk.flags |= sfConnected
+	s.hashLocked(sk)
+	sk.rcvWS = rcvWSFor(sk.rcvBuf)
+	sk.mss = s.advMSS()
+	sk.cwnd = initialCwnd * uint32(sk.mss)
+	sk.ssthresh = ^uint32(0)
+	sk.iss = s.isnLocked(sk)
+	sk.sndUna = sk.iss
+	sk.sndNxt = sk.iss.Add(1)
+	sk.sndMax = sk.sndNxt
+	sk.state = tcpSynSent
+	sk.synTime = micros()
+	s.img.hdr.counters.TCPActiveOpens++
+	s.controlLocked(sk, flagSYN, sk.iss)
+	s.armRTOLocked(sk, true)
+	return ErrInProgress
+}
+
+// tcpFailLocked ends a connection with an error the user will see.
+func (s *Stack) tcpFailLocked(sk *sock, errno uint32) {
+	if sk.tflags&tfOrphan == 0 {
+		sk.err = errno
+	}
+	s.tcpCloseFinalLocked(sk)
+}
+
+// tcpCloseFinalLocked ends a connection: timers stop, frames go back,
+// the tuple leaves the table. An orphan's slot is freed; a socket the user
+// still holds stays, CLOSED, until the user closes it.
+func (s *Stack) tcpCloseFinalLocked(sk *sock) {
+	s.cancelTimersLocked(sk)
+	s.freeQueuesLocked(sk, false)
+	if sk.tflags&tfPassive != 0 && sk.tflags&tfAccepted == 0 {
+		if l := s.parentLocked(sk); l != nil {
+			if sk.tflags&tfInAcceptQ != 0 {
+				s.unlinkAcceptLocked(l, sk)
+			} else if sk.state == tcpSynReceived && l.synLen > 0 {
+				l.synLen--
+			}
+		}
+	}
+	sk.state = tcpClosed
+	sk.tflags &^= tfAckNow | tfDelAck
+	if sk.tflags&tfOrphan != 0 {
+		s.releaseSockLocked(sk)
+	}
+}
+
+// releaseSockLocked frees a socket's slot: out of the table, its port
+// unsteered if no other socket uses it.
+func (s *Stack) releaseSockLocked(sk *sock) {
+	s.unhashLocked(sk)
+	if sk.flags&sfBound != 0 && s.filters != nil && !s.portSharedLocked(sk) {
+		s.filters.RemoveListener(Proto(sk.kind), addrPort(sk.localAddr, sk.localPort))
+	}
+	s.freeSockLocked(sk)
+}
+
+// tcpCloseLocked is the user's close (RFC 9293 3.10.4). A connection
+// with data the user never read, or with SO_LINGER 0, is reset; otherwise
+// the FIN follows the queued data and the socket lives on, orphaned, until
+// the connection ends.
+func (s *Stack) tcpCloseLocked(sk *sock) {
+	switch sk.state {
+	case tcpClosed, tcpSynSent:
+		sk.tflags |= tfOrphan
+		s.tcpCloseFinalLocked(sk)
+		return
+	case tcpListen:
+		me := s.slotOf(sk)
+		for i := range s.img.socks {
+			c := &s.img.socks[i]
+			if c.kind == kindTCP && c.tflags&tfPassive != 0 && c.tflags&tfAccepted == 0 && c.parent == me {
+				if synchronized(c.state) {
+					s.controlLocked(c, flagRST, c.sndNxt)
+				}
+				c.tflags |= tfOrphan
+				s.tcpCloseFinalLocked(c)
+			}
+		}
+		sk.tflags |= tfOrphan
+		s.tcpCloseFinalLocked(sk)
+		return
+	}
+	sk.tflags |= tfOrphan
+	if sk.tflags&tfLinger0 != 0 || sk.rcvBytes > 0 {
+		if sk.state != tcpTimeWait {
+			s.controlLocked(sk, flagRST, sk.sndNxt)
+		}
+		s.tcpCloseFinalLocked(sk)
+		return
+	}
+	switch sk.state {
+	case tcpSynReceived, tcpEstablished, tcpCloseWait:
+		sk.tflags |= tfFinQueued
+		s.tcpOutputLocked(sk)
+	case tcpFinWait2:
+		s.img.wheel.Set(s.sockTimer(sk, timerTW), s.tickAt(Now())+s.ticks(finWait2Timeout))
+	}
+}
+
+// Shutdown ends one or both directions of a connection (shutdown(2)):
+// writing (the FIN follows the queued data), reading (reads return end of
+// file), or both.
+func (s *Stack) Shutdown(id SockID, how int) error {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return err
+	}
+	if how < syscall.SHUT_RD || how > syscall.SHUT_RDWR {
+		return ErrInvalid
+	}
+	if sk.kind != kindTCP {
+		return ErrNotSupported
+	}
+	if !synchronized(sk.state) && sk.state != tcpSynReceived {
+		return ErrNotConn
+	}
+	if how != syscall.SHUT_WR {
+		sk.tflags |= tfShutRd
+	}
+	if how != syscall.SHUT_RD && sk.tflags&tfFinQueued == 0 {
+		sk.tflags |= tfFinQueued
+		s.tcpOutputLocked(sk)
+	}
+	s.flushLocked()
+	return nil
+}

@@ -1,0 +1,546 @@
+package stack
+
+import (
+	"encoding/binary"
+
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// segment is an arriving TCP segment's header, decoded.
+type segment struct {
+	sport, dport uint16
+	seq, ack     seqnum.Value
+	flags        uint8
+	wnd          uint16
+	n            int // payload bytes
+	opts         tcpOpts
+}
+
+// len is the sequence space the segment occupies (RFC 9293 3.4).
+func (g *segment) len() seqnum.Size {
+	l := seqnum.Size(g.n)
+	if g.flags&flagSYN != 0 {
+		l++
+	}
+	if g.flags&flagFIN != 0 {
+		l++
+	}
+	return l
+}
+
+// tcpInputLocked takes a TCP segment off the wire (RFC 9293 3.10.7): it
+// checks the header and checksum, finds the connection or listener, and
+// hands the segment on. The frame ends up in a receive queue or freed.
+func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
+	c := &s.img.hdr.counters
+	t := p.l4
+	if len(t) < 20 {
+		c.RxTCPBadHeader++
+		s.pool.Free(h)
+		return
+	}
+	doff := int(t[12]>>4) * 4
+	if doff < 20 || doff > len(t) {
+		c.RxTCPBadHeader++
+		s.pool.Free(h)
+		return
+	}
+	if checksum.Checksum(t, pseudoSum(p.src, p.dst, 6, len(t))) != 0xffff {
+		c.RxTCPBadChecksum++
+		s.pool.Free(h)
+		return
+	}
+	g := segment{
+		sport: binary.BigEndian.Uint16(t[0:]), dport: binary.BigEndian.Uint16(t[2:]),
+		seq: seqnum.Value(binary.BigEndian.Uint32(t[4:])), ack: seqnum.Value(binary.BigEndian.Uint32(t[8:])),
+		flags: t[13] & 0x3f, wnd: binary.BigEndian.Uint16(t[14:]), n: len(t) - doff,
+	}
+	g.opts = parseOptions(t[20:doff], g.flags&flagSYN != 0)
+	sk := s.findLocked(kindTCP, p.dst, g.dport, p.src, g.sport)
+	if sk == nil {
+		var zero [4]byte
+		l := s.findLocked(kindTCP, p.dst, g.dport, zero, 0)
+		if l == nil {
+			l = s.findLocked(kindTCP, zero, g.dport, zero, 0)
+		}
+		if l != nil && l.state == tcpListen {
+			s.listenInputLocked(l, h, p, &g)
+			return
+		}
+		c.RxTCPNoSocket++
+		s.resetReplyLocked(s.pool.Data(h), p, g.sport, g.dport, g.seq, g.ack, g.flags, int(g.len()))
+		s.pool.Free(h)
+		return
+	}
+	s.pool.Trim(h, p.l4off+doff, g.n)
+	c.RxTCP++
+	sk.lastRcv = uint32(s.tickAt(Now()))
+	if sk.state == tcpSynSent {
+		s.synSentInputLocked(sk, h, &g)
+	} else {
+		s.segmentLocked(sk, h, &g)
+	}
+	if sk.kind == kindTCP && sk.state != tcpClosed {
+		s.tcpOutputLocked(sk)
+	}
+}
+
+// synSentInputLocked is RFC 9293 3.10.7.3: a segment for our SYN.
+func (s *Stack) synSentInputLocked(sk *sock, h vnic.Handle, g *segment) {
+	defer s.pool.Free(h)
+	if g.flags&flagACK != 0 && (g.ack.LessThanEq(sk.iss) || sk.sndMax.LessThan(g.ack)) {
+		if g.flags&flagRST == 0 {
+			s.controlLocked(sk, flagRST, g.ack)
+		}
+		return
+	}
+	if g.flags&flagRST != 0 {
+		if g.flags&flagACK != 0 {
+			s.img.hdr.counters.RxTCPResets++
+			s.tcpFailLocked(sk, errConnRefused)
+		}
+		return
+	}
+	if g.flags&flagSYN == 0 {
+		return
+	}
+	sk.irs = g.seq
+	sk.rcvNxt = g.seq.Add(1)
+	sk.rcvAdv = sk.rcvNxt
+	s.negotiateLocked(sk, &g.opts)
+	if g.flags&flagACK != 0 {
+		s.ackedSynLocked(sk, g)
+		sk.tflags |= tfAckNow
+		return
+	}
+	// Simultaneous open (RFC 9293 3.5, figure 8).
+	sk.state = tcpSynReceived
+	s.controlLocked(sk, flagSYN|flagACK, sk.iss)
+	s.armRTOLocked(sk, true)
+}
+
+// ackedSynLocked completes the handshake: our SYN is acknowledged.
+func (s *Stack) ackedSynLocked(sk *sock, g *segment) {
+	if sk.retries == 0 && sk.synTime != 0 {
+		s.rttSampleLocked(sk, micros()-sk.synTime) // the SYN was sent once: an honest sample
+	}
+	sk.sndUna = g.ack
+	sk.sndWnd = uint32(g.wnd) // never scaled in a SYN (RFC 7323 2.2)
+	if g.flags&flagSYN == 0 {
+		sk.sndWnd = uint32(g.wnd) << sk.sndWS
+	}
+	sk.sndWl1, sk.sndWl2 = g.seq, g.ack
+	sk.state = tcpEstablished
+	sk.retries, sk.backoff = 0, 0
+	s.img.wheel.Cancel(s.sockTimer(sk, timerRTO))
+	s.img.hdr.counters.TCPEstablished++
+	s.armKeepaliveLocked(sk)
+}
+
+// negotiateLocked settles the options both sides offered in the SYNs.
+func (s *Stack) negotiateLocked(sk *sock, o *tcpOpts) {
+	peerMSS := o.mss
+	if peerMSS == 0 {
+		peerMSS = 536 // RFC 9293 3.7.1
+	}
+	sk.peerMSS = peerMSS
+	if o.ws >= 0 {
+		sk.tflags |= tfWSOK
+		sk.sndWS = uint8(o.ws)
+	} else {
+		sk.tflags &^= tfWSOK
+		sk.sndWS, sk.rcvWS = 0, 0
+	}
+	if o.sackOK {
+		sk.tflags |= tfSackOK
+	} else {
+		sk.tflags &^= tfSackOK
+	}
+	if o.ts {
+		sk.tflags |= tfTSOK
+		sk.tsRecent = o.tsVal
+	} else {
+		sk.tflags &^= tfTSOK
+	}
+	// The MSS counts payload after a bare header (RFC 6691): every segment
+	// carries the timestamp, so it comes off the payload.
+	mss := min(peerMSS, s.advMSS())
+	if sk.tflags&tfTSOK != 0 {
+		mss -= 12
+	}
+	sk.mss = max(mss, 64)
+	sk.cwnd = initialCwnd * uint32(sk.mss)
+	sk.ssthresh = ^uint32(0)
+}
+
+// segmentLocked is RFC 9293 3.10.7.4: a segment for a synchronized
+// connection (or one in SYN-RECEIVED).
+func (s *Stack) segmentLocked(sk *sock, h vnic.Handle, g *segment) {
+	c := &s.img.hdr.counters
+	keep := false
+	defer func() {
+		if !keep {
+			s.pool.Free(h)
+		}
+	}()
+
+	// First, check the sequence number.
+	wnd := seqnum.Size(0)
+	if sk.rcvNxt.LessThan(sk.rcvAdv) {
+		wnd = sk.rcvNxt.Size(sk.rcvAdv)
+	}
+	// PAWS (RFC 7323 5.3): a segment with an older timestamp is a
+	// duplicate from an earlier life of the sequence space.
+	if sk.tflags&tfTSOK != 0 && g.opts.ts && g.flags&flagRST == 0 && int32(g.opts.tsVal-sk.tsRecent) < 0 {
+		c.RxTCPOutOfWindow++
+		sk.tflags |= tfAckNow
+		return
+	}
+	if !acceptable(g.seq, g.len(), sk.rcvNxt, wnd) {
+		c.RxTCPOutOfWindow++
+		if g.flags&flagRST == 0 {
+			sk.tflags |= tfAckNow
+		}
+		if sk.state == tcpTimeWait && g.flags&flagFIN != 0 {
+			s.enterTimeWaitLocked(sk) // a retransmitted FIN restarts 2MSL
+		}
+		return
+	}
+	if g.opts.ts && sk.tflags&tfTSOK != 0 && g.seq.LessThanEq(sk.rcvNxt) {
+		sk.tsRecent = g.opts.tsVal // RFC 7323 4.3
+	}
+
+	// Second, the RST bit (RFC 5961 3: only an exact match resets; one
+	// merely in the window draws a challenge ACK).
+	if g.flags&flagRST != 0 {
+		if g.seq != sk.rcvNxt {
+			sk.tflags |= tfAckNow
+			return
+		}
+		c.RxTCPResets++
+		switch sk.state {
+		case tcpSynReceived:
+			if sk.tflags&tfPassive != 0 {
+				s.tcpCloseFinalLocked(sk) // back to LISTEN: drop the child
+				return
+			}
+			s.tcpFailLocked(sk, errConnRefused)
+		case tcpClosing, tcpLastAck, tcpTimeWait:
+			s.tcpCloseFinalLocked(sk)
+		default:
+			s.tcpFailLocked(sk, errConnReset)
+		}
+		return
+	}
+
+	// Fourth, a SYN in a synchronized state (RFC 5961 4): challenge ACK.
+	if g.flags&flagSYN != 0 {
+		if sk.state == tcpSynReceived && g.seq == sk.irs {
+			s.controlLocked(sk, flagSYN|flagACK, sk.iss) // their SYN again
+			return
+		}
+		sk.tflags |= tfAckNow
+		return
+	}
+
+	// Fifth, the ACK field.
+	if g.flags&flagACK == 0 {
+		return
+	}
+	if sk.state == tcpSynReceived {
+		if !sk.sndUna.LessThan(g.ack) || sk.sndMax.LessThan(g.ack) {
+			s.controlLocked(sk, flagRST, g.ack)
+			return
+		}
+		s.ackedSynLocked(sk, g)
+		sk.sndWnd = uint32(g.wnd) << sk.sndWS
+		if sk.tflags&tfPassive != 0 {
+			s.establishedChildLocked(sk)
+			if sk.kind != kindTCP {
+				return
+			}
+		}
+	}
+	if !s.ackLocked(sk, g) {
+		return
+	}
+	if sk.kind != kindTCP || sk.state == tcpClosed {
+		return
+	}
+
+	// Seventh, the segment text.
+	if g.n > 0 {
+		switch sk.state {
+		case tcpEstablished, tcpFinWait1, tcpFinWait2:
+			if sk.tflags&tfOrphan != 0 {
+				// Data for a socket the user closed: nobody will read it
+				// (RFC 2525 2.17).
+				s.controlLocked(sk, flagRST, sk.sndNxt)
+				s.tcpCloseFinalLocked(sk)
+				return
+			}
+			keep = s.dataLocked(sk, h, g)
+		default:
+			// After the peer's FIN: nothing more can arrive in sequence.
+		}
+	}
+
+	// Eighth, the FIN bit.
+	if g.flags&flagFIN != 0 {
+		if g.seq.Add(seqnum.Size(g.n)) == sk.rcvNxt {
+			s.finLocked(sk)
+		} else if !keep && sk.rcvNxt.LessThan(g.seq) && g.n == 0 {
+			keep = s.oooInsertLocked(sk, h, g.seq, 0, true)
+		}
+	}
+}
+
+// acceptable is the segment acceptance test of RFC 9293 3.10.7.4.
+func acceptable(seq seqnum.Value, segLen seqnum.Size, rcvNxt seqnum.Value, wnd seqnum.Size) bool {
+	if segLen == 0 {
+		if wnd == 0 {
+			return seq == rcvNxt
+		}
+		return seq.InWindow(rcvNxt, wnd)
+	}
+	if wnd == 0 {
+		return false
+	}
+	return seq.InWindow(rcvNxt, wnd) || seq.Add(segLen-1).InWindow(rcvNxt, wnd)
+}
+
+// ackLocked processes the acknowledgement and window of a segment (RFC
+// 9293 3.10.7.4, fifth): frees acknowledged frames, samples the RTT,
+// grows the congestion window, detects duplicate ACKs and moves the closing
+// states along. It returns false if the segment is to be dropped.
+func (s *Stack) ackLocked(sk *sock, g *segment) bool {
+	c := &s.img.hdr.counters
+	if sk.sndMax.LessThan(g.ack) {
+		c.RxTCPBadAck++
+		sk.tflags |= tfAckNow
+		return false
+	}
+	newWnd := uint32(g.wnd) << sk.sndWS
+	if sk.sndUna.LessThan(g.ack) {
+		acked := sk.sndUna.Size(g.ack)
+		s.ackedDataLocked(sk, g.ack, acked)
+		sk.dupAck = 0
+	} else if g.ack == sk.sndUna && g.n == 0 && g.flags&(flagSYN|flagFIN) == 0 && newWnd == sk.sndWnd && sk.sndUna != sk.sndMax {
+		s.dupAckLocked(sk)
+	}
+	// Window update (RFC 9293 3.10.7.4): only from a newer segment.
+	if sk.sndWl1.LessThan(g.seq) || sk.sndWl1 == g.seq && sk.sndWl2.LessThanEq(g.ack) {
+		opened := newWnd > sk.sndWnd
+		sk.sndWnd, sk.sndWl1, sk.sndWl2 = newWnd, g.seq, g.ack
+		if opened && sk.tflags&tfWindowProbe != 0 {
+			s.img.wheel.Cancel(s.sockTimer(sk, timerRTO))
+			sk.tflags &^= tfWindowProbe
+			sk.backoff = 0
+		}
+	}
+	finAcked := sk.tflags&tfFinSent != 0 && g.ack == sk.sndMax
+	switch sk.state {
+	case tcpFinWait1:
+		if finAcked {
+			sk.state = tcpFinWait2
+			if sk.tflags&tfOrphan != 0 {
+				s.img.wheel.Set(s.sockTimer(sk, timerTW), s.tickAt(Now())+s.ticks(finWait2Timeout))
+			}
+		}
+	case tcpClosing:
+		if finAcked {
+			s.enterTimeWaitLocked(sk)
+		}
+	case tcpLastAck:
+		if finAcked {
+			s.tcpCloseFinalLocked(sk)
+			return false
+		}
+	case tcpTimeWait:
+		sk.tflags |= tfAckNow
+		s.enterTimeWaitLocked(sk)
+	}
+	return true
+}
+
+// ackedDataLocked takes acked bytes off the send queue.
+func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size) {
+	p := s.pool
+	now := micros()
+	sampled := false
+	dataAcked := uint32(acked)
+	if sk.tflags&tfFinSent != 0 && ack == sk.sndMax {
+		dataAcked-- // the FIN's sequence number is not data
+	}
+	for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent; {
+		seq := seqnum.Value(p.Aux(h, auxSeq))
+		end := seq.Add(seqnum.Size(p.Aux(h, auxLen)))
+		if ack.LessThan(end) {
+			break
+		}
+		// Karn: only a segment sent once gives an honest sample.
+		if !sampled && p.Aux(h, auxFlags)&afRetransmitted == 0 {
+			if r := now - p.Aux(h, auxTime); r < 1<<31 {
+				s.rttSampleLocked(sk, r)
+				sampled = true
+			}
+		}
+		next := p.Next(h)
+		p.Free(h)
+		sk.sndHead = next
+		h = next
+	}
+	if sk.sndHead == vnic.Null {
+		sk.sndTail = vnic.Null
+	}
+	sk.sndBytes -= min(sk.sndBytes, dataAcked)
+	sk.sndUna = ack
+	if sk.sndNxt.LessThan(ack) {
+		sk.sndNxt = ack
+	}
+	sk.retries = 0
+	sk.backoff = 0
+	// Congestion control (RFC 5681): slow start, then congestion avoidance;
+	// NewReno recovery (RFC 6582).
+	mss := uint32(sk.mss)
+	if sk.tflags&tfRetransmitting != 0 {
+		if sk.recover.LessThanEq(ack) {
+			sk.tflags &^= tfRetransmitting
+			sk.cwnd = sk.ssthresh
+		} else {
+			// A partial ACK: the next hole is lost too.
+			s.retransmitHeadLocked(sk)
+			sk.cwnd = max(sk.cwnd-min(sk.cwnd, uint32(acked))+mss, mss)
+		}
+	} else if sk.cwnd < sk.ssthresh {
+		sk.cwnd += min(uint32(acked), 2*mss) // ABC, L = 2 (RFC 3465)
+	} else {
+		sk.cwnd += max(mss*mss/sk.cwnd, 1)
+	}
+	if sk.sndUna == sk.sndMax {
+		s.img.wheel.Cancel(s.sockTimer(sk, timerRTO))
+	} else {
+		s.armRTOLocked(sk, true)
+	}
+}
+
+// dupAckLocked counts duplicate ACKs; the third starts fast retransmit and
+// recovery (RFC 5681 3.2, RFC 6582).
+func (s *Stack) dupAckLocked(sk *sock) {
+	sk.dupAck++
+	mss := uint32(sk.mss)
+	switch {
+	case sk.dupAck == 3 && sk.tflags&tfRetransmitting == 0 && sk.recover.LessThan(sk.sndUna.Add(1)):
+		flight := uint32(sk.sndUna.Size(sk.sndMax))
+		sk.ssthresh = max(flight/2, 2*mss)
+		sk.cwnd = sk.ssthresh + 3*mss
+		sk.recover = sk.sndMax
+		sk.tflags |= tfRetransmitting
+		s.img.hdr.counters.TCPFastRetrans++
+		s.retransmitHeadLocked(sk)
+	case sk.dupAck > 3 && sk.tflags&tfRetransmitting != 0:
+		sk.cwnd += mss
+	}
+}
+
+// retransmitHeadLocked sends the first unacknowledged segment again.
+func (s *Stack) retransmitHeadLocked(sk *sock) {
+	h := sk.sndHead
+	if h == vnic.Null || h == sk.sndUnsent {
+		return
+	}
+	s.transmitSegLocked(sk, h, seqnum.Value(s.pool.Aux(h, auxSeq)), int(s.pool.Aux(h, auxLen)), 0)
+	s.armRTOLocked(sk, true)
+}
+
+// dataLocked takes the payload of a segment (RFC 9293 3.10.7.4,
+// seventh): in order, it joins the receive queue and pulls in what waited
+// out of order; ahead of rcvNxt, it waits in the out-of-order queue. It
+// reports whether a queue kept the frame.
+func (s *Stack) dataLocked(sk *sock, h vnic.Handle, g *segment) bool {
+	c := &s.img.hdr.counters
+	seq, n := g.seq, g.n
+	// Trim what was already received.
+	if seq.LessThan(sk.rcvNxt) {
+		dup := int(seq.Size(sk.rcvNxt))
+		if dup >= n {
+			c.RxTCPDuplicate++
+			sk.tflags |= tfAckNow
+			return false
+		}
+		s.pool.Trim(h, dup, n-dup)
+		seq, n = sk.rcvNxt, n-dup
+	}
+	// Trim what lies beyond the window.
+	wnd := int(sk.rcvNxt.Size(sk.rcvAdv))
+	if off := int(sk.rcvNxt.Size(seq)); off+n > wnd {
+		if off >= wnd {
+			sk.tflags |= tfAckNow
+			return false
+		}
+		n = wnd - off
+		s.pool.Trim(h, 0, n)
+		g.flags &^= flagFIN
+	}
+	if sk.rcvBytes+sk.oooBytes+uint32(n) > sk.rcvBuf+sk.rcvBuf/4 {
+		c.RxTCPBufferFull++
+		sk.tflags |= tfAckNow
+		return false
+	}
+	if seq != sk.rcvNxt {
+		c.RxTCPOutOfOrder++
+		sk.tflags |= tfAckNow // a duplicate ACK tells the sender at once
+		return s.oooInsertLocked(sk, h, seq, n, g.flags&flagFIN != 0)
+	}
+	s.enqueueRcvLocked(sk, h, n)
+	sk.rcvNxt = sk.rcvNxt.Add(seqnum.Size(n))
+	if sk.oooHead != vnic.Null {
+		s.oooDrainLocked(sk)
+		sk.tflags |= tfAckNow
+	}
+	s.ackPolicyLocked(sk, n)
+	return true
+}
+
+// ackPolicyLocked decides when to acknowledge in-order data (RFC 1122
+// 4.2.3.2, RFC 9293 3.8.6.3): at once if two full segments wait
+// unacknowledged, else on the delayed-ACK timer.
+func (s *Stack) ackPolicyLocked(sk *sock, n int) {
+	if sk.tflags&tfAckNow != 0 {
+		return
+	}
+	if sk.tflags&tfDelAck != 0 || n >= 2*int(sk.mss) {
+		sk.tflags |= tfAckNow
+		return
+	}
+	sk.tflags |= tfDelAck
+	s.img.wheel.Set(s.sockTimer(sk, timerDelAck), s.tickAt(Now())+s.ticks(durationNs(s.img.hdr.delAck)))
+}
+
+// finLocked processes the peer's FIN, in sequence (RFC 9293 3.10.7.4,
+// eighth).
+func (s *Stack) finLocked(sk *sock) {
+	if sk.tflags&tfRcvFin != 0 {
+		sk.tflags |= tfAckNow
+		return
+	}
+	sk.rcvNxt = sk.rcvNxt.Add(1)
+	sk.tflags |= tfRcvFin | tfAckNow
+	switch sk.state {
+	case tcpSynReceived, tcpEstablished:
+		sk.state = tcpCloseWait
+	case tcpFinWait1:
+		if sk.tflags&tfFinSent != 0 && sk.sndUna == sk.sndMax {
+			s.enterTimeWaitLocked(sk)
+		} else {
+			sk.state = tcpClosing
+		}
+	case tcpFinWait2:
+		s.enterTimeWaitLocked(sk)
+	case tcpTimeWait:
+		s.enterTimeWaitLocked(sk)
+	}
+}

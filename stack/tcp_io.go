@@ -1,0 +1,142 @@
+package stack
+
+import "github.com/xdp-onload/onload/vnic"
+
+// tcpSendLocked queues buf for sending (RFC 9293 3.10.2) and sends what the
+// windows allow. It takes as much as fits the send buffer and the frame
+// pool; nothing fitting is ErrWouldBlock.
+func (s *Stack) tcpSendLocked(sk *sock, buf []byte) (int, error) {
+	if sk.err != 0 {
+		e := sk.err
+		sk.err = 0
+		return 0, errnoError(e)
+	}
+	switch sk.state {
+	case tcpSynSent, tcpSynReceived:
+		return 0, ErrWouldBlock
+	case tcpEstablished, tcpCloseWait:
+		if sk.tflags&tfFinQueued != 0 {
+			return 0, ErrPipe
+		}
+	case tcpClosed:
+		if sk.flags&sfConnected == 0 {
+			return 0, ErrNotConn
+		}
+		return 0, ErrPipe
+	default:
+		return 0, ErrPipe
+	}
+	if len(buf) == 0 {
+		return 0, nil
+	}
+	p := s.pool
+	capacity := p.FrameSize() - p.Headroom() - txPayload
+	mss := min(int(sk.mss), capacity)
+	done := 0
+	for done < len(buf) && sk.sndBytes < sk.sndBuf {
+		room := int(sk.sndBuf - sk.sndBytes)
+		// Top up the last frame if it has not been sent (Nagle's small
+		// writes coalesce here).
+		if t := sk.sndTail; t != vnic.Null && p.Aux(t, auxFlags)&afSent == 0 && int(p.Aux(t, auxLen)) < mss {
+			l := int(p.Aux(t, auxLen))
+			n := copy(p.Buf(t)[txPayload+l:txPayload+mss], buf[done:min(len(buf), done+room)])
+			p.SetAux(t, auxLen, uint32(l+n))
+			p.SetAux(t, auxCsum, 0)
+			sk.sndBytes += uint32(n)
+			done += n
+			continue
+		}
+		h := p.Alloc()
+		if h == vnic.Null {
+			s.img.hdr.counters.TxNoFrames++
+			break
+		}
+		n := copy(p.Buf(h)[txPayload:txPayload+mss], buf[done:min(len(buf), done+room)])
+		p.SetAux(h, auxSeq, uint32(sk.sndSeqEnd()))
+		p.SetAux(h, auxLen, uint32(n))
+		p.SetNext(h, vnic.Null)
+		if sk.sndTail == vnic.Null {
+			sk.sndHead = h
+		} else {
+			p.SetNext(sk.sndTail, h)
+		}
+		sk.sndTail = h
+		if sk.sndUnsent == vnic.Null {
+			sk.sndUnsent = h
+		}
+		sk.sndBytes += uint32(n)
+		done += n
+	}
+	if done == 0 {
+		return 0, ErrWouldBlock
+	}
+	s.tcpOutputLocked(sk)
+	return done, nil
+}
+
+// tcpRecvLocked copies received data into buf (RFC 9293 3.10.3) straight
+// from the frames, freeing those it empties; with peek nothing is
+// consumed. It returns 0, nil at the end of the stream.
+func (s *Stack) tcpRecvLocked(sk *sock, buf []byte, peek bool) (int, error) {
+	if sk.state == tcpListen {
+		return 0, ErrNotConn
+	}
+	p := s.pool
+	done := 0
+	h := sk.rcvHead
+	for done < len(buf) && h != vnic.Null {
+		d := p.Data(h)
+		n := copy(buf[done:], d)
+		done += n
+		next := p.Next(h)
+		if !peek {
+			if n == len(d) {
+				p.Free(s.dequeueRcvLocked(sk))
+			} else {
+				p.Trim(h, n, len(d)-n)
+				sk.rcvBytes -= uint32(n)
+			}
+		}
+		h = next
+	}
+	if done > 0 {
+		if !peek {
+			s.windowUpdateLocked(sk)
+		}
+		return done, nil
+	}
+	if sk.err != 0 {
+		e := sk.err
+		sk.err = 0
+		return 0, errnoError(e)
+	}
+	if sk.tflags&(tfRcvFin|tfShutRd) != 0 || sk.state == tcpClosed && sk.flags&sfConnected != 0 {
+		return 0, nil
+	}
+	if sk.state == tcpClosed {
+		return 0, ErrNotConn
+	}
+	return 0, ErrWouldBlock
+}
+
+// windowUpdateLocked tells the peer when reading has opened the window
+// enough to matter (RFC 9293 3.8.6.2.2): by two segments or half the
+// buffer.
+func (s *Stack) windowUpdateLocked(sk *sock) {
+	if !synchronized(sk.state) || sk.tflags&tfRcvFin != 0 {
+		return
+	}
+	used := sk.rcvBytes + sk.oooBytes
+	if used >= sk.rcvBuf {
+		return
+	}
+	free := sk.rcvBuf - used
+	adv := uint32(0)
+	if sk.rcvNxt.LessThan(sk.rcvAdv) {
+		adv = uint32(sk.rcvNxt.Size(sk.rcvAdv))
+	}
+	if free >= adv+2*uint32(sk.mss) || free >= adv+sk.rcvBuf/2 {
+		sk.tflags |= tfAckNow
+		s.tcpOutputLocked(sk)
+	}
+}

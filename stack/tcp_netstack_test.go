@@ -1,0 +1,214 @@
+package stack_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xdp-onload/onload/internal/gvisorpeer"
+	"github.com/xdp-onload/onload/stack"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// withNetstack is our stack (a) against gVisor's netstack (b) over an
+// in-memory wire, netstack pumped by its own goroutine.
+func withNetstack(t *testing.T, cfg vnic.MemConfig, scfg stack.Config) (*stack.Stack, *gvisorpeer.Peer) {
+	t.Helper()
+	a, b, err := vnic.NewMemPair(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	scfg.Addr, scfg.MAC = addrA, a.Info().MAC
+	s, err := stack.New(a, scfg, stack.Options{Neighbours: map[netip.Addr]net.HardwareAddr{addrB.Addr(): b.Info().MAC}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := gvisorpeer.New(b, addrB, map[netip.Addr]net.HardwareAddr{addrA.Addr(): a.Info().MAC})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer.Run()
+	t.Cleanup(func() {
+		peer.Close()
+		s.Destroy()
+	})
+	return s, peer
+}
+
+// ourSend writes all of data on our socket, polling.
+func ourSend(t *testing.T, s *stack.Stack, id stack.SockID, data []byte, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for sent := 0; sent < len(data); {
+		n, err := s.Send(id, data[sent:])
+		if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
+			t.Fatalf("send after %d bytes: %v", sent, err)
+		}
+		sent += n
+		s.Poll()
+		if time.Now().After(deadline) {
+			t.Fatalf("send: %d of %d bytes in %v (%s)", sent, len(data), timeout, ptr(s.Counters()))
+		}
+	}
+}
+
+// ourRecv reads n bytes (or to the end of the stream, if n < 0).
+func ourRecv(t *testing.T, s *stack.Stack, id stack.SockID, n int, timeout time.Duration) []byte {
+	t.Helper()
+	var got []byte
+	buf := make([]byte, 64<<10)
+	deadline := time.Now().Add(timeout)
+	for n < 0 || len(got) < n {
+		k, err := s.Recv(id, buf, false)
+		switch {
+		case err == nil && k == 0:
+			if n >= 0 {
+				t.Fatalf("end of stream after %d of %d bytes", len(got), n)
+			}
+			return got
+		case err != nil && !errors.Is(err, stack.ErrWouldBlock):
+			t.Fatalf("recv after %d bytes: %v", len(got), err)
+		}
+		got = append(got, buf[:k]...)
+		if k == 0 {
+			s.Poll()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("recv: %d bytes in %v (%s)", len(got), timeout, ptr(s.Counters()))
+		}
+	}
+	return got
+}
+
+// TestTCPClientToNetstack: our stack connects to netstack, data both ways,
+// our side closes first.
+func TestTCPClientToNetstack(t *testing.T) {
+	s, peer := withNetstack(t, vnic.MemConfig{}, stack.Config{})
+	l, err := peer.ListenTCP(8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	id, _ := s.Open(stack.TCP)
+	if err := s.Connect(id, netip.AddrPortFrom(addrB.Addr(), 8080)); !errors.Is(err, syscall.EINPROGRESS) {
+		t.Fatal(err)
+	}
+	waitFor(t, "connected", 5*time.Second, func() { s.Poll() }, func() bool { return s.Events(id)&stack.Writable != 0 })
+	var gc net.Conn
+	select {
+	case gc = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("netstack did not accept")
+	}
+	defer gc.Close()
+
+	data := randomBytes(4<<20, 1)
+	go io.Copy(gc, gc) // netstack echoes everything back
+	// Write and read from one goroutine: ours is polled.
+	got := make([]byte, 0, len(data))
+	buf := make([]byte, 64<<10)
+	sent := 0
+	deadline := time.Now().Add(30 * time.Second)
+	for len(got) < len(data) {
+		if sent < len(data) {
+			n, err := s.Send(id, data[sent:min(len(data), sent+64<<10)])
+			if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
+				t.Fatal(err)
+			}
+			sent += n
+		}
+		s.Poll()
+		n, err := s.Recv(id, buf, false)
+		if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+		if time.Now().After(deadline) {
+			t.Fatalf("echo: sent %d, got back %d of %d (%s)", sent, len(got), len(data), ptr(s.Counters()))
+		}
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("echoed data differs")
+	}
+	// We close; netstack sees the end of the stream and closes too.
+	s.Close(id)
+	waitFor(t, "our socket gone", 5*time.Second, func() { s.Poll(); time.Sleep(100 * time.Microsecond) }, func() bool {
+		return s.Counters().TCPEstablished == 1 && s.Events(id)&stack.Error != 0
+	})
+}
+
+// TestTCPServerForNetstack: netstack connects to our listener, sends a
+// request, we answer and netstack closes first.
+func TestTCPServerForNetstack(t *testing.T) {
+	s, peer := withNetstack(t, vnic.MemConfig{}, stack.Config{})
+	l, _ := s.Open(stack.TCP)
+	if err := s.Bind(l, netip.MustParseAddrPort("0.0.0.0:9000")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Listen(l, 16); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		reply []byte
+		err   error
+	}
+	res := make(chan result, 1)
+	req := randomBytes(300000, 2)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		c, err := peer.DialTCP(ctx, netip.AddrPortFrom(addrA.Addr(), 9000))
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := c.Write(req); err != nil {
+			res <- result{err: err}
+			return
+		}
+		c.CloseWrite()
+		reply, err := io.ReadAll(c)
+		res <- result{reply, err}
+	}()
+	var conn stack.SockID
+	waitFor(t, "accept", 5*time.Second, func() { s.Poll() }, func() bool {
+		var err error
+		conn, err = s.Accept(l)
+		return err == nil
+	})
+	got := ourRecv(t, s, conn, -1, 20*time.Second)
+	if !bytes.Equal(got, req) {
+		t.Fatalf("request: %d bytes, want %d, equal %v", len(got), len(req), bytes.Equal(got, req))
+	}
+	reply := append([]byte("reply: "), got[:1000]...)
+	ourSend(t, s, conn, reply, 10*time.Second)
+	s.Close(conn)
+	var r result
+	waitFor(t, "netstack's reply", 20*time.Second, func() { s.Poll() }, func() bool {
+		select {
+		case r = <-res:
+			return true
+		default:
+			return false
+		}
+	})
+	if r.err != nil || !bytes.Equal(r.reply, reply) {
+		t.Fatalf("netstack: %d bytes, %v", len(r.reply), r.err)
+	}
+}

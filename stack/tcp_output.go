@@ -1,0 +1,339 @@
+package stack
+
+import (
+	"encoding/binary"
+
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// TCP header flags.
+const (
+	flagFIN = 1 << 0
+	flagSYN = 1 << 1
+	flagRST = 1 << 2
+	flagPSH = 1 << 3
+	flagACK = 1 << 4
+	flagURG = 1 << 5
+)
+
+// writeTCP writes a TCP header (20 bytes; options follow, written by the
+// caller) at b.
+func writeTCP(b []byte, sport, dport uint16, seq, ack seqnum.Value, flags uint8, hdrLen int, wnd uint16) {
+	binary.BigEndian.PutUint16(b[0:], sport)
+	binary.BigEndian.PutUint16(b[2:], dport)
+	binary.BigEndian.PutUint32(b[4:], uint32(seq))
+	binary.BigEndian.PutUint32(b[8:], uint32(ack))
+	b[12] = byte(hdrLen/4) << 4
+	b[13] = flags
+	binary.BigEndian.PutUint16(b[14:], wnd)
+	b[16], b[17], b[18], b[19] = 0, 0, 0, 0
+}
+
+// rcvWindowLocked is the window to advertise, and moves rcvAdv to its
+// right edge. The window never shrinks (RFC 9293 3.8.6.2.1: the right
+// edge never moves left) and, to avoid silly windows (3.8.6.2.2), a closed
+// window opens only by at least min(MSS, half the buffer).
+func (s *Stack) rcvWindowLocked(sk *sock, syn bool) uint16 {
+	used := sk.rcvBytes + sk.oooBytes
+	free := uint32(0)
+	if sk.rcvBuf > used {
+		free = sk.rcvBuf - used
+	}
+	if sk.tflags&tfShutRd != 0 && sk.state != tcpEstablished {
+		free = 0
+	}
+	cur := uint32(0)
+	if sk.rcvAdv.LessThan(sk.rcvNxt) {
+		sk.rcvAdv = sk.rcvNxt
+	} else {
+		cur = uint32(sk.rcvNxt.Size(sk.rcvAdv))
+	}
+	wnd := free
+	if wnd < cur {
+		wnd = cur // never shrink
+	} else if wnd-cur < min(uint32(sk.mss), sk.rcvBuf/2) && cur < min(uint32(sk.mss), sk.rcvBuf/2) {
+		// Silly window: hold the window where it is until it can open
+		// by a useful amount.
+		wnd = cur
+	}
+	shift := sk.rcvWS
+	if syn {
+		shift = 0
+	}
+	field := wnd >> shift
+	if field > 0xffff {
+		field = 0xffff
+	}
+	if edge := sk.rcvNxt.Add(seqnum.Size(field << shift)); sk.rcvAdv.LessThan(edge) {
+		sk.rcvAdv = edge
+	}
+	return uint16(field)
+}
+
+// finishTCP writes the checksum of a TCP segment whose header (and options)
+// are at t and whose payload sum is psum.
+func (s *Stack) finishTCP(sk *sock, t []byte, hdrLen, payloadLen int, psum uint16) {
+	l4 := hdrLen + payloadLen
+	sum := checksum.Combine(pseudoSum(s.img.hdr.addr, sk.remoteAddr, 6, l4), checksum.Checksum(t[:hdrLen], psum))
+	binary.BigEndian.PutUint16(t[16:], ^sum)
+}
+
+// controlLocked sends a segment without payload: SYN, SYN-ACK, FIN, RST or
+// a pure ACK, from sk's state. It goes in a frame of its own, given to the
+// NIC.
+func (s *Stack) controlLocked(sk *sock, flags uint8, seq seqnum.Value) {
+	h := s.pool.Alloc()
+	if h == vnic.Null {
+		s.img.hdr.counters.TxNoFrames++
+		return
+	}
+	b := s.pool.Buf(h)
+	t := b[ethLen+ipLen:]
+	var optLen int
+	if flags&flagSYN != 0 {
+		optLen = s.synOptions(t[20:], sk, flags&flagACK != 0)
+	} else if flags&flagRST == 0 {
+		optLen = s.dataOptions(t[20:], sk, 40)
+	}
+	hdrLen := 20 + optLen
+	var ack seqnum.Value
+	if flags&flagACK != 0 {
+		ack = sk.rcvNxt
+	}
+	var wnd uint16
+	if flags&flagRST == 0 {
+		wnd = s.rcvWindowLocked(sk, flags&flagSYN != 0)
+	}
+	s.writeIPv4Locked(b, sk.remoteMAC, sk.remoteAddr, 6, hdrLen)
+	writeTCP(t, sk.localPort, sk.remotePort, seq, ack, flags, hdrLen, wnd)
+	s.finishTCP(sk, t, hdrLen, 0, 0)
+	s.pool.SetLen(h, ethLen+ipLen+hdrLen)
+	if flags&flagACK != 0 {
+		s.ackSentLocked(sk)
+	}
+	if flags&flagRST != 0 {
+		s.img.hdr.counters.TxTCPResets++
+	}
+	s.sendFrameLocked(sk, h)
+}
+
+// sendFrameLocked queues a frame addressed to sk's peer, resolving the
+// next hop first if it is not known yet (the frame then waits in the
+// neighbour entry).
+func (s *Stack) sendFrameLocked(sk *sock, h vnic.Handle) {
+	if sk.flags&sfRemoteMAC != 0 {
+		s.queueTxLocked(h)
+		return
+	}
+	mac, e, err := s.nextHopLocked(sk.remoteAddr)
+	switch err {
+	case nil:
+		sk.remoteMAC = mac
+		sk.flags |= sfRemoteMAC
+		copy(s.pool.Data(h)[0:6], mac[:])
+		s.queueTxLocked(h)
+	case errNeighPending:
+		s.holdLocked(e, h)
+	default:
+		s.pool.Free(h)
+	}
+}
+
+// routeLocked makes sure sk's next hop is known, for data segments
+// (which cannot wait in a neighbour entry: they stay queued instead).
+func (s *Stack) routeLocked(sk *sock) bool {
+	if sk.flags&sfRemoteMAC != 0 {
+		return true
+	}
+	mac, _, err := s.nextHopLocked(sk.remoteAddr)
+	if err != nil {
+		return false
+	}
+	sk.remoteMAC = mac
+	sk.flags |= sfRemoteMAC
+	return true
+}
+
+// ackSentLocked notes that the peer has been acknowledged up to rcvNxt.
+func (s *Stack) ackSentLocked(sk *sock) {
+	if sk.tflags&tfDelAck != 0 {
+		s.img.wheel.Cancel(s.sockTimer(sk, timerDelAck))
+	}
+	sk.tflags &^= tfAckNow | tfDelAck
+}
+
+// sendAckLocked sends a pure ACK now.
+func (s *Stack) sendAckLocked(sk *sock) { s.controlLocked(sk, flagACK, sk.sndNxt) }
+
+// transmitSegLocked sends the data segment held in send-queue frame h
+// (seq, n payload bytes). The headers are written in front of the payload
+// in the frame itself and the frame is lent to the NIC, staying queued for
+// retransmission; if the NIC still holds it from the last send, the
+// segment is copied into a new frame instead.
+func (s *Stack) transmitSegLocked(sk *sock, h vnic.Handle, seq seqnum.Value, n int, flags uint8) {
+	p := s.pool
+	buf := p.Buf(h)
+	if buf == nil {
+		s.img.hdr.counters.ImageCorrupt++
+		return
+	}
+	if !s.routeLocked(sk) {
+		return
+	}
+	payload := buf[txPayload : txPayload+n]
+	cs := p.Aux(h, auxCsum)
+	if cs&afCsumValid == 0 {
+		cs = uint32(checksum.Checksum(payload, 0)) | afCsumValid
+		p.SetAux(h, auxCsum, cs)
+	}
+	var opts [40]byte
+	room := 40
+	if mss := s.mtu - ipLen - 20; n+room > mss {
+		room = max(mss-n, 0)
+	}
+	optLen := s.dataOptions(opts[:], sk, room)
+	hdrLen := 20 + optLen
+	start := txPayload - hdrLen - ethLen - ipLen
+	flags |= flagACK
+	if n > 0 && seq.Add(seqnum.Size(n)) == sk.sndSeqEnd() {
+		flags |= flagPSH
+	}
+	wnd := s.rcvWindowLocked(sk, false)
+	out := h
+	if p.Busy(h) {
+		// Still in the NIC's hands from the previous send: copy.
+		if out = p.Alloc(); out == vnic.Null {
+			s.img.hdr.counters.TxNoFrames++
+			return
+		}
+		nb := p.Buf(out)
+		copy(nb[txPayload:], payload)
+		buf = nb
+	}
+	frame := buf[start : txPayload+n]
+	s.writeIPv4Locked(frame, sk.remoteMAC, sk.remoteAddr, 6, hdrLen+n)
+	t := frame[ethLen+ipLen:]
+	writeTCP(t, sk.localPort, sk.remotePort, seq, sk.rcvNxt, flags, hdrLen, wnd)
+	copy(t[20:], opts[:optLen])
+	s.finishTCP(sk, t, hdrLen, n, uint16(cs))
+	p.SetData(out, p.Headroom()+start, len(frame))
+	if out == h {
+		s.txKeep = append(s.txKeep, h)
+		if len(s.txKeep) == cap(s.txKeep) {
+			s.flushLocked()
+		}
+	} else {
+		s.queueTxLocked(out)
+	}
+	s.ackSentLocked(sk)
+	f := p.Aux(h, auxFlags)
+	if f&afSent != 0 {
+		f |= afRetransmitted
+		s.img.hdr.counters.TCPRetransmits++
+	}
+	p.SetAux(h, auxFlags, f|afSent)
+	p.SetAux(h, auxTime, micros())
+}
+
+// sndSeqEnd is the sequence number after the last queued byte.
+func (sk *sock) sndSeqEnd() seqnum.Value { return sk.sndUna.Add(seqnum.Size(sk.sndBytes)) }
+
+// tcpOutputLocked sends what the windows and Nagle allow, then the FIN if
+// one is due, then an ACK if one is owed and nothing carried it.
+func (s *Stack) tcpOutputLocked(sk *sock) {
+	switch sk.state {
+	case tcpEstablished, tcpCloseWait, tcpFinWait1, tcpClosing, tcpLastAck:
+	default:
+		if sk.tflags&tfAckNow != 0 && synchronized(sk.state) {
+			s.sendAckLocked(sk)
+		}
+		return
+	}
+	p := s.pool
+	wnd := min(sk.sndWnd, sk.cwnd)
+	limit := sk.sndUna.Add(seqnum.Size(wnd))
+	for h := sk.sndUnsent; h != vnic.Null; h = sk.sndUnsent {
+		seq := seqnum.Value(p.Aux(h, auxSeq))
+		n := int(p.Aux(h, auxLen))
+		end := seq.Add(seqnum.Size(n))
+		if limit.LessThan(end) {
+			if sk.sndWnd == 0 && sk.sndNxt == sk.sndUna {
+				s.armPersistLocked(sk)
+			}
+			break
+		}
+		// Nagle (RFC 896, RFC 1122 4.2.3.4): a small segment waits while
+		// data is unacknowledged, unless it is the last before a FIN.
+		if n < int(sk.mss) && sk.tflags&tfNoDelay == 0 && sk.sndNxt != sk.sndUna &&
+			!(sk.tflags&tfFinQueued != 0 && p.Next(h) == vnic.Null) {
+			break
+		}
+		s.transmitSegLocked(sk, h, seq, n, 0)
+		sk.sndUnsent = p.Next(h)
+		sk.sndNxt = end
+		if sk.sndMax.LessThan(end) {
+			sk.sndMax = end
+		}
+		s.armRTOLocked(sk, false)
+	}
+	if sk.tflags&tfFinQueued != 0 && sk.tflags&tfFinSent == 0 && sk.sndUnsent == vnic.Null {
+		s.sendFinLocked(sk)
+	}
+	if sk.tflags&tfAckNow != 0 {
+		s.sendAckLocked(sk)
+	}
+}
+
+// sendFinLocked sends our FIN (RFC 9293 3.10.4) and moves to FIN-WAIT-1 or
+// LAST-ACK.
+func (s *Stack) sendFinLocked(sk *sock) {
+	s.controlLocked(sk, flagFIN|flagACK, sk.sndNxt)
+	sk.sndNxt = sk.sndNxt.Add(1)
+	if sk.sndMax.LessThan(sk.sndNxt) {
+		sk.sndMax = sk.sndNxt
+	}
+	sk.tflags |= tfFinSent
+	switch sk.state {
+	case tcpEstablished, tcpSynReceived:
+		sk.state = tcpFinWait1
+	case tcpCloseWait:
+		sk.state = tcpLastAck
+	}
+	s.armRTOLocked(sk, false)
+}
+
+// resendFinLocked sends the FIN again (its sequence number is sndMax-1).
+func (s *Stack) resendFinLocked(sk *sock) {
+	s.controlLocked(sk, flagFIN|flagACK, sk.sndMax.Add(^seqnum.Size(0)))
+}
+
+// resetReplyLocked answers a segment that has no connection with a reset
+// (RFC 9293 3.10.7.1), addressed from the frame's own headers.
+func (s *Stack) resetReplyLocked(frame []byte, p *ipPacket, sport, dport uint16, seq, ack seqnum.Value, flags uint8, segLen int) {
+	if flags&flagRST != 0 {
+		return
+	}
+	h := s.pool.Alloc()
+	if h == vnic.Null {
+		s.img.hdr.counters.TxNoFrames++
+		return
+	}
+	var mac [6]byte
+	copy(mac[:], frame[6:12])
+	b := s.pool.Buf(h)
+	s.writeIPv4Locked(b, mac, p.src, 6, 20)
+	t := b[ethLen+ipLen:]
+	if flags&flagACK != 0 {
+		writeTCP(t, dport, sport, ack, 0, flagRST, 20, 0)
+	} else {
+		writeTCP(t, dport, sport, 0, seq.Add(seqnum.Size(segLen)), flagRST|flagACK, 20, 0)
+	}
+	sum := checksum.Combine(pseudoSum(s.img.hdr.addr, p.src, 6, 20), checksum.Checksum(t[:20], 0))
+	binary.BigEndian.PutUint16(t[16:], ^sum)
+	s.pool.SetLen(h, ethLen+ipLen+20)
+	s.img.hdr.counters.TxTCPResets++
+	s.queueTxLocked(h)
+}

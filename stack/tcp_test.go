@@ -1,0 +1,141 @@
+package stack_test
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xdp-onload/onload/stack"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// waitFor polls until cond holds or the time runs out.
+func waitFor(t *testing.T, what string, timeout time.Duration, poll func(), cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		poll()
+	}
+}
+
+func pollBoth(a, b *stack.Stack) func() {
+	return func() {
+		a.Poll()
+		b.Poll()
+	}
+}
+
+// connectPair makes a listener on b port 80, connects a to it and accepts.
+func connectPair(t *testing.T, a, b *stack.Stack, poll func()) (client, server stack.SockID) {
+	t.Helper()
+	l, err := b.Open(stack.TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Bind(l, netip.AddrPortFrom(netip.Addr{}, 80)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Listen(l, 0); err != nil {
+		t.Fatal(err)
+	}
+	c, err := a.Open(stack.TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Connect(c, netip.AddrPortFrom(b.Addr(), 80)); !errors.Is(err, syscall.EINPROGRESS) {
+		t.Fatalf("connect: %v, want EINPROGRESS", err)
+	}
+	waitFor(t, "connection", 5*time.Second, poll, func() bool { return a.Events(c)&stack.Writable != 0 })
+	var srv stack.SockID
+	waitFor(t, "accept", 5*time.Second, poll, func() bool {
+		srv, err = b.Accept(l)
+		return err == nil
+	})
+	return c, srv
+}
+
+// transfer sends data from (ss, sid) to (ds, did) while reading at the
+// other end, and returns what arrived.
+func transfer(t *testing.T, ss *stack.Stack, sid stack.SockID, ds *stack.Stack, did stack.SockID, data []byte, poll func(), timeout time.Duration) []byte {
+	t.Helper()
+	got := make([]byte, 0, len(data))
+	buf := make([]byte, 64<<10)
+	sent := 0
+	deadline := time.Now().Add(timeout)
+	for len(got) < len(data) {
+		if time.Now().After(deadline) {
+			t.Fatalf("transfer: sent %d, received %d of %d in %v (sender %s; receiver %s)",
+				sent, len(got), len(data), timeout, ptr(ss.Counters()), ptr(ds.Counters()))
+		}
+		if sent < len(data) {
+			n, err := ss.Send(sid, data[sent:min(len(data), sent+64<<10)])
+			if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
+				t.Fatalf("send: %v", err)
+			}
+			sent += n
+		}
+		poll()
+		n, err := ds.Recv(did, buf, false)
+		if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
+			t.Fatalf("recv: %v", err)
+		}
+		if err == nil && n == 0 {
+			t.Fatalf("early end of stream after %d bytes", len(got))
+		}
+		got = append(got, buf[:n]...)
+	}
+	return got
+}
+
+func randomBytes(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, seed))
+	b := make([]byte, n)
+	for i := 0; i < n; i += 8 {
+		v := r.Uint64()
+		for j := 0; j < 8 && i+j < n; j++ {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	return b
+}
+
+func TestTCPBetweenOurStacks(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	for _, size := range []int{1, 100, 1460, 1461, 100000} {
+		data := randomBytes(size, uint64(size))
+		if got := transfer(t, a, c, b, s, data, poll, 10*time.Second); !bytes.Equal(got, data) {
+			t.Fatalf("%d bytes a->b differ", size)
+		}
+		if got := transfer(t, b, s, a, c, data, poll, 10*time.Second); !bytes.Equal(got, data) {
+			t.Fatalf("%d bytes b->a differ", size)
+		}
+	}
+	la, _ := a.LocalAddr(c)
+	ra, _ := a.RemoteAddr(c)
+	if la.Addr() != addrA.Addr() || ra != netip.AddrPortFrom(addrB.Addr(), 80) {
+		t.Errorf("client addresses %v -> %v", la, ra)
+	}
+	// Graceful close from the client: the server reads the end of the
+	// stream, closes too, and both sockets go away.
+	if err := a.Close(c); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 10)
+	waitFor(t, "end of stream", 5*time.Second, poll, func() bool {
+		n, err := b.Recv(s, buf, false)
+		return n == 0 && err == nil
+	})
+	b.Close(s)
+	waitFor(t, "both closed", 5*time.Second, poll, func() bool {
+		return a.Counters().TCPEstablished == 1 && b.Counters().TCPEstablished == 1
+	})
+}

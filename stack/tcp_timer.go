@@ -1,0 +1,212 @@
+package stack
+
+import (
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+
+	"github.com/xdp-onload/onload/timers"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// rtoNow is the current retransmission timeout with backoff applied, in µs.
+func (s *Stack) rtoNow(sk *sock) uint32 {
+	rto := uint64(sk.rto)
+	if rto == 0 {
+		rto = uint64(initialRTO / time.Microsecond)
+	}
+	rto <<= min(sk.backoff, 12)
+	return uint32(min(rto, uint64(maxRTO/time.Microsecond)))
+}
+
+// armRTOLocked starts the retransmission timer (RFC 6298 5.1), or restarts
+// it when restart is set (5.3).
+func (s *Stack) armRTOLocked(sk *sock, restart bool) {
+	id := s.sockTimer(sk, timerRTO)
+	if _, armed := s.img.wheel.Deadline(id); armed && !restart && sk.tflags&tfWindowProbe == 0 {
+		return
+	}
+	sk.tflags &^= tfWindowProbe
+	s.img.wheel.Set(id, s.tickAt(Now())+s.ticks(time.Duration(s.rtoNow(sk))*time.Microsecond))
+}
+
+// armPersistLocked starts the persist timer: the peer's window is zero and
+// nothing is in flight, so probe it (RFC 9293 3.8.6.1).
+func (s *Stack) armPersistLocked(sk *sock) {
+	id := s.sockTimer(sk, timerRTO)
+	if _, armed := s.img.wheel.Deadline(id); armed {
+		return
+	}
+	sk.tflags |= tfWindowProbe
+	s.img.wheel.Set(id, s.tickAt(Now())+s.ticks(time.Duration(s.rtoNow(sk))*time.Microsecond))
+}
+
+// rttSampleLocked folds a round-trip measurement (µs) into the estimators
+// (RFC 6298 2.2, 2.3) and recomputes the timeout.
+func (s *Stack) rttSampleLocked(sk *sock, r uint32) {
+	if r == 0 {
+		r = 1
+	}
+	if sk.srtt == 0 {
+		sk.srtt, sk.rttvar = r, r/2
+	} else {
+		delta := sk.srtt - r
+		if r > sk.srtt {
+			delta = r - sk.srtt
+		}
+		sk.rttvar = (3*sk.rttvar + delta) / 4
+		sk.srtt = (7*sk.srtt + r) / 8
+	}
+	g := uint32(s.tickNs / 1000)
+	rto := sk.srtt + max(g, 4*sk.rttvar)
+	rto = max(rto, s.img.hdr.minRTO)
+	sk.rto = min(rto, uint32(maxRTO/time.Microsecond))
+}
+
+// tcpTimerLocked dispatches a socket's expired timer.
+func (s *Stack) tcpTimerLocked(sk *sock, n int) {
+	switch n {
+	case timerRTO:
+		s.rtoExpiredLocked(sk)
+	case timerDelAck:
+		if sk.tflags&tfDelAck != 0 {
+			s.sendAckLocked(sk)
+		}
+	case timerTW:
+		s.twExpiredLocked(sk)
+	}
+	if sk.kind == kindTCP {
+		s.tcpOutputLocked(sk)
+	}
+}
+
+// rtoExpiredLocked handles the retransmission timer (RFC 6298 5.4-5.7):
+// resend, back off, and give up after too many tries.
+func (s *Stack) rtoExpiredLocked(sk *sock) {
+	c := &s.img.hdr.counters
+	if sk.tflags&tfWindowProbe != 0 {
+		sk.tflags &^= tfWindowProbe
+		if sk.sndWnd == 0 && sk.sndUnsent != vnic.Null {
+			// A probe: an old sequence number draws an ACK that carries the
+			// current window.
+			s.controlLocked(sk, flagACK, sk.sndUna.Add(^seqnum.Size(0)))
+			sk.backoff++
+			s.armPersistLocked(sk)
+		}
+		return
+	}
+	switch sk.state {
+	case tcpSynSent, tcpSynReceived:
+		sk.retries++
+		if sk.retries > synRetries {
+			c.TCPTimeouts++
+			s.tcpFailLocked(sk, errTimedOut)
+			return
+		}
+		sk.backoff++
+		flags := uint8(flagSYN)
+		if sk.state == tcpSynReceived {
+			flags |= flagACK
+		}
+		s.controlLocked(sk, flags, sk.iss)
+		c.TCPRetransmits++
+		s.armRTOLocked(sk, true)
+		return
+	case tcpClosed, tcpListen, tcpTimeWait:
+		return
+	}
+	if sk.sndUna == sk.sndMax {
+		return // everything was acknowledged meanwhile
+	}
+	sk.retries++
+	if sk.retries > dataRetries {
+		c.TCPTimeouts++
+		s.tcpFailLocked(sk, errTimedOut)
+		return
+	}
+	c.TCPRTOs++
+	flight := uint32(sk.sndUna.Size(sk.sndMax))
+	sk.ssthresh = max(flight/2, 2*uint32(sk.mss))
+	sk.cwnd = uint32(sk.mss)
+	sk.backoff++
+	sk.dupAck = 0
+	sk.tflags &^= tfRetransmitting
+	// Go back to the first unacknowledged byte.
+	sk.sndNxt = sk.sndUna
+	sk.sndUnsent = sk.sndHead
+	if sk.sndHead == vnic.Null && sk.tflags&tfFinSent != 0 {
+		s.resendFinLocked(sk)
+		c.TCPRetransmits++
+		sk.sndNxt = sk.sndMax
+	} else if sk.tflags&tfFinSent != 0 {
+		sk.tflags &^= tfFinSent // sent again after the data
+	}
+	s.armRTOLocked(sk, true)
+}
+
+// twExpiredLocked ends TIME-WAIT and an orphan's FIN-WAIT-2, and drives
+// keepalive.
+func (s *Stack) twExpiredLocked(sk *sock) {
+	switch sk.state {
+	case tcpTimeWait, tcpFinWait2:
+		s.tcpCloseFinalLocked(sk)
+	case tcpEstablished, tcpCloseWait:
+		s.keepaliveLocked(sk)
+	}
+}
+
+// keepaliveLocked probes an idle connection (RFC 1122 4.2.3.6) and gives
+// up after keepCnt unanswered probes.
+func (s *Stack) keepaliveLocked(sk *sock) {
+	if sk.tflags&tfKeepAlive == 0 {
+		return
+	}
+	now := s.tickAt(Now())
+	idle := time.Duration(uint32(now)-sk.lastRcv) * time.Duration(s.tickNs)
+	if idle < time.Duration(sk.keepIdle)*time.Second {
+		sk.keepProbes = 0
+		s.img.wheel.Set(s.sockTimer(sk, timerTW), now+s.ticks(time.Duration(sk.keepIdle)*time.Second-idle))
+		return
+	}
+	if uint32(sk.keepProbes) >= sk.keepCnt {
+		s.img.hdr.counters.TCPTimeouts++
+		s.tcpFailLocked(sk, errTimedOut)
+		return
+	}
+	sk.keepProbes++
+	s.controlLocked(sk, flagACK, sk.sndUna.Add(^seqnum.Size(0)))
+	s.img.wheel.Set(s.sockTimer(sk, timerTW), now+s.ticks(time.Duration(sk.keepIntvl)*time.Second))
+}
+
+// armKeepaliveLocked starts the keepalive clock of a connection.
+func (s *Stack) armKeepaliveLocked(sk *sock) {
+	if sk.tflags&tfKeepAlive != 0 && (sk.state == tcpEstablished || sk.state == tcpCloseWait) {
+		s.img.wheel.Set(s.sockTimer(sk, timerTW), s.tickAt(Now())+s.ticks(time.Duration(sk.keepIdle)*time.Second))
+	}
+}
+
+// enterTimeWaitLocked moves to TIME-WAIT and starts the 2MSL clock.
+func (s *Stack) enterTimeWaitLocked(sk *sock) {
+	sk.state = tcpTimeWait
+	w := s.img.wheel
+	w.Cancel(s.sockTimer(sk, timerRTO))
+	w.Set(s.sockTimer(sk, timerTW), s.tickAt(Now())+s.ticks(time.Duration(s.img.hdr.timeWait)))
+	// Nothing more will be sent or read: give the frames back now.
+	s.freeQueuesLocked(sk, false)
+}
+
+// cancelTimersLocked stops every timer of a socket.
+func (s *Stack) cancelTimersLocked(sk *sock) {
+	for i := range timersPerSock {
+		s.img.wheel.Cancel(s.sockTimer(sk, i))
+	}
+}
+
+// socketTimer maps a wheel timer ID to its socket, if it is a socket's.
+func (s *Stack) socketTimer(id timers.ID) (*sock, int, bool) {
+	slot := uint32(id) / timersPerSock
+	if slot >= uint32(len(s.img.socks)) {
+		return nil, 0, false
+	}
+	return &s.img.socks[slot], int(uint32(id) % timersPerSock), true
+}
