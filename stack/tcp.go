@@ -57,7 +57,7 @@ const (
 	tfPassive                    // made by a listener (SYN-RECEIVED child)
 	tfAccepted                   // handed to the user by Accept
 	tfWindowProbe                // the send timer is the persist timer
-	tfInAcceptQ // a passive child in its listener\'s accept queue
+	tfInAcceptQ                  // a passive child in its listener\'s accept queue
 )
 
 // tcb is the TCP part of a socket slot, with RFC 9293's names.
