@@ -3,6 +3,8 @@ package stack
 import (
 	"encoding/binary"
 
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 
 	"github.com/xdp-onload/onload/vnic"
@@ -120,11 +122,14 @@ func (s *Stack) queueTxLocked(h vnic.Handle) {
 func (s *Stack) flushLocked() {
 	c := &s.img.hdr.counters
 	if len(s.txKeep) > 0 {
-		// Lent frames stay on their send queues: one the ring refuses is
-		// simply sent again later.
+		// Lent frames stay on their send queues: those the ring refuses
+		// become unsent again, to go with the next output.
 		n, _ := s.nic.TransmitKeep(s.txKeep)
 		c.TxFrames += uint64(n)
-		c.TxRingFull += uint64(len(s.txKeep) - n)
+		for _, h := range s.txKeep[n:] {
+			c.TxRingFull++
+			s.unsendLocked(h)
+		}
 		s.txKeep = s.txKeep[:0]
 	}
 	if len(s.tx) == 0 {
@@ -137,4 +142,23 @@ func (s *Stack) flushLocked() {
 		s.pool.Free(h)
 	}
 	s.tx = s.tx[:0]
+}
+
+// unsendLocked hands a send-queue frame the NIC refused back to its
+// socket: sending resumes from it.
+func (s *Stack) unsendLocked(h vnic.Handle) {
+	slot := s.pool.Aux(h, auxFlags) >> afSlotShift
+	if slot >= uint32(len(s.img.socks)) {
+		return
+	}
+	sk := &s.img.socks[slot]
+	seq := seqnum.Value(s.pool.Aux(h, auxSeq))
+	if sk.kind != kindTCP || seq.LessThan(sk.sndUna) || !seq.LessThan(sk.sndNxt) {
+		return
+	}
+	sk.sndNxt = seq
+	sk.sndUnsent = h
+	if f := s.pool.Aux(h, auxFlags); f&afRetransmitted == 0 {
+		s.pool.SetAux(h, auxFlags, f&^afSent) // never left: not a retransmission when it goes
+	}
 }

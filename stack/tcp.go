@@ -154,9 +154,12 @@ const (
 	auxCsum  = 4 // payload checksum | afCsumValid
 )
 
+// auxFlags holds flags in its low byte and, above, the socket's slot: a
+// frame the NIC refuses can be handed back to its socket as unsent.
 const (
 	afRetransmitted = 1 << 0
 	afSent          = 1 << 1
+	afSlotShift     = 8
 	afCsumValid     = 1 << 16
 )
 

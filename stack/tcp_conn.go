@@ -271,15 +271,20 @@ func (s *Stack) tcpFailLocked(sk *sock, errno uint32) {
 	if sk.tflags&tfOrphan == 0 {
 		sk.err = errno
 	}
+	s.freeQueuesLocked(sk, false) // the error is what the user reads now
 	s.tcpCloseFinalLocked(sk)
 }
 
 // tcpCloseFinalLocked ends a connection: timers stop, frames go back,
 // the tuple leaves the table. An orphan's slot is freed; a socket the user
-// still holds stays, CLOSED, until the user closes it.
+// still holds stays, CLOSED, until the user closes it, and what it has not
+// read stays readable.
 func (s *Stack) tcpCloseFinalLocked(sk *sock) {
 	s.cancelTimersLocked(sk)
-	s.freeQueuesLocked(sk, false)
+	s.freeSendLocked(sk)
+	if sk.tflags&tfOrphan != 0 {
+		s.freeQueuesLocked(sk, false)
+	}
 	if sk.tflags&tfPassive != 0 && sk.tflags&tfAccepted == 0 {
 		if l := s.parentLocked(sk); l != nil {
 			if sk.tflags&tfInAcceptQ != 0 {

@@ -212,3 +212,127 @@ func TestTCPServerForNetstack(t *testing.T) {
 		t.Fatalf("netstack: %d bytes, %v", len(r.reply), r.err)
 	}
 }
+
+// bulk moves n bytes each way between our stack and netstack at once, over
+// a wire impaired by imp, and checks every byte.
+func bulk(t *testing.T, n int, imp vnic.Impairment, seed uint64, timeout time.Duration) (*stack.Stack, stack.Counters) {
+	t.Helper()
+	s, peer := withNetstack(t, vnic.MemConfig{Seed: seed, AtoB: imp, BtoA: imp, FrameCount: 8192},
+		stack.Config{MinRTO: 5 * time.Millisecond, RecvBuffer: 1 << 20, SendBuffer: 1 << 20})
+	l, err := peer.ListenTCP(7000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	fromPeer := randomBytes(n, seed+1)
+	toPeer := randomBytes(n, seed+2)
+	peerGot := make(chan []byte, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			peerGot <- nil
+			return
+		}
+		wrote := make(chan struct{})
+		go func() {
+			defer close(wrote)
+			c.Write(fromPeer)
+			c.(interface{ CloseWrite() error }).CloseWrite()
+		}()
+		b, _ := io.ReadAll(c)
+		<-wrote // closing before the writer is done would cut its data short
+		c.Close()
+		peerGot <- b
+	}()
+	id, _ := s.Open(stack.TCP)
+	s.Connect(id, netip.AddrPortFrom(addrB.Addr(), 7000))
+	waitFor(t, "connected", 10*time.Second, func() { s.Poll() }, func() bool { return s.Events(id)&stack.Writable != 0 })
+
+	got := make([]byte, 0, n)
+	buf := make([]byte, 256<<10)
+	sent, eof, closed := 0, false, false
+	deadline := time.Now().Add(timeout)
+	for !eof || !closed {
+		if time.Now().After(deadline) {
+			t.Fatalf("bulk: sent %d, received %d of %d in %v (%s)", sent, len(got), n, timeout, ptr(s.Counters()))
+		}
+		if sent < n {
+			k, err := s.Send(id, toPeer[sent:min(n, sent+256<<10)])
+			if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
+				t.Fatal(err)
+			}
+			sent += k
+		} else if !closed {
+			if err := s.Shutdown(id, syscall.SHUT_WR); err != nil {
+				t.Fatal(err)
+			}
+			closed = true
+		}
+		s.Poll()
+		k, err := s.Recv(id, buf, false)
+		switch {
+		case err == nil && k == 0:
+			eof = true
+		case err != nil && !errors.Is(err, stack.ErrWouldBlock):
+			t.Fatal(err)
+		}
+		got = append(got, buf[:k]...)
+	}
+	if !bytes.Equal(got, fromPeer) {
+		first := 0
+		for first < len(got) && got[first] == fromPeer[first] {
+			first++
+		}
+		t.Fatalf("netstack -> ours: %d bytes, want %d; first difference at %d (%s)\n%s", len(got), n, first, ptr(s.Counters()), s.DumpSocket(id))
+	}
+	var pg []byte
+	waitFor(t, "netstack read everything", timeout, func() { s.Poll() }, func() bool {
+		select {
+		case pg = <-peerGot:
+			return true
+		default:
+			return false
+		}
+	})
+	if !bytes.Equal(pg, toPeer) {
+		t.Fatalf("ours -> netstack: %d bytes, want %d; equal %v", len(pg), n, bytes.Equal(pg, toPeer))
+	}
+	s.Close(id)
+	return s, s.Counters()
+}
+
+func TestTCPBulkWithNetstack(t *testing.T) {
+	n := 64 << 20
+	if testing.Short() {
+		n = 8 << 20
+	}
+	start := time.Now()
+	_, c := bulk(t, n, vnic.Impairment{}, 10, 120*time.Second)
+	t.Logf("%d MiB each way in %v (%s)", n>>20, time.Since(start), &c)
+}
+
+func TestTCPBulkWithLoss(t *testing.T) {
+	n := 64 << 20
+	if testing.Short() {
+		n = 4 << 20
+	}
+	start := time.Now()
+	_, c := bulk(t, n, vnic.Impairment{Loss: 0.02}, 11, 300*time.Second)
+	t.Logf("%d MiB each way with 2%% loss in %v (%s)", n>>20, time.Since(start), &c)
+	if c.TCPRetransmits == 0 {
+		t.Error("no retransmissions with 2% loss")
+	}
+}
+
+func TestTCPBulkWithReordering(t *testing.T) {
+	n := 64 << 20
+	if testing.Short() {
+		n = 4 << 20
+	}
+	start := time.Now()
+	_, c := bulk(t, n, vnic.Impairment{Reorder: 0.05, ReorderDelay: 200 * time.Microsecond, Duplicate: 0.01}, 12, 300*time.Second)
+	t.Logf("%d MiB each way with 5%% reordering and 1%% duplication in %v (%s)", n>>20, time.Since(start), &c)
+	if c.RxTCPOutOfOrder == 0 {
+		t.Error("nothing arrived out of order")
+	}
+}

@@ -234,7 +234,8 @@ func (s *Stack) transmitSegLocked(sk *sock, h vnic.Handle, seq seqnum.Value, n i
 		f |= afRetransmitted
 		s.img.hdr.counters.TCPRetransmits++
 	}
-	p.SetAux(h, auxFlags, f|afSent)
+	f = f&(1<<afSlotShift-1) | afSent | s.slotOf(sk)<<afSlotShift
+	p.SetAux(h, auxFlags, f)
 	p.SetAux(h, auxTime, micros())
 }
 

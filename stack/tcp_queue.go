@@ -140,9 +140,14 @@ func (s *Stack) freeQueuesLocked(sk *sock, keepSend bool) {
 		h = next
 	}
 	sk.oooHead, sk.oooBytes, sk.oooFrames = vnic.Null, 0, 0
-	if keepSend {
-		return
+	if !keepSend {
+		s.freeSendLocked(sk)
 	}
+}
+
+// freeSendLocked gives back the send queue's frames.
+func (s *Stack) freeSendLocked(sk *sock) {
+	p := s.pool
 	for h := sk.sndHead; h != vnic.Null; {
 		next := p.Next(h)
 		p.Free(h)

@@ -191,8 +191,12 @@ func (s *Stack) enterTimeWaitLocked(sk *sock) {
 	w := s.img.wheel
 	w.Cancel(s.sockTimer(sk, timerRTO))
 	w.Set(s.sockTimer(sk, timerTW), s.tickAt(Now())+s.ticks(time.Duration(s.img.hdr.timeWait)))
-	// Nothing more will be sent or read: give the frames back now.
-	s.freeQueuesLocked(sk, false)
+	// Nothing more will be sent: give those frames back now. What the
+	// user has not read yet stays readable.
+	s.freeSendLocked(sk)
+	if sk.tflags&tfOrphan != 0 {
+		s.freeQueuesLocked(sk, false)
+	}
 }
 
 // cancelTimersLocked stops every timer of a socket.
