@@ -10,6 +10,7 @@ func (s *Stack) Poll() int {
 	if !s.img.hdr.lock.LockOrDefer(DeferPoll) {
 		return 0
 	}
+	raceAcquire(&s.raceHB)
 	n := s.pollLocked()
 	s.unlock()
 	return n

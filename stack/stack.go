@@ -62,6 +62,8 @@ type Stack struct {
 	tickNs   int64
 	mtu      int
 
+	raceHB uint32 // see race_on.go
+
 	// Scratch, used with the lock held.
 	rx      []vnic.Handle
 	tx      []vnic.Handle // frames to give to the NIC
@@ -132,16 +134,23 @@ func (s *Stack) Counters() Counters {
 	return s.img.hdr.counters
 }
 
-func (s *Stack) lock() { s.img.hdr.lock.Lock() }
+func (s *Stack) lock() {
+	s.img.hdr.lock.Lock()
+	raceAcquire(&s.raceHB)
+}
 
 // unlock does the work others deferred to us, then lets the lock go.
-func (s *Stack) unlock() { s.img.hdr.lock.Unlock(s.deferredLocked) }
+func (s *Stack) unlock() {
+	raceRelease(&s.raceHB)
+	s.img.hdr.lock.Unlock(s.deferredLocked)
+}
 
 func (s *Stack) deferredLocked(d Deferred) {
 	if d&DeferPoll != 0 {
 		s.pollLocked()
 	}
 	s.flushLocked()
+	raceRelease(&s.raceHB)
 }
 
 // Destroy closes every socket, freeing its frames, and unmaps the image.

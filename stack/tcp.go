@@ -60,6 +60,12 @@ const (
 	tfInAcceptQ                  // a passive child in its listener\'s accept queue
 )
 
+// userClosed reports whether the user closed the socket (an unaccepted
+// passive child is an orphan too, but one waiting for its user).
+func (sk *sock) userClosed() bool {
+	return sk.tflags&tfOrphan != 0 && (sk.tflags&tfAccepted != 0 || sk.tflags&tfPassive == 0)
+}
+
 // tcb is the TCP part of a socket slot, with RFC 9293's names.
 type tcb struct {
 	state  uint8

@@ -118,6 +118,7 @@ func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segmen
 	child.state = tcpSynReceived
 	child.irs = g.seq
 	child.rcvNxt = g.seq.Add(1)
+	child.rcvAdv = child.rcvNxt
 	child.rcvWS = rcvWSFor(child.rcvBuf)
 	s.negotiateLocked(child, &g.opts)
 	child.iss = s.isnLocked(child)

@@ -275,7 +275,7 @@ func (s *Stack) segmentLocked(sk *sock, h vnic.Handle, g *segment) {
 	if g.n > 0 {
 		switch sk.state {
 		case tcpEstablished, tcpFinWait1, tcpFinWait2:
-			if sk.tflags&tfOrphan != 0 {
+			if sk.userClosed() {
 				// Data for a socket the user closed: nobody will read it
 				// (RFC 2525 2.17).
 				s.controlLocked(sk, flagRST, sk.sndNxt)
@@ -486,9 +486,15 @@ func (s *Stack) dataLocked(sk *sock, h vnic.Handle, g *segment) bool {
 		g.flags &^= flagFIN
 	}
 	if sk.rcvBytes+sk.oooBytes+uint32(n) > sk.rcvBuf+sk.rcvBuf/4 {
-		c.RxTCPBufferFull++
-		sk.tflags |= tfAckNow
-		return false
+		// Out-of-order data is speculative: give it up before refusing
+		// the segment everyone waits for (as Linux prunes its queue).
+		if seq == sk.rcvNxt && sk.rcvBytes+uint32(n) <= sk.rcvBuf+sk.rcvBuf/4 {
+			s.pruneOOOLocked(sk)
+		} else {
+			c.RxTCPBufferFull++
+			sk.tflags |= tfAckNow
+			return false
+		}
 	}
 	if seq != sk.rcvNxt {
 		c.RxTCPOutOfOrder++

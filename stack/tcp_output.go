@@ -248,7 +248,7 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 	switch sk.state {
 	case tcpEstablished, tcpCloseWait, tcpFinWait1, tcpClosing, tcpLastAck:
 	default:
-		if sk.tflags&tfAckNow != 0 && synchronized(sk.state) {
+		if sk.tflags&tfAckNow != 0 && sk.state >= tcpSynReceived {
 			s.sendAckLocked(sk)
 		}
 		return

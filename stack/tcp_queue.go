@@ -134,12 +134,7 @@ func (s *Stack) freeQueuesLocked(sk *sock, keepSend bool) {
 	for h := s.dequeueRcvLocked(sk); h != vnic.Null; h = s.dequeueRcvLocked(sk) {
 		p.Free(h)
 	}
-	for h := sk.oooHead; h != vnic.Null; {
-		next := p.Next(h)
-		p.Free(h)
-		h = next
-	}
-	sk.oooHead, sk.oooBytes, sk.oooFrames = vnic.Null, 0, 0
+	s.pruneOOOLocked(sk)
 	if !keepSend {
 		s.freeSendLocked(sk)
 	}
@@ -154,4 +149,16 @@ func (s *Stack) freeSendLocked(sk *sock) {
 		h = next
 	}
 	sk.sndHead, sk.sndTail, sk.sndUnsent, sk.sndBytes = vnic.Null, vnic.Null, vnic.Null, 0
+}
+
+// pruneOOOLocked drops the out-of-order queue (the sender will send it
+// again: SACK no longer covers it).
+func (s *Stack) pruneOOOLocked(sk *sock) {
+	p := s.pool
+	for h := sk.oooHead; h != vnic.Null; {
+		next := p.Next(h)
+		p.Free(h)
+		h = next
+	}
+	sk.oooHead, sk.oooBytes, sk.oooFrames = vnic.Null, 0, 0
 }

@@ -32,18 +32,24 @@ func pollBoth(a, b *stack.Stack) func() {
 	}
 }
 
-// connectPair makes a listener on b port 80, connects a to it and accepts.
+// connectPair connects a to a listener on b (made on port 80 the first
+// time) and accepts.
 func connectPair(t *testing.T, a, b *stack.Stack, poll func()) (client, server stack.SockID) {
 	t.Helper()
-	l, err := b.Open(stack.TCP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Bind(l, netip.AddrPortFrom(netip.Addr{}, 80)); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Listen(l, 0); err != nil {
-		t.Fatal(err)
+	l, ok := listeners[b]
+	if !ok {
+		var err error
+		if l, err = b.Open(stack.TCP); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Bind(l, netip.AddrPortFrom(netip.Addr{}, 80)); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Listen(l, 0); err != nil {
+			t.Fatal(err)
+		}
+		listeners[b] = l
+		t.Cleanup(func() { delete(listeners, b) })
 	}
 	c, err := a.Open(stack.TCP)
 	if err != nil {
@@ -55,11 +61,15 @@ func connectPair(t *testing.T, a, b *stack.Stack, poll func()) (client, server s
 	waitFor(t, "connection", 5*time.Second, poll, func() bool { return a.Events(c)&stack.Writable != 0 })
 	var srv stack.SockID
 	waitFor(t, "accept", 5*time.Second, poll, func() bool {
+		var err error
 		srv, err = b.Accept(l)
 		return err == nil
 	})
 	return c, srv
 }
+
+// listeners are the listening sockets connectPair made, by stack.
+var listeners = map[*stack.Stack]stack.SockID{}
 
 // transfer sends data from (ss, sid) to (ds, did) while reading at the
 // other end, and returns what arrived.

@@ -1,0 +1,260 @@
+package stack_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xdp-onload/onload/stack"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// eof reports whether a receive sees the end of the stream.
+func eof(s *stack.Stack, id stack.SockID) bool {
+	n, err := s.Recv(id, make([]byte, 16), false)
+	return n == 0 && err == nil
+}
+
+// gone reports whether a socket ID no longer names a socket.
+func gone(s *stack.Stack, id stack.SockID) bool {
+	_, err := s.LocalAddr(id)
+	return errors.Is(err, syscall.EBADF)
+}
+
+func TestTCPCloseFromServer(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	ourSendBoth := func(st *stack.Stack, id stack.SockID, msg string) {
+		if _, err := st.Send(id, []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ourSendBoth(b, s, "last words")
+	b.Close(s)
+	var got []byte
+	waitFor(t, "data then end of stream", 5*time.Second, poll, func() bool {
+		buf := make([]byte, 100)
+		n, err := a.Recv(c, buf, false)
+		got = append(got, buf[:n]...)
+		return n == 0 && err == nil
+	})
+	if string(got) != "last words" {
+		t.Errorf("client read %q before the end of the stream", got)
+	}
+	// Half-closed: the client can still send; the server closed, so its
+	// stack answers data with a reset.
+	if _, err := a.Send(c, []byte("too late")); err != nil {
+		t.Fatalf("send on a half-closed connection: %v", err)
+	}
+	waitFor(t, "reset for data after close", 5*time.Second, poll, func() bool { return a.Events(c)&stack.Error != 0 })
+	if _, err := a.Send(c, []byte("x")); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("send after the reset: %v, want ECONNRESET", err)
+	}
+	a.Close(c)
+}
+
+func TestTCPSimultaneousClose(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	// Both sides shut down writing before either sees the other's FIN.
+	if err := a.Shutdown(c, syscall.SHUT_WR); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Shutdown(s, syscall.SHUT_WR); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "both ends see the end of the stream", 5*time.Second, poll, func() bool { return eof(a, c) && eof(b, s) })
+	// Each FIN crossed the other: CLOSING on both sides, then TIME-WAIT
+	// when the ACKs of the FINs arrive (RFC 9293 figure 13).
+	waitFor(t, "TIME-WAIT on both sides", 5*time.Second, poll, func() bool {
+		return contains(a.DumpSocket(c), "TIME-WAIT") && contains(b.DumpSocket(s), "TIME-WAIT")
+	})
+	for _, side := range []struct {
+		st *stack.Stack
+		id stack.SockID
+	}{{a, c}, {b, s}} {
+		if _, err := side.st.Send(side.id, []byte("x")); !errors.Is(err, syscall.EPIPE) {
+			t.Errorf("send after shutdown: %v, want EPIPE", err)
+		}
+	}
+	a.Close(c)
+	b.Close(s)
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
+
+func TestTCPTimeWaitEnds(t *testing.T) {
+	ma, mb, err := vnic.NewMemPair(vnic.MemConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := func(m *vnic.Mem, p netip.Prefix) stack.Config {
+		return stack.Config{Addr: p, MAC: m.Info().MAC, TimeWait: 50 * time.Millisecond}
+	}
+	a, _ := stack.New(ma, cfg(ma, addrA), stack.Options{Neighbours: map[netip.Addr]net.HardwareAddr{addrB.Addr(): mb.Info().MAC}})
+	b, _ := stack.New(mb, cfg(mb, addrB), stack.Options{Neighbours: map[netip.Addr]net.HardwareAddr{addrA.Addr(): ma.Info().MAC}})
+	defer a.Destroy()
+	defer b.Destroy()
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	a.Close(c) // active close: a ends in TIME-WAIT
+	waitFor(t, "end of stream", 5*time.Second, poll, func() bool { return eof(b, s) })
+	b.Close(s)
+	waitFor(t, "TIME-WAIT over", 5*time.Second, poll, func() bool {
+		// The client's port is free again once TIME-WAIT ends.
+		return contains(a.DumpSocket(c), "kind 0")
+	})
+}
+
+func TestTCPConnectionRefused(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, _ := a.Open(stack.TCP)
+	a.Connect(c, netip.AddrPortFrom(addrB.Addr(), 4444)) // nobody listens
+	waitFor(t, "refusal", 5*time.Second, poll, func() bool { return a.Events(c)&stack.Error != 0 })
+	if err := a.SockError(c); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("SockError = %v, want ECONNREFUSED", err)
+	}
+	if err := a.SockError(c); err != nil {
+		t.Errorf("SockError a second time = %v, want nil", err)
+	}
+	if b.Counters().RxTCPNoSocket != 1 || b.Counters().TxTCPResets != 1 {
+		t.Errorf("b's counters: %s", ptr(b.Counters()))
+	}
+}
+
+func TestTCPConnectTimesOut(t *testing.T) {
+	s, _, _ := memPair(t, vnic.MemConfig{AtoB: vnic.Impairment{Loss: 1}})
+	c, _ := s.Open(stack.TCP)
+	s.Connect(c, netip.AddrPortFrom(addrB.Addr(), 80))
+	// Six SYN retries from 1s doubling: 127s. Too long for a test: check
+	// that the retries go out with backoff instead.
+	time.Sleep(1100 * time.Millisecond)
+	s.Poll()
+	if got := s.Counters().TCPRetransmits; got != 1 {
+		t.Errorf("after 1.1s: %d SYN retransmissions, want 1", got)
+	}
+	time.Sleep(1000 * time.Millisecond)
+	s.Poll()
+	if got := s.Counters().TCPRetransmits; got != 1 {
+		t.Errorf("after 2.1s: %d SYN retransmissions, want still 1 (the second waits 2s)", got)
+	}
+}
+
+func TestTCPAbortiveClose(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	if err := a.SetOption(c, stack.Linger, 0); err != nil {
+		t.Fatal(err)
+	}
+	a.Send(c, []byte("unsent data is discarded"))
+	a.Close(c)
+	waitFor(t, "reset", 5*time.Second, poll, func() bool { return b.Events(s)&stack.Error != 0 })
+	if _, err := b.Recv(s, make([]byte, 100), false); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("recv after the peer's abortive close: %v, want ECONNRESET", err)
+	}
+	// Closing with unread data resets too (RFC 2525).
+	c2, s2 := connectPair(t, a, b, poll)
+	a.Send(c2, []byte("never read"))
+	waitFor(t, "data in", 5*time.Second, poll, func() bool { return b.Events(s2)&stack.Readable != 0 })
+	b.Close(s2)
+	waitFor(t, "reset", 5*time.Second, poll, func() bool { return a.Events(c2)&stack.Error != 0 })
+}
+
+// TestTCPSimultaneousOpen connects two sockets to each other at once (RFC
+// 9293 figure 8).
+func TestTCPSimultaneousOpen(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	ca, _ := a.Open(stack.TCP)
+	cb, _ := b.Open(stack.TCP)
+	a.Bind(ca, netip.MustParseAddrPort("0.0.0.0:5001"))
+	b.Bind(cb, netip.MustParseAddrPort("0.0.0.0:5002"))
+	// Both SYNs leave before either side polls.
+	a.Connect(ca, netip.AddrPortFrom(addrB.Addr(), 5002))
+	b.Connect(cb, netip.AddrPortFrom(addrA.Addr(), 5001))
+	waitFor(t, "both connected", 5*time.Second, poll, func() bool {
+		return a.Events(ca)&stack.Writable != 0 && b.Events(cb)&stack.Writable != 0
+	})
+	a.Send(ca, []byte("ping"))
+	buf := make([]byte, 10)
+	waitFor(t, "data", 5*time.Second, poll, func() bool {
+		n, _ := b.Recv(cb, buf, false)
+		return n == 4
+	})
+}
+
+// TestTCPManyConnections opens 1,000 connections at once to netstack and
+// moves data on each.
+func TestTCPManyConnections(t *testing.T) {
+	const n = 1000
+	s, peer := withNetstack(t, vnic.MemConfig{FrameCount: 16384, WireSlots: 16384}, stack.Config{Sockets: 2048, RecvBuffer: 16 << 10, SendBuffer: 16 << 10})
+	l, err := peer.ListenTCP(6000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	ids := make([]stack.SockID, n)
+	for i := range ids {
+		ids[i], _ = s.Open(stack.TCP)
+		if err := s.Connect(ids[i], netip.AddrPortFrom(addrB.Addr(), 6000)); !errors.Is(err, syscall.EINPROGRESS) {
+			t.Fatalf("connect %d: %v", i, err)
+		}
+	}
+	waitFor(t, "1000 connections", 60*time.Second, func() { s.Poll() }, func() bool {
+		for _, id := range ids {
+			if s.Events(id)&stack.Writable == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for i, id := range ids {
+		if _, err := s.Send(id, []byte(fmt.Sprintf("connection %04d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, 64)
+	for i, id := range ids {
+		want := fmt.Sprintf("connection %04d", i)
+		var got []byte
+		waitFor(t, "echo "+want, 30*time.Second, func() { s.Poll() }, func() bool {
+			k, _ := s.Recv(id, buf, false)
+			got = append(got, buf[:k]...)
+			return len(got) >= len(want)
+		})
+		if string(got) != want {
+			t.Fatalf("connection %d echoed %q", i, got)
+		}
+	}
+	for _, id := range ids {
+		s.Close(id)
+	}
+}
