@@ -27,6 +27,7 @@ test: deps
 	$(GO) vet ./...
 	$(GO) test -race -short -count=1 -timeout 20m ./...
 	$(GO) test -count=1 -timeout 20m -run 'Bulk|StackTCP|Many' ./stack ./test
+	$(GO) test -run '^$$' -fuzz FuzzInput -fuzztime 20s ./stack
 
 # Writes test/bench/results/bench.json and prints the table the README
 # quotes.

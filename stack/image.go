@@ -72,6 +72,8 @@ type header struct {
 	isnKey    [16]byte
 	ipID      uint32 // next IPv4 identification
 	neighWait uint32 // neighbour entries being resolved
+	_         uint32
+	poller    uint64 // the Stack (process) that last took the lock
 	counters  Counters
 }
 

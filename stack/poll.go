@@ -10,7 +10,7 @@ func (s *Stack) Poll() int {
 	if !s.img.hdr.lock.LockOrDefer(DeferPoll) {
 		return 0
 	}
-	raceAcquire(&s.raceHB)
+	s.lockedLocked()
 	n := s.pollLocked()
 	s.unlock()
 	return n

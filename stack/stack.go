@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"sync/atomic"
 
 	"github.com/xdp-onload/onload/timers"
 	"github.com/xdp-onload/onload/vnic"
@@ -63,6 +65,7 @@ type Stack struct {
 	mtu      int
 
 	raceHB uint32 // see race_on.go
+	id     uint64 // this handle's identity, to notice another took the lock
 
 	// Scratch, used with the lock held.
 	rx      []vnic.Handle
@@ -112,8 +115,11 @@ func Attach(img *Image, nic vnic.NIC, opt Options) *Stack {
 	return newStack(img, nic, opt)
 }
 
+var stackIDs atomic.Uint64
+
 func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 	return &Stack{
+		id:  uint64(os.Getpid())<<32 | stackIDs.Add(1),
 		img: img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver,
 		tickNs: int64(img.hdr.tickNs), mtu: int(img.hdr.mtu),
 		rx: make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
@@ -136,7 +142,18 @@ func (s *Stack) Counters() Counters {
 
 func (s *Stack) lock() {
 	s.img.hdr.lock.Lock()
+	s.lockedLocked()
+}
+
+// lockedLocked runs whenever this handle has just taken the lock: if
+// another process drove the stack since, the NIC's cached view of the
+// rings is stale.
+func (s *Stack) lockedLocked() {
 	raceAcquire(&s.raceHB)
+	if h := s.img.hdr; h.poller != s.id {
+		s.nic.Resync()
+		h.poller = s.id
+	}
 }
 
 // unlock does the work others deferred to us, then lets the lock go.

@@ -149,3 +149,38 @@ func TestTCPBetweenOurStacks(t *testing.T) {
 		return a.Counters().TCPEstablished == 1 && b.Counters().TCPEstablished == 1
 	})
 }
+
+// TestTCPZeroAllocs checks that the per-packet paths allocate nothing: a
+// send, its segment's arrival, delivery to the socket, the read and the
+// ACK's return.
+func TestTCPZeroAllocs(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	a.SetOption(c, stack.NoDelay, 1)
+	msg := make([]byte, 64)
+	bulk := make([]byte, 16<<10)
+	buf := make([]byte, 64<<10)
+	round := func(m []byte) {
+		a.Send(c, m)
+		for got, i := 0, 0; got < len(m); i++ {
+			if i == 100000 {
+				panic("data did not arrive")
+			}
+			b.Poll()
+			n, _ := b.Recv(s, buf, false)
+			got += n
+			a.Poll()
+		}
+	}
+	for range 100 { // warm up: windows open, RTT settles
+		round(msg)
+		round(bulk)
+	}
+	if n := testing.AllocsPerRun(1000, func() { round(msg) }); n != 0 {
+		t.Errorf("64-byte message: %v allocations", n)
+	}
+	if n := testing.AllocsPerRun(200, func() { round(bulk) }); n != 0 {
+		t.Errorf("16 KiB of segments: %v allocations", n)
+	}
+}

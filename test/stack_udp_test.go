@@ -18,7 +18,14 @@ import (
 // neighbours through the host kernel's table.
 func ourStack(t *testing.T, iface *Iface) *stack.Stack {
 	t.Helper()
-	st, err := Steer(iface, SteerConfig{})
+	_, s := ourStackNIC(t, iface, SteerConfig{})
+	return s
+}
+
+// ourStackNIC is ourStack, also returning the data path under it.
+func ourStackNIC(t *testing.T, iface *Iface, cfg SteerConfig) (*Steered, *stack.Stack) {
+	t.Helper()
+	st, err := Steer(iface, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +43,7 @@ func ourStack(t *testing.T, iface *Iface) *stack.Stack {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Destroy() })
-	return s
+	return st, s
 }
 
 // TestStackUDPWithKernel exchanges datagrams between our stack in host b

@@ -134,7 +134,10 @@ func NewMemPair(cfg MemConfig) (a, b *Mem, err error) {
 var errClosed = errors.New("vnic: closed")
 
 func (m *Mem) Pool() *Pool { return m.pool }
-func (m *Mem) Info() Info  { return m.info }
+
+// Resync does nothing: a Mem pair lives in one process.
+func (m *Mem) Resync()    {}
+func (m *Mem) Info() Info { return m.info }
 
 // Stats returns the end's counters, including the impairments the wire
 // applied to what this end sent.

@@ -38,6 +38,9 @@ type NIC interface {
 	// valid, and each frame is Busy until the NIC is done with it. A frame
 	// that is already busy is refused with ErrBusy.
 	TransmitKeep(hs []Handle) (n int, err error)
+	// Resync reloads whatever the NIC caches of shared state: another
+	// process drove it since this one last did (a takeover).
+	Resync()
 	// Info describes the NIC.
 	Info() Info
 	// Stats returns the NIC's counters.

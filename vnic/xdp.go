@@ -99,6 +99,60 @@ func OpenXDP(cfg XDPConfig) (*XDP, error) {
 	return x, nil
 }
 
+// AttachXDP drives an AF_XDP socket another process opened with OpenXDP:
+// umemFD and sockFD are that process's UMEM memfd and socket (received
+// over a unix socket, or by fork/exec), and cfg its configuration. The
+// frames, their owners and the rings are shared; each side resyncs its
+// cached view when it takes over (Resync).
+func AttachXDP(umemFD, sockFD int, cfg XDPConfig) (*XDP, error) {
+	if cfg.FrameSize == 0 {
+		cfg.FrameSize = 2048
+	}
+	if cfg.FrameCount == 0 {
+		cfg.FrameCount = 4096
+	}
+	if cfg.RingSize == 0 {
+		cfg.RingSize = 2048
+	}
+	if cfg.FillDepth == 0 {
+		cfg.FillDepth = 128
+	}
+	umem, err := xdp.OpenUmem(umemFD, xdp.UmemConfig{FrameSize: cfg.FrameSize, FrameCount: cfg.FrameCount, MetaSize: PoolMetaSize(cfg.FrameCount)})
+	if err != nil {
+		return nil, fmt.Errorf("attach xdp nic: %w", err)
+	}
+	pool, err := AttachPool(umem.Meta(), umem.Frames())
+	if err != nil {
+		umem.Close()
+		return nil, fmt.Errorf("attach xdp nic: %w", err)
+	}
+	sock, err := xdp.AttachSocket(umem, sockFD, xdp.Config{
+		Interface: cfg.Interface, Queue: cfg.Queue,
+		RxSize: cfg.RingSize, TxSize: cfg.RingSize, FillSize: cfg.RingSize, CompletionSize: cfg.RingSize,
+	})
+	if err != nil {
+		umem.Close()
+		return nil, err
+	}
+	x := &XDP{
+		umem: umem, sock: sock, pool: pool,
+		info:       Info{Name: fmt.Sprintf("%s queue %d", cfg.Interface, cfg.Queue), Mode: "xdp (attached)", MTU: 1500},
+		fillTarget: uint32(min(cfg.FillDepth, cfg.RingSize, cfg.FrameCount/2)),
+	}
+	if iface := sock.Interface(); iface.MTU > 0 {
+		x.info.MTU, x.info.MAC = iface.MTU, iface.MAC
+	}
+	x.Resync()
+	return x, nil
+}
+
+// Resync reloads the rings' cached indices and recounts the frames given
+// to the kernel for receiving.
+func (x *XDP) Resync() {
+	x.sock.Resync()
+	x.inFill = x.sock.Fill.Pending() + x.sock.RX.Pending()
+}
+
 func (x *XDP) Pool() *Pool { return x.pool }
 func (x *XDP) Info() Info  { return x.info }
 

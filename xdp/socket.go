@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -118,6 +119,43 @@ func Open(u *Umem, cfg Config) (*Socket, error) {
 	return s, nil
 }
 
+// AttachSocket maps the rings of an AF_XDP socket that another process
+// opened and bound (its fd received over a unix socket or pidfd_getfd),
+// so that this process can drive it: onloadd taking a stalled stack over.
+// cfg must be the opener's configuration (ring sizes, interface, queue);
+// u is the same UMEM, mapped from its memfd.
+func AttachSocket(u *Umem, fd int, cfg Config) (*Socket, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, fmt.Errorf("attach xdp socket: %w", err)
+	}
+	iface, err := LookupInterface(cfg.Interface)
+	if err != nil {
+		iface = Interface{Name: cfg.Interface}
+	}
+	s := &Socket{fd: fd, umem: u, iface: iface, queue: cfg.Queue}
+	if err := s.mapRings(cfg); err != nil {
+		for _, m := range s.maps {
+			unix.Munmap(m)
+		}
+		return nil, fmt.Errorf("attach xdp socket fd %d: %w", fd, err)
+	}
+	u.socks = append(u.socks, fd)
+	return s, nil
+}
+
+// Resync reloads every cached ring index from the shared words: another
+// process drove the rings since this one last did.
+func (s *Socket) Resync() {
+	for _, r := range []*ring{&s.Fill.ring, &s.TX.ring} {
+		r.cachedProd = atomic.LoadUint32(r.producer)
+		r.cachedCons = atomic.LoadUint32(r.consumer) + r.size
+	}
+	for _, r := range []*ring{&s.RX.ring, &s.Completion.ring} {
+		r.cachedProd = atomic.LoadUint32(r.producer)
+		r.cachedCons = atomic.LoadUint32(r.consumer)
+	}
+}
+
 func socketError(err error) error {
 	switch {
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
@@ -169,6 +207,30 @@ func (s *Socket) setup(cfg Config) error {
 			return fmt.Errorf("size xdp ring (option %d) to %d entries: %w", r.opt, r.size, err)
 		}
 	}
+	if err := s.mapRings(cfg); err != nil {
+		return err
+	}
+	switch cfg.Mode {
+	case BindCopy:
+		bindFlags |= unix.XDP_COPY
+	case BindZeroCopy:
+		bindFlags |= unix.XDP_ZEROCOPY
+	}
+	sa := &unix.SockaddrXDP{Flags: bindFlags, Ifindex: uint32(s.iface.Index), QueueID: uint32(cfg.Queue), SharedUmemFD: sharedFD}
+	if err := bindRetry(s.fd, sa); err != nil {
+		return s.bindError(cfg, err)
+	}
+	var opts uint32
+	optlen := uint32(4)
+	if _, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(s.fd), unix.SOL_XDP, unix.XDP_OPTIONS,
+		uintptr(unsafe.Pointer(&opts)), uintptr(unsafe.Pointer(&optlen)), 0); errno == 0 {
+		s.zeroCopy = opts&unix.XDP_OPTIONS_ZEROCOPY != 0
+	}
+	return nil
+}
+
+// mapRings maps the four rings of the socket.
+func (s *Socket) mapRings(cfg Config) error {
 	var off unix.XDPMmapOffsets
 	optlen := uint32(unsafe.Sizeof(off))
 	if _, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(s.fd), unix.SOL_XDP, unix.XDP_MMAP_OFFSETS,
@@ -201,23 +263,6 @@ func (s *Socket) setup(cfg Config) error {
 	s.Completion.setup(mems[1], off.Cr, uint32(cfg.CompletionSize), false)
 	s.RX.setup(mems[2], off.Rx, uint32(cfg.RxSize), false)
 	s.TX.setup(mems[3], off.Tx, uint32(cfg.TxSize), true)
-
-	switch cfg.Mode {
-	case BindCopy:
-		bindFlags |= unix.XDP_COPY
-	case BindZeroCopy:
-		bindFlags |= unix.XDP_ZEROCOPY
-	}
-	sa := &unix.SockaddrXDP{Flags: bindFlags, Ifindex: uint32(s.iface.Index), QueueID: uint32(cfg.Queue), SharedUmemFD: sharedFD}
-	if err := bindRetry(s.fd, sa); err != nil {
-		return s.bindError(cfg, err)
-	}
-	var opts uint32
-	optlen = 4
-	if _, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(s.fd), unix.SOL_XDP, unix.XDP_OPTIONS,
-		uintptr(unsafe.Pointer(&opts)), uintptr(unsafe.Pointer(&optlen)), 0); errno == 0 {
-		s.zeroCopy = opts&unix.XDP_OPTIONS_ZEROCOPY != 0
-	}
 	return nil
 }
 
