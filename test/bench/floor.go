@@ -53,6 +53,13 @@ type Report struct {
 		Results    []Result           `json:"results"`
 		Ratios     map[string]float64 `json:"ratios"`
 	} `json:"floor"`
+	TCP struct {
+		MessageBytes int                `json:"message_bytes"`
+		Rounds       int                `json:"rounds"`
+		Results      []Result           `json:"results"`
+		Ratios       map[string]float64 `json:"ratios"`
+		Targets      map[string]float64 `json:"targets"`
+	} `json:"tcp"`
 }
 
 func floorMain(args []string) error {
@@ -91,7 +98,7 @@ func floorMain(args []string) error {
 		lost   int
 		rounds []float64
 	}
-	accs := map[string]*acc{"ours": {}, "asavie": {}}
+	accs := map[string]*acc{"ours": {}, "asavie": {}, "stack": {}}
 	var kernelRounds []Result
 	for r := range *rounds {
 		for _, impl := range []string{"ours", "asavie"} {
@@ -108,6 +115,17 @@ func floorMain(args []string) error {
 			ac.rounds = append(ac.rounds, pct(res.RTTs, 50))
 			fmt.Fprintf(os.Stderr, "round %d %-7s p50 %6.2f us  p99 %6.2f us\n", r+1, impl, pct(res.RTTs, 50), pct(res.RTTs, 99))
 		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		res, err := stackRound(ctx, self, a, b, pinA, pinB, *count)
+		if err != nil {
+			return fmt.Errorf("round %d, our tcp: %w", r+1, err)
+		}
+		ac := accs["stack"]
+		ac.rtts = append(ac.rtts, res.RTTs...)
+		ac.rounds = append(ac.rounds, pct(res.RTTs, 50))
+		fmt.Fprintf(os.Stderr, "round %d stack   p50 %6.2f us  p99 %6.2f us (tcp)\n", r+1, pct(res.RTTs, 50), pct(res.RTTs, 99))
 		sp, err := sockperfRound(ctx, a, b, pinA, pinB, ib.Addr().String(), *seconds)
 		if err != nil {
 			return fmt.Errorf("round %d, sockperf: %w", r+1, err)
@@ -146,6 +164,22 @@ func floorMain(args []string) error {
 		// per-round ratios is the least sensitive to the machine's drift.
 		"ours_vs_asavie_p50_median_of_rounds": round3(medianRatio(ours.RoundsP50us, asv.RoundsP50us)),
 	}
+	sa := accs["stack"]
+	slices.Sort(sa.rtts)
+	ourTCP := Result{
+		ID: "tcp-ours", Name: "this project's TCP on both ends, busy-poll (64-byte ping-pong)",
+		Samples: len(sa.rtts), P50us: pct(sa.rtts, 50), P99us: pct(sa.rtts, 99), P999us: pct(sa.rtts, 99.9),
+		MinUs: pct(sa.rtts, 0), RoundsP50us: sa.rounds,
+	}
+	rep.TCP.MessageBytes = 64
+	rep.TCP.Rounds = *rounds
+	rep.TCP.Results = []Result{ourTCP, kern, ours}
+	rep.TCP.Ratios = map[string]float64{
+		"ours_tcp_vs_floor_p50":      round3(ourTCP.P50us / ours.P50us),
+		"ours_tcp_vs_kernel_tcp_p50": round3(ourTCP.P50us / kern.P50us),
+		"ours_tcp_vs_kernel_tcp_p99": round3(ourTCP.P99us / kern.P99us),
+	}
+	rep.TCP.Targets = map[string]float64{"ours_tcp_vs_floor_p50": 1.5, "ours_tcp_vs_kernel_tcp_p50": 0.6}
 	printTable(os.Stdout, &rep)
 	if *out != "" {
 		if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
@@ -219,17 +253,18 @@ func listening(h *test.Host, port int) func() bool {
 	}
 }
 
-// xdpRound runs one echo process in b and one ping process in a. A
-// closed AF_XDP socket releases its queue a moment after its process
-// exits, so a round that finds the queue still held is retried.
-func xdpRound(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, impl, dstMAC string, count int) (*pingResult, error) {
+// helperRound runs one echo process in b and one ping process in a, with
+// the given arguments. A closed AF_XDP socket releases its queue a moment
+// after its process exits, so a round that finds the queue still held is
+// retried.
+func helperRound(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, echoArgs, pingArgs []string) (*pingResult, error) {
 	var err error
 	for try := 0; try < 5; try++ {
 		if try > 0 {
 			time.Sleep(200 * time.Millisecond)
 		}
 		var res *pingResult
-		if res, err = xdpRoundOnce(ctx, self, a, b, pinA, pinB, impl, dstMAC, count); err == nil {
+		if res, err = helperRoundOnce(ctx, self, a, b, pinA, pinB, echoArgs, pingArgs); err == nil {
 			return res, nil
 		}
 		if ctx.Err() != nil {
@@ -239,8 +274,8 @@ func xdpRound(ctx context.Context, self string, a, b *test.Host, pinA, pinB []st
 	return nil, err
 }
 
-func xdpRoundOnce(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, impl, dstMAC string, count int) (*pingResult, error) {
-	echo := inHost(ctx, b, pinB, self, "echo", "-impl", impl, "-iface", b.Iface0().Name)
+func helperRoundOnce(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, echoArgs, pingArgs []string) (*pingResult, error) {
+	echo := inHost(ctx, b, pinB, self, echoArgs...)
 	out := new(limitedBuffer)
 	echo.Stdout = out
 	stop, err := startServer(echo, func() bool { return strings.Contains(out.String(), "ready") })
@@ -248,9 +283,7 @@ func xdpRoundOnce(ctx context.Context, self string, a, b *test.Host, pinA, pinB 
 		return nil, fmt.Errorf("echo: %w: %s", err, echo.Stderr)
 	}
 	defer stop()
-	cmd := inHost(ctx, a, pinA, self, "ping", "-impl", impl, "-iface", a.Iface0().Name,
-		"-src", a.Iface0().Addr().String(), "-dst", b.Iface0().Addr().String(), "-dst-mac", dstMAC,
-		"-count", strconv.Itoa(count))
+	cmd := inHost(ctx, a, pinA, self, pingArgs...)
 	outb, err := cmd.Output()
 	if err != nil {
 		return nil, fmt.Errorf("ping: %w: %s", err, cmd.Stderr)
@@ -260,6 +293,23 @@ func xdpRoundOnce(ctx context.Context, self string, a, b *test.Host, pinA, pinB 
 		return nil, fmt.Errorf("ping output: %w", err)
 	}
 	return &res, nil
+}
+
+// xdpRound is one floor round for one ring library.
+func xdpRound(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, impl, dstMAC string, count int) (*pingResult, error) {
+	return helperRound(ctx, self, a, b, pinA, pinB,
+		[]string{"echo", "-impl", impl, "-iface", b.Iface0().Name},
+		[]string{"ping", "-impl", impl, "-iface", a.Iface0().Name,
+			"-src", a.Iface0().Addr().String(), "-dst", b.Iface0().Addr().String(), "-dst-mac", dstMAC,
+			"-count", strconv.Itoa(count)})
+}
+
+// stackRound is one round of TCP ping-pong through our stack on both ends.
+func stackRound(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, count int) (*pingResult, error) {
+	return helperRound(ctx, self, a, b, pinA, pinB,
+		[]string{"stack-echo", "-iface", b.Iface0().Name, "-addr", b.Iface0().Prefix.String()},
+		[]string{"stack-ping", "-iface", a.Iface0().Name, "-addr", a.Iface0().Prefix.String(),
+			"-dst", b.Iface0().Addr().String(), "-count", strconv.Itoa(count)})
 }
 
 // limitedBuffer keeps the first 4 KiB of a helper's stderr, for errors.
@@ -405,4 +455,14 @@ func printTable(w io.Writer, rep *Report) {
 	}
 	fmt.Fprintf(w, "\nours / asavie p50: %.3f   ours / asavie p99: %.3f   ours / kernel TCP p50: %.3f\n",
 		rep.Floor.Ratios["ours_vs_asavie_p50"], rep.Floor.Ratios["ours_vs_asavie_p99"], rep.Floor.Ratios["ours_vs_kernel_tcp_p50"])
+	if len(rep.TCP.Results) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nTCP: 64-byte ping-pong over the same veth pair\n\n")
+	fmt.Fprintf(w, "%-62s %9s %9s %9s\n", "", "p50 µs", "p99 µs", "samples")
+	for _, r := range rep.TCP.Results {
+		fmt.Fprintf(w, "%-62s %9.2f %9.2f %9d\n", r.Name, r.P50us, r.P99us, r.Samples)
+	}
+	fmt.Fprintf(w, "\nour TCP / floor p50: %.3f (target <= 1.5)   our TCP / kernel TCP p50: %.3f (target <= 0.6)\n",
+		rep.TCP.Ratios["ours_tcp_vs_floor_p50"], rep.TCP.Ratios["ours_tcp_vs_kernel_tcp_p50"])
 }

@@ -10,7 +10,11 @@
 // kernel's TCP ping-pong (sockperf, --nonblocked, 64 bytes) on the same
 // veth pair in the same run.
 //
-// bench also runs its own helper processes: `bench echo` and `bench ping`.
+// TCP: 64-byte ping-pong with this project's stack on both ends, each a
+// process busy-polling its AF_XDP socket, beside the floor and the kernel.
+//
+// bench also runs its own helper processes: `bench echo`, `bench ping`,
+// `bench stack-echo` and `bench stack-ping`.
 package main
 
 import (
@@ -26,6 +30,10 @@ func main() {
 			err = echoMain(os.Args[2:])
 		case "ping":
 			err = pingMain(os.Args[2:])
+		case "stack-echo":
+			err = stackEchoMain(os.Args[2:])
+		case "stack-ping":
+			err = stackPingMain(os.Args[2:])
 		default:
 			err = floorMain(os.Args[1:])
 		}
