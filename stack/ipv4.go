@@ -32,7 +32,12 @@ type ipPacket struct {
 func (s *Stack) inputLocked(h vnic.Handle) {
 	c := &s.img.hdr.counters
 	c.RxFrames++
-	b := s.pool.Data(h)
+	f, ok := s.pool.Frame(h)
+	if !ok {
+		c.ImageCorrupt++
+		return
+	}
+	b := f.Data()
 	if len(b) < ethLen+ipLen || binary.BigEndian.Uint16(b[12:]) != etherTypeIP {
 		c.RxNotIPv4++
 		s.pool.Free(h)
@@ -46,7 +51,7 @@ func (s *Stack) inputLocked(h vnic.Handle) {
 		s.pool.Free(h)
 		return
 	}
-	if checksum.Checksum(ip[:ihl], 0) != 0xffff {
+	if ihl == ipLen && ipHeaderSum(ip) != 0xffff || ihl > ipLen && checksum.Checksum(ip[:ihl], 0) != 0xffff {
 		c.RxBadIPChecksum++
 		s.pool.Free(h)
 		return
@@ -95,18 +100,35 @@ func (s *Stack) writeIPv4Locked(b []byte, dstMAC [6]byte, dst [4]byte, proto uin
 	ip[10], ip[11] = 0, 0
 	copy(ip[12:16], hd.addr[:])
 	copy(ip[16:20], dst[:])
-	binary.BigEndian.PutUint16(ip[10:], ^checksum.Checksum(ip, 0))
+	binary.BigEndian.PutUint16(ip[10:], ^ipHeaderSum(ip))
 	return ethLen + ipLen
 }
 
 // pseudoSum is the sum of the IPv4 pseudo-header (RFC 768, RFC 9293 3.1).
 func pseudoSum(src, dst [4]byte, proto uint8, l4len int) uint16 {
-	var ph [12]byte
-	copy(ph[0:4], src[:])
-	copy(ph[4:8], dst[:])
-	ph[9] = proto
-	binary.BigEndian.PutUint16(ph[10:], uint16(l4len))
-	return checksum.Checksum(ph[:], 0)
+	sum := uint32(src[0])<<8 | uint32(src[1])
+	sum += uint32(src[2])<<8 | uint32(src[3])
+	sum += uint32(dst[0])<<8 | uint32(dst[1])
+	sum += uint32(dst[2])<<8 | uint32(dst[3])
+	sum += uint32(proto) + uint32(uint16(l4len))
+	return fold(sum)
+}
+
+// fold folds a 32-bit one's-complement sum to 16 bits.
+func fold(sum uint32) uint16 {
+	sum = sum>>16 + sum&0xffff
+	sum += sum >> 16
+	return uint16(sum)
+}
+
+// ipHeaderSum is the one's-complement sum of a 20-byte IPv4 header.
+func ipHeaderSum(ip []byte) uint16 {
+	_ = ip[19]
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(ip[i])<<8 | uint32(ip[i+1])
+	}
+	return fold(sum)
 }
 
 // queueTxLocked adds a frame to the batch the next flush sends.
@@ -161,4 +183,43 @@ func (s *Stack) unsendLocked(h vnic.Handle) {
 	if f := s.pool.Aux(h, auxFlags); f&afRetransmitted == 0 {
 		s.pool.SetAux(h, auxFlags, f&^afSent) // never left: not a retransmission when it goes
 	}
+}
+
+// buildTemplateLocked makes a connected socket's header template from its
+// addresses, ports and next hop. The IPv4 identification is always 0: TCP
+// sets don't-fragment, and RFC 6864 4.1 lets atomic datagrams carry any
+// identification.
+func (s *Stack) buildTemplateLocked(sk *sock) {
+	hd := s.img.hdr
+	b := sk.tmpl[:]
+	copy(b[0:6], sk.remoteMAC[:])
+	copy(b[6:12], hd.mac[:])
+	binary.BigEndian.PutUint16(b[12:], etherTypeIP)
+	ip := b[ethLen : ethLen+ipLen]
+	ip[0], ip[1] = 0x45, 0
+	ip[2], ip[3], ip[4], ip[5] = 0, 0, 0, 0
+	binary.BigEndian.PutUint16(ip[6:], 0x4000) // don't fragment
+	ip[8], ip[9] = 64, ipProto(sk.kind)
+	ip[10], ip[11] = 0, 0
+	copy(ip[12:16], hd.addr[:])
+	copy(ip[16:20], sk.remoteAddr[:])
+	binary.BigEndian.PutUint16(b[ethLen+ipLen:], sk.localPort)
+	binary.BigEndian.PutUint16(b[ethLen+ipLen+2:], sk.remotePort)
+	sk.ipSum = ipHeaderSum(ip)
+	sk.phSum = pseudoSum(hd.addr, sk.remoteAddr, ipProto(sk.kind), 0)
+	sk.tmplValid = true
+}
+
+// writeHeadersLocked copies a connected socket's template to the start of
+// b and fills in the lengths and the IPv4 checksum for l4len transport
+// bytes. It returns where the transport header's ports end.
+func (s *Stack) writeHeadersLocked(sk *sock, b []byte, l4len int) int {
+	if !sk.tmplValid {
+		s.buildTemplateLocked(sk)
+	}
+	copy(b[:len(sk.tmpl)], sk.tmpl[:])
+	total := uint16(ipLen + l4len)
+	binary.BigEndian.PutUint16(b[ethLen+2:], total)
+	binary.BigEndian.PutUint16(b[ethLen+10:], ^fold(uint32(sk.ipSum)+uint32(total)))
+	return len(sk.tmpl)
 }

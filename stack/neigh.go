@@ -105,7 +105,7 @@ func (s *Stack) nextHopLocked(dst [4]byte) (mac [6]byte, e *neighbour, err error
 		h.counters.TxNoNeighbour++
 		return mac, nil, ErrNoNeighbour
 	}
-	now := s.tickAt(Now())
+	now := s.nowTick()
 	switch e.state {
 	case neighIncomplete:
 		return mac, e, errNeighPending
@@ -154,7 +154,7 @@ func (s *Stack) neighTimerLocked() {
 	if hd.neighWait == 0 || s.resolver == nil {
 		return
 	}
-	now := s.tickAt(Now())
+	now := s.nowTick()
 	for i := range s.img.neigh {
 		e := &s.img.neigh[i]
 		if e.state != neighIncomplete {

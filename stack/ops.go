@@ -128,6 +128,7 @@ func (s *Stack) Connect(id SockID, remote netip.AddrPort) error {
 	s.unhashLocked(sk)
 	sk.localAddr = s.img.hdr.addr
 	sk.remoteAddr, sk.remotePort, sk.remoteMAC = ra.As4(), remote.Port(), mac
+	sk.tmplValid = false
 	sk.flags |= sfConnected
 	sk.flags &^= sfRemoteMAC
 	if err == nil {

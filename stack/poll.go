@@ -18,18 +18,19 @@ func (s *Stack) Poll() int {
 
 func (s *Stack) pollLocked() int {
 	n := s.nic.Receive(s.rx)
+	s.nowNs = s.fast.now() // a poll always needs it: timers
 	for _, h := range s.rx[:n] {
 		s.inputLocked(h)
 	}
-	s.timersLocked(Now())
+	s.timersLocked()
 	s.flushLocked()
 	return n
 }
 
 // timersLocked runs the timers due by now.
-func (s *Stack) timersLocked(now Mono) {
+func (s *Stack) timersLocked() {
 	for {
-		n, err := s.img.wheel.Expire(s.tickAt(now), s.expired)
+		n, err := s.img.wheel.Expire(s.nowTick(), s.expired)
 		if err != nil {
 			s.img.hdr.counters.ImageCorrupt++
 			return

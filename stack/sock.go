@@ -67,6 +67,15 @@ type sock struct {
 
 	rcvBuf, sndBuf uint32
 
+	// A connected socket's headers, ready to copy into each frame:
+	// Ethernet, IPv4 (total length 0, identification 0, checksum 0) and
+	// the two ports. ipSum and phSum are the one's-complement sums of the
+	// IPv4 header and the pseudo-header without their length fields.
+	tmpl         [ethLen + ipLen + 4]byte
+	tmplValid    bool
+	_            uint8
+	ipSum, phSum uint16
+
 	tcb // TCP's part; zero for UDP
 }
 

@@ -2,6 +2,7 @@ package stack
 
 import (
 	"errors"
+	"math/bits"
 	"fmt"
 	"net"
 	"net/netip"
@@ -56,16 +57,19 @@ type Resolver interface {
 // any other process that maps it, the NIC, and scratch space. Its methods
 // are safe for concurrent use: each takes the stack lock.
 type Stack struct {
-	img      *Image
-	nic      vnic.NIC
-	pool     *vnic.Pool
-	filters  Filters
-	resolver Resolver
-	tickNs   int64
-	mtu      int
+	img       *Image
+	nic       vnic.NIC
+	pool      *vnic.Pool
+	filters   Filters
+	resolver  Resolver
+	tickNs    int64
+	tickRecip uint64 // 2^64 / tickNs, for toTicks
+	fast      fastClock
+	mtu       int
 
 	raceHB uint32 // see race_on.go
 	id     uint64 // this handle's identity, to notice another took the lock
+	nowNs  int64  // the clock, read when the lock was taken
 
 	// Scratch, used with the lock held.
 	rx      []vnic.Handle
@@ -121,7 +125,7 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 	return &Stack{
 		id:  uint64(os.Getpid())<<32 | stackIDs.Add(1),
 		img: img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver,
-		tickNs: int64(img.hdr.tickNs), mtu: int(img.hdr.mtu),
+		tickNs: int64(img.hdr.tickNs), tickRecip: recip(img.hdr.tickNs), fast: clk, mtu: int(img.hdr.mtu),
 		rx: make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
 		expired: make([]timers.ID, 64),
 	}
@@ -150,6 +154,7 @@ func (s *Stack) lock() {
 // rings is stale.
 func (s *Stack) lockedLocked() {
 	raceAcquire(&s.raceHB)
+	s.nowNs = 0 // read again when needed
 	if h := s.img.hdr; h.poller != s.id {
 		s.nic.Resync()
 		h.poller = s.id
@@ -208,4 +213,10 @@ func (s *Stack) AddNeighbour(ip netip.Addr, mac net.HardwareAddr) error {
 	}
 	s.flushLocked()
 	return nil
+}
+
+// recip is 2^64 / n, rounded down.
+func recip(n uint64) uint64 {
+	q, _ := bits.Div64(1, 0, n)
+	return q
 }

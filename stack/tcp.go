@@ -121,6 +121,13 @@ type tcb struct {
 	keepCnt             uint32
 	lastRcv             uint32 // tick (low 32 bits) of the last segment received
 	synTime             uint32 // µs clock when our SYN was first sent
+
+	// Lazy timers: the deadline that counts is here (0: not running); the
+	// wheel timer may be armed earlier, and when it fires early it is
+	// moved to the deadline. Steady traffic then re-arms and cancels
+	// without touching the wheel.
+	rtoAt    timers.Tick
+	delAckAt timers.Tick
 }
 
 // Per-socket timers.
@@ -176,7 +183,5 @@ const (
 	maxTCPHeader = 60
 	txPayload    = 96 // >= ethLen + ipLen + maxTCPHeader, 8-aligned
 )
-
-func micros() uint32 { return uint32(nanotime() / 1000) }
 
 func durationNs(ns uint64) time.Duration { return time.Duration(ns) }

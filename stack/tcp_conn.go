@@ -126,8 +126,8 @@ func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segmen
 	child.sndNxt = child.iss.Add(1)
 	child.sndMax = child.sndNxt
 	child.sndWnd = uint32(g.wnd)
-	child.lastRcv = uint32(s.tickAt(Now()))
-	child.synTime = micros()
+	child.lastRcv = uint32(s.nowTick())
+	child.synTime = s.micros()
 	s.hashLocked(child)
 	l.synLen++
 	c.TCPPassiveOpens++
@@ -249,6 +249,7 @@ func (s *Stack) connectTCPLocked(sk *sock, remote netip.AddrPort) error {
 	s.unhashLocked(sk)
 	sk.localAddr = s.img.hdr.addr
 	sk.remoteAddr, sk.remotePort = ra.As4(), remote.Port()
+	sk.tmplValid = false
 	sk.flags |= sfConnected
 	s.hashLocked(sk)
 	sk.rcvWS = rcvWSFor(sk.rcvBuf)
@@ -260,7 +261,7 @@ func (s *Stack) connectTCPLocked(sk *sock, remote netip.AddrPort) error {
 	sk.sndNxt = sk.iss.Add(1)
 	sk.sndMax = sk.sndNxt
 	sk.state = tcpSynSent
-	sk.synTime = micros()
+	sk.synTime = s.micros()
 	s.img.hdr.counters.TCPActiveOpens++
 	s.controlLocked(sk, flagSYN, sk.iss)
 	s.armRTOLocked(sk, true)
@@ -351,7 +352,7 @@ func (s *Stack) tcpCloseLocked(sk *sock) {
 		sk.tflags |= tfFinQueued
 		s.tcpOutputLocked(sk)
 	case tcpFinWait2:
-		s.img.wheel.Set(s.sockTimer(sk, timerTW), s.tickAt(Now())+s.ticks(finWait2Timeout))
+		s.img.wheel.Set(s.sockTimer(sk, timerTW), s.nowTick()+s.ticks(finWait2Timeout))
 	}
 }
 

@@ -77,7 +77,7 @@ func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
 	}
 	s.pool.Trim(h, p.l4off+doff, g.n)
 	c.RxTCP++
-	sk.lastRcv = uint32(s.tickAt(Now()))
+	sk.lastRcv = uint32(s.nowTick())
 	if sk.state == tcpSynSent {
 		s.synSentInputLocked(sk, h, &g)
 	} else {
@@ -125,7 +125,7 @@ func (s *Stack) synSentInputLocked(sk *sock, h vnic.Handle, g *segment) {
 // ackedSynLocked completes the handshake: our SYN is acknowledged.
 func (s *Stack) ackedSynLocked(sk *sock, g *segment) {
 	if sk.retries == 0 && sk.synTime != 0 {
-		s.rttSampleLocked(sk, micros()-sk.synTime) // the SYN was sent once: an honest sample
+		s.rttSampleLocked(sk, s.micros()-sk.synTime) // the SYN was sent once: an honest sample
 	}
 	sk.sndUna = g.ack
 	sk.sndWnd = uint32(g.wnd) // never scaled in a SYN (RFC 7323 2.2)
@@ -135,7 +135,7 @@ func (s *Stack) ackedSynLocked(sk *sock, g *segment) {
 	sk.sndWl1, sk.sndWl2 = g.seq, g.ack
 	sk.state = tcpEstablished
 	sk.retries, sk.backoff = 0, 0
-	s.img.wheel.Cancel(s.sockTimer(sk, timerRTO))
+	s.stopRTOLocked(sk)
 	s.img.hdr.counters.TCPEstablished++
 	s.armKeepaliveLocked(sk)
 }
@@ -336,8 +336,7 @@ func (s *Stack) ackLocked(sk *sock, g *segment) bool {
 		opened := newWnd > sk.sndWnd
 		sk.sndWnd, sk.sndWl1, sk.sndWl2 = newWnd, g.seq, g.ack
 		if opened && sk.tflags&tfWindowProbe != 0 {
-			s.img.wheel.Cancel(s.sockTimer(sk, timerRTO))
-			sk.tflags &^= tfWindowProbe
+			s.stopRTOLocked(sk)
 			sk.backoff = 0
 		}
 	}
@@ -347,7 +346,7 @@ func (s *Stack) ackLocked(sk *sock, g *segment) bool {
 		if finAcked {
 			sk.state = tcpFinWait2
 			if sk.tflags&tfOrphan != 0 {
-				s.img.wheel.Set(s.sockTimer(sk, timerTW), s.tickAt(Now())+s.ticks(finWait2Timeout))
+				s.img.wheel.Set(s.sockTimer(sk, timerTW), s.nowTick()+s.ticks(finWait2Timeout))
 			}
 		}
 	case tcpClosing:
@@ -369,26 +368,31 @@ func (s *Stack) ackLocked(sk *sock, g *segment) bool {
 // ackedDataLocked takes acked bytes off the send queue.
 func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size) {
 	p := s.pool
-	now := micros()
+	now := s.micros()
 	sampled := false
 	dataAcked := uint32(acked)
 	if sk.tflags&tfFinSent != 0 && ack == sk.sndMax {
 		dataAcked-- // the FIN's sequence number is not data
 	}
 	for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent; {
-		seq := seqnum.Value(p.Aux(h, auxSeq))
-		end := seq.Add(seqnum.Size(p.Aux(h, auxLen)))
+		f, ok := p.Frame(h)
+		if !ok {
+			s.img.hdr.counters.ImageCorrupt++
+			break
+		}
+		seq := seqnum.Value(f.Aux(auxSeq))
+		end := seq.Add(seqnum.Size(f.Aux(auxLen)))
 		if ack.LessThan(end) {
 			break
 		}
 		// Karn: only a segment sent once gives an honest sample.
-		if !sampled && p.Aux(h, auxFlags)&afRetransmitted == 0 {
-			if r := now - p.Aux(h, auxTime); r < 1<<31 {
+		if !sampled && f.Aux(auxFlags)&afRetransmitted == 0 {
+			if r := now - f.Aux(auxTime); r < 1<<31 {
 				s.rttSampleLocked(sk, r)
 				sampled = true
 			}
 		}
-		next := p.Next(h)
+		next := f.Next()
 		p.Free(h)
 		sk.sndHead = next
 		h = next
@@ -421,7 +425,7 @@ func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size) {
 		sk.cwnd += max(mss*mss/sk.cwnd, 1)
 	}
 	if sk.sndUna == sk.sndMax {
-		s.img.wheel.Cancel(s.sockTimer(sk, timerRTO))
+		s.stopRTOLocked(sk)
 	} else {
 		s.armRTOLocked(sk, true)
 	}
@@ -523,7 +527,7 @@ func (s *Stack) ackPolicyLocked(sk *sock, n int) {
 		return
 	}
 	sk.tflags |= tfDelAck
-	s.img.wheel.Set(s.sockTimer(sk, timerDelAck), s.tickAt(Now())+s.ticks(durationNs(s.img.hdr.delAck)))
+	s.setLazyLocked(sk, timerDelAck, &sk.delAckAt, s.nowTick()+s.ticks(durationNs(s.img.hdr.delAck)))
 }
 
 // finLocked processes the peer's FIN, in sequence (RFC 9293 3.10.7.4,

@@ -37,28 +37,30 @@ func (s *Stack) tcpSendLocked(sk *sock, buf []byte) (int, error) {
 		room := int(sk.sndBuf - sk.sndBytes)
 		// Top up the last frame if it has not been sent (Nagle's small
 		// writes coalesce here).
-		if t := sk.sndTail; t != vnic.Null && p.Aux(t, auxFlags)&afSent == 0 && int(p.Aux(t, auxLen)) < mss {
-			l := int(p.Aux(t, auxLen))
-			n := copy(p.Buf(t)[txPayload+l:txPayload+mss], buf[done:min(len(buf), done+room)])
-			p.SetAux(t, auxLen, uint32(l+n))
-			p.SetAux(t, auxCsum, 0)
+		tail, haveTail := p.Frame(sk.sndTail)
+		if haveTail && tail.Aux(auxFlags)&afSent == 0 && int(tail.Aux(auxLen)) < mss {
+			l := int(tail.Aux(auxLen))
+			n := copy(tail.Buf()[txPayload+l:txPayload+mss], buf[done:min(len(buf), done+room)])
+			tail.SetAux(auxLen, uint32(l+n))
+			tail.SetAux(auxCsum, 0)
 			sk.sndBytes += uint32(n)
 			done += n
 			continue
 		}
 		h := p.Alloc()
-		if h == vnic.Null {
+		f, ok := p.Frame(h)
+		if !ok {
 			s.img.hdr.counters.TxNoFrames++
 			break
 		}
-		n := copy(p.Buf(h)[txPayload:txPayload+mss], buf[done:min(len(buf), done+room)])
-		p.SetAux(h, auxSeq, uint32(sk.sndSeqEnd()))
-		p.SetAux(h, auxLen, uint32(n))
-		p.SetNext(h, vnic.Null)
-		if sk.sndTail == vnic.Null {
-			sk.sndHead = h
+		n := copy(f.Buf()[txPayload:txPayload+mss], buf[done:min(len(buf), done+room)])
+		f.SetAux(auxSeq, uint32(sk.sndSeqEnd()))
+		f.SetAux(auxLen, uint32(n))
+		f.SetNext(vnic.Null)
+		if haveTail {
+			tail.SetNext(h)
 		} else {
-			p.SetNext(sk.sndTail, h)
+			sk.sndHead = h
 		}
 		sk.sndTail = h
 		if sk.sndUnsent == vnic.Null {
@@ -85,13 +87,25 @@ func (s *Stack) tcpRecvLocked(sk *sock, buf []byte, peek bool) (int, error) {
 	done := 0
 	h := sk.rcvHead
 	for done < len(buf) && h != vnic.Null {
-		d := p.Data(h)
+		f, ok := p.Frame(h)
+		if !ok {
+			s.img.hdr.counters.ImageCorrupt++
+			sk.rcvHead, sk.rcvTail, sk.rcvBytes, sk.rcvFrames = vnic.Null, vnic.Null, 0, 0
+			break
+		}
+		d := f.Data()
 		n := copy(buf[done:], d)
 		done += n
-		next := p.Next(h)
+		next := f.Next()
 		if !peek {
 			if n == len(d) {
-				p.Free(s.dequeueRcvLocked(sk))
+				sk.rcvHead = next
+				if next == vnic.Null {
+					sk.rcvTail = vnic.Null
+				}
+				sk.rcvBytes -= min(sk.rcvBytes, uint32(n))
+				sk.rcvFrames--
+				p.Free(h)
 			} else {
 				p.Trim(h, n, len(d)-n)
 				sk.rcvBytes -= uint32(n)

@@ -36,6 +36,10 @@ type tcpOpts struct {
 // robust receiver must (RFC 9293 3.1, "must be prepared to handle an
 // illegal option length").
 func parseOptions(b []byte, syn bool) tcpOpts {
+	// The usual layout of a data segment: NOP NOP TIMESTAMP.
+	if len(b) == 12 && !syn && b[0] == optNOP && b[1] == optNOP && b[2] == optTimestamp && b[3] == 10 {
+		return tcpOpts{ws: -1, ts: true, tsVal: binary.BigEndian.Uint32(b[4:]), tsEcr: binary.BigEndian.Uint32(b[8:])}
+	}
 	o := tcpOpts{ws: -1}
 	for len(b) > 0 {
 		kind := b[0]
@@ -97,7 +101,7 @@ func (s *Stack) synOptions(b []byte, sk *sock, synAck bool) int {
 			n += 2
 		}
 		b[n], b[n+1] = optTimestamp, 10
-		binary.BigEndian.PutUint32(b[n+2:], tsNow())
+		binary.BigEndian.PutUint32(b[n+2:], s.tsNow())
 		binary.BigEndian.PutUint32(b[n+6:], sk.tsRecent)
 		n += 10
 	}
@@ -116,7 +120,7 @@ func (s *Stack) dataOptions(b []byte, sk *sock, room int) int {
 	n := 0
 	if sk.tflags&tfTSOK != 0 {
 		b[0], b[1], b[2], b[3] = optNOP, optNOP, optTimestamp, 10
-		binary.BigEndian.PutUint32(b[4:], tsNow())
+		binary.BigEndian.PutUint32(b[4:], s.tsNow())
 		binary.BigEndian.PutUint32(b[8:], sk.tsRecent)
 		n = 12
 	}
@@ -136,10 +140,6 @@ func (s *Stack) dataOptions(b []byte, sk *sock, room int) int {
 	}
 	return n
 }
-
-// tsNow is our timestamp clock: milliseconds (RFC 7323 5.4 allows 1ms to
-// 1s per tick).
-func tsNow() uint32 { return uint32(nanotime() / 1e6) }
 
 // advMSS is the MSS we announce: what fits our MTU and one frame.
 func (s *Stack) advMSS() uint16 {

@@ -32,6 +32,18 @@ func writeTCP(b []byte, sport, dport uint16, seq, ack seqnum.Value, flags uint8,
 	b[16], b[17], b[18], b[19] = 0, 0, 0, 0
 }
 
+// writeTCPTail writes the TCP header after the ports (the template wrote
+// them).
+func writeTCPTail(b []byte, seq, ack seqnum.Value, flags uint8, hdrLen int, wnd uint16) {
+	_ = b[19]
+	binary.BigEndian.PutUint32(b[4:], uint32(seq))
+	binary.BigEndian.PutUint32(b[8:], uint32(ack))
+	b[12] = byte(hdrLen/4) << 4
+	b[13] = flags
+	binary.BigEndian.PutUint16(b[14:], wnd)
+	b[16], b[17], b[18], b[19] = 0, 0, 0, 0
+}
+
 // rcvWindowLocked is the window to advertise, and moves rcvAdv to its
 // right edge. The window never shrinks (RFC 9293 3.8.6.2.1: the right
 // edge never moves left) and, to avoid silly windows (3.8.6.2.2), a closed
@@ -76,9 +88,26 @@ func (s *Stack) rcvWindowLocked(sk *sock, syn bool) uint16 {
 // finishTCP writes the checksum of a TCP segment whose header (and options)
 // are at t and whose payload sum is psum.
 func (s *Stack) finishTCP(sk *sock, t []byte, hdrLen, payloadLen int, psum uint16) {
-	l4 := hdrLen + payloadLen
-	sum := checksum.Combine(pseudoSum(s.img.hdr.addr, sk.remoteAddr, 6, l4), checksum.Checksum(t[:hdrLen], psum))
+	if !sk.tmplValid {
+		s.buildTemplateLocked(sk)
+	}
+	l4 := uint32(hdrLen + payloadLen)
+	sum := fold(uint32(sk.phSum) + l4 + uint32(headerSum(t[:hdrLen])) + uint32(psum))
 	binary.BigEndian.PutUint16(t[16:], ^sum)
+}
+
+// headerSum is the one's-complement sum of a TCP header (a multiple of 4
+// bytes, at most 60), summed a 32-bit word at a time.
+func headerSum(t []byte) uint16 {
+	var sum uint64
+	for len(t) >= 4 {
+		sum += uint64(binary.BigEndian.Uint32(t))
+		t = t[4:]
+	}
+	sum = sum>>32 + sum&0xffffffff
+	sum = sum>>16 + sum&0xffff
+	sum = sum>>16 + sum&0xffff
+	return uint16(sum + sum>>16)
 }
 
 // controlLocked sends a segment without payload: SYN, SYN-ACK, FIN, RST or
@@ -107,8 +136,8 @@ func (s *Stack) controlLocked(sk *sock, flags uint8, seq seqnum.Value) {
 	if flags&flagRST == 0 {
 		wnd = s.rcvWindowLocked(sk, flags&flagSYN != 0)
 	}
-	s.writeIPv4Locked(b, sk.remoteMAC, sk.remoteAddr, 6, hdrLen)
-	writeTCP(t, sk.localPort, sk.remotePort, seq, ack, flags, hdrLen, wnd)
+	s.writeHeadersLocked(sk, b, hdrLen)
+	writeTCPTail(t, seq, ack, flags, hdrLen, wnd)
 	s.finishTCP(sk, t, hdrLen, 0, 0)
 	s.pool.SetLen(h, ethLen+ipLen+hdrLen)
 	if flags&flagACK != 0 {
@@ -133,6 +162,7 @@ func (s *Stack) sendFrameLocked(sk *sock, h vnic.Handle) {
 	case nil:
 		sk.remoteMAC = mac
 		sk.flags |= sfRemoteMAC
+		sk.tmplValid = false
 		copy(s.pool.Data(h)[0:6], mac[:])
 		s.queueTxLocked(h)
 	case errNeighPending:
@@ -154,15 +184,14 @@ func (s *Stack) routeLocked(sk *sock) bool {
 	}
 	sk.remoteMAC = mac
 	sk.flags |= sfRemoteMAC
+	sk.tmplValid = false
 	return true
 }
 
 // ackSentLocked notes that the peer has been acknowledged up to rcvNxt.
 func (s *Stack) ackSentLocked(sk *sock) {
-	if sk.tflags&tfDelAck != 0 {
-		s.img.wheel.Cancel(s.sockTimer(sk, timerDelAck))
-	}
 	sk.tflags &^= tfAckNow | tfDelAck
+	sk.delAckAt = 0
 }
 
 // sendAckLocked sends a pure ACK now.
@@ -175,19 +204,20 @@ func (s *Stack) sendAckLocked(sk *sock) { s.controlLocked(sk, flagACK, sk.sndNxt
 // segment is copied into a new frame instead.
 func (s *Stack) transmitSegLocked(sk *sock, h vnic.Handle, seq seqnum.Value, n int, flags uint8) {
 	p := s.pool
-	buf := p.Buf(h)
-	if buf == nil {
+	f, ok := p.Frame(h)
+	if !ok {
 		s.img.hdr.counters.ImageCorrupt++
 		return
 	}
 	if !s.routeLocked(sk) {
 		return
 	}
+	buf := f.Buf()
 	payload := buf[txPayload : txPayload+n]
-	cs := p.Aux(h, auxCsum)
+	cs := f.Aux(auxCsum)
 	if cs&afCsumValid == 0 {
 		cs = uint32(checksum.Checksum(payload, 0)) | afCsumValid
-		p.SetAux(h, auxCsum, cs)
+		f.SetAux(auxCsum, cs)
 	}
 	var opts [40]byte
 	room := 40
@@ -202,41 +232,41 @@ func (s *Stack) transmitSegLocked(sk *sock, h vnic.Handle, seq seqnum.Value, n i
 		flags |= flagPSH
 	}
 	wnd := s.rcvWindowLocked(sk, false)
-	out := h
-	if p.Busy(h) {
+	out := f
+	if f.Busy() {
 		// Still in the NIC's hands from the previous send: copy.
-		if out = p.Alloc(); out == vnic.Null {
+		oh := p.Alloc()
+		if oh == vnic.Null {
 			s.img.hdr.counters.TxNoFrames++
 			return
 		}
-		nb := p.Buf(out)
-		copy(nb[txPayload:], payload)
-		buf = nb
+		out, _ = p.Frame(oh)
+		buf = out.Buf()
+		copy(buf[txPayload:], payload)
 	}
 	frame := buf[start : txPayload+n]
-	s.writeIPv4Locked(frame, sk.remoteMAC, sk.remoteAddr, 6, hdrLen+n)
+	s.writeHeadersLocked(sk, frame, hdrLen+n)
 	t := frame[ethLen+ipLen:]
-	writeTCP(t, sk.localPort, sk.remotePort, seq, sk.rcvNxt, flags, hdrLen, wnd)
+	writeTCPTail(t, seq, sk.rcvNxt, flags, hdrLen, wnd)
 	copy(t[20:], opts[:optLen])
 	s.finishTCP(sk, t, hdrLen, n, uint16(cs))
-	p.SetData(out, p.Headroom()+start, len(frame))
-	if out == h {
+	out.SetData(p.Headroom()+start, len(frame))
+	fl := f.Aux(auxFlags)
+	if fl&afSent != 0 {
+		fl |= afRetransmitted
+		s.img.hdr.counters.TCPRetransmits++
+	}
+	f.SetAux(auxFlags, fl&(1<<afSlotShift-1)|afSent|s.slotOf(sk)<<afSlotShift)
+	f.SetAux(auxTime, s.micros())
+	s.ackSentLocked(sk)
+	if out == f {
 		s.txKeep = append(s.txKeep, h)
 		if len(s.txKeep) == cap(s.txKeep) {
 			s.flushLocked()
 		}
 	} else {
-		s.queueTxLocked(out)
+		s.queueTxLocked(out.Handle())
 	}
-	s.ackSentLocked(sk)
-	f := p.Aux(h, auxFlags)
-	if f&afSent != 0 {
-		f |= afRetransmitted
-		s.img.hdr.counters.TCPRetransmits++
-	}
-	f = f&(1<<afSlotShift-1) | afSent | s.slotOf(sk)<<afSlotShift
-	p.SetAux(h, auxFlags, f)
-	p.SetAux(h, auxTime, micros())
 }
 
 // sndSeqEnd is the sequence number after the last queued byte.

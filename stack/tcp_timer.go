@@ -22,23 +22,55 @@ func (s *Stack) rtoNow(sk *sock) uint32 {
 // armRTOLocked starts the retransmission timer (RFC 6298 5.1), or restarts
 // it when restart is set (5.3).
 func (s *Stack) armRTOLocked(sk *sock, restart bool) {
-	id := s.sockTimer(sk, timerRTO)
-	if _, armed := s.img.wheel.Deadline(id); armed && !restart && sk.tflags&tfWindowProbe == 0 {
+	if sk.rtoAt != 0 && !restart && sk.tflags&tfWindowProbe == 0 {
 		return
 	}
 	sk.tflags &^= tfWindowProbe
-	s.img.wheel.Set(id, s.tickAt(Now())+s.ticks(time.Duration(s.rtoNow(sk))*time.Microsecond))
+	s.setLazyLocked(sk, timerRTO, &sk.rtoAt, s.nowTick()+s.ticks(time.Duration(s.rtoNow(sk))*time.Microsecond))
+}
+
+// stopRTOLocked stops the retransmission timer (the wheel timer, if armed,
+// finds nothing to do when it fires).
+func (s *Stack) stopRTOLocked(sk *sock) {
+	sk.rtoAt = 0
+	sk.tflags &^= tfWindowProbe
 }
 
 // armPersistLocked starts the persist timer: the peer's window is zero and
 // nothing is in flight, so probe it (RFC 9293 3.8.6.1).
 func (s *Stack) armPersistLocked(sk *sock) {
-	id := s.sockTimer(sk, timerRTO)
-	if _, armed := s.img.wheel.Deadline(id); armed {
+	if sk.rtoAt != 0 {
 		return
 	}
 	sk.tflags |= tfWindowProbe
-	s.img.wheel.Set(id, s.tickAt(Now())+s.ticks(time.Duration(s.rtoNow(sk))*time.Microsecond))
+	s.setLazyLocked(sk, timerRTO, &sk.rtoAt, s.nowTick()+s.ticks(time.Duration(s.rtoNow(sk))*time.Microsecond))
+}
+
+// setLazyLocked records a lazy timer's deadline, and arms the wheel only
+// if its timer is not already due at or before it.
+func (s *Stack) setLazyLocked(sk *sock, n int, at *timers.Tick, deadline timers.Tick) {
+	if deadline == 0 {
+		deadline = 1
+	}
+	*at = deadline
+	id := s.sockTimer(sk, n)
+	if cur, armed := s.img.wheel.Deadline(id); !armed || cur > deadline {
+		s.img.wheel.Set(id, deadline)
+	}
+}
+
+// lazyDueLocked decides, when a lazy timer's wheel timer fires, whether its
+// deadline has come: if not, the wheel timer moves to the deadline.
+func (s *Stack) lazyDueLocked(sk *sock, n int, at *timers.Tick) bool {
+	if *at == 0 {
+		return false
+	}
+	if now := s.nowTick(); now < *at {
+		s.img.wheel.Set(s.sockTimer(sk, n), *at)
+		return false
+	}
+	*at = 0
+	return true
 }
 
 // rttSampleLocked folds a round-trip measurement (µs) into the estimators
@@ -67,9 +99,16 @@ func (s *Stack) rttSampleLocked(sk *sock, r uint32) {
 func (s *Stack) tcpTimerLocked(sk *sock, n int) {
 	switch n {
 	case timerRTO:
+		probe := sk.tflags&tfWindowProbe != 0
+		if !s.lazyDueLocked(sk, timerRTO, &sk.rtoAt) {
+			return
+		}
+		if probe {
+			sk.tflags |= tfWindowProbe
+		}
 		s.rtoExpiredLocked(sk)
 	case timerDelAck:
-		if sk.tflags&tfDelAck != 0 {
+		if sk.tflags&tfDelAck != 0 && s.lazyDueLocked(sk, timerDelAck, &sk.delAckAt) {
 			s.sendAckLocked(sk)
 		}
 	case timerTW:
@@ -161,7 +200,7 @@ func (s *Stack) keepaliveLocked(sk *sock) {
 	if sk.tflags&tfKeepAlive == 0 {
 		return
 	}
-	now := s.tickAt(Now())
+	now := s.nowTick()
 	idle := time.Duration(uint32(now)-sk.lastRcv) * time.Duration(s.tickNs)
 	if idle < time.Duration(sk.keepIdle)*time.Second {
 		sk.keepProbes = 0
@@ -181,7 +220,7 @@ func (s *Stack) keepaliveLocked(sk *sock) {
 // armKeepaliveLocked starts the keepalive clock of a connection.
 func (s *Stack) armKeepaliveLocked(sk *sock) {
 	if sk.tflags&tfKeepAlive != 0 && (sk.state == tcpEstablished || sk.state == tcpCloseWait) {
-		s.img.wheel.Set(s.sockTimer(sk, timerTW), s.tickAt(Now())+s.ticks(time.Duration(sk.keepIdle)*time.Second))
+		s.img.wheel.Set(s.sockTimer(sk, timerTW), s.nowTick()+s.ticks(time.Duration(sk.keepIdle)*time.Second))
 	}
 }
 
@@ -189,8 +228,8 @@ func (s *Stack) armKeepaliveLocked(sk *sock) {
 func (s *Stack) enterTimeWaitLocked(sk *sock) {
 	sk.state = tcpTimeWait
 	w := s.img.wheel
-	w.Cancel(s.sockTimer(sk, timerRTO))
-	w.Set(s.sockTimer(sk, timerTW), s.tickAt(Now())+s.ticks(time.Duration(s.img.hdr.timeWait)))
+	s.stopRTOLocked(sk)
+	w.Set(s.sockTimer(sk, timerTW), s.nowTick()+s.ticks(time.Duration(s.img.hdr.timeWait)))
 	// Nothing more will be sent: give those frames back now. What the
 	// user has not read yet stays readable.
 	s.freeSendLocked(sk)
@@ -201,6 +240,7 @@ func (s *Stack) enterTimeWaitLocked(sk *sock) {
 
 // cancelTimersLocked stops every timer of a socket.
 func (s *Stack) cancelTimersLocked(sk *sock) {
+	sk.rtoAt, sk.delAckAt = 0, 0
 	for i := range timersPerSock {
 		s.img.wheel.Cancel(s.sockTimer(sk, i))
 	}

@@ -511,3 +511,65 @@ func (p *Pool) kernelDone(addr uint64) bool {
 	}
 	return false
 }
+
+// Frame is a checked view of a frame the caller holds: the handle is
+// validated once, when the view is made, and the accessors then go
+// straight to the frame. A view is for one stretch of code; it must not be
+// used after the frame is freed or transmitted.
+type Frame struct {
+	p *Pool
+	d *frameDesc
+	h Handle
+}
+
+// Frame returns a view of h, or ok false if the caller does not hold h.
+func (p *Pool) Frame(h Handle) (f Frame, ok bool) {
+	d := p.desc(h)
+	if d == nil || uint32(d.off)+uint32(d.len) > p.frameSize {
+		return Frame{}, false
+	}
+	return Frame{p, d, h}, true
+}
+
+// Handle is the frame's handle.
+func (f Frame) Handle() Handle { return f.h }
+
+// Aux reads owner word i.
+func (f Frame) Aux(i int) uint32 { return f.d.aux[i] }
+
+// SetAux writes owner word i.
+func (f Frame) SetAux(i int, v uint32) { f.d.aux[i] = v }
+
+// Next is the frame after this one in its owner's list.
+func (f Frame) Next() Handle { return f.d.next }
+
+// SetNext links a frame after this one.
+func (f Frame) SetNext(h Handle) { f.d.next = h }
+
+// Busy reports whether the NIC still holds the frame (TransmitKeep).
+func (f Frame) Busy() bool { return f.d.flags&flagBusy != 0 }
+
+// Buf is the frame buffer from the headroom to its end.
+func (f Frame) Buf() []byte { return f.p.chunk(f.h.Index())[f.p.headroom:] }
+
+// Data is the frame's bytes.
+func (f Frame) Data() []byte {
+	d := f.d
+	return f.p.chunk(f.h.Index())[d.off : uint32(d.off)+uint32(d.len)]
+}
+
+// Len is the length of the frame's data.
+func (f Frame) Len() int { return int(f.d.len) }
+
+// SetData sets the frame's data to n bytes starting off bytes into the
+// frame buffer; like Pool.SetData.
+func (f Frame) SetData(off, n int) error {
+	if f.d.flags&flagBusy != 0 {
+		return ErrBusy
+	}
+	if off < 0 || n < 0 || off+n > int(f.p.frameSize) {
+		return ErrTooLong
+	}
+	f.d.off, f.d.len = uint16(off), uint16(n)
+	return nil
+}

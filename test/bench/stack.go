@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"syscall"
 	"time"
@@ -95,7 +96,10 @@ func stackEchoMain(args []string) error {
 	buf := make([]byte, 64<<10)
 	deadline := time.Now().Add(*limit)
 	for i := 0; ; i++ {
-		s.Poll()
+		// Look at the sockets only when the poll brought something in.
+		if s.Poll() == 0 && i&1023 != 0 {
+			continue
+		}
 		if c, err := s.Accept(l); err == nil {
 			s.SetOption(c, stack.NoDelay, 1)
 			conns = append(conns, c)
@@ -133,10 +137,19 @@ func stackPingMain(args []string) error {
 	count := fs.Int("count", 100000, "round trips to measure")
 	warmup := fs.Int("warmup", 5000, "round trips before measuring")
 	limit := fs.Duration("limit", 30*time.Second, "give up after this long")
+	profile := fs.String("cpuprofile", "", "write a CPU profile here")
 	fs.Parse(args)
 	prefix, err := netip.ParsePrefix(*addr)
 	if err != nil {
 		return err
+	}
+	if *profile != "" {
+		f, err := os.Create(*profile)
+		if err != nil {
+			return err
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
 	}
 	dstAddr, err := netip.ParseAddr(*dst)
 	if err != nil {
@@ -173,21 +186,25 @@ func stackPingMain(args []string) error {
 		if n, err := s.Send(c, msg); n != len(msg) {
 			return fmt.Errorf("send: %d, %v", n, err)
 		}
-		for got := 0; got < len(msg); {
-			s.Poll()
+		for got, spins := 0, 0; got < len(msg); spins++ {
+			if s.Poll() == 0 {
+				if spins&4095 == 4095 && time.Since(start) > time.Second {
+					return fmt.Errorf("round trip %d: no reply in 1s: %s", i, s.DumpSocket(c))
+				}
+				continue
+			}
 			n, err := s.Recv(c, buf, false)
 			if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
 				return fmt.Errorf("recv: %w", err)
 			}
 			got += n
-			if n == 0 && time.Since(start) > time.Second {
-				return fmt.Errorf("round trip %d: no reply in 1s: %s", i, s.DumpSocket(c))
-			}
 		}
 		if i >= *warmup {
 			res.RTTs = append(res.RTTs, float64(time.Since(start).Nanoseconds())/1e3)
 		}
 	}
+	cs := s.Counters()
+	fmt.Fprintf(os.Stderr, "stack-ping counters: %s\n", &cs)
 	s.Close(c)
 	for range 1000 {
 		s.Poll()

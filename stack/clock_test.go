@@ -1,0 +1,41 @@
+package stack
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+func TestToTicksExact(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 5))
+	for _, tick := range []int64{10_000, 1_000_000, 1_000_003, 100_000_000} {
+		s := &Stack{tickNs: tick, tickRecip: recip(uint64(tick))}
+		for i := 0; i < 200000; i++ {
+			x := int64(r.Uint64() >> 1)
+			if i%2 == 0 {
+				x = int64(r.Uint64N(1 << 44))
+			}
+			if got, want := uint64(s.toTicks(x)), uint64(x/tick); got != want {
+				t.Fatalf("tick %d: toTicks(%d) = %d, want %d", tick, x, got, want)
+			}
+		}
+		if got := uint64(s.ticks(time.Duration(tick) + 1)); got != 2 {
+			t.Errorf("ticks(one tick + 1ns) = %d, want 2 (never early)", got)
+		}
+	}
+}
+
+func TestFastClock(t *testing.T) {
+	c := clk
+	prev := c.now()
+	for range 1000 {
+		n := c.now()
+		if n < prev {
+			t.Fatal("fast clock went backwards")
+		}
+		prev = n
+	}
+	if d := c.now() - nanotime(); d > int64(100*time.Microsecond) || d < -int64(100*time.Microsecond) {
+		t.Errorf("fast clock is %v from CLOCK_MONOTONIC", time.Duration(d))
+	}
+}
