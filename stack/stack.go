@@ -2,8 +2,8 @@ package stack
 
 import (
 	"errors"
-	"math/bits"
 	"fmt"
+	"math/bits"
 	"net"
 	"net/netip"
 	"os"
