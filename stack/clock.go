@@ -2,6 +2,7 @@ package stack
 
 import (
 	"math/bits"
+	"sync/atomic"
 	"time"
 	_ "unsafe" // for go:linkname
 
@@ -19,14 +20,21 @@ func nanotime() int64
 // constant rate: rdtsc costs a third of the vDSO's clock_gettime here, and
 // a busy-poller reads the clock on every poll. Calibrated once against
 // nanotime; every second of TSC it is anchored to nanotime again, so that
-// it cannot drift from what other processes read (it never goes back).
+// it cannot drift from what other processes read.
 type fastClock struct {
-	ok       bool
-	tsc0     uint64
-	ns0      int64
-	mult     uint64 // ns per TSC tick, 32.32 fixed point
-	reanchor uint64 // TSC ticks between re-anchorings
-	last     int64
+	ok     bool
+	mult   uint64 // ns per TSC tick, 32.32 fixed point
+	period uint64 // TSC ticks between re-anchorings
+	anchor atomic.Pointer[tscAnchor]
+	last   int64 // what now last returned: it never goes back
+}
+
+// tscAnchor pairs a TSC reading with the nanotime read with it. Anchors
+// are never changed, only replaced, so a reader without the lock sees a
+// consistent one.
+type tscAnchor struct {
+	tsc uint64
+	ns  int64
 }
 
 var clk fastClock
@@ -42,30 +50,51 @@ func init() {
 	if c1 <= c0 || n1 <= n0 {
 		return
 	}
-	clk = fastClock{ok: true, tsc0: c1, ns0: n1, mult: uint64(n1-n0) << 32 / (c1 - c0)}
-	clk.reanchor = (c1 - c0) * 500 // ~1s
+	clk.ok = true
+	clk.mult = uint64(n1-n0) << 32 / (c1 - c0)
+	clk.period = (c1 - c0) * 500 // about a second
+	clk.anchor.Store(&tscAnchor{c1, n1})
 }
 
-// fastNanotime is CLOCK_MONOTONIC in nanoseconds, by the TSC if it can be.
-// It is not safe for concurrent use from several goroutines: the stack
+// newClock is a clock for one Stack, sharing the process's calibration.
+func newClock() *fastClock {
+	c := &fastClock{ok: clk.ok, mult: clk.mult, period: clk.period}
+	if a := clk.anchor.Load(); a != nil {
+		c.anchor.Store(a)
+	}
+	return c
+}
+
+// now is CLOCK_MONOTONIC in nanoseconds, by the TSC if it can be. The stack
 // calls it with its lock held.
 func (c *fastClock) now() int64 {
 	if !c.ok {
 		return nanotime()
 	}
 	t := rdtsc()
-	d := t - c.tsc0
-	if d > c.reanchor {
-		c.tsc0, c.ns0 = t, nanotime()
-		d = 0
+	a := c.anchor.Load()
+	if t-a.tsc > c.period {
+		a = &tscAnchor{t, nanotime()}
+		c.anchor.Store(a)
 	}
-	hi, lo := bits.Mul64(d, c.mult)
-	ns := c.ns0 + int64(hi<<32|lo>>32)
+	hi, lo := bits.Mul64(t-a.tsc, c.mult)
+	ns := a.ns + int64(hi<<32|lo>>32)
 	if ns < c.last {
 		ns = c.last
 	}
 	c.last = ns
 	return ns
+}
+
+// nowRacy reads the clock without the lock, for a hint: it changes
+// nothing.
+func (c *fastClock) nowRacy() int64 {
+	if !c.ok {
+		return nanotime()
+	}
+	a := c.anchor.Load()
+	hi, lo := bits.Mul64(rdtsc()-a.tsc, c.mult)
+	return a.ns + int64(hi<<32|lo>>32)
 }
 
 // Mono is a point on CLOCK_MONOTONIC, in nanoseconds.

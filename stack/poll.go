@@ -7,6 +7,11 @@ import "github.com/xdp-onload/onload/timers"
 // the stack lock, it leaves the poll to that thread (LockOrDefer) and
 // returns 0 at once. It returns the number of frames it took in.
 func (s *Stack) Poll() int {
+	// A busy-poller's idle polls end here, without the lock: nothing
+	// arrived, the NIC needs no care and no timer can be due.
+	if s.nic.Idle() && !s.img.wheel.MayBeDue(s.toTicks(s.fast.nowRacy())) {
+		return 0
+	}
 	if !s.img.hdr.lock.LockOrDefer(DeferPoll) {
 		return 0
 	}

@@ -64,7 +64,7 @@ type Stack struct {
 	resolver  Resolver
 	tickNs    int64
 	tickRecip uint64 // 2^64 / tickNs, for toTicks
-	fast      fastClock
+	fast      *fastClock
 	mtu       int
 
 	raceHB uint32 // see race_on.go
@@ -125,7 +125,7 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 	return &Stack{
 		id:  uint64(os.Getpid())<<32 | stackIDs.Add(1),
 		img: img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver,
-		tickNs: int64(img.hdr.tickNs), tickRecip: recip(img.hdr.tickNs), fast: clk, mtu: int(img.hdr.mtu),
+		tickNs: int64(img.hdr.tickNs), tickRecip: recip(img.hdr.tickNs), fast: newClock(), mtu: int(img.hdr.mtu),
 		rx: make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
 		expired: make([]timers.ID, 64),
 	}

@@ -222,6 +222,15 @@ func (w *Wheel) Cancel(id ID) {
 	}
 }
 
+// MayBeDue reports whether a timer might be due at now. It reads two
+// words without taking the owner's lock (another process may be changing
+// them): false is only a hint that a poll can skip the timers, true means
+// look properly.
+func (w *Wheel) MayBeDue(now Tick) bool {
+	h := w.hdr
+	return h.armedN > 0 && (h.minValid == 0 || h.min <= now || h.cursor <= now && h.min < h.cursor)
+}
+
 // Deadline reports when timer id fires, if it is armed.
 func (w *Wheel) Deadline(id ID) (Tick, bool) {
 	i := uint32(id)

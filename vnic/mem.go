@@ -135,6 +135,9 @@ var errClosed = errors.New("vnic: closed")
 
 func (m *Mem) Pool() *Pool { return m.pool }
 
+// Idle is false: checking the wire would take its lock.
+func (m *Mem) Idle() bool { return false }
+
 // Resync does nothing: a Mem pair lives in one process.
 func (m *Mem) Resync()    {}
 func (m *Mem) Info() Info { return m.info }

@@ -38,6 +38,10 @@ type NIC interface {
 	// valid, and each frame is Busy until the NIC is done with it. A frame
 	// that is already busy is refused with ErrBusy.
 	TransmitKeep(hs []Handle) (n int, err error)
+	// Idle reports, cheaply and without side effects, that there is nothing
+	// to receive and no housekeeping due: a busy-poller may skip a poll.
+	// False when in doubt.
+	Idle() bool
 	// Resync reloads whatever the NIC caches of shared state: another
 	// process drove it since this one last did (a takeover).
 	Resync()

@@ -573,3 +573,17 @@ func (f Frame) SetData(off, n int) error {
 	f.d.off, f.d.len = uint16(off), uint16(n)
 	return nil
 }
+
+// toKernel passes the frame to a transmit ring: lent (keep: the view
+// stays valid and the frame busy) or given (the handle goes stale). It
+// returns the frame's address and length for the descriptor.
+func (f Frame) toKernel(keep bool) (addr uint64, n uint32) {
+	d := f.d
+	if keep {
+		d.flags |= flagBusy
+	} else {
+		d.gen = nextGen(d.gen)
+		d.state = stateKernel
+	}
+	return uint64(f.h.Index())*uint64(f.p.frameSize) + uint64(d.off), uint32(d.len)
+}

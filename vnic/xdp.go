@@ -154,6 +154,14 @@ func (x *XDP) Resync() {
 }
 
 func (x *XDP) Pool() *Pool { return x.pool }
+
+// Idle reports that the RX ring is empty, the fill ring is more than half
+// full and no sent frames wait to be taken back. It reads only the rings'
+// shared words, so it is safe to call while another goroutine drives the
+// NIC.
+func (x *XDP) Idle() bool {
+	return x.sock.RX.Pending() == 0 && x.sock.Completion.Pending() == 0 && x.sock.Fill.Pending() >= x.fillTarget/2
+}
 func (x *XDP) Info() Info  { return x.info }
 
 // FD is the AF_XDP socket, for the steering program's XSKMAP.
@@ -263,24 +271,20 @@ func (x *XDP) transmit(hs []Handle, keep bool) (int, error) {
 	var err error
 	maxLen := x.info.MTU + 14
 	for ; n < got; n++ {
-		if data := x.pool.Data(hs[n]); data == nil {
+		f, ok := x.pool.Frame(hs[n])
+		switch {
+		case !ok:
 			err = ErrStale
-		} else if len(data) > maxLen {
-			err = fmt.Errorf("vnic: %d-byte frame exceeds mtu %d: %w", len(data), x.info.MTU, ErrTooLong)
-		} else if x.pool.Busy(hs[n]) {
+		case f.Len() > maxLen:
+			err = fmt.Errorf("vnic: %d-byte frame exceeds mtu %d: %w", f.Len(), x.info.MTU, ErrTooLong)
+		case f.Busy():
 			err = ErrBusy
 		}
 		if err != nil {
 			x.stats.TxErrors++
 			break
 		}
-		var addr uint64
-		var l uint32
-		if keep {
-			addr, l, _ = x.pool.lendKernel(hs[n])
-		} else {
-			addr, l, _ = x.pool.giveKernel(hs[n])
-		}
+		addr, l := f.toKernel(keep)
 		tx.Set(idx+n, xdp.Desc{Addr: addr, Len: l})
 		x.stats.TxBytes += uint64(l)
 	}

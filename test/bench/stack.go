@@ -100,9 +100,11 @@ func stackEchoMain(args []string) error {
 		if s.Poll() == 0 && i&1023 != 0 {
 			continue
 		}
-		if c, err := s.Accept(l); err == nil {
-			s.SetOption(c, stack.NoDelay, 1)
-			conns = append(conns, c)
+		if len(conns) == 0 || i&1023 == 0 {
+			if c, err := s.Accept(l); err == nil {
+				s.SetOption(c, stack.NoDelay, 1)
+				conns = append(conns, c)
+			}
 		}
 		for _, c := range conns {
 			n, err := s.Recv(c, buf, false)
