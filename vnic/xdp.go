@@ -162,7 +162,7 @@ func (x *XDP) Pool() *Pool { return x.pool }
 func (x *XDP) Idle() bool {
 	return x.sock.RX.Pending() == 0 && x.sock.Completion.Pending() == 0 && x.sock.Fill.Pending() >= x.fillTarget/2
 }
-func (x *XDP) Info() Info  { return x.info }
+func (x *XDP) Info() Info { return x.info }
 
 // FD is the AF_XDP socket, for the steering program's XSKMAP.
 func (x *XDP) FD() int { return x.sock.FD() }
