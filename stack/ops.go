@@ -2,6 +2,8 @@ package stack
 
 import (
 	"net/netip"
+
+	"github.com/xdp-onload/onload/vnic"
 )
 
 // The engine's socket operations, which the sockets package wraps. All are
@@ -211,6 +213,9 @@ func (s *Stack) RecvFrom(id SockID, buf []byte, peek bool) (int, netip.AddrPort,
 	if sk.kind != kindUDP {
 		return 0, netip.AddrPort{}, ErrNotSupported
 	}
+	if sk.rcvHead == vnic.Null && !s.idle() {
+		s.pollLocked()
+	}
 	return s.udpRecvLocked(sk, buf, peek)
 }
 
@@ -236,13 +241,19 @@ func (s *Stack) Send(id SockID, buf []byte) (int, error) {
 
 // Recv receives from a socket into buf. For TCP, 0 with a nil error is the
 // end of the stream; ErrWouldBlock means nothing has arrived yet. With
-// peek the data stays queued.
+// peek the data stays queued. When nothing is queued it polls the stack
+// first.
 func (s *Stack) Recv(id SockID, buf []byte, peek bool) (int, error) {
 	s.lock()
 	sk, err := s.sockLocked(id)
 	if err != nil {
 		s.unlock()
 		return 0, err
+	}
+	if sk.rcvHead == vnic.Null && !s.idle() {
+		// Nothing queued: poll the NIC first, as Onload's recv does, so
+		// that a busy reader needs one lock round per message.
+		s.pollLocked()
 	}
 	if sk.kind == kindUDP {
 		n, _, err := s.udpRecvLocked(sk, buf, peek)

@@ -7,9 +7,8 @@ import "github.com/xdp-onload/onload/timers"
 // the stack lock, it leaves the poll to that thread (LockOrDefer) and
 // returns 0 at once. It returns the number of frames it took in.
 func (s *Stack) Poll() int {
-	// A busy-poller's idle polls end here, without the lock: nothing
-	// arrived, the NIC needs no care and no timer can be due.
-	if s.nic.Idle() && !s.img.wheel.MayBeDue(s.toTicks(s.fast.nowRacy())) {
+	// A busy-poller's idle polls end here, without the lock.
+	if s.idle() {
 		return 0
 	}
 	if !s.img.hdr.lock.LockOrDefer(DeferPoll) {
@@ -58,4 +57,10 @@ func (s *Stack) timerLocked(id timers.ID) {
 	if sk, n, ok := s.socketTimer(id); ok && sk.kind == kindTCP {
 		s.tcpTimerLocked(sk, n)
 	}
+}
+
+// idle reports, without the lock, that a poll would find nothing to do:
+// nothing arrived, the NIC needs no care and no timer can be due.
+func (s *Stack) idle() bool {
+	return s.nic.Idle() && !s.img.wheel.MayBeDue(s.toTicks(s.fast.nowRacy()))
 }

@@ -96,9 +96,10 @@ func stackEchoMain(args []string) error {
 	buf := make([]byte, 64<<10)
 	deadline := time.Now().Add(*limit)
 	for i := 0; ; i++ {
-		// Look at the sockets only when the poll brought something in.
-		if s.Poll() == 0 && i&1023 != 0 {
-			continue
+		// Recv polls the stack when its socket has nothing queued; with no
+		// connection yet, poll here.
+		if len(conns) == 0 {
+			s.Poll()
 		}
 		if len(conns) == 0 || i&1023 == 0 {
 			if c, err := s.Accept(l); err == nil {
@@ -189,17 +190,14 @@ func stackPingMain(args []string) error {
 			return fmt.Errorf("send: %d, %v", n, err)
 		}
 		for got, spins := 0, 0; got < len(msg); spins++ {
-			if s.Poll() == 0 {
-				if spins&4095 == 4095 && time.Since(start) > time.Second {
-					return fmt.Errorf("round trip %d: no reply in 1s: %s", i, s.DumpSocket(c))
-				}
-				continue
-			}
-			n, err := s.Recv(c, buf, false)
+			n, err := s.Recv(c, buf, false) // polls the stack when nothing is queued
 			if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
 				return fmt.Errorf("recv: %w", err)
 			}
 			got += n
+			if n == 0 && spins&4095 == 4095 && time.Since(start) > time.Second {
+				return fmt.Errorf("round trip %d: no reply in 1s: %s", i, s.DumpSocket(c))
+			}
 		}
 		if i >= *warmup {
 			res.RTTs = append(res.RTTs, float64(time.Since(start).Nanoseconds())/1e3)
