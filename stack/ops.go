@@ -65,7 +65,7 @@ func (s *Stack) bindLocked(sk *sock, local netip.AddrPort) error {
 		if port, ok = s.ephemeralLocked(sk.kind, addr); !ok {
 			return ErrNoPorts
 		}
-	} else if s.portInUseLocked(sk.kind, addr, port) {
+	} else if s.portInUseLocked(sk.kind, addr, port, sk.tflags&tfReuseAddr != 0) {
 		return ErrAddrInUse
 	}
 	if s.filters != nil {
@@ -90,7 +90,7 @@ func (s *Stack) ephemeralLocked(kind uint8, addr [4]byte) (uint16, bool) {
 			p = ephemeralLow
 		}
 		h.ephemeral = p + 1
-		if !s.portInUseLocked(kind, addr, uint16(p)) {
+		if !s.portInUseLocked(kind, addr, uint16(p), false) {
 			return uint16(p), true
 		}
 	}

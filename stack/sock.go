@@ -244,11 +244,16 @@ func (s *Stack) findLocked(kind uint8, laddr [4]byte, lport uint16, raddr [4]byt
 // portInUseLocked reports whether a socket of kind is bound to port on
 // addr, or on any address if addr is the wildcard (and, bound to the
 // wildcard, clashes with every address).
-func (s *Stack) portInUseLocked(kind uint8, addr [4]byte, port uint16) bool {
+//
+// With reuse (SO_REUSEADDR), connections in TIME-WAIT do not count.
+func (s *Stack) portInUseLocked(kind uint8, addr [4]byte, port uint16, reuse bool) bool {
 	var zero [4]byte
 	for i := range s.img.socks {
 		sk := &s.img.socks[i]
 		if sk.kind != kind || sk.flags&sfBound == 0 || sk.localPort != port {
+			continue
+		}
+		if reuse && sk.kind == kindTCP && sk.state == tcpTimeWait {
 			continue
 		}
 		if addr == zero || sk.localAddr == zero || sk.localAddr == addr {

@@ -258,3 +258,24 @@ func TestTCPManyConnections(t *testing.T) {
 		s.Close(id)
 	}
 }
+
+// TestTCPReuseAddr: a server's port with a connection in TIME-WAIT can be
+// bound again only with SO_REUSEADDR.
+func TestTCPReuseAddr(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	b.Close(listeners[b])
+	b.Close(s) // the server closes first: its side ends in TIME-WAIT
+	waitFor(t, "end of stream", 5*time.Second, poll, func() bool { return eof(a, c) })
+	a.Close(c)
+	waitFor(t, "TIME-WAIT", 5*time.Second, poll, func() bool { return contains(b.DumpSocket(s), "TIME-WAIT") })
+	l, _ := b.Open(stack.TCP)
+	if err := b.Bind(l, netip.MustParseAddrPort("0.0.0.0:80")); !errors.Is(err, syscall.EADDRINUSE) {
+		t.Errorf("bind over a TIME-WAIT connection without SO_REUSEADDR: %v, want EADDRINUSE", err)
+	}
+	b.SetOption(l, stack.ReuseAddr, 1)
+	if err := b.Bind(l, netip.MustParseAddrPort("0.0.0.0:80")); err != nil {
+		t.Errorf("bind with SO_REUSEADDR: %v", err)
+	}
+}

@@ -182,12 +182,7 @@ func TestStackTCPClientToKernel(t *testing.T) {
 	}
 	k := <-accepted
 	defer k.Close()
-	n := bulkSize()
-	start := time.Now()
-	exchange(t, c, k, random(n, 1), random(n, 2))
-	cs := s.Counters()
-	t.Logf("%d MiB each way in %v (%s)", n>>20, time.Since(start), &cs)
-	s.Close(id)
+	bulkExchange(t, c, k, 1)
 }
 
 // TestStackTCPServerForKernel: the kernel in a connects to our listener in
@@ -221,12 +216,19 @@ func TestStackTCPServerForKernel(t *testing.T) {
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
+	bulkExchange(t, stackConn{s, id}, k, 3)
+}
+
+// bulkExchange moves bulkSize bytes each way, logs the time and counters,
+// and closes our side.
+func bulkExchange(t *testing.T, c stackConn, k net.Conn, seed uint64) {
+	t.Helper()
 	n := bulkSize()
 	start := time.Now()
-	exchange(t, stackConn{s, id}, k, random(n, 3), random(n, 4))
-	cs := s.Counters()
+	exchange(t, c, k, random(n, seed), random(n, seed+1))
+	cs := c.s.Counters()
 	t.Logf("%d MiB each way in %v (%s)", n>>20, time.Since(start), &cs)
-	s.Close(id)
+	c.s.Close(c.id)
 }
 
 // TestStackTCPShortConnections makes 1,000 short connections in turn: our
@@ -248,7 +250,8 @@ func TestStackTCPShortConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer echo.Close()
-	// Other traffic meanwhile: ping from a to b's kernel.
+	// Other traffic meanwhile, to b's kernel: ping, and a TCP connection
+	// (as ssh would be) streaming both ways through b's kernel echo.
 	pingDone := make(chan error, 1)
 	go func() {
 		out, err := a.Run("ping", "-c", "20", "-i", "0.05", "-W", "2", b.Iface0().Addr().String())
@@ -256,6 +259,29 @@ func TestStackTCPShortConnections(t *testing.T) {
 			err = fmt.Errorf("ping: %s", out)
 		}
 		pingDone <- err
+	}()
+	kernelEcho, err := b.KernelEcho(b.Iface0().Addr().String() + ":2222")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kernelEcho.Close()
+	sshDone := make(chan error, 1)
+	go func() {
+		sshDone <- a.Do(func() error {
+			k, err := net.DialTimeout("tcp", b.Iface0().Addr().String()+":2222", 5*time.Second)
+			if err != nil {
+				return err
+			}
+			defer k.Close()
+			k.SetDeadline(time.Now().Add(30 * time.Second))
+			msg := random(4<<20, 5)
+			go k.Write(msg)
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(k, got); err != nil || !bytes.Equal(got, msg) {
+				return fmt.Errorf("kernel-to-kernel connection beside ours: %v", err)
+			}
+			return nil
+		})
 	}()
 
 	for i := range n {
@@ -346,6 +372,9 @@ func TestStackTCPShortConnections(t *testing.T) {
 	}
 	serverErr <- nil
 	if err := <-pingDone; err != nil {
+		t.Error(err)
+	}
+	if err := <-sshDone; err != nil {
 		t.Error(err)
 	}
 	cs := s.Counters()

@@ -31,11 +31,21 @@ func ourStackNIC(t *testing.T, iface *Iface, cfg SteerConfig) (*Steered, *stack.
 	}
 	t.Cleanup(func() { st.Close() })
 	var kn *stack.KernelNeighbours
-	if err := iface.Host.Do(func() (err error) { kn, err = stack.NewKernelNeighbours(iface.Name); return }); err != nil {
+	var kcfg stack.Config
+	if err := iface.Host.Do(func() (err error) {
+		if kcfg, err = stack.KernelConfig(iface.Name); err != nil {
+			return err
+		}
+		kn, err = stack.NewKernelNeighbours(iface.Name)
+		return
+	}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { kn.Close() })
-	s, err := stack.New(st.NIC, stack.Config{Addr: iface.Prefix, MAC: iface.MAC}, stack.Options{
+	if kcfg.Addr != iface.Prefix || kcfg.MTU != 1500 || kcfg.MAC.String() != iface.MAC.String() {
+		t.Fatalf("KernelConfig = %+v, want %v %v mtu 1500", kcfg, iface.Prefix, iface.MAC)
+	}
+	s, err := stack.New(st.NIC, kcfg, stack.Options{
 		Filters:  stack.SteeringFilters{Steering: st.Steering, Stack: st.Stack},
 		Resolver: kn,
 	})
@@ -179,5 +189,28 @@ poll:
 	}
 	if _, err := s.SendTo(id, []byte("again"), ghost); !errors.Is(err, syscall.EHOSTUNREACH) {
 		t.Errorf("send to a host that failed to resolve: %v, want EHOSTUNREACH", err)
+	}
+}
+
+// TestKernelConfig reads an interface's address, MTU and default gateway
+// from the kernel.
+func TestKernelConfig(t *testing.T) {
+	a, b := Pair(t, LinkOptions{MTU: 1400})
+	if _, err := b.Run("ip", "route", "add", "default", "via", a.Iface0().Addr().String()); err != nil {
+		t.Fatal(err)
+	}
+	var cfg stack.Config
+	if err := b.Do(func() (err error) { cfg, err = stack.KernelConfig("eth0"); return }); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Addr != b.Iface0().Prefix || cfg.MTU != 1400 || cfg.Gateway != a.Iface0().Addr() {
+		t.Errorf("KernelConfig = addr %v mtu %d gateway %v; want %v 1400 %v", cfg.Addr, cfg.MTU, cfg.Gateway, b.Iface0().Prefix, a.Iface0().Addr())
+	}
+	err := b.Do(func() error { _, err := stack.KernelConfig("lo"); return err })
+	if err != nil {
+		t.Errorf("lo has 127.0.0.1: %v", err)
+	}
+	if err := b.Do(func() error { _, err := stack.KernelConfig("nosuch0"); return err }); err == nil {
+		t.Error("a missing interface gave no error")
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -25,9 +24,12 @@ const tcpBenchPort = 7100
 // ourStack brings our stack up on iface: the steering program, an XDP NIC
 // and a stack that resolves neighbours through the kernel.
 func ourStack(iface string, addr netip.Prefix) (*stack.Stack, func(), error) {
-	ifi, err := net.InterfaceByName(iface)
+	cfg, err := stack.KernelConfig(iface)
 	if err != nil {
 		return nil, nil, err
+	}
+	if cfg.Addr != addr {
+		return nil, nil, fmt.Errorf("interface %s has %v, not %v", iface, cfg.Addr, addr)
 	}
 	nic, err := vnic.OpenXDP(vnic.XDPConfig{Interface: iface})
 	if err != nil {
@@ -54,7 +56,7 @@ func ourStack(iface string, addr netip.Prefix) (*stack.Stack, func(), error) {
 		cleanup()
 		return nil, nil, err
 	}
-	s, err := stack.New(nic, stack.Config{Addr: addr, MAC: ifi.HardwareAddr}, stack.Options{
+	s, err := stack.New(nic, cfg, stack.Options{
 		Filters:  stack.SteeringFilters{Steering: st, Stack: 0},
 		Resolver: kn,
 	})
