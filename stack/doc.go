@@ -1,11 +1,17 @@
-// Package stack is the TCP/IP engine: IPv4, ARP (resolved through the
-// kernel's neighbour table), UDP and TCP per RFC 9293, run to completion
-// in the application's own goroutine, with every byte of its state in a
-// memfd-backed image that onloadd can map and drive when the application
-// stalls.
+// Package stack is the TCP/IP engine: IPv4, neighbours (resolved through
+// the kernel's table), UDP and TCP per RFC 9293, run to completion in the
+// caller's goroutine, with every byte of its state in a memfd-backed image
+// (Image) that a second process can map and drive when the owner stalls.
 //
-// Built so far: the stack lock (Lock), a word in shared memory with
-// TryLock, Lock, LockOrDefer and an Unlock that does the deferred work.
-// The image, the poll loop and the protocols are the engine issue's
-// remaining work; see docs/ARCHITECTURE.md.
+// A Stack is one process's handle on an image and a vnic.NIC. Its socket
+// operations (Open, Bind, Listen, Accept, Connect, Send, Recv, SendTo,
+// RecvFrom, Shutdown, Close, SetOption, Events) never block: an operation
+// that would wait returns ErrWouldBlock (or ErrInProgress for a TCP
+// connect). Poll moves frames in and out and runs timers; Recv polls when
+// its socket has nothing queued. Every method takes the stack lock (Lock),
+// a word in the image; functions that need it held end in Locked.
+//
+// Errors are *Errno values that match the system error numbers with
+// errors.Is, so that the sockets layer reports exactly what the kernel
+// would. See docs/ARCHITECTURE.md for the design.
 package stack
