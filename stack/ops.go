@@ -244,6 +244,9 @@ func (s *Stack) Send(id SockID, buf []byte) (int, error) {
 // peek the data stays queued. When nothing is queued it polls the stack
 // first.
 func (s *Stack) Recv(id SockID, buf []byte, peek bool) (int, error) {
+	if s.nothingToRecv(id) {
+		return 0, ErrWouldBlock
+	}
 	s.lock()
 	sk, err := s.sockLocked(id)
 	if err != nil {
@@ -264,6 +267,24 @@ func (s *Stack) Recv(id SockID, buf []byte, peek bool) (int, error) {
 	s.flushLocked()
 	s.unlock()
 	return n, err
+}
+
+// nothingToRecv reports, without the lock, that a Recv on id would find
+// nothing and that polling would bring nothing in: a busy reader's empty
+// spins end here. It reads the socket's words racily, as a hint: any doubt
+// (another process changing them, a socket that is not a plain open one)
+// sends the caller down the locked path.
+func (s *Stack) nothingToRecv(id SockID) bool {
+	idx := id.index()
+	if idx >= uint32(len(s.img.socks)) {
+		return false
+	}
+	sk := &s.img.socks[idx]
+	if sk.gen != id.gen() || sk.kind != kindTCP || sk.state != tcpEstablished ||
+		sk.rcvHead != vnic.Null || sk.err != 0 || sk.tflags&(tfRcvFin|tfShutRd|tfOrphan) != 0 {
+		return false
+	}
+	return s.idle()
 }
 
 // SockError returns and clears the socket's pending error (SO_ERROR).

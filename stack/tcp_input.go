@@ -179,13 +179,15 @@ func (s *Stack) negotiateLocked(sk *sock, o *tcpOpts) {
 // segmentLocked is RFC 9293 3.10.7.4: a segment for a synchronized
 // connection (or one in SYN-RECEIVED).
 func (s *Stack) segmentLocked(sk *sock, h vnic.Handle, g *segment) {
+	if !s.segmentKeepsLocked(sk, h, g) {
+		s.pool.Free(h)
+	}
+}
+
+// segmentKeepsLocked does segmentLocked's work and reports whether a queue
+// kept the frame.
+func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bool) {
 	c := &s.img.hdr.counters
-	keep := false
-	defer func() {
-		if !keep {
-			s.pool.Free(h)
-		}
-	}()
 
 	// First, check the sequence number.
 	wnd := seqnum.Size(0)
@@ -296,6 +298,7 @@ func (s *Stack) segmentLocked(sk *sock, h vnic.Handle, g *segment) {
 			keep = s.oooInsertLocked(sk, h, g.seq, 0, true)
 		}
 	}
+	return keep
 }
 
 // acceptable is the segment acceptance test of RFC 9293 3.10.7.4.

@@ -287,8 +287,15 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 	wnd := min(sk.sndWnd, sk.cwnd)
 	limit := sk.sndUna.Add(seqnum.Size(wnd))
 	for h := sk.sndUnsent; h != vnic.Null; h = sk.sndUnsent {
-		seq := seqnum.Value(p.Aux(h, auxSeq))
-		n := int(p.Aux(h, auxLen))
+		f, ok := p.Frame(h)
+		if !ok {
+			s.img.hdr.counters.ImageCorrupt++
+			sk.sndUnsent = vnic.Null
+			break
+		}
+		seq := seqnum.Value(f.Aux(auxSeq))
+		n := int(f.Aux(auxLen))
+		next := f.Next()
 		end := seq.Add(seqnum.Size(n))
 		if limit.LessThan(end) {
 			if sk.sndWnd == 0 && sk.sndNxt == sk.sndUna {
@@ -299,11 +306,11 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 		// Nagle (RFC 896, RFC 1122 4.2.3.4): a small segment waits while
 		// data is unacknowledged, unless it is the last before a FIN.
 		if n < int(sk.mss) && sk.tflags&tfNoDelay == 0 && sk.sndNxt != sk.sndUna &&
-			!(sk.tflags&tfFinQueued != 0 && p.Next(h) == vnic.Null) {
+			!(sk.tflags&tfFinQueued != 0 && next == vnic.Null) {
 			break
 		}
 		s.transmitSegLocked(sk, h, seq, n, 0)
-		sk.sndUnsent = p.Next(h)
+		sk.sndUnsent = next
 		sk.sndNxt = end
 		if sk.sndMax.LessThan(end) {
 			sk.sndMax = end
