@@ -336,3 +336,75 @@ func TestTCPBulkWithReordering(t *testing.T) {
 		t.Error("nothing arrived out of order")
 	}
 }
+
+// TestTCPResetsWithNetstack: connection refused by netstack, netstack's
+// abortive close (SO_LINGER 0) seen by us, and ours seen by netstack.
+func TestTCPResetsWithNetstack(t *testing.T) {
+	s, peer := withNetstack(t, vnic.MemConfig{}, stack.Config{})
+	poll := func() { s.Poll() }
+
+	// Nobody listens on 4444: netstack answers the SYN with a reset.
+	c, _ := s.Open(stack.TCP)
+	s.Connect(c, netip.AddrPortFrom(addrB.Addr(), 4444))
+	waitFor(t, "refusal", 5*time.Second, poll, func() bool { return s.Events(c)&stack.Error != 0 })
+	if err := s.SockError(c); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("connect to a closed netstack port: %v, want ECONNREFUSED", err)
+	}
+	s.Close(c)
+
+	l, err := peer.ListenTCP(4445)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 2)
+	go func() {
+		for {
+			gc, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- gc
+		}
+	}()
+	connect := func() (stack.SockID, net.Conn) {
+		id, _ := s.Open(stack.TCP)
+		s.Connect(id, netip.AddrPortFrom(addrB.Addr(), 4445))
+		waitFor(t, "connected", 5*time.Second, poll, func() bool { return s.Events(id)&stack.Writable != 0 })
+		select {
+		case gc := <-accepted:
+			return id, gc
+		case <-time.After(5 * time.Second):
+			t.Fatal("netstack did not accept")
+		}
+		return 0, nil
+	}
+
+	// Netstack resets (it closes with our data unread, RFC 2525): we see
+	// ECONNRESET.
+	id, gc := connect()
+	s.Send(id, []byte("never read"))
+	time.Sleep(20 * time.Millisecond) // let netstack take it in
+	for range 100 {
+		s.Poll()
+	}
+	gc.Close()
+	waitFor(t, "their reset", 5*time.Second, poll, func() bool { return s.Events(id)&stack.Error != 0 })
+	if _, err := s.Recv(id, make([]byte, 10), false); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("recv after netstack's reset: %v, want ECONNRESET", err)
+	}
+	s.Close(id)
+
+	// We reset: netstack sees a reset.
+	id, gc = connect()
+	s.SetOption(id, stack.Linger, 0)
+	s.Close(id)
+	for range 100 {
+		s.Poll()
+	}
+	gc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := gc.Read(make([]byte, 10)); err == nil || !contains(err.Error(), "reset") {
+		t.Errorf("netstack read after our abortive close: %v, want connection reset", err)
+	}
+	gc.Close()
+}
