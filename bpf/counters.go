@@ -3,9 +3,6 @@ package bpf
 import (
 	"fmt"
 	"strings"
-	"time"
-
-	"github.com/cilium/ebpf/ringbuf"
 )
 
 // Counter indices, in the order of enum counter in steer.c.
@@ -100,40 +97,3 @@ func (s *Steering) Counters() (Counters, error) {
 	}
 	return c, nil
 }
-
-// EventReader reads wake events from the program's ring buffer.
-type EventReader struct {
-	r   *ringbuf.Reader
-	rec ringbuf.Record
-}
-
-// Events opens a reader on the wake-event ring buffer. Only one reader
-// should exist (it is onloadd's).
-func (s *Steering) Events() (*EventReader, error) {
-	r, err := ringbuf.NewReader(s.objs.Events)
-	if err != nil {
-		return nil, fmt.Errorf("open wake event ring buffer: %w", err)
-	}
-	return &EventReader{r: r}, nil
-}
-
-// SetDeadline makes Read return os.ErrDeadlineExceeded after t (zero: block
-// forever).
-func (e *EventReader) SetDeadline(t time.Time) { e.r.SetDeadline(t) }
-
-// Read blocks for the next wake event.
-func (e *EventReader) Read() (WakeEvent, error) {
-	if err := e.r.ReadInto(&e.rec); err != nil {
-		return WakeEvent{}, fmt.Errorf("read wake event: %w", err)
-	}
-	if len(e.rec.RawSample) < 8 {
-		return WakeEvent{}, fmt.Errorf("read wake event: short record of %d bytes", len(e.rec.RawSample))
-	}
-	var ev steerWakeEvent
-	ev.Stack = nativeU32(e.rec.RawSample[0:4])
-	ev.Queue = nativeU32(e.rec.RawSample[4:8])
-	return WakeEvent{Stack: StackID(ev.Stack), Queue: ev.Queue}, nil
-}
-
-// Close closes the reader, unblocking Read.
-func (e *EventReader) Close() error { return e.r.Close() }

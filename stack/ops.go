@@ -371,6 +371,10 @@ func (s *Stack) Events(id SockID) Events {
 	if err != nil {
 		return Error | Hangup
 	}
+	return s.eventsLocked(sk)
+}
+
+func (s *Stack) eventsLocked(sk *sock) Events {
 	var ev Events
 	if sk.err != 0 {
 		ev |= Error

@@ -43,8 +43,14 @@ func (s *Stack) timersLocked() {
 			s.timerLocked(id)
 		}
 		if n < len(s.expired) {
-			return
+			break
 		}
+	}
+	// Cancelling or expiring the earliest timer forgets the wheel's
+	// earliest deadline; find it again now, or every idle check until the
+	// next one that asks would say a timer may be due.
+	if _, _, err := s.img.wheel.NextDeadline(); err != nil {
+		s.img.hdr.counters.ImageCorrupt++
 	}
 }
 

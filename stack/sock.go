@@ -22,6 +22,10 @@ func makeSockID(idx, gen uint32) SockID { return SockID(gen<<20 | idx) }
 func (id SockID) index() uint32 { return uint32(id) & (1<<20 - 1) }
 func (id SockID) gen() uint32   { return uint32(id) >> 20 }
 
+// Slot is the socket's slot in the table, from 0 to Config.Sockets-1:
+// an index for per-socket state kept outside the image.
+func (id SockID) Slot() int { return int(id.index()) }
+
 func (id SockID) String() string { return fmt.Sprintf("sock(%d/%d)", id.index(), id.gen()) }
 
 // noSlot ends the socket free list and the hash chains, which link slot

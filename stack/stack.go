@@ -76,6 +76,9 @@ type Stack struct {
 	tx      []vnic.Handle // frames to give to the NIC
 	txKeep  []vnic.Handle // frames to lend it (TCP data kept for retransmission)
 	expired []timers.ID
+
+	wake  func(SockID) // Options.Wake
+	woken int          // sleepers woken since TryPoll began
 }
 
 // rxBudget is how many frames one poll takes from the NIC.
@@ -86,6 +89,10 @@ type Options struct {
 	Filters    Filters  // nil: no steering (an in-memory NIC)
 	Resolver   Resolver // nil: only Neighbours are known
 	Neighbours map[netip.Addr]net.HardwareAddr
+	// Wake is called, with the stack lock held, for each socket a poll
+	// changed while a thread waited on it (WaitFor). It must not block or
+	// call into the stack.
+	Wake func(SockID)
 }
 
 // New makes a stack over nic: a new image, configured by cfg.
@@ -127,7 +134,7 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 		img: img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver,
 		tickNs: int64(img.hdr.tickNs), tickRecip: recip(img.hdr.tickNs), fast: newClock(), mtu: int(img.hdr.mtu),
 		rx: make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
-		expired: make([]timers.ID, 64),
+		expired: make([]timers.ID, 64), wake: opt.Wake,
 	}
 }
 

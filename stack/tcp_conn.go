@@ -163,6 +163,7 @@ func (s *Stack) establishedChildLocked(child *sock) {
 	l.acceptTail = idx
 	l.acceptLen++
 	child.tflags |= tfInAcceptQ
+	s.touchLocked(l)
 }
 
 // parentLocked is a passive child's listener, if it still listens.

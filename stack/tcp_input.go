@@ -86,6 +86,9 @@ func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
 	if sk.kind == kindTCP && sk.state != tcpClosed {
 		s.tcpOutputLocked(sk)
 	}
+	if sk.kind != kindFree {
+		s.touchLocked(sk)
+	}
 }
 
 // synSentInputLocked is RFC 9293 3.10.7.3: a segment for our SYN.

@@ -117,6 +117,9 @@ func (s *Stack) tcpTimerLocked(sk *sock, n int) {
 	if sk.kind == kindTCP {
 		s.tcpOutputLocked(sk)
 	}
+	if sk.kind != kindFree {
+		s.touchLocked(sk)
+	}
 }
 
 // rtoExpiredLocked handles the retransmission timer (RFC 6298 5.4-5.7):

@@ -57,6 +57,7 @@ func (s *Stack) udpInputLocked(h vnic.Handle, p *ipPacket) {
 	s.pool.SetAux(h, auxSrcPort, uint32(sport))
 	s.enqueueRcvLocked(sk, h, n)
 	c.RxUDP++
+	s.touchLocked(sk)
 }
 
 // enqueueRcvLocked appends a frame holding n payload bytes to the

@@ -3,6 +3,7 @@ package vnic
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -135,8 +136,9 @@ var errClosed = errors.New("vnic: closed")
 
 func (m *Mem) Pool() *Pool { return m.pool }
 
-// Idle is false: checking the wire would take its lock.
-func (m *Mem) Idle() bool { return false }
+// Idle reports that no frame can be received now: the earliest frame on
+// the wire (read without its lock) is not due yet.
+func (m *Mem) Idle() bool { return m.in.nextAt.Load() > int64(m.now()) }
 
 // Resync does nothing: a Mem pair lives in one process.
 func (m *Mem) Resync()    {}
@@ -226,6 +228,31 @@ func (m *Mem) Receive(hs []Handle) int {
 	return n
 }
 
+// Interrupts is the channel on which an armed Mem signals, once, that a
+// frame can be received: the in-memory NIC's interrupt line.
+func (m *Mem) Interrupts() <-chan struct{} { return m.in.irq }
+
+// Arm asks for one signal on Interrupts when a frame can be received: at
+// once if one can now, else when the next one arrives or its delay ends.
+func (m *Mem) Arm() {
+	w := m.in
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.armed = true
+	if len(w.heap) > 0 {
+		w.interruptAt(w.heap[0].at, m.now())
+	}
+}
+
+// Disarm withdraws the request; a signal already sent stays in the
+// channel.
+func (m *Mem) Disarm() {
+	w := m.in
+	w.mu.Lock()
+	w.armed = false
+	w.mu.Unlock()
+}
+
 // wire is one direction: fixed slots of frame bytes in flight and a
 // min-heap ordering them by delivery time. Nothing is allocated per frame.
 type wire struct {
@@ -240,6 +267,16 @@ type wire struct {
 	seq   uint64
 
 	lost, duplicated, reordered, corrupted, delayed, full uint64
+
+	// nextAt is the delivery time of the earliest frame (MaxInt64: none),
+	// for Idle to read without the lock.
+	nextAt atomic.Int64
+
+	// The receiving end's interrupt: armed asks for one signal on irq
+	// when a frame can be received; timer delivers it for a delayed one.
+	armed bool
+	irq   chan struct{}
+	timer *time.Timer
 }
 
 type wireEntry struct {
@@ -255,11 +292,21 @@ func newWire(imp Impairment, slots, size int, rng *rand.Rand) *wire {
 		lens:  make([]uint16, slots),
 		free:  make([]uint32, slots),
 		heap:  make([]wireEntry, 0, slots),
+		irq:   make(chan struct{}, 1),
 	}
+	w.nextAt.Store(math.MaxInt64)
 	for i := range w.free {
 		w.free[i] = uint32(slots - 1 - i)
 	}
 	return w
+}
+
+func (w *wire) updateNext() {
+	if len(w.heap) == 0 {
+		w.nextAt.Store(math.MaxInt64)
+	} else {
+		w.nextAt.Store(int64(w.heap[0].at))
+	}
 }
 
 func (w *wire) buf(slot uint32) []byte {
@@ -309,6 +356,37 @@ func (w *wire) send(data []byte, now time.Duration) {
 		w.push(wireEntry{at: at, seq: w.seq, slot: slot})
 		w.seq++
 	}
+	if w.armed && len(w.heap) > 0 {
+		w.interruptAt(w.heap[0].at, now)
+	}
+}
+
+// interruptAt signals the receiving end when the frame due at `at`
+// can be received. Called with w.mu held.
+func (w *wire) interruptAt(at, now time.Duration) {
+	if at <= now {
+		w.signalLocked()
+		return
+	}
+	if w.timer == nil {
+		w.timer = time.AfterFunc(at-now, func() {
+			w.mu.Lock()
+			if w.armed {
+				w.signalLocked()
+			}
+			w.mu.Unlock()
+		})
+	} else {
+		w.timer.Reset(at - now)
+	}
+}
+
+func (w *wire) signalLocked() {
+	w.armed = false
+	select {
+	case w.irq <- struct{}{}:
+	default:
+	}
 }
 
 func (a wireEntry) less(b wireEntry) bool {
@@ -326,6 +404,7 @@ func (w *wire) push(e wireEntry) {
 		w.heap[i], w.heap[p] = w.heap[p], w.heap[i]
 		i = p
 	}
+	w.nextAt.Store(int64(w.heap[0].at))
 }
 
 func (w *wire) pop() wireEntry {
@@ -333,6 +412,7 @@ func (w *wire) pop() wireEntry {
 	last := len(w.heap) - 1
 	w.heap[0] = w.heap[last]
 	w.heap = w.heap[:last]
+	defer w.updateNext()
 	i := 0
 	for {
 		l, r, m := 2*i+1, 2*i+2, i

@@ -234,3 +234,66 @@ func TestMemRxNoBuffers(t *testing.T) {
 		t.Errorf("after frames returned: received %d of 3", len(got))
 	}
 }
+
+// TestMemInterrupts checks the in-memory interrupt line: an armed end is
+// signalled once when a frame arrives (at once, or when its delay ends),
+// an unarmed one never.
+func TestMemInterrupts(t *testing.T) {
+	a, b := memPair(t, vnic.MemConfig{AtoB: vnic.Impairment{Delay: 30 * time.Millisecond}})
+	send := func(from *vnic.Mem) {
+		t.Helper()
+		h := from.Pool().Alloc()
+		l, _ := pkt.UDP(from.Pool().Buf(h), endA, endB, []byte("irq"))
+		from.Pool().SetLen(h, l)
+		if k, err := from.Transmit([]vnic.Handle{h}); k != 1 || err != nil {
+			t.Fatalf("transmit: %d %v", k, err)
+		}
+	}
+	quiet := func(m *vnic.Mem, d time.Duration) {
+		t.Helper()
+		select {
+		case <-m.Interrupts():
+			t.Fatal("interrupt without cause")
+		case <-time.After(d):
+		}
+	}
+	expect := func(m *vnic.Mem, within time.Duration) {
+		t.Helper()
+		select {
+		case <-m.Interrupts():
+		case <-time.After(within):
+			t.Fatalf("no interrupt within %v", within)
+		}
+	}
+
+	// b -> a has no delay: arming then sending signals at once.
+	send(b)
+	quiet(a, 20*time.Millisecond) // not armed
+	a.Arm()                       // a frame is already waiting
+	expect(a, time.Second)
+	hs := make([]vnic.Handle, 4)
+	for n := a.Receive(hs); n > 0; n = a.Receive(hs) {
+		for _, h := range hs[:n] {
+			a.Pool().Free(h)
+		}
+	}
+	a.Arm()
+	quiet(a, 10*time.Millisecond)
+	send(b)
+	expect(a, time.Second)
+	a.Disarm()
+	send(b)
+	quiet(a, 20*time.Millisecond)
+
+	// a -> b is delayed 30ms: the signal comes when the frame is due.
+	b.Arm()
+	start := time.Now()
+	send(a)
+	expect(b, time.Second)
+	if d := time.Since(start); d < 25*time.Millisecond {
+		t.Errorf("interrupt after %v, before the frame's 30ms delay ended", d)
+	}
+	if n := b.Receive(hs); n != 1 {
+		t.Errorf("after the interrupt, Receive = %d frames, want 1", n)
+	}
+}

@@ -1,0 +1,272 @@
+package sockets
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Profile is a set of defaults tuned for one goal.
+type Profile string
+
+const (
+	// Latency: goroutines spin long before they sleep, the fill ring is
+	// kept shallow (hot in the caches). Costs a core per busy goroutine.
+	Latency Profile = "latency"
+	// Balanced, the default: a short spin, then sleep with interrupts.
+	Balanced Profile = "balanced"
+	// Throughput: deep rings and large socket buffers.
+	Throughput Profile = "throughput"
+)
+
+// Config is the configuration of an accelerated stack. Every field has an
+// environment variable (see the table in Options, and docs/config.md);
+// ConfigFromEnv reads them, the process default stack uses them.
+type Config struct {
+	Profile    Profile
+	Disable    bool          // accelerate nothing: every call goes to the standard library
+	Interface  string        // "" picks the interface of the default route, or the only one
+	Spin       time.Duration // how long a goroutine polls before it sleeps
+	Sockets    int           // socket table size
+	UmemFrames int           // frames in the UMEM
+	RingSize   int           // entries in each AF_XDP ring
+	FillDepth  int           // frames kept in the fill ring
+	MinRTO     time.Duration
+	DelayedAck time.Duration
+	SendBuffer int // default SO_SNDBUF
+	RecvBuffer int // default SO_RCVBUF
+	Log        slog.Level
+}
+
+// Option is one configuration variable: its environment name, default
+// (per profile), bounds, unit and meaning.
+type Option struct {
+	Env      string
+	Default  string             // in the balanced profile
+	Profiles map[Profile]string // defaults that differ by profile
+	Min, Max int64              // for numbers
+	Choices  []string           // for enumerations
+	Unit     string
+	Doc      string
+	set      func(c *Config, v int64, s string)
+}
+
+const envPrefix = "ONLOAD_"
+
+// Options is the table of configuration variables: the one place they are
+// defined. docs/config.md is generated from it.
+var Options = []Option{
+	{Env: "ONLOAD_PROFILE", Default: "balanced", Choices: []string{"latency", "balanced", "throughput"},
+		Doc: "Defaults tuned for a goal. `latency` spins long before sleeping and keeps the rings shallow (a busy goroutine keeps a core); `throughput` uses deep rings and large buffers. Variables set explicitly override the profile.",
+		set: func(c *Config, _ int64, s string) { c.Profile = Profile(s) }},
+	{Env: "ONLOAD_DISABLE", Default: "0", Min: 0, Max: 1,
+		Doc: "1: accelerate nothing; every call goes to the standard library.",
+		set: func(c *Config, v int64, _ string) { c.Disable = v == 1 }},
+	{Env: "ONLOAD_INTERFACE", Default: "",
+		Doc: "The interface to accelerate. Empty: the interface of the default route, else the only interface that is up with an IPv4 address. Traffic through other interfaces goes to the kernel.",
+		set: func(c *Config, _ int64, s string) { c.Interface = s }},
+	{Env: "ONLOAD_SPIN_US", Default: "50", Profiles: map[Profile]string{Latency: "100000", Throughput: "20"},
+		Min: 0, Max: 10_000_000, Unit: "µs",
+		Doc: "How long a goroutine that finds its socket not ready polls the stack before it sleeps.",
+		set: func(c *Config, v int64, _ string) { c.Spin = time.Duration(v) * time.Microsecond }},
+	{Env: "ONLOAD_SOCKETS", Default: "1024", Min: 1, Max: 1 << 20, Unit: "sockets",
+		Doc: "Size of the stack's socket table, TIME-WAIT included (the oldest TIME-WAIT is recycled when it is full).",
+		set: func(c *Config, v int64, _ string) { c.Sockets = int(v) }},
+	{Env: "ONLOAD_UMEM_FRAMES", Default: "4096", Profiles: map[Profile]string{Throughput: "16384"},
+		Min: 256, Max: 1 << 20, Unit: "frames",
+		Doc: "Frames of 2 KiB in the UMEM: every packet queued for sending, retransmission or reading holds one.",
+		set: func(c *Config, v int64, _ string) { c.UmemFrames = int(v) }},
+	{Env: "ONLOAD_RING_SIZE", Default: "2048", Profiles: map[Profile]string{Throughput: "4096"},
+		Min: 64, Max: 16384, Unit: "entries",
+		Doc: "Entries in each AF_XDP ring (fill, completion, RX, TX); a power of two.",
+		set: func(c *Config, v int64, _ string) { c.RingSize = int(v) }},
+	{Env: "ONLOAD_FILL_DEPTH", Default: "1024", Profiles: map[Profile]string{Latency: "128", Throughput: "4096"},
+		Min: 16, Max: 16384, Unit: "frames",
+		Doc: "Frames kept in the fill ring for the kernel to receive into (at most the ring size and half the frames). Shallow keeps the frames in use hot in the caches; deep absorbs longer bursts while nobody polls.",
+		set: func(c *Config, v int64, _ string) { c.FillDepth = int(v) }},
+	{Env: "ONLOAD_MIN_RTO_MS", Default: "200", Min: 1, Max: 10000, Unit: "ms",
+		Doc: "Least TCP retransmission timeout.",
+		set: func(c *Config, v int64, _ string) { c.MinRTO = time.Duration(v) * time.Millisecond }},
+	{Env: "ONLOAD_DELACK_MS", Default: "40", Min: 1, Max: 500, Unit: "ms",
+		Doc: "How long a TCP ACK may wait for data to ride on.",
+		set: func(c *Config, v int64, _ string) { c.DelayedAck = time.Duration(v) * time.Millisecond }},
+	{Env: "ONLOAD_SEND_BUFFER", Default: "262144", Profiles: map[Profile]string{Throughput: "4194304"},
+		Min: 2048, Max: 64 << 20, Unit: "bytes",
+		Doc: "Default send buffer of a socket (SO_SNDBUF).",
+		set: func(c *Config, v int64, _ string) { c.SendBuffer = int(v) }},
+	{Env: "ONLOAD_RECV_BUFFER", Default: "262144", Profiles: map[Profile]string{Throughput: "4194304"},
+		Min: 2048, Max: 64 << 20, Unit: "bytes",
+		Doc: "Default receive buffer of a socket (SO_RCVBUF).",
+		set: func(c *Config, v int64, _ string) { c.RecvBuffer = int(v) }},
+	{Env: "ONLOAD_LOG", Default: "error", Choices: []string{"debug", "info", "warn", "error"},
+		Doc: "Log level, to standard error. `debug` says which sockets are not accelerated and why; `info` reports stacks created and closed.",
+		set: func(c *Config, _ int64, s string) { c.Log = logLevel(s) }},
+}
+
+func logLevel(s string) slog.Level {
+	switch s {
+	case "debug":
+		return slog.LevelDebug
+	case "info":
+		return slog.LevelInfo
+	case "warn":
+		return slog.LevelWarn
+	}
+	return slog.LevelError
+}
+
+// DefaultConfig is the configuration of a profile with no variable set.
+func DefaultConfig(p Profile) (Config, error) {
+	return configFrom(func(string) string { return "" }, p)
+}
+
+// ConfigFromEnv reads the ONLOAD_* environment variables. A value that is
+// not valid is an error naming the variable and what it accepts.
+func ConfigFromEnv() (Config, error) { return configFrom(os.Getenv, "") }
+
+func configFrom(getenv func(string) string, p Profile) (Config, error) {
+	if p == "" {
+		p = Balanced
+		if v := strings.TrimSpace(getenv("ONLOAD_PROFILE")); v != "" {
+			p = Profile(v)
+		}
+	}
+	var c Config
+	for _, o := range Options {
+		def := o.Default
+		if d, ok := o.Profiles[p]; ok {
+			def = d
+		}
+		v := strings.TrimSpace(getenv(o.Env))
+		if v == "" {
+			v = def
+		}
+		if o.Env == "ONLOAD_PROFILE" {
+			v = string(p)
+		}
+		if err := o.apply(&c, v); err != nil {
+			return Config{}, err
+		}
+	}
+	return c, nil
+}
+
+func (o *Option) apply(c *Config, v string) error {
+	switch {
+	case o.Choices != nil:
+		for _, ch := range o.Choices {
+			if v == ch {
+				o.set(c, 0, v)
+				return nil
+			}
+		}
+		return fmt.Errorf("%s=%q: must be one of %s", o.Env, v, strings.Join(o.Choices, ", "))
+	case o.Min == 0 && o.Max == 0:
+		o.set(c, 0, v)
+		return nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < o.Min || n > o.Max {
+		unit := ""
+		if o.Unit != "" {
+			unit = " " + o.Unit
+		}
+		return fmt.Errorf("%s=%q: must be a whole number from %d to %d%s", o.Env, v, o.Min, o.Max, unit)
+	}
+	if o.Env == "ONLOAD_RING_SIZE" && n&(n-1) != 0 {
+		return fmt.Errorf("%s=%q: must be a power of two from %d to %d", o.Env, v, o.Min, o.Max)
+	}
+	o.set(c, n, v)
+	return nil
+}
+
+// check validates a Config made by hand: the same bounds as the table.
+func (c *Config) check() error {
+	if c.Profile == "" {
+		c.Profile = Balanced
+	}
+	def, err := DefaultConfig(c.Profile)
+	if err != nil {
+		return err
+	}
+	fill := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	fill(&c.Sockets, def.Sockets)
+	fill(&c.UmemFrames, def.UmemFrames)
+	fill(&c.RingSize, def.RingSize)
+	fill(&c.FillDepth, def.FillDepth)
+	fill(&c.SendBuffer, def.SendBuffer)
+	fill(&c.RecvBuffer, def.RecvBuffer)
+	if c.MinRTO == 0 {
+		c.MinRTO = def.MinRTO
+	}
+	if c.DelayedAck == 0 {
+		c.DelayedAck = def.DelayedAck
+	}
+	for _, f := range []struct {
+		env string
+		v   int64
+	}{
+		{"ONLOAD_SPIN_US", int64(c.Spin / time.Microsecond)},
+		{"ONLOAD_SOCKETS", int64(c.Sockets)},
+		{"ONLOAD_UMEM_FRAMES", int64(c.UmemFrames)},
+		{"ONLOAD_RING_SIZE", int64(c.RingSize)},
+		{"ONLOAD_FILL_DEPTH", int64(c.FillDepth)},
+		{"ONLOAD_MIN_RTO_MS", int64(c.MinRTO / time.Millisecond)},
+		{"ONLOAD_DELACK_MS", int64(c.DelayedAck / time.Millisecond)},
+		{"ONLOAD_SEND_BUFFER", int64(c.SendBuffer)},
+		{"ONLOAD_RECV_BUFFER", int64(c.RecvBuffer)},
+	} {
+		for i := range Options {
+			if o := &Options[i]; o.Env == f.env {
+				var scratch Config
+				if err := o.apply(&scratch, strconv.FormatInt(f.v, 10)); err != nil {
+					return fmt.Errorf("sockets config: %w", err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Markdown renders the table as docs/config.md.
+func Markdown() string {
+	var b strings.Builder
+	b.WriteString("# Configuration\n\n")
+	b.WriteString("<!-- Generated from the Options table in sockets/config.go by `make docs`. DO NOT EDIT. -->\n\n")
+	b.WriteString("An accelerated process reads these environment variables when it creates its stack " +
+		"(the first accelerated socket). A value out of range is refused with an error naming the variable " +
+		"and the range; the socket calls then fall back to the kernel and say why in the log.\n\n")
+	b.WriteString("| variable | default | latency | throughput | allowed | meaning |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- |\n")
+	for _, o := range Options {
+		prof := func(p Profile) string {
+			if v, ok := o.Profiles[p]; ok {
+				return "`" + v + "`"
+			}
+			return "same"
+		}
+		def := "`" + o.Default + "`"
+		if o.Default == "" {
+			def = "(auto)"
+		}
+		allowed := "any"
+		switch {
+		case o.Choices != nil:
+			allowed = strings.Join(o.Choices, ", ")
+		case o.Min != 0 || o.Max != 0:
+			allowed = fmt.Sprintf("%d to %d", o.Min, o.Max)
+			if o.Unit != "" {
+				allowed += " " + o.Unit
+			}
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s |\n", o.Env, def, prof(Latency), prof(Throughput), allowed, o.Doc)
+	}
+	return b.String()
+}

@@ -1,0 +1,91 @@
+package sockets
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// The process's default stack: made on the first accelerated call from
+// the ONLOAD_* variables, closed once no socket uses it (and no closed
+// connection still has data or a FIN to deliver), made again when needed.
+var def struct {
+	mu    sync.Mutex
+	s     *Stack
+	err   string    // why the last attempt failed
+	errAt time.Time // when; the attempt is not repeated for retryAfter
+}
+
+// retryAfter is how long a failure to make the default stack is
+// remembered before another attempt (each attempt loads and attaches the
+// XDP program).
+const retryAfter = 5 * time.Second
+
+// reapAfter is how long an unused default stack lives on.
+const reapAfter = 250 * time.Millisecond
+
+// acquire returns the stack to use, holding a reference the caller
+// releases; nil and the reason when there is none.
+func acquire(explicit *Stack) (*Stack, string) {
+	if explicit != nil {
+		if !explicit.hold() {
+			return nil, "the stack is closed"
+		}
+		return explicit, ""
+	}
+	def.mu.Lock()
+	defer def.mu.Unlock()
+	if s := def.s; s != nil && s.hold() {
+		return s, ""
+	}
+	def.s = nil
+	if def.err != "" && time.Since(def.errAt) < retryAfter {
+		return nil, def.err
+	}
+	cfg, err := ConfigFromEnv()
+	if err != nil {
+		return nil, noStack(err.Error(), levelError)
+	}
+	if cfg.Disable {
+		return nil, "ONLOAD_DISABLE=1"
+	}
+	s, err := Open(cfg)
+	if err != nil {
+		return nil, noStack(err.Error(), levelInfo)
+	}
+	s.onIdle = func() { time.AfterFunc(reapAfter, func() { reap(s) }) }
+	s.hold()
+	def.s, def.err = s, ""
+	return s, ""
+}
+
+func noStack(why string, level slog.Level) string {
+	def.err, def.errAt = why, time.Now()
+	logf(level, "no accelerated stack: %s; sockets use the kernel", why)
+	return why
+}
+
+// reap closes the default stack s if it is still unused.
+func reap(s *Stack) {
+	def.mu.Lock()
+	defer def.mu.Unlock()
+	s.mu.Lock()
+	busy := s.refs > 0 || s.closed.Load()
+	s.mu.Unlock()
+	if busy {
+		return
+	}
+	if s.enter() {
+		n := s.st.Lingering()
+		s.leave()
+		if n > 0 {
+			time.AfterFunc(reapAfter, func() { reap(s) })
+			return
+		}
+	}
+	if def.s == s {
+		def.s = nil
+	}
+	s.Close()
+	logf(levelInfo, "stack on %s closed: no socket uses it", s.name())
+}

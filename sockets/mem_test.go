@@ -1,0 +1,89 @@
+package sockets_test
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"testing"
+
+	"golang.org/x/net/nettest"
+
+	"github.com/xdp-onload/onload/interrupts"
+	"github.com/xdp-onload/onload/sockets"
+	"github.com/xdp-onload/onload/stack"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+var (
+	addrA = netip.MustParsePrefix("198.18.0.1/24")
+	addrB = netip.MustParsePrefix("198.18.0.2/24")
+)
+
+// memStacks makes two accelerated stacks joined by an in-memory wire.
+func memStacks(t testing.TB, mc vnic.MemConfig, cfg sockets.Config) (a, b *sockets.Stack) {
+	t.Helper()
+	na, nb, err := vnic.NewMemPair(mc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(nic, peer *vnic.Mem, me, them netip.Prefix) *sockets.Stack {
+		s, err := sockets.NewStack(nic, interrupts.Mem(nic),
+			stack.Config{Addr: me, MAC: nic.Info().MAC},
+			cfg,
+			stack.Options{Neighbours: map[netip.Addr]net.HardwareAddr{them.Addr(): peer.Info().MAC}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a = mk(na, nb, addrA, addrB)
+	b = mk(nb, na, addrB, addrA)
+	t.Cleanup(func() {
+		a.Close()
+		b.Close()
+		na.Close()
+	})
+	return a, b
+}
+
+// pipe connects a client on a to a server on b.
+func pipe(a, b *sockets.Stack) (c1, c2 net.Conn, stop func(), err error) {
+	lc := sockets.ListenConfig{Stack: b}
+	ln, err := lc.Listen(context.Background(), "tcp", addrB.Addr().String()+":0")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer ln.Close()
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		ch <- res{c, err}
+	}()
+	d := sockets.Dialer{Stack: a}
+	c1, err = d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	r := <-ch
+	if r.err != nil {
+		c1.Close()
+		return nil, nil, nil, r.err
+	}
+	return c1, r.c, func() { c1.Close(); r.c.Close() }, nil
+}
+
+// TestNettestMem runs x/net's net.Conn conformance suite on our TCP, our
+// stack at both ends of an in-memory wire.
+func TestNettestMem(t *testing.T) {
+	for _, p := range []sockets.Profile{sockets.Balanced, sockets.Latency} {
+		t.Run(string(p), func(t *testing.T) {
+			cfg, _ := sockets.DefaultConfig(p)
+			a, b := memStacks(t, vnic.MemConfig{}, cfg)
+			nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) { return pipe(a, b) })
+		})
+	}
+}

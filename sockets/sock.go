@@ -1,0 +1,193 @@
+package sockets
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/xdp-onload/onload/stack"
+)
+
+// sock is what every accelerated socket has: its engine socket, its wait
+// queue, deadlines and closing state.
+type sock struct {
+	stk     *Stack
+	id      stack.SockID
+	wq      waitq
+	closing chan struct{}
+	closed  atomic.Bool
+	rd, wd  deadline
+	reserve reservation // the kernel socket that keeps our port from the kernel
+}
+
+// newSock wraps engine socket id, counted against the stack; false if the
+// stack is closing.
+func (s *Stack) newSock(c *sock, id stack.SockID, r reservation) bool {
+	if !s.hold() {
+		return false
+	}
+	*c = sock{stk: s, id: id, closing: make(chan struct{}), reserve: r}
+	s.waits[id.Slot()].Store(&c.wq)
+	return true
+}
+
+// init wraps engine socket id in c and reads its addresses; on failure
+// c is closed (and the reservation released).
+func (c *sock) init(s *Stack, id stack.SockID, r reservation) (la, ra netip.AddrPort, err error) {
+	if !s.newSock(c, id, r) {
+		r.release()
+		return la, ra, net.ErrClosed
+	}
+	if la, ra, err = c.addrs(); err != nil {
+		c.close()
+	}
+	return la, ra, err
+}
+
+// close releases the socket; false if it was closed already.
+func (c *sock) close() bool {
+	if c.closed.Swap(true) {
+		return false
+	}
+	close(c.closing)
+	s := c.stk
+	s.waits[c.id.Slot()].CompareAndSwap(&c.wq, nil)
+	if s.enter() {
+		s.st.Close(c.id)
+		s.leave()
+	}
+	c.reserve.release()
+	s.release()
+	return true
+}
+
+// check is the start of every operation: a closed socket or a passed
+// deadline fails it.
+func (c *sock) check(dl *deadline) error {
+	if c.closed.Load() || c.stk.closed.Load() {
+		return net.ErrClosed
+	}
+	if dl != nil && dl.passed() {
+		return errTimeoutNow
+	}
+	return nil
+}
+
+// errTimeoutNow is what net reports for a passed deadline.
+var errTimeoutNow error = os.ErrDeadlineExceeded
+
+// engineErr maps an engine error for syscall: a socket the engine no
+// longer knows was closed under us (the stack closed).
+func (c *sock) engineErr(syscallName string, err error) error {
+	if err == stack.ErrBadSocket {
+		return net.ErrClosed
+	}
+	return sysErr(syscallName, err)
+}
+
+func (c *sock) setDeadline(t time.Time) error {
+	if err := c.check(nil); err != nil {
+		return err
+	}
+	c.rd.set(t)
+	c.wd.set(t)
+	return nil
+}
+
+func (c *sock) setReadDeadline(t time.Time) error {
+	if err := c.check(nil); err != nil {
+		return err
+	}
+	c.rd.set(t)
+	return nil
+}
+
+func (c *sock) setWriteDeadline(t time.Time) error {
+	if err := c.check(nil); err != nil {
+		return err
+	}
+	c.wd.set(t)
+	return nil
+}
+
+// setOption sets an engine option, as setsockopt would.
+func (c *sock) setOption(o stack.Option, v int) error {
+	if err := c.check(nil); err != nil {
+		return err
+	}
+	if !c.stk.enter() {
+		return net.ErrClosed
+	}
+	defer c.stk.leave()
+	if err := c.stk.st.SetOption(c.id, o, v); err != nil {
+		return c.engineErr("setsockopt", err)
+	}
+	return nil
+}
+
+// addrs reads the socket's local and remote addresses; a wildcard local
+// address reads as the stack's.
+func (c *sock) addrs() (la, ra netip.AddrPort, err error) {
+	s := c.stk
+	if !s.enter() {
+		return la, ra, net.ErrClosed
+	}
+	defer s.leave()
+	la, _ = s.st.LocalAddr(c.id)
+	ra, _ = s.st.RemoteAddr(c.id)
+	if la.Addr().IsUnspecified() {
+		la = netip.AddrPortFrom(s.addr.Addr(), la.Port())
+	}
+	return la, ra, nil
+}
+
+// openAt opens an engine socket bound to ap (for listening: SO_REUSEADDR,
+// as net sets on listeners).
+func (s *Stack) openAt(p stack.Proto, ap netip.AddrPort, listen bool) (stack.SockID, error) {
+	if !s.enter() {
+		return stack.NullSock, net.ErrClosed
+	}
+	defer s.leave()
+	id, err := s.st.Open(p)
+	if err != nil {
+		return stack.NullSock, sysErr("socket", err)
+	}
+	if listen {
+		s.st.SetOption(id, stack.ReuseAddr, 1)
+	}
+	if err = s.st.Bind(id, ap); err != nil {
+		err = sysErr("bind", err)
+	} else if listen {
+		if err = s.st.Listen(id, 4096); err != nil {
+			err = sysErr("listen", err)
+		}
+	}
+	if err != nil {
+		s.st.Close(id)
+		return stack.NullSock, err
+	}
+	return id, nil
+}
+
+// connect opens a socket bound to laddr (reserved, on a host stack) and
+// connects it to raddr: for TCP, the handshake has begun.
+func (s *Stack) connect(p stack.Proto, laddr, raddr netip.AddrPort) (stack.SockID, reservation, error) {
+	id, r, err := s.openBound(p, laddr)
+	if err != nil {
+		return stack.NullSock, r, err
+	}
+	if !s.enter() {
+		r.release()
+		return stack.NullSock, r, net.ErrClosed
+	}
+	err = s.st.Connect(id, raddr)
+	s.leave()
+	if err != nil && err != stack.ErrInProgress {
+		s.closeID(id)
+		r.release()
+		return stack.NullSock, reservation{}, sysErr("connect", err)
+	}
+	return id, r, nil
+}

@@ -1,0 +1,204 @@
+package sockets
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/xdp-onload/onload/interrupts"
+	"github.com/xdp-onload/onload/stack"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// Stack is an accelerated TCP/IP stack: its sockets are served in this
+// process, over one NIC. Dial, Listen and ListenPacket use the process's
+// default stack (created on first use from the ONLOAD_* variables); a
+// program may also make its own with Open (an interface) or NewStack (any
+// vnic.NIC, such as an in-memory pair) and use it through Dialer.Stack and
+// ListenConfig.Stack.
+type Stack struct {
+	st    *stack.Stack
+	sl    *interrupts.Sleeper
+	cfg   Config
+	spin  time.Duration
+	addr  netip.Prefix
+	gw    netip.Addr
+	local []netip.Addr // the host's own addresses: traffic to them stays in the kernel
+	// host: the stack serves a host interface, so ports are reserved with
+	// kernel sockets and listeners also listen in the kernel (local
+	// clients reach them through loopback, not through our interface).
+	host   bool
+	ifname string
+
+	waits   []atomic.Pointer[waitq] // by socket slot
+	closing chan struct{}
+
+	inflight atomic.Int64 // calls into the engine now
+	closed   atomic.Bool
+
+	mu       sync.Mutex
+	refs     int            // sockets open
+	teardown []func() error // run in order by Close
+	onIdle   func()         // the default stack's reaper
+}
+
+// NewStack makes an accelerated stack over nic with interrupt line irq
+// (interrupts.Mem for an in-memory NIC). sc gives the stack's address and
+// sizes; cfg the spin policy and defaults (its zero value is the balanced
+// profile); opt its filters and neighbours (its Wake is the Stack's own).
+// The NIC and irq are the caller's to close after Close.
+func NewStack(nic vnic.NIC, irq interrupts.Source, sc stack.Config, cfg Config, opt stack.Options) (*Stack, error) {
+	return newStack(nic, irq, sc, cfg, opt)
+}
+
+func newStack(nic vnic.NIC, irq interrupts.Source, sc stack.Config, cfg Config, opt stack.Options) (*Stack, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if sc.Sockets == 0 {
+		sc.Sockets = cfg.Sockets
+	}
+	if sc.MinRTO == 0 {
+		sc.MinRTO = cfg.MinRTO
+	}
+	if sc.DelayedAck == 0 {
+		sc.DelayedAck = cfg.DelayedAck
+	}
+	if sc.SendBuffer == 0 {
+		sc.SendBuffer = cfg.SendBuffer
+	}
+	if sc.RecvBuffer == 0 {
+		sc.RecvBuffer = cfg.RecvBuffer
+	}
+	s := &Stack{cfg: cfg, spin: cfg.Spin, addr: sc.Addr, gw: sc.Gateway, closing: make(chan struct{})}
+	opt.Wake = s.wake
+	st, err := stack.New(nic, sc, opt)
+	if err != nil {
+		return nil, fmt.Errorf("new stack: %w", err)
+	}
+	s.st = st
+	s.waits = make([]atomic.Pointer[waitq], st.Capacity())
+	s.sl, err = interrupts.Start(st, irq, interrupts.Policy{Spin: cfg.Spin})
+	if err != nil {
+		st.Destroy()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Addr is the stack's address and subnet.
+func (s *Stack) Addr() netip.Prefix { return s.addr }
+
+// Engine is the TCP/IP engine under the stack, for inspection
+// (counters, DumpSocket).
+func (s *Stack) Engine() *stack.Stack { return s.st }
+
+// Sleeper is the stack's interrupt policy, for inspection (its counters).
+func (s *Stack) Sleeper() *interrupts.Sleeper { return s.sl }
+
+// wake is the engine's Wake callback: it runs under the stack lock.
+func (s *Stack) wake(id stack.SockID) {
+	if i := id.Slot(); i < len(s.waits) {
+		if w := s.waits[i].Load(); w != nil {
+			w.wake()
+		}
+	}
+}
+
+// enter marks a call into the engine; false if the stack is closed.
+func (s *Stack) enter() bool {
+	s.inflight.Add(1)
+	if s.closed.Load() {
+		s.inflight.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (s *Stack) leave() { s.inflight.Add(-1) }
+
+// hold counts a socket against the stack; release gives it back.
+func (s *Stack) hold() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() {
+		return false
+	}
+	s.refs++
+	return true
+}
+
+func (s *Stack) release() {
+	s.mu.Lock()
+	s.refs--
+	idle := s.refs == 0 && s.onIdle != nil
+	s.mu.Unlock()
+	if idle {
+		s.onIdle()
+	}
+}
+
+// Close closes the stack: sockets still open fail with net.ErrClosed, the
+// engine and everything it was given are released.
+func (s *Stack) Close() error {
+	s.mu.Lock()
+	if s.closed.Swap(true) {
+		s.mu.Unlock()
+		return nil
+	}
+	close(s.closing)
+	s.mu.Unlock()
+	s.sl.Stop()
+	// Calls already in the engine finish in microseconds.
+	for i := 0; s.inflight.Load() != 0 && i < 10000; i++ {
+		time.Sleep(100 * time.Microsecond)
+	}
+	if s.inflight.Load() != 0 {
+		return errors.New("close stack: calls still in the engine after 1s; leaving it mapped")
+	}
+	errs := []error{s.st.Destroy()}
+	for _, f := range s.teardown {
+		errs = append(errs, f())
+	}
+	return errors.Join(errs...)
+}
+
+// routes reports whether the stack carries traffic to dst: an IPv4
+// address on its subnet, or beyond its gateway, that is not the host's own
+// (that traffic goes through the kernel's loopback).
+func (s *Stack) routes(dst netip.Addr) bool {
+	dst = dst.Unmap()
+	if !dst.Is4() || dst.IsLoopback() || dst.IsUnspecified() || dst.IsMulticast() || dst == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+		return false
+	}
+	if dst == s.addr.Addr() {
+		return false
+	}
+	for _, a := range s.local {
+		if a == dst {
+			return false
+		}
+	}
+	if s.addr.Contains(dst) {
+		// The subnet's broadcast address is not a host.
+		return dst != broadcast(s.addr)
+	}
+	return s.gw.IsValid()
+}
+
+func broadcast(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr().As4()
+	host := uint32(1)<<(32-p.Bits()) - 1
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3]) | host
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// ours reports whether a local address names this stack: its own address
+// or the wildcard.
+func (s *Stack) ours(a netip.Addr) bool {
+	a = a.Unmap()
+	return !a.IsValid() || a.IsUnspecified() || a == s.addr.Addr()
+}

@@ -1,0 +1,117 @@
+package stack
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Sleeping and waking (seed 001): a thread that finds its socket not
+// ready asks to be woken (WaitFor) and sleeps; whoever next polls the
+// stack and changes that socket's state calls Options.Wake for it, once.
+// The request is a flag in the socket's slot, so a poll by any handle of
+// this process sees it; the sleepers themselves are the caller's (the
+// sockets package parks goroutines, not threads).
+
+// sfWake: a thread sleeps on the socket and wants Options.Wake.
+const sfWake = 1 << 4
+
+// WaitFor asks for a wake-up on socket id: if any event in want is ready
+// now, it returns the socket's events and asks for nothing; otherwise it
+// returns 0 and the next poll that changes the socket's state (a segment
+// or datagram for it, one of its timers, a connection completing on a
+// listener) calls Options.Wake(id). A closed or unknown socket reports
+// Error|Hangup.
+func (s *Stack) WaitFor(id SockID, want Events) Events {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return Error | Hangup
+	}
+	if ev := s.eventsLocked(sk); ev&(want|Error|Hangup) != 0 {
+		return ev
+	}
+	sk.flags |= sfWake
+	return 0
+}
+
+// touchLocked notes that sk's state may have changed in this poll: a
+// sleeper on it is woken.
+func (s *Stack) touchLocked(sk *sock) {
+	if sk.flags&sfWake == 0 {
+		return
+	}
+	sk.flags &^= sfWake
+	s.woken++
+	if s.wake != nil {
+		s.wake(s.idOf(sk))
+	}
+}
+
+// TryPoll is the poll of a thread about to sleep: it polls only if
+// nobody holds the stack lock (a holder polls again before it lets go),
+// and reports whether it did, how many frames it took in and how many
+// sleepers it woke.
+func (s *Stack) TryPoll() (polled bool, frames, woken int) {
+	if !s.img.hdr.lock.LockOrDefer(DeferPoll) {
+		return false, 0, 0
+	}
+	s.lockedLocked()
+	s.woken = 0
+	frames = s.pollLocked()
+	woken = s.woken
+	s.unlock()
+	return true, frames, woken
+}
+
+// Contended reports, without the lock, that a thread holds the stack
+// lock or waits for it: someone is in the stack and will poll it.
+func (s *Stack) Contended() bool {
+	return atomic.LoadUint32(&s.img.hdr.lock.word)&(lockHeld|lockWaiters) != 0
+}
+
+// Idle reports, without the lock, that a poll would find nothing to do:
+// no frame waits, the NIC needs no care and no timer can be due.
+func (s *Stack) Idle() bool { return s.idle() }
+
+// NextTimeout is how long until the earliest timer is due (0 if one is
+// due now); ok is false when no timer is armed, so a sleeper may sleep
+// until a frame arrives.
+func (s *Stack) NextTimeout() (d time.Duration, ok bool) {
+	s.lock()
+	defer s.unlock()
+	t, ok, err := s.img.wheel.NextDeadline()
+	if err != nil {
+		s.img.hdr.counters.ImageCorrupt++
+		return 0, true // poll now: the poll counts and repairs
+	}
+	if !ok {
+		return 0, false
+	}
+	ns := int64(t)*s.tickNs - s.fast.now()
+	if ns < 0 {
+		ns = 0
+	}
+	return time.Duration(ns), true
+}
+
+// Lingering counts the sockets the stack must keep serving although no
+// user holds them: closed connections still sending their data or their
+// FIN (TIME-WAIT excepted: it only absorbs stray segments). A process may
+// tear the stack down once this is 0 and it holds no socket itself.
+func (s *Stack) Lingering() int {
+	s.lock()
+	defer s.unlock()
+	n := 0
+	for i := range s.img.socks {
+		sk := &s.img.socks[i]
+		if sk.kind == kindTCP && sk.tflags&tfOrphan != 0 && sk.state != tcpTimeWait && sk.state != tcpClosed {
+			n++
+		}
+	}
+	return n
+}
+
+// Capacity is the size of the socket table: every SockID's Slot is below
+// it.
+func (s *Stack) Capacity() int { return len(s.img.socks) }
