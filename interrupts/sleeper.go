@@ -2,6 +2,7 @@ package interrupts
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +19,8 @@ type Stack interface {
 	Idle() bool
 	// NextTimeout is how long until the stack's earliest timer is due.
 	NextTimeout() (d time.Duration, ok bool)
+	// Clock is the clock timer deadlines are on, in nanoseconds.
+	Clock() int64
 }
 
 // Policy tunes the spin / arm / sleep cycle.
@@ -69,6 +72,7 @@ type Sleeper struct {
 	parked   atomic.Int32  // goroutines parked, relying on us
 	events   atomic.Uint64 // parks and last-spinner exits: kick reasons
 	state    atomic.Int32
+	wakeAt   atomic.Int64 // when an armed Sleeper wakes for a timer (Clock)
 
 	kick chan struct{}
 	stop chan struct{}
@@ -125,6 +129,21 @@ func (s *Sleeper) Unpark() { s.parked.Add(-1) }
 func (s *Sleeper) nudge() {
 	s.events.Add(1)
 	if s.state.Load() == stWatching {
+		select {
+		case s.kick <- struct{}{}:
+			s.stats.kicks.Add(1)
+		default:
+		}
+	}
+}
+
+// TimerSet tells an armed Sleeper that a timer is due at `at` (on the
+// stack's Clock): if that is before it planned to wake, it wakes now and
+// sleeps again with the new deadline. Whoever arms a timer while the
+// Sleeper sleeps calls it (a retransmission must fire while everyone
+// sleeps).
+func (s *Sleeper) TimerSet(at int64) {
+	if s.state.Load() == stArmed && at < s.wakeAt.Load() {
 		select {
 		case s.kick <- struct{}{}:
 			s.stats.kicks.Add(1)
@@ -233,7 +252,9 @@ func (s *Sleeper) run() {
 			continue // the frame the interrupt announced is on its way
 		}
 		// Arm, then look again: a frame that arrived before the flag was
-		// set posted no event, but it is in the ring.
+		// set posted no event, but it is in the ring. Until the deadline
+		// is known, any timer set wakes us (TimerSet).
+		s.wakeAt.Store(math.MaxInt64)
 		s.src.Arm()
 		s.state.Store(stArmed)
 		if s.spinners.Load() > 0 || !s.st.Idle() {
@@ -254,6 +275,9 @@ func (s *Sleeper) run() {
 			if d < 0 || d > time.Millisecond {
 				d = time.Millisecond
 			}
+		}
+		if d >= 0 {
+			s.wakeAt.Store(s.st.Clock() + int64(d))
 		}
 		s.stats.arms.Add(1)
 		irq, stop := sleep(d, s.src.C())

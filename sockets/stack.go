@@ -118,7 +118,14 @@ func (s *Stack) enter() bool {
 	return true
 }
 
-func (s *Stack) leave() { s.inflight.Add(-1) }
+// leave ends a call into the engine. If the call armed a timer earlier
+// than an armed Sleeper means to wake, the Sleeper is told.
+func (s *Stack) leave() {
+	if s.sl.Armed() {
+		s.sl.TimerSet(s.st.EarliestTimer())
+	}
+	s.inflight.Add(-1)
+}
 
 // hold counts a socket against the stack; release gives it back.
 func (s *Stack) hold() bool {

@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 )
@@ -94,6 +95,24 @@ func (s *Stack) NextTimeout() (d time.Duration, ok bool) {
 	}
 	return time.Duration(ns), true
 }
+
+// EarliestTimer is, without the lock, a hint of when the earliest timer
+// is due, in nanoseconds on the Clock: math.MaxInt64 when no timer is
+// armed, 0 when the stack does not know without looking (NextTimeout
+// looks). A sleeper that planned to wake later than this should look.
+func (s *Stack) EarliestTimer() int64 {
+	t, known, armed := s.img.wheel.Earliest()
+	switch {
+	case !armed:
+		return math.MaxInt64
+	case !known:
+		return 0
+	}
+	return int64(t) * s.tickNs
+}
+
+// Clock is the stack's clock, in nanoseconds (CLOCK_MONOTONIC).
+func (s *Stack) Clock() int64 { return nanotime() }
 
 // Lingering counts the sockets the stack must keep serving although no
 // user holds them: closed connections still sending their data or their

@@ -231,6 +231,21 @@ func (w *Wheel) MayBeDue(now Tick) bool {
 	return h.armedN > 0 && (h.minValid == 0 || h.min <= now || h.cursor <= now && h.min < h.cursor)
 }
 
+// Earliest reads the earliest deadline without the owner's lock, as a
+// hint (as MayBeDue): armed is false when no timer is armed; known is
+// false when the wheel has forgotten its earliest deadline (the earliest
+// timer was cancelled or fired) and only NextDeadline can tell.
+func (w *Wheel) Earliest() (t Tick, known, armed bool) {
+	h := w.hdr
+	if h.armedN == 0 {
+		return 0, true, false
+	}
+	if h.minValid == 0 {
+		return 0, false, true
+	}
+	return h.min, true, true
+}
+
 // Deadline reports when timer id fires, if it is armed.
 func (w *Wheel) Deadline(id ID) (Tick, bool) {
 	i := uint32(id)

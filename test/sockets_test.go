@@ -1,0 +1,112 @@
+package test
+
+import (
+	"context"
+	"net"
+	"testing"
+
+	"golang.org/x/net/nettest"
+
+	"github.com/xdp-onload/onload/sockets"
+)
+
+// ourSockets opens an accelerated stack (standalone mode) on host's
+// interface, closed when the test ends.
+func ourSockets(t *testing.T, h *Host, p sockets.Profile) *sockets.Stack {
+	t.Helper()
+	cfg, err := sockets.DefaultConfig(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Interface = h.Iface0().Name
+	var s *sockets.Stack
+	if err := h.Do(func() (err error) { s, err = sockets.Open(cfg); return }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// kernelPipe connects our stack on host b with the kernel of host a: our
+// side dials when weDial, else the kernel does. c1 is ours.
+func kernelPipe(a, b *Host, s *sockets.Stack, weDial bool) (c1, c2 net.Conn, stop func(), err error) {
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	if weDial {
+		var ln net.Listener
+		if err := a.Do(func() (err error) { ln, err = net.Listen("tcp", a.Iface0().Addr().String()+":0"); return }); err != nil {
+			return nil, nil, nil, err
+		}
+		defer ln.Close()
+		go func() { c, err := ln.Accept(); ch <- res{c, err} }()
+		d := sockets.Dialer{Stack: s}
+		err = b.Do(func() (err error) { c1, err = d.Dial("tcp", ln.Addr().String()); return })
+	} else {
+		lc := sockets.ListenConfig{Stack: s}
+		var ln net.Listener
+		if err := b.Do(func() (err error) {
+			ln, err = lc.Listen(context.Background(), "tcp", b.Iface0().Addr().String()+":0")
+			return
+		}); err != nil {
+			return nil, nil, nil, err
+		}
+		defer ln.Close()
+		go func() { c, err := ln.Accept(); ch <- res{c, err} }()
+		var kc net.Conn
+		if err := a.Do(func() (err error) { kc, err = net.Dial("tcp", ln.Addr().String()); return }); err != nil {
+			return nil, nil, nil, err
+		}
+		r := <-ch
+		if r.err != nil {
+			kc.Close()
+			return nil, nil, nil, r.err
+		}
+		if _, ok := r.c.(*sockets.TCPConn); !ok {
+			kc.Close()
+			r.c.Close()
+			return nil, nil, nil, errNotOurs
+		}
+		return r.c, kc, func() { r.c.Close(); kc.Close() }, nil
+	}
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	r := <-ch
+	if r.err != nil {
+		c1.Close()
+		return nil, nil, nil, r.err
+	}
+	if _, ok := c1.(*sockets.TCPConn); !ok {
+		c1.Close()
+		r.c.Close()
+		return nil, nil, nil, errNotOurs
+	}
+	return c1, r.c, func() { c1.Close(); r.c.Close() }, nil
+}
+
+var errNotOurs = errorString("the connection is not accelerated: it fell back to the kernel")
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
+
+// TestNettestKernel runs x/net's net.Conn conformance suite on our TCP
+// against the Linux kernel's, over veth, with our side dialling and
+// accepting.
+func TestNettestKernel(t *testing.T) {
+	RequireRoot(t)
+	a, b := Pair(t, LinkOptions{})
+	s := ourSockets(t, b, sockets.Balanced)
+	for _, weDial := range []bool{true, false} {
+		name := "we-accept"
+		if weDial {
+			name = "we-dial"
+		}
+		t.Run(name, func(t *testing.T) {
+			nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) { return kernelPipe(a, b, s, weDial) })
+		})
+	}
+}
