@@ -75,7 +75,7 @@ var Options = []Option{
 	{Env: "ONLOAD_SOCKETS", Default: "1024", Min: 1, Max: 1 << 20, Unit: "sockets",
 		Doc: "Size of the stack's socket table, TIME-WAIT included (the oldest TIME-WAIT is recycled when it is full).",
 		set: func(c *Config, v int64, _ string) { c.Sockets = int(v) }},
-	{Env: "ONLOAD_UMEM_FRAMES", Default: "4096", Profiles: map[Profile]string{Throughput: "16384"},
+	{Env: "ONLOAD_UMEM_FRAMES", Default: "16384", Profiles: map[Profile]string{Throughput: "65536"},
 		Min: 256, Max: 1 << 20, Unit: "frames",
 		Doc: "Frames of 2 KiB in the UMEM: every packet queued for sending, retransmission or reading holds one.",
 		set: func(c *Config, v int64, _ string) { c.UmemFrames = int(v) }},

@@ -209,3 +209,13 @@ func (s *Stack) ours(a netip.Addr) bool {
 	a = a.Unmap()
 	return !a.IsValid() || a.IsUnspecified() || a == s.addr.Addr()
 }
+
+// Dump describes the stack for diagnosis: every socket's state, the
+// engine's counters and the Sleeper's.
+func (s *Stack) Dump() string {
+	if !s.enter() {
+		return "stack closed"
+	}
+	defer s.leave()
+	return fmt.Sprintf("%ssleeper %+v armed=%v\n", s.st.Dump(), s.sl.Stats(), s.sl.Armed())
+}

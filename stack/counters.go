@@ -29,6 +29,7 @@ type Counters struct {
 	RxTCPOutOfOrder  uint64 // segments queued out of order
 	RxTCPDuplicate   uint64 // segments whose data was all received already
 	RxTCPBufferFull  uint64 // data dropped: receive buffer full
+	RxLowFrames      uint64 // data dropped: the frame pool is down to its reserve
 	RxTCPResets      uint64 // resets accepted
 	RxTCPBadAck      uint64 // acknowledgements of data never sent: acknowledged and dropped
 

@@ -1,6 +1,11 @@
 package stack
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/xdp-onload/onload/timers"
+	"net/netip"
+)
 
 // DumpSocket describes a socket's state on one line, for diagnostics and
 // the stack inspector.
@@ -19,8 +24,36 @@ func (s *Stack) describeLocked(sk *sock) string {
 	if sk.kind != kindTCP {
 		return fmt.Sprintf("kind %d %v -> %v rcvq %dB/%d", sk.kind, addrPort(sk.localAddr, sk.localPort), addrPort(sk.remoteAddr, sk.remotePort), sk.rcvBytes, sk.rcvFrames)
 	}
-	return fmt.Sprintf("tcp %s %v -> %v flags %#x err %d snd una=%d nxt=%d max=%d wnd=%d cwnd=%d ssthresh=%d queued=%dB rcv nxt=%d adv=%d q=%dB/%d ooo=%dB/%d mss=%d ws=%d/%d rto=%dus",
+	wheelAt, armed := s.img.wheel.Deadline(s.sockTimer(sk, timerRTO))
+	if !armed {
+		wheelAt = 0
+	}
+	return fmt.Sprintf("tcp %s %v -> %v flags %#x err %d snd una=%d nxt=%d max=%d wnd=%d cwnd=%d ssthresh=%d queued=%dB rcv nxt=%d adv=%d q=%dB/%d ooo=%dB/%d mss=%d ws=%d/%d rto=%dus backoff=%d retries=%d rtoAt=%+d wheel=%+d (ticks from now)",
 		stateName(sk.state), addrPort(sk.localAddr, sk.localPort), addrPort(sk.remoteAddr, sk.remotePort), sk.tflags, sk.err,
 		sk.sndUna-sk.iss, sk.sndNxt-sk.iss, sk.sndMax-sk.iss, sk.sndWnd, sk.cwnd, sk.ssthresh, sk.sndBytes,
-		sk.rcvNxt-sk.irs, sk.rcvAdv-sk.irs, sk.rcvBytes, sk.rcvFrames, sk.oooBytes, sk.oooFrames, sk.mss, sk.sndWS, sk.rcvWS, sk.rto)
+		sk.rcvNxt-sk.irs, sk.rcvAdv-sk.irs, sk.rcvBytes, sk.rcvFrames, sk.oooBytes, sk.oooFrames, sk.mss, sk.sndWS, sk.rcvWS, sk.rto,
+		sk.backoff, sk.retries, relTick(sk.rtoAt, s.nowTick()), relTick(wheelAt, s.nowTick()))
+}
+
+func relTick(t, now timers.Tick) int64 {
+	if t == 0 {
+		return 0
+	}
+	return int64(t) - int64(now)
+}
+
+// Dump describes every socket in use, one per line, with the stack's
+// lock word and pool: the stack inspector's view.
+func (s *Stack) Dump() string {
+	s.lock()
+	defer s.unlock()
+	out := fmt.Sprintf("stack %v: %d sockets in use, %d frames free, counters %+v\n",
+		netip.AddrFrom4(s.img.hdr.addr), s.img.hdr.sockInUse, s.pool.Available(), s.img.hdr.counters)
+	for i := range s.img.socks {
+		sk := &s.img.socks[i]
+		if sk.kind != kindFree {
+			out += fmt.Sprintf("  %v wake=%v %s\n", makeSockID(uint32(i), sk.gen), sk.flags&sfWake != 0, s.describeLocked(sk))
+		}
+	}
+	return out
 }

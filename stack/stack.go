@@ -62,6 +62,7 @@ type Stack struct {
 	pool      *vnic.Pool
 	filters   Filters
 	resolver  Resolver
+	reserve   int // free frames kept for receiving (see lowFramesLocked)
 	tickNs    int64
 	tickRecip uint64 // 2^64 / tickNs, for toTicks
 	fast      *fastClock
@@ -130,8 +131,9 @@ var stackIDs atomic.Uint64
 
 func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 	return &Stack{
-		id:  uint64(os.Getpid())<<32 | stackIDs.Add(1),
-		img: img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver,
+		id:      uint64(os.Getpid())<<32 | stackIDs.Add(1),
+		reserve: max(16, nic.Pool().Count()/32),
+		img:     img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver,
 		tickNs: int64(img.hdr.tickNs), tickRecip: recip(img.hdr.tickNs), fast: newClock(), mtu: int(img.hdr.mtu),
 		rx: make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
 		expired: make([]timers.ID, 64), wake: opt.Wake,
@@ -221,6 +223,13 @@ func (s *Stack) AddNeighbour(ip netip.Addr, mac net.HardwareAddr) error {
 	s.flushLocked()
 	return nil
 }
+
+// lowFramesLocked reports that the free frames are down to the reserve
+// kept for receiving. Below it, sends wait and received data is dropped
+// (its acknowledgements still count): if queued data could take every
+// frame, the NIC would have none to receive into, the ACKs that free
+// sent frames would never arrive, and the stack would deadlock.
+func (s *Stack) lowFramesLocked() bool { return s.pool.Available() <= s.reserve }
 
 // recip is 2^64 / n, rounded down.
 func recip(n uint64) uint64 {

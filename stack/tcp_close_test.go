@@ -279,3 +279,43 @@ func TestTCPReuseAddr(t *testing.T) {
 		t.Errorf("bind with SO_REUSEADDR: %v", err)
 	}
 }
+
+// TestTCPHalfClosedKeepalive keeps a half-closed connection (the client
+// shut down writing and sits in FIN-WAIT-2, still reading) open past its
+// keepalive time: the keepalive timer must probe it, not end it as if it
+// were an orphan's FIN-WAIT-2.
+func TestTCPHalfClosedKeepalive(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	for _, o := range []struct {
+		opt stack.Option
+		v   int
+	}{{stack.KeepAlive, 1}, {stack.KeepIdle, 1}, {stack.KeepIntvl, 1}, {stack.KeepCount, 2}} {
+		if err := a.SetOption(c, o.opt, o.v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Shutdown(c, syscall.SHUT_WR); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the server to see the end of the stream", 5*time.Second, poll, func() bool { return eof(b, s) })
+	// Past the keepalive idle time and more: the peer answers probes.
+	end := time.Now().Add(2500 * time.Millisecond)
+	for time.Now().Before(end) {
+		poll()
+	}
+	if _, err := b.Send(s, []byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	waitFor(t, "data on the half-closed connection", 5*time.Second, poll, func() bool {
+		buf := make([]byte, 64)
+		n, _ := a.Recv(c, buf, false)
+		got = append(got, buf[:n]...)
+		return len(got) >= len("still here")
+	})
+	if string(got) != "still here" {
+		t.Fatalf("client read %q", got)
+	}
+}

@@ -209,6 +209,14 @@ func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bo
 		if g.flags&flagRST == 0 {
 			sk.tflags |= tfAckNow
 		}
+		if s.oldAckLocked(sk, g, wnd) {
+			// RFC 9293 3.10.7.4: "special allowance should be made to
+			// accept valid ACKs". Without it, two peers whose windows
+			// closed while each waits for the other's acknowledgement
+			// deadlock: each drops the other's segments, ACKs and all.
+			s.ackLocked(sk, g)
+			return
+		}
 		if sk.state == tcpTimeWait && g.flags&flagFIN != 0 {
 			s.enterTimeWaitLocked(sk) // a retransmitted FIN restarts 2MSL
 		}
@@ -304,6 +312,24 @@ func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bo
 	return keep
 }
 
+// oldAckLocked reports whether an unacceptable segment still carries an
+// acknowledgement worth taking: it acknowledges data not yet acknowledged,
+// and it starts no later than the window's right edge and no earlier than
+// a receive buffer before rcvNxt (the segments a sender that went back to
+// retransmit, or a window that closed, would send; Linux takes the same,
+// from rcv_wup to the right edge). Blind ACKs must still guess the
+// sequence number within that range and an acknowledgement in flight.
+func (s *Stack) oldAckLocked(sk *sock, g *segment, wnd seqnum.Size) bool {
+	if g.flags&(flagACK|flagRST|flagSYN) != flagACK || !synchronized(sk.state) {
+		return false
+	}
+	if !sk.sndUna.LessThan(g.ack) || sk.sndMax.LessThan(g.ack) {
+		return false
+	}
+	lo := sk.rcvNxt.Add(seqnum.Size(-int32(sk.rcvBuf)))
+	return g.seq.InWindow(lo, seqnum.Size(sk.rcvBuf)+wnd+1)
+}
+
 // acceptable is the segment acceptance test of RFC 9293 3.10.7.4.
 func acceptable(seq seqnum.Value, segLen seqnum.Size, rcvNxt seqnum.Value, wnd seqnum.Size) bool {
 	if segLen == 0 {
@@ -330,15 +356,20 @@ func (s *Stack) ackLocked(sk *sock, g *segment) bool {
 		return false
 	}
 	newWnd := uint32(g.wnd) << sk.sndWS
-	if sk.sndUna.LessThan(g.ack) {
+	advanced := sk.sndUna.LessThan(g.ack)
+	if advanced {
 		acked := sk.sndUna.Size(g.ack)
 		s.ackedDataLocked(sk, g.ack, acked)
 		sk.dupAck = 0
 	} else if g.ack == sk.sndUna && g.n == 0 && g.flags&(flagSYN|flagFIN) == 0 && newWnd == sk.sndWnd && sk.sndUna != sk.sndMax {
 		s.dupAckLocked(sk)
 	}
-	// Window update (RFC 9293 3.10.7.4): only from a newer segment.
-	if sk.sndWl1.LessThan(g.seq) || sk.sndWl1 == g.seq && sk.sndWl2.LessThanEq(g.ack) {
+	// Window update (RFC 9293 3.10.7.4): only from a newer segment
+	// (SND.WL1, SND.WL2). As Linux (tcp_may_update_window), a segment that
+	// acknowledges new data is new enough whatever its sequence number: a
+	// peer that went back to retransmit sends old sequence numbers, and
+	// its windows must still count.
+	if advanced || sk.sndWl1.LessThan(g.seq) || sk.sndWl1 == g.seq && sk.sndWl2.LessThanEq(g.ack) {
 		opened := newWnd > sk.sndWnd
 		sk.sndWnd, sk.sndWl1, sk.sndWl2 = newWnd, g.seq, g.ack
 		if opened && sk.tflags&tfWindowProbe != 0 {
@@ -505,6 +536,10 @@ func (s *Stack) dataLocked(sk *sock, h vnic.Handle, g *segment) bool {
 			sk.tflags |= tfAckNow
 			return false
 		}
+	}
+	if s.lowFramesLocked() {
+		c.RxLowFrames++
+		return false
 	}
 	if seq != sk.rcvNxt {
 		c.RxTCPOutOfOrder++

@@ -33,6 +33,7 @@ func (s *Stack) tcpSendLocked(sk *sock, buf []byte) (int, error) {
 	capacity := p.FrameSize() - p.Headroom() - txPayload
 	mss := min(int(sk.mss), capacity)
 	done := 0
+	lowFrames := false
 	for done < len(buf) && sk.sndBytes < sk.sndBuf {
 		room := int(sk.sndBuf - sk.sndBytes)
 		// Top up the last frame if it has not been sent (Nagle's small
@@ -47,10 +48,16 @@ func (s *Stack) tcpSendLocked(sk *sock, buf []byte) (int, error) {
 			done += n
 			continue
 		}
+		if s.lowFramesLocked() {
+			s.img.hdr.counters.TxNoFrames++
+			lowFrames = true
+			break
+		}
 		h := p.Alloc()
 		f, ok := p.Frame(h)
 		if !ok {
 			s.img.hdr.counters.TxNoFrames++
+			lowFrames = true
 			break
 		}
 		n := copy(f.Buf()[txPayload:txPayload+mss], buf[done:min(len(buf), done+room)])
@@ -70,6 +77,9 @@ func (s *Stack) tcpSendLocked(sk *sock, buf []byte) (int, error) {
 		done += n
 	}
 	if done == 0 {
+		if lowFrames {
+			return 0, ErrNoBuffers // frames come back without waking the socket
+		}
 		return 0, ErrWouldBlock
 	}
 	s.tcpOutputLocked(sk)

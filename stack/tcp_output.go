@@ -195,7 +195,26 @@ func (s *Stack) ackSentLocked(sk *sock) {
 }
 
 // sendAckLocked sends a pure ACK now.
-func (s *Stack) sendAckLocked(sk *sock) { s.controlLocked(sk, flagACK, sk.sndNxt) }
+func (s *Stack) sendAckLocked(sk *sock) { s.controlLocked(sk, flagACK, sk.ackSeq()) }
+
+// ackSeq is the sequence number of a pure ACK: SND.NXT, except after going
+// back to retransmit, when it is the highest sequence number sent (as
+// Linux's snd_nxt), kept within the peer's window (tcp_acceptable_seq). An
+// ACK from before what the peer already received would fail its window
+// update test and, at a closed window, its acceptance test.
+func (sk *sock) ackSeq() seqnum.Value {
+	if !sk.sndNxt.LessThan(sk.sndMax) {
+		return sk.sndNxt
+	}
+	edge := sk.sndUna.Add(seqnum.Size(sk.sndWnd))
+	switch {
+	case sk.sndMax.LessThanEq(edge):
+		return sk.sndMax
+	case sk.sndNxt.LessThan(edge):
+		return edge
+	}
+	return sk.sndNxt
+}
 
 // transmitSegLocked sends the data segment held in send-queue frame h
 // (seq, n payload bytes). The headers are written in front of the payload
@@ -269,6 +288,38 @@ func (s *Stack) transmitSegLocked(sk *sock, h vnic.Handle, seq seqnum.Value, n i
 	}
 }
 
+// splitSendLocked splits unsent send-queue frame h after its first k
+// payload bytes: the rest moves to a new frame linked after it. It
+// reports whether it split.
+func (s *Stack) splitSendLocked(sk *sock, h vnic.Handle, k int) bool {
+	p := s.pool
+	f, ok := p.Frame(h)
+	if !ok {
+		return false
+	}
+	n := int(f.Aux(auxLen))
+	if k <= 0 || k >= n || f.Aux(auxFlags)&afSent != 0 {
+		return false
+	}
+	h2 := p.Alloc()
+	f2, ok := p.Frame(h2)
+	if !ok {
+		s.img.hdr.counters.TxNoFrames++
+		return false
+	}
+	copy(f2.Buf()[txPayload:], f.Buf()[txPayload+k:txPayload+n])
+	f2.SetAux(auxSeq, uint32(seqnum.Value(f.Aux(auxSeq)).Add(seqnum.Size(k))))
+	f2.SetAux(auxLen, uint32(n-k))
+	f2.SetNext(f.Next())
+	f.SetNext(h2)
+	f.SetAux(auxLen, uint32(k))
+	f.SetAux(auxCsum, 0)
+	if sk.sndTail == h {
+		sk.sndTail = h2
+	}
+	return true
+}
+
 // sndSeqEnd is the sequence number after the last queued byte.
 func (sk *sock) sndSeqEnd() seqnum.Value { return sk.sndUna.Add(seqnum.Size(sk.sndBytes)) }
 
@@ -298,7 +349,11 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 		next := f.Next()
 		end := seq.Add(seqnum.Size(n))
 		if limit.LessThan(end) {
-			if sk.sndWnd == 0 && sk.sndNxt == sk.sndUna {
+			if sk.sndNxt == sk.sndUna {
+				// Nothing in flight and the peer's window is closed or
+				// too small for the next segment: a lost window update
+				// would leave us waiting for ever, so probe (RFC 9293
+				// 3.8.6.1; RFC 1122 4.2.3.4's override timeout).
 				s.armPersistLocked(sk)
 			}
 			break

@@ -128,13 +128,20 @@ func (s *Stack) rtoExpiredLocked(sk *sock) {
 	c := &s.img.hdr.counters
 	if sk.tflags&tfWindowProbe != 0 {
 		sk.tflags &^= tfWindowProbe
-		if sk.sndWnd == 0 && sk.sndUnsent != vnic.Null {
-			// A probe: an old sequence number draws an ACK that carries the
-			// current window.
-			s.controlLocked(sk, flagACK, sk.sndUna.Add(^seqnum.Size(0)))
-			sk.backoff++
-			s.armPersistLocked(sk)
+		if sk.sndUnsent == vnic.Null || sk.sndNxt != sk.sndUna {
+			return
 		}
+		if wnd := int(min(sk.sndWnd, sk.cwnd)); wnd > 0 {
+			// The window is open but smaller than the next segment: send
+			// what fits (RFC 1122 4.2.3.4: the override timeout).
+			s.splitSendLocked(sk, sk.sndUnsent, wnd)
+			return // tcpTimerLocked's output sends it
+		}
+		// A probe: an old sequence number draws an ACK that carries the
+		// current window.
+		s.controlLocked(sk, flagACK, sk.sndUna.Add(^seqnum.Size(0)))
+		sk.backoff++
+		s.armPersistLocked(sk)
 		return
 	}
 	switch sk.state {
@@ -189,12 +196,20 @@ func (s *Stack) rtoExpiredLocked(sk *sock) {
 // twExpiredLocked ends TIME-WAIT and an orphan's FIN-WAIT-2, and drives
 // keepalive.
 func (s *Stack) twExpiredLocked(sk *sock) {
-	switch sk.state {
-	case tcpTimeWait, tcpFinWait2:
+	switch {
+	case sk.state == tcpTimeWait, sk.state == tcpFinWait2 && sk.userClosed():
 		s.tcpCloseFinalLocked(sk)
-	case tcpEstablished, tcpCloseWait:
+	case keepaliveState(sk.state):
+		// A half-closed connection (FIN-WAIT-2 that the user still
+		// reads) lives on as long as its peer does: only keepalive ends it.
 		s.keepaliveLocked(sk)
 	}
+}
+
+// keepaliveState reports whether keepalive probes a connection in state
+// st: one that can still receive.
+func keepaliveState(st uint8) bool {
+	return st == tcpEstablished || st == tcpCloseWait || st == tcpFinWait1 || st == tcpFinWait2
 }
 
 // keepaliveLocked probes an idle connection (RFC 1122 4.2.3.6) and gives
@@ -222,7 +237,7 @@ func (s *Stack) keepaliveLocked(sk *sock) {
 
 // armKeepaliveLocked starts the keepalive clock of a connection.
 func (s *Stack) armKeepaliveLocked(sk *sock) {
-	if sk.tflags&tfKeepAlive != 0 && (sk.state == tcpEstablished || sk.state == tcpCloseWait) {
+	if sk.tflags&tfKeepAlive != 0 && keepaliveState(sk.state) {
 		s.img.wheel.Set(s.sockTimer(sk, timerTW), s.nowTick()+s.ticks(time.Duration(sk.keepIdle)*time.Second))
 	}
 }

@@ -47,6 +47,11 @@ func (s *Stack) udpInputLocked(h vnic.Handle, p *ipPacket) {
 		return
 	}
 	n := ulen - udpLen
+	if s.lowFramesLocked() {
+		c.RxLowFrames++
+		s.pool.Free(h)
+		return
+	}
 	if sk.rcvBytes+uint32(n) > sk.rcvBuf {
 		c.RxUDPQueueFull++
 		s.pool.Free(h)
@@ -97,7 +102,10 @@ func (s *Stack) udpBuildLocked(sk *sock, buf []byte, dst [4]byte, dport uint16, 
 	if ethLen+ipLen+udpLen+len(buf) > s.mtu+ethLen {
 		return vnic.Null, ErrMsgSize
 	}
-	h := s.pool.Alloc()
+	h := vnic.Null
+	if !s.lowFramesLocked() {
+		h = s.pool.Alloc()
+	}
 	if h == vnic.Null {
 		s.img.hdr.counters.TxNoFrames++
 		return vnic.Null, ErrNoBuffers

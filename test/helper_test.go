@@ -40,6 +40,7 @@ func TestMain(m *testing.M) {
 type helperProc struct {
 	cmd    *exec.Cmd
 	Info   string // what it printed after READY
+	In     io.WriteCloser // the helper's standard input
 	stdout *bufio.Reader
 	stderr strings.Builder
 	done   chan error
@@ -55,6 +56,9 @@ func startHelper(t *testing.T, h *Host, name string, env ...string) *helperProc 
 	p.cmd.Stderr = &p.stderr
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {
+		t.Fatal(err)
+	}
+	if p.In, err = p.cmd.StdinPipe(); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.cmd.Start(); err != nil {

@@ -18,6 +18,12 @@ func ourSockets(t *testing.T, h *Host, p sockets.Profile) *sockets.Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ourSocketsConfig(t, h, cfg)
+}
+
+// ourSocketsConfig is ourSockets with a configuration.
+func ourSocketsConfig(t *testing.T, h *Host, cfg sockets.Config) *sockets.Stack {
+	t.Helper()
 	cfg.Interface = h.Iface0().Name
 	var s *sockets.Stack
 	if err := h.Do(func() (err error) { s, err = sockets.Open(cfg); return }); err != nil {
