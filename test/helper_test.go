@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 // helperProc is a running helper process.
 type helperProc struct {
 	cmd    *exec.Cmd
-	Info   string // what it printed after READY
+	Info   string         // what it printed after READY
 	In     io.WriteCloser // the helper's standard input
 	stdout *bufio.Reader
 	stderr strings.Builder

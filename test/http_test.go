@@ -291,4 +291,3 @@ func TestHTTPClientKernelServer(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-

@@ -55,7 +55,7 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 	}
 	defer ln.Close()
 
-	var serverRead sync.Map // client address -> *atomic.Int64, bytes the server read
+	var serverRead sync.Map                 // client address -> *atomic.Int64, bytes the server read
 	progress := make([]atomic.Int64, conns) // UnixNano of each connection's last progress
 	moved := make([]atomic.Int64, conns)
 	var wg sync.WaitGroup
