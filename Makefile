@@ -4,7 +4,7 @@
 export PATH := /usr/local/go/bin:$(PATH)
 GO ?= go
 
-.PHONY: all build generate test bench demo deps clean
+.PHONY: all build generate docs test bench demo deps clean
 
 all: build
 
@@ -21,12 +21,18 @@ build:
 generate: deps
 	cd bpf && $(GO) generate ./...
 
-# Everything under the race detector with the big transfers cut short,
-# then the big transfers (64 MiB each way) at full size without it.
+# docs/config.md, from the option table in sockets/config.go.
+docs:
+	$(GO) run ./cmd/onloadd config -markdown > docs/config.md
+
+# Everything under the race detector with the big transfers and the
+# stress test cut short, then those at full size without it: 64 MiB each
+# way through the engine, 256 MiB each way through net/http and curl, and
+# a minute of the no-lost-wake-up stress.
 test: deps
 	$(GO) vet ./...
 	$(GO) test -race -short -count=1 -timeout 20m ./...
-	$(GO) test -count=1 -timeout 20m -run 'Bulk|StackTCP|Many' ./stack ./test
+	$(GO) test -count=1 -timeout 20m -run 'Bulk|StackTCP|Many|HTTP|NoLostWakeup' ./stack ./test
 	$(GO) test -run '^$$' -fuzz FuzzInput -fuzztime 20s ./stack
 
 # Writes test/bench/results/bench.json and prints the table the README

@@ -20,6 +20,7 @@ need ss iproute2
 need ping iputils-ping
 need sockperf sockperf
 need taskset util-linux
+need curl curl
 
 if ! command -v go >/dev/null 2>&1; then
 	echo "deps: Go is not installed (or not on PATH): install Go 1.26 or later from https://go.dev/dl" >&2

@@ -53,6 +53,9 @@ func startHelper(t *testing.T, h *Host, name string, env ...string) *helperProc 
 	p := &helperProc{done: make(chan error, 1)}
 	p.cmd = h.Command(os.Args[0], "-test.run=^$")
 	p.cmd.Env = append(append(os.Environ(), "ONLOAD_TEST_HELPER="+name), env...)
+	if testing.Short() {
+		p.cmd.Env = append(p.cmd.Env, "ONLOAD_TEST_SHORT=1")
+	}
 	p.cmd.Stderr = &p.stderr
 	out, err := p.cmd.StdoutPipe()
 	if err != nil {

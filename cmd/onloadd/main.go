@@ -4,6 +4,7 @@
 // LD_PRELOAD launcher) arrives with the later parts of the stack.
 //
 //	onloadd capture -iface eth0 -udp 7000 -tcp 7001 [-queue 0] [-duration 10s]
+//	onloadd config [-markdown]
 //	onloadd version
 package main
 
@@ -20,6 +21,8 @@ const usage = `usage: onloadd <command> [flags]
 commands:
   capture   steer TCP/UDP ports on an interface into an AF_XDP socket and
             print every frame that arrives, then the steering counters
+  config    print the configuration an accelerated process would use
+            (ONLOAD_* variables), or with -markdown the table of them
   version   print the version
 
 Run "onloadd <command> -h" for a command's flags.
@@ -34,6 +37,8 @@ func main() {
 	switch os.Args[1] {
 	case "capture":
 		err = capture(os.Args[2:], os.Stdout)
+	case "config":
+		err = config(os.Args[2:], os.Stdout)
 	case "version":
 		fmt.Println(version())
 	case "-h", "-help", "--help", "help":

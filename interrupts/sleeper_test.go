@@ -1,0 +1,188 @@
+package interrupts_test
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/xdp-onload/onload/interrupts"
+	"github.com/xdp-onload/onload/stack"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// The Sleeper is tested with the real engine over an in-memory wire: the
+// goroutines here never poll; only the Sleepers do.
+
+var (
+	addrA = netip.MustParsePrefix("198.18.0.1/24")
+	addrB = netip.MustParsePrefix("198.18.0.2/24")
+)
+
+// end is one stack with its Sleeper and a record of the wake-ups it gave.
+type end struct {
+	st *stack.Stack
+	sl *interrupts.Sleeper
+	mu sync.Mutex
+	ch map[stack.SockID]chan struct{}
+}
+
+func (e *end) wake(id stack.SockID) {
+	e.mu.Lock()
+	if c, ok := e.ch[id]; ok {
+		close(c)
+		delete(e.ch, id)
+	}
+	e.mu.Unlock()
+}
+
+// wait parks, as the sockets package does, until id is ready for want or
+// the timeout passes.
+func (e *end) wait(t *testing.T, id stack.SockID, want stack.Events, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		c := make(chan struct{})
+		e.mu.Lock()
+		e.ch[id] = c
+		e.mu.Unlock()
+		if ev := e.st.WaitFor(id, want); ev&want != 0 {
+			return
+		}
+		e.sl.Park()
+		select {
+		case <-c:
+			e.sl.Unpark()
+		case <-deadline:
+			e.sl.Unpark()
+			t.Fatalf("not woken within %v: %s", timeout, e.st.DumpSocket(id))
+		}
+	}
+}
+
+func pair(t *testing.T, mc vnic.MemConfig) (a, b *end) {
+	t.Helper()
+	na, nb, err := vnic.NewMemPair(mc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(nic, peer *vnic.Mem, me, them netip.Prefix) *end {
+		e := &end{ch: map[stack.SockID]chan struct{}{}}
+		st, err := stack.New(nic, stack.Config{Addr: me, MAC: nic.Info().MAC, MinRTO: 20 * time.Millisecond}, stack.Options{
+			Neighbours: map[netip.Addr]net.HardwareAddr{them.Addr(): peer.Info().MAC},
+			Wake:       e.wake,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.st = st
+		if e.sl, err = interrupts.Start(st, interrupts.Mem(nic), interrupts.Policy{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			e.sl.Stop()
+			st.Destroy()
+		})
+		return e
+	}
+	return mk(na, nb, addrA, addrB), mk(nb, na, addrB, addrA)
+}
+
+// TestSleeperArmsWhenIdle checks an idle stack is left alone: the Sleeper
+// arms and stops polling.
+func TestSleeperArmsWhenIdle(t *testing.T) {
+	a, _ := pair(t, vnic.MemConfig{})
+	time.Sleep(50 * time.Millisecond)
+	before := a.sl.Stats()
+	time.Sleep(200 * time.Millisecond)
+	after := a.sl.Stats()
+	if !a.sl.Armed() || before.Arms == 0 {
+		t.Fatalf("idle Sleeper not armed: %+v", after)
+	}
+	if after.Polls != before.Polls {
+		t.Errorf("idle Sleeper polled %d times in 200ms", after.Polls-before.Polls)
+	}
+}
+
+// TestSleeperWakesOnArrival parks a goroutine on a UDP socket; a datagram
+// from the peer must wake it through the interrupt.
+func TestSleeperWakesOnArrival(t *testing.T) {
+	a, b := pair(t, vnic.MemConfig{})
+	rx, _ := b.st.Open(stack.UDP)
+	if err := b.st.Bind(rx, netip.AddrPortFrom(netip.Addr{}, 7000)); err != nil {
+		t.Fatal(err)
+	}
+	tx, _ := a.st.Open(stack.UDP)
+	time.Sleep(20 * time.Millisecond) // both Sleepers armed
+	irqs := b.sl.Stats().IRQs
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		a.st.SendTo(tx, []byte("wake up"), netip.AddrPortFrom(addrB.Addr(), 7000))
+	}()
+	b.wait(t, rx, stack.Readable, 2*time.Second)
+	buf := make([]byte, 64)
+	n, _, err := b.st.RecvFrom(rx, buf, false)
+	if err != nil || string(buf[:n]) != "wake up" {
+		t.Fatalf("recv: %q %v", buf[:n], err)
+	}
+	if b.sl.Stats().IRQs == irqs {
+		t.Error("woken without an interrupt")
+	}
+}
+
+// TestTimersFireWhileAsleep moves data over a lossy wire with both sides
+// asleep: only retransmission timers, run by the Sleepers, recover the
+// losses.
+func TestTimersFireWhileAsleep(t *testing.T) {
+	a, b := pair(t, vnic.MemConfig{Seed: 7, AtoB: vnic.Impairment{Loss: 0.3}, BtoA: vnic.Impairment{Loss: 0.3}})
+	l, _ := b.st.Open(stack.TCP)
+	b.st.Bind(l, netip.AddrPortFrom(netip.Addr{}, 80))
+	b.st.Listen(l, 0)
+	c, _ := a.st.Open(stack.TCP)
+	if err := a.st.Connect(c, netip.AddrPortFrom(addrB.Addr(), 80)); !errors.Is(err, stack.ErrInProgress) {
+		t.Fatal(err)
+	}
+	a.wait(t, c, stack.Writable, 10*time.Second)
+	b.wait(t, l, stack.Readable, 10*time.Second)
+	s, err := b.st.Accept(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := bytes.Repeat([]byte("0123456789abcdef"), 4096) // 64 KiB
+	go func() {
+		for off := 0; off < len(msg); {
+			n, err := a.st.Send(c, msg[off:])
+			// As the sockets package does after every call: a timer
+			// armed while the Sleeper sleeps must reach it.
+			a.sl.TimerSet(a.st.EarliestTimer())
+			off += n
+			if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
+				return
+			}
+			if err != nil {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}()
+	var got []byte
+	buf := make([]byte, 8192)
+	for len(got) < len(msg) {
+		b.wait(t, s, stack.Readable, 20*time.Second)
+		for {
+			n, err := b.st.Recv(s, buf, false)
+			if err != nil {
+				break
+			}
+			got = append(got, buf[:n]...)
+		}
+	}
+	if !bytes.Equal(got, msg) {
+		t.Fatalf("got %d bytes, not what was sent", len(got))
+	}
+	if a.st.Counters().TCPRTOs+a.st.Counters().TCPFastRetrans == 0 {
+		t.Error("no retransmission was needed: the test proves nothing")
+	}
+}
