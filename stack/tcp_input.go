@@ -253,6 +253,7 @@ func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bo
 	if g.flags&flagSYN != 0 {
 		if sk.state == tcpSynReceived && g.seq == sk.irs {
 			s.controlLocked(sk, flagSYN|flagACK, sk.iss) // their SYN again
+			sk.synTime = 0                               // sent twice: no honest sample (Karn)
 			return
 		}
 		sk.tflags |= tfAckNow
@@ -406,12 +407,17 @@ func (s *Stack) ackLocked(sk *sock, g *segment) bool {
 func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size) {
 	p := s.pool
 	now := s.micros()
-	sampled := false
+	// Karn (RFC 6298 3): an ACK that covers a retransmitted segment gives
+	// no sample, not even from the segments after it that were sent once:
+	// their ACK waited for the hole to be filled.
+	rtt, retrans := uint32(0), false
 	dataAcked := uint32(acked)
 	if sk.tflags&tfFinSent != 0 && ack == sk.sndMax {
 		dataAcked-- // the FIN's sequence number is not data
 	}
-	for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent; {
+	// After a timeout's go-back-N rewind, the ACK of a retransmission may
+	// cover frames not yet sent again: they leave the queue too.
+	for h := sk.sndHead; h != vnic.Null; {
 		f, ok := p.Frame(h)
 		if !ok {
 			s.img.hdr.counters.ImageCorrupt++
@@ -422,20 +428,26 @@ func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size) {
 		if ack.LessThan(end) {
 			break
 		}
-		// Karn: only a segment sent once gives an honest sample.
-		if !sampled && f.Aux(auxFlags)&afRetransmitted == 0 {
+		if f.Aux(auxFlags)&afRetransmitted != 0 {
+			retrans = true
+		} else if rtt == 0 {
 			if r := now - f.Aux(auxTime); r < 1<<31 {
-				s.rttSampleLocked(sk, r)
-				sampled = true
+				rtt = max(r, 1)
 			}
 		}
 		next := f.Next()
+		if h == sk.sndUnsent {
+			sk.sndUnsent = next
+		}
 		p.Free(h)
 		sk.sndHead = next
 		h = next
 	}
 	if sk.sndHead == vnic.Null {
 		sk.sndTail = vnic.Null
+	}
+	if rtt != 0 && !retrans {
+		s.rttSampleLocked(sk, rtt)
 	}
 	sk.sndBytes -= min(sk.sndBytes, dataAcked)
 	sk.sndUna = ack

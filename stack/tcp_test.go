@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"syscall"
 	"testing"
@@ -182,5 +183,63 @@ func TestTCPZeroAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(200, func() { round(bulk) }); n != 0 {
 		t.Errorf("16 KiB of segments: %v allocations", n)
+	}
+}
+
+// TestTCPRTOAckedHole loses every ACK of a burst, so the sender's timer
+// fires and go-back-N rewinds the whole burst. The ACK of the one
+// retransmission covers the burst: the rest must leave the queue without
+// being sent again, and no RTT sample may come of it (Karn, RFC 6298
+// section 3): the burst was sent once, a whole RTO earlier.
+func TestTCPRTOAckedHole(t *testing.T) {
+	a, na, nb := memPair(t, vnic.MemConfig{})
+	b, err := stack.New(nb, stack.Config{Addr: addrB, MAC: nb.Info().MAC}, stack.Options{
+		Neighbours: map[netip.Addr]net.HardwareAddr{addrA.Addr(): na.Info().MAC},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy() })
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	a.SetOption(c, stack.NoDelay, 1)
+	// A first exchange gives a µs RTT sample.
+	if got := transfer(t, a, c, b, s, []byte("warm"), poll, 5*time.Second); string(got) != "warm" {
+		t.Fatalf("warm-up: %q", got)
+	}
+	nb.Impair(vnic.Impairment{Loss: 1})
+	burst := randomBytes(8*1448, 9)
+	if n, err := a.Send(c, burst); n != len(burst) || err != nil {
+		t.Fatalf("send: %d %v", n, err)
+	}
+	rtx := a.Counters().TCPRetransmits
+	// b gets the burst; its ACKs are lost.
+	waitFor(t, "burst delivered", 5*time.Second, poll, func() bool {
+		info, _ := b.TCPInfo(s)
+		return info.Unread == uint32(len(burst))
+	})
+	nb.Impair(vnic.Impairment{})
+	waitFor(t, "burst acknowledged", 5*time.Second, poll, func() bool {
+		info, _ := a.TCPInfo(c)
+		return info.Unacked == 0
+	})
+	poll()
+	if n := a.Counters().TCPRetransmits - rtx; n != 1 {
+		t.Errorf("%d segments sent again, want 1: the ACK of the first covered the rest", n)
+	}
+	if a.Counters().TCPRTOs == 0 {
+		t.Error("no RTO: the test proves nothing")
+	}
+	info, _ := a.TCPInfo(c)
+	if info.RTT > 10*time.Millisecond {
+		t.Errorf("smoothed RTT %v after the RTO: a sample came from the burst sent once, an RTO before", info.RTT)
+	}
+	if _, err := a.TCPInfo(stack.SockID(0)); err == nil {
+		t.Error("TCPInfo of a bad socket: no error")
+	}
+	got := make([]byte, len(burst)+4)
+	n, _ := b.Recv(s, got, false)
+	if !bytes.Equal(got[:n], burst) {
+		t.Errorf("received %d bytes, not the burst", n)
 	}
 }

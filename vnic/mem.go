@@ -140,6 +140,19 @@ func (m *Mem) Pool() *Pool { return m.pool }
 // the wire (read without its lock) is not due yet.
 func (m *Mem) Idle() bool { return m.in.nextAt.Load() > int64(m.now()) }
 
+// Impair replaces the impairments of what this end sends from now on
+// (frames already on the wire keep theirs): a test connects over a clean
+// wire, then makes it lossy.
+func (m *Mem) Impair(imp Impairment) error {
+	if err := imp.check("impair"); err != nil {
+		return fmt.Errorf("vnic: %w", err)
+	}
+	m.out.mu.Lock()
+	m.out.imp = imp
+	m.out.mu.Unlock()
+	return nil
+}
+
 // Resync does nothing: a Mem pair lives in one process.
 func (m *Mem) Resync()    {}
 func (m *Mem) Info() Info { return m.info }

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"math"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,6 +106,24 @@ func TestMemLoss(t *testing.T) {
 		if got[i] <= got[i-1] {
 			t.Fatalf("loss alone reordered frames: %d after %d", got[i], got[i-1])
 		}
+	}
+}
+
+// TestMemImpair changes a clean wire into a lossless-then-lossy one, and
+// rejects a probability out of range with an error naming it.
+func TestMemImpair(t *testing.T) {
+	a, b := memPair(t, vnic.MemConfig{Seed: 1})
+	if got := sendN(t, a, b, 1000, nil); len(got) != 1000 {
+		t.Fatalf("clean wire delivered %d of 1000", len(got))
+	}
+	if err := a.Impair(vnic.Impairment{Loss: 2}); err == nil || !strings.Contains(err.Error(), "loss probability 2") {
+		t.Fatalf("Impair(Loss: 2): %v", err)
+	}
+	if err := a.Impair(vnic.Impairment{Loss: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := sendN(t, a, b, 100, nil); len(got) != 0 {
+		t.Fatalf("a wire losing everything delivered %d frames", len(got))
 	}
 }
 

@@ -1,0 +1,49 @@
+package stack
+
+import "time"
+
+// TCPInfo is a connection's transport state, as Linux's TCP_INFO reports
+// it: for tests, the inspector and applications that tune on it.
+type TCPInfo struct {
+	State      string
+	RTT        time.Duration // smoothed round-trip time (RFC 6298 SRTT)
+	RTTVar     time.Duration // its variation (RTTVAR)
+	RTO        time.Duration // retransmission timeout, before backoff
+	Backoff    int           // RTO doublings in force
+	Cwnd       uint32        // congestion window, bytes
+	Ssthresh   uint32        // slow-start threshold, bytes
+	MSS        int           // send maximum segment size
+	SndWnd     uint32        // the peer's advertised window, bytes
+	Unacked    uint32        // bytes sent and not acknowledged
+	Queued     uint32        // bytes in the send queue (sent or not)
+	Unread     uint32        // bytes received in order and not read
+	OutOfOrder uint32        // bytes held out of order
+}
+
+// TCPInfo reports the state of TCP connection id.
+func (s *Stack) TCPInfo(id SockID) (TCPInfo, error) {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return TCPInfo{}, err
+	}
+	if sk.kind != kindTCP {
+		return TCPInfo{}, ErrNotSupported
+	}
+	return TCPInfo{
+		State:      stateName(sk.state),
+		RTT:        time.Duration(sk.srtt) * time.Microsecond,
+		RTTVar:     time.Duration(sk.rttvar) * time.Microsecond,
+		RTO:        time.Duration(sk.rto) * time.Microsecond,
+		Backoff:    int(sk.backoff),
+		Cwnd:       sk.cwnd,
+		Ssthresh:   sk.ssthresh,
+		MSS:        int(sk.mss),
+		SndWnd:     sk.sndWnd,
+		Unacked:    uint32(sk.sndUna.Size(sk.sndMax)),
+		Queued:     sk.sndBytes,
+		Unread:     sk.rcvBytes,
+		OutOfOrder: sk.oooBytes,
+	}, nil
+}
