@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 
 	"golang.org/x/net/nettest"
@@ -114,5 +115,35 @@ func TestNettestKernel(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) { return kernelPipe(a, b, s, weDial) })
 		})
+	}
+}
+
+// TestOpenQueues: a standalone stack serves an interface that receives on
+// one queue, counted as the driver uses them now, and refuses one that
+// uses more, saying what to do.
+func TestOpenQueues(t *testing.T) {
+	RequireRoot(t)
+	a, _ := Pair(t, LinkOptions{Queues: 2})
+	cfg, err := sockets.DefaultConfig(sockets.Balanced)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Interface = a.Iface0().Name
+	open := func() error {
+		s, err := sockets.Open(cfg)
+		if err == nil {
+			s.Close()
+		}
+		return err
+	}
+	err = a.Do(open)
+	if err == nil || !strings.Contains(err.Error(), "has 2 receive queues") || !strings.Contains(err.Error(), "ethtool -L") {
+		t.Fatalf("open on two queues: %v", err)
+	}
+	if out, err := a.Run("ethtool", "-L", a.Iface0().Name, "rx", "1", "tx", "1"); err != nil {
+		t.Skipf("skipped: cannot set veth channels here (ethtool -L): %v %s", err, out)
+	}
+	if err := a.Do(open); err != nil {
+		t.Fatalf("open after ethtool -L to one queue: %v", err)
 	}
 }

@@ -60,6 +60,14 @@ type Report struct {
 		Ratios       map[string]float64 `json:"ratios"`
 		Targets      map[string]float64 `json:"targets"`
 	} `json:"tcp"`
+	API struct {
+		MessageBytes int                `json:"message_bytes"`
+		Rounds       int                `json:"rounds"`
+		Results      []Result           `json:"results"`
+		Bulk         []BulkResult       `json:"bulk"`
+		Ratios       map[string]float64 `json:"ratios"`
+		Targets      map[string]float64 `json:"targets"`
+	} `json:"api"`
 }
 
 func floorMain(args []string) error {
@@ -67,10 +75,13 @@ func floorMain(args []string) error {
 	rounds := fs.Int("rounds", 20, "rounds per contender, interleaved so that drift in a noisy machine hits all alike")
 	count := fs.Int("count", 10000, "round trips per round for the AF_XDP and TCP contenders")
 	seconds := fs.Int("sockperf-seconds", 1, "seconds per sockperf round")
+	apiRounds := fs.Int("api-rounds", 5, "rounds of the public API contenders (0: skip them)")
+	apiCount := fs.Int("api-count", 20000, "round trips per API ping-pong round")
+	bulkSeconds := fs.Float64("bulk-seconds", 2, "seconds per bulk transfer")
 	out := fs.String("out", "test/bench/results/bench.json", "where to write the JSON ('' for nowhere)")
 	fs.Parse(args)
-	if *rounds < 1 || *count < 100 || *seconds < 1 {
-		return errors.New("-rounds must be at least 1, -count at least 100, -sockperf-seconds at least 1")
+	if *rounds < 1 || *count < 100 || *seconds < 1 || *apiRounds < 0 || *apiCount < 100 || *bulkSeconds < 0.1 {
+		return errors.New("-rounds must be at least 1, -count and -api-count at least 100, -sockperf-seconds at least 1, -api-rounds at least 0, -bulk-seconds at least 0.1")
 	}
 	for _, tool := range []string{"sockperf", "taskset"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -134,7 +145,21 @@ func floorMain(args []string) error {
 		kernelRounds = append(kernelRounds, sp)
 	}
 
+	apiAccs := map[string]*apiAcc{}
+	for _, c := range append(slices.Clone(apiPing), apiBulk...) {
+		apiAccs[c.id] = &apiAcc{}
+	}
+	for r := range *apiRounds {
+		fmt.Fprintf(os.Stderr, "api round %d\n", r+1)
+		if err := apiRound(ctx, self, a, b, pinA, pinB, *apiCount, *bulkSeconds, apiAccs); err != nil {
+			return fmt.Errorf("api round %d: %w", r+1, err)
+		}
+	}
+
 	var rep Report
+	if *apiRounds > 0 {
+		apiReport(&rep, *apiRounds, apiAccs)
+	}
 	rep.Run.Date = time.Now().UTC().Format(time.RFC3339)
 	rep.Run.Kernel = kernelRelease()
 	rep.Run.Go = runtime.Version()
@@ -471,4 +496,7 @@ func printTable(w io.Writer, rep *Report) {
 		rep.TCP.Ratios["ours_tcp_vs_floor_p50"], rep.TCP.Ratios["ours_tcp_vs_kernel_tcp_p50"])
 	fmt.Fprintf(w, "median of per-round ratios:  our TCP / floor %.3f   our TCP / kernel TCP %.3f\n",
 		rep.TCP.Ratios["ours_tcp_vs_floor_p50_median_of_rounds"], rep.TCP.Ratios["ours_tcp_vs_kernel_tcp_p50_median_of_rounds"])
+	if len(rep.API.Results) > 0 {
+		printAPI(w, rep)
+	}
 }

@@ -34,6 +34,10 @@ func main() {
 			err = stackEchoMain(os.Args[2:])
 		case "stack-ping":
 			err = stackPingMain(os.Args[2:])
+		case "api-server":
+			err = apiServerMain(os.Args[2:])
+		case "api-client":
+			err = apiClientMain(os.Args[2:])
 		default:
 			err = floorMain(os.Args[1:])
 		}

@@ -1,18 +1,18 @@
-// Command demo shows the data path on two test hosts: steering of
+// Command demo shows the product on two test hosts: steering of
 // registered ports into an AF_XDP socket while everything else still
-// reaches the kernel, our TCP/IP stack serving the other host's kernel,
-// then a short benchmark. `make demo` runs it as root.
+// reaches the kernel; then one Go server, written against net.Listener,
+// served by the standard net package and by package sockets, measured by
+// the same kernel client, in a table; then a short floor benchmark.
+// `make demo` runs it as root.
 package main
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,7 +20,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/xdp-onload/onload/stack"
 	"github.com/xdp-onload/onload/test"
 )
 
@@ -36,7 +35,7 @@ func step(format string, args ...any) { fmt.Printf("\n== "+format+"\n", args...)
 func run() error {
 	bin := filepath.Dir(os.Args[0])
 	onloadd := flag.String("onloadd", filepath.Join(bin, "onloadd"), "onloadd binary")
-	bench := flag.String("bench", filepath.Join(bin, "onload-bench"), "bench binary ('' to skip the floor)")
+	bench := flag.String("bench", filepath.Join(bin, "onload-bench"), "bench binary: the client of the sockets demo and the floor ('' to skip both)")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		return errors.New("the demo makes network namespaces and attaches XDP programs: run it as root")
@@ -170,111 +169,17 @@ func run() error {
 	fmt.Println("   (redirect_listener: the datagram and the SYN; pass_other_proto: the pings;")
 	fmt.Println("    pass_no_match: the TCP connection to 8080; pass_not_unicast: IPv6 neighbour discovery)")
 
-	if err := stackDemo(a, b); err != nil {
-		return err
-	}
-
 	if *bench == "" {
 		return nil
 	}
+	if err := socketsDemo(a, b, *bench); err != nil {
+		return err
+	}
 	step("The floor: 64-byte round trips over the same kind of veth pair (short run; `make bench` for the full one)")
-	cmd := exec.Command(*bench, "-rounds", "3", "-count", "20000", "-out", "")
+	cmd := exec.Command(*bench, "-rounds", "3", "-count", "20000", "-api-rounds", "0", "-out", "")
 	cmd.Stdout, cmd.Stderr = os.Stdout, io.Discard
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("floor benchmark: %w", err)
 	}
-	return nil
-}
-
-// stackDemo runs our TCP/IP stack in b, over the data path just shown,
-// as an echo server, and has a's kernel talk to it.
-func stackDemo(a, b *test.Host) error {
-	ib := b.Iface0()
-	step("b: our TCP/IP stack (user space, over AF_XDP) serves TCP echo on port 7100")
-	st, err := test.Steer(ib, test.SteerConfig{})
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	var s *stack.Stack
-	err = b.Do(func() error {
-		cfg, err := stack.KernelConfig(ib.Name)
-		if err != nil {
-			return err
-		}
-		kn, err := stack.NewKernelNeighbours(ib.Name)
-		if err != nil {
-			return err
-		}
-		s, err = stack.New(st.NIC, cfg, stack.Options{
-			Filters: stack.SteeringFilters{Steering: st.Steering, Stack: st.Stack}, Resolver: kn})
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	defer s.Destroy()
-	l, _ := s.Open(stack.TCP)
-	if err := s.Bind(l, netip.MustParseAddrPort("0.0.0.0:7100")); err != nil {
-		return err
-	}
-	s.Listen(l, 8)
-	done := make(chan struct{})
-	served := make(chan error, 1)
-	go func() { // the server: poll, accept, echo
-		var conns []stack.SockID
-		buf := make([]byte, 64<<10)
-		for {
-			select {
-			case <-done:
-				served <- nil
-				return
-			default:
-			}
-			s.Poll()
-			if c, err := s.Accept(l); err == nil {
-				conns = append(conns, c)
-			}
-			for _, c := range conns {
-				if n, err := s.Recv(c, buf, false); n > 0 {
-					s.Send(c, buf[:n])
-				} else if err == nil {
-					s.Close(c)
-				}
-			}
-			time.Sleep(20 * time.Microsecond)
-		}
-	}()
-	defer func() { close(done); <-served }()
-
-	step("a -> b: a's kernel connects to our stack and sends 1 MiB; it comes back byte for byte")
-	err = a.Do(func() error {
-		c, err := net.DialTimeout("tcp", ib.Addr().String()+":7100", 2*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		msg := make([]byte, 1<<20)
-		for i := range msg {
-			msg[i] = byte(i * 7)
-		}
-		start := time.Now()
-		go c.Write(msg)
-		got := make([]byte, len(msg))
-		if _, err := io.ReadFull(c, got); err != nil {
-			return err
-		}
-		if !bytes.Equal(got, msg) {
-			return errors.New("echo differs")
-		}
-		fmt.Printf("   a| 1 MiB echoed by our stack in %v, byte-exact\n", time.Since(start).Round(time.Millisecond))
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("tcp to our stack: %w", err)
-	}
-	c := s.Counters()
-	fmt.Printf("   b| stack counters: %s\n", &c)
 	return nil
 }

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/xdp-onload/onload/test"
+)
+
+// apiContender is one client library (and profile) of the API benchmark.
+type apiContender struct {
+	id, name string
+	impl     string   // -impl of api-client
+	env      []string // for sockets: the profile
+}
+
+var apiPing = []apiContender{
+	{"api-net", "standard net package (kernel TCP)", "net", nil},
+	{"api-gonet", "gVisor netstack + gonet over AF_XDP", "gonet", nil},
+	{"api-sockets-balanced", "sockets, balanced profile (default)", "sockets", []string{"ONLOAD_PROFILE=balanced"}},
+	{"api-sockets-latency", "sockets, latency profile", "sockets", []string{"ONLOAD_PROFILE=latency"}},
+}
+
+var apiBulk = []apiContender{
+	{"bulk-net", "standard net package (kernel TCP)", "net", nil},
+	{"bulk-gonet", "gVisor netstack + gonet over AF_XDP", "gonet", nil},
+	{"bulk-sockets-balanced", "sockets, balanced profile (default)", "sockets", []string{"ONLOAD_PROFILE=balanced"}},
+	{"bulk-sockets-throughput", "sockets, throughput profile", "sockets", []string{"ONLOAD_PROFILE=throughput"}},
+}
+
+// BulkResult is one contender's single-connection throughput.
+type BulkResult struct {
+	ID         string    `json:"id"`
+	Name       string    `json:"name"`
+	Gbps       float64   `json:"gbit_per_s"` // median of rounds
+	RoundsGbps []float64 `json:"rounds_gbit_per_s"`
+}
+
+// apiAcc gathers one contender's rounds.
+type apiAcc struct {
+	rtts   []float64
+	rounds []float64
+	gbps   []float64
+}
+
+// apiRound runs every API contender once against one kernel server in b:
+// ping-pong first, then bulk, each client a process of its own in a.
+func apiRound(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, count int, bulkSeconds float64, accs map[string]*apiAcc) error {
+	srv := inHost(ctx, b, pinB, self, "api-server", "-addr", b.Iface0().Addr().String())
+	stop, err := startServer(srv, listening(b, apiSinkPort))
+	if err != nil {
+		return fmt.Errorf("api server: %w: %s", err, srv.Stderr)
+	}
+	defer stop()
+	common := []string{"-dst", b.Iface0().Addr().String(), "-iface", a.Iface0().Name,
+		"-addr", a.Iface0().Prefix.String(), "-dst-mac", b.Iface0().MAC.String()}
+	for _, c := range apiPing {
+		out, err := apiClient(ctx, self, a, pinA, c, append([]string{"-mode", "pingpong", "-count", strconv.Itoa(count)}, common...))
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.id, err)
+		}
+		var res pingResult
+		if err := json.Unmarshal(out, &res); err != nil || len(res.RTTs) == 0 {
+			return fmt.Errorf("%s: output %q: %v", c.id, out, err)
+		}
+		ac := accs[c.id]
+		ac.rtts = append(ac.rtts, res.RTTs...)
+		ac.rounds = append(ac.rounds, pct(res.RTTs, 50))
+		fmt.Fprintf(os.Stderr, "  %-24s p50 %7.2f us  p99 %7.2f us\n", c.id, pct(res.RTTs, 50), pct(res.RTTs, 99))
+	}
+	for _, c := range apiBulk {
+		out, err := apiClient(ctx, self, a, pinA, c, append([]string{"-mode", "bulk", "-seconds", fmt.Sprint(bulkSeconds)}, common...))
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.id, err)
+		}
+		var res bulkResult
+		if err := json.Unmarshal(out, &res); err != nil || res.Seconds == 0 {
+			return fmt.Errorf("%s: output %q: %v", c.id, out, err)
+		}
+		g := float64(res.Bytes) * 8 / res.Seconds / 1e9
+		accs[c.id].gbps = append(accs[c.id].gbps, g)
+		fmt.Fprintf(os.Stderr, "  %-24s %7.3f Gbit/s\n", c.id, g)
+	}
+	return nil
+}
+
+// apiClient runs one api-client process. An AF_XDP socket releases its
+// queue a moment after its process exits, so a client that finds the
+// queue still held is tried again.
+func apiClient(ctx context.Context, self string, a *test.Host, pinA []string, c apiContender, args []string) ([]byte, error) {
+	var err error
+	for try := 0; try < 5; try++ {
+		if try > 0 {
+			time.Sleep(300 * time.Millisecond)
+		}
+		cmd := inHost(ctx, a, pinA, self, append([]string{"api-client", "-impl", c.impl}, args...)...)
+		cmd.Env = append(append(os.Environ(), "ONLOAD_INTERFACE="+a.Iface0().Name), c.env...)
+		var out []byte
+		if out, err = cmd.Output(); err == nil {
+			return out, nil
+		}
+		err = fmt.Errorf("%w: %s", err, cmd.Stderr)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, err
+}
+
+// apiReport fills the report's API section from the rounds.
+func apiReport(rep *Report, rounds int, accs map[string]*apiAcc) {
+	api := &rep.API
+	api.MessageBytes = apiMsg
+	api.Rounds = rounds
+	byID := map[string]Result{}
+	for _, c := range apiPing {
+		ac := accs[c.id]
+		slices.Sort(ac.rtts)
+		r := Result{ID: c.id, Name: c.name, Samples: len(ac.rtts), P50us: pct(ac.rtts, 50), P99us: pct(ac.rtts, 99),
+			P999us: pct(ac.rtts, 99.9), MinUs: pct(ac.rtts, 0), RoundsP50us: ac.rounds}
+		api.Results = append(api.Results, r)
+		byID[c.id] = r
+	}
+	gbps := map[string]float64{}
+	for _, c := range apiBulk {
+		ac := accs[c.id]
+		g := median(ac.gbps)
+		api.Bulk = append(api.Bulk, BulkResult{ID: c.id, Name: c.name, Gbps: round3(g), RoundsGbps: ac.gbps})
+		gbps[c.id] = g
+	}
+	lat, bal, std, gn := byID["api-sockets-latency"], byID["api-sockets-balanced"], byID["api-net"], byID["api-gonet"]
+	api.Ratios = map[string]float64{
+		"sockets_latency_vs_net_p50":                        round3(lat.P50us / std.P50us),
+		"sockets_latency_vs_gonet_p50":                      round3(lat.P50us / gn.P50us),
+		"sockets_latency_vs_net_p99":                        round3(lat.P99us / std.P99us),
+		"sockets_balanced_vs_net_p50":                       round3(bal.P50us / std.P50us),
+		"sockets_latency_vs_net_p50_median_of_rounds":       round3(medianRatio(lat.RoundsP50us, std.RoundsP50us)),
+		"sockets_latency_vs_gonet_p50_median_of_rounds":     round3(medianRatio(lat.RoundsP50us, gn.RoundsP50us)),
+		"bulk_sockets_throughput_vs_gonet":                  round3(gbps["bulk-sockets-throughput"] / gbps["bulk-gonet"]),
+		"bulk_sockets_throughput_vs_net":                    round3(gbps["bulk-sockets-throughput"] / gbps["bulk-net"]),
+		"bulk_sockets_balanced_vs_net":                      round3(gbps["bulk-sockets-balanced"] / gbps["bulk-net"]),
+		"bulk_sockets_throughput_vs_gonet_median_of_rounds": round3(medianRatio(accs["bulk-sockets-throughput"].gbps, accs["bulk-gonet"].gbps)),
+	}
+	api.Targets = map[string]float64{
+		"sockets_latency_vs_net_p50": 0.5, "sockets_latency_vs_gonet_p50": 0.5, "bulk_sockets_throughput_vs_gonet": 1.5,
+	}
+}
+
+func printAPI(w io.Writer, rep *Report) {
+	api := &rep.API
+	fmt.Fprintf(w, "\nPublic API: %d-byte Write then Read against a kernel server over the same veth pair (%d rounds)\n\n", api.MessageBytes, api.Rounds)
+	fmt.Fprintf(w, "%-62s %9s %9s %9s\n", "", "p50 µs", "p99 µs", "samples")
+	for _, r := range api.Results {
+		fmt.Fprintf(w, "%-62s %9.2f %9.2f %9d\n", r.Name, r.P50us, r.P99us, r.Samples)
+	}
+	fmt.Fprintf(w, "\nsockets (latency) / net p50: %.3f (target <= 0.5)   / gonet p50: %.3f (target <= 0.5)\n",
+		api.Ratios["sockets_latency_vs_net_p50"], api.Ratios["sockets_latency_vs_gonet_p50"])
+	fmt.Fprintf(w, "\nSingle-connection bulk throughput, median of rounds\n\n")
+	for _, r := range api.Bulk {
+		fmt.Fprintf(w, "%-62s %7.3f Gbit/s\n", r.Name, r.Gbps)
+	}
+	fmt.Fprintf(w, "\nsockets (throughput) / gonet: %.3f (target >= 1.5)   / net: %.3f\n",
+		api.Ratios["bulk_sockets_throughput_vs_gonet"], api.Ratios["bulk_sockets_throughput_vs_net"])
+}
