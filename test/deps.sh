@@ -21,6 +21,7 @@ need ping iputils-ping
 need sockperf sockperf
 need taskset util-linux
 need curl curl
+need ethtool ethtool
 
 if ! command -v go >/dev/null 2>&1; then
 	echo "deps: Go is not installed (or not on PATH): install Go 1.26 or later from https://go.dev/dl" >&2
