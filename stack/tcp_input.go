@@ -331,13 +331,16 @@ func (s *Stack) oldAckLocked(sk *sock, g *segment, wnd seqnum.Size) bool {
 	return g.seq.InWindow(lo, seqnum.Size(sk.rcvBuf)+wnd+1)
 }
 
-// acceptable is the segment acceptance test of RFC 9293 3.10.7.4.
+// acceptable is the segment acceptance test of RFC 9293 3.10.7.4, with
+// one leniency taken from Linux (tcp_sequence): an empty segment may sit
+// at the right edge of the window. A peer whose data runs past the window
+// it was last offered sends its pure ACKs at that edge (RFC 9293 3.8.6.2
+// forbids a sequence number beyond it; Linux's tcp_acceptable_seq, and
+// ours, send exactly the edge). Rejecting them loses their window
+// updates, and two peers each waiting for the other's window deadlock.
 func acceptable(seq seqnum.Value, segLen seqnum.Size, rcvNxt seqnum.Value, wnd seqnum.Size) bool {
 	if segLen == 0 {
-		if wnd == 0 {
-			return seq == rcvNxt
-		}
-		return seq.InWindow(rcvNxt, wnd)
+		return seq.InWindow(rcvNxt, wnd+1)
 	}
 	if wnd == 0 {
 		return false
