@@ -78,13 +78,28 @@ func cpuTicks(pid int) (int64, error) {
 	return utime + stime, nil
 }
 
+// osThreads reads a process's thread count from /proc/<pid>/status.
+func osThreads(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("no Threads line in /proc/%d/status", pid)
+}
+
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat times.
 const clockTicks = 100
 
 // TestIdleCPU holds 100 idle accelerated connections in a process (every
 // goroutine blocked in Read) and measures, from /proc, the CPU the process
 // uses once the spin period is over: it must be under 1% of a core. Then
-// every connection must still wake and work.
+// every connection must still wake and work. The goroutines blocked in
+// Read must not hold OS threads.
 func TestIdleCPU(t *testing.T) {
 	RequireRoot(t)
 	a, b := Pair(t, LinkOptions{})
@@ -110,6 +125,16 @@ func TestIdleCPU(t *testing.T) {
 	t.Logf("%d idle connections: %.2f%% of a core over %v (%d ticks)", idleConns, used*100, window, t1-t0)
 	if used >= 0.01 {
 		t.Errorf("idle process used %.2f%% of a core, want under 1%%", used*100)
+	}
+	// A blocked goroutine must not hold an OS thread, as in net: the
+	// process needs the runtime's few threads, not one per connection.
+	threads, err := osThreads(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d OS threads for %d goroutines blocked in Read", threads, idleConns)
+	if threads > idleConns/4 {
+		t.Errorf("%d OS threads for %d blocked goroutines: blocking pins threads", threads, idleConns)
 	}
 	fmt.Fprintln(p.In, "go")
 	if err := p.wait(30 * time.Second); err != nil {
