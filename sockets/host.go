@@ -12,9 +12,8 @@ import (
 	"syscall"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xdp-onload/onload/bpf"
+	"github.com/xdp-onload/onload/internal/ethtool"
 	"github.com/xdp-onload/onload/interrupts"
 	"github.com/xdp-onload/onload/stack"
 	"github.com/xdp-onload/onload/vnic"
@@ -171,37 +170,10 @@ func defaultRouteInterface() string {
 // queues it was made with. A veth made on a many-CPU host may have room
 // for several queues and use one; only the ones in use can receive.
 func rxQueues(ifname string) int {
-	if n, err := channelRxQueues(ifname); err == nil && n > 0 {
+	if n, err := ethtool.RxQueues(ifname); err == nil && n > 0 {
 		return n
 	}
 	return allocatedRxQueues(ifname)
-}
-
-// channelRxQueues asks the driver for its current channels: the receive
-// queues are the receive-only channels plus the combined ones.
-func channelRxQueues(ifname string) (int, error) {
-	const ethtoolGChannels = 0x3c // ETHTOOL_GCHANNELS
-	ch := struct {
-		cmd                                         uint32
-		maxRx, maxTx, maxOther, maxCombined         uint32
-		rxCount, txCount, otherCount, combinedCount uint32
-	}{cmd: ethtoolGChannels}
-	var ifr struct {
-		name [unix.IFNAMSIZ]byte
-		data uintptr
-		_    [16]byte
-	}
-	copy(ifr.name[:], ifname)
-	ifr.data = uintptr(unsafe.Pointer(&ch))
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return 0, err
-	}
-	defer unix.Close(fd)
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); errno != 0 {
-		return 0, errno
-	}
-	return int(ch.rxCount + ch.combinedCount), nil
 }
 
 // allocatedRxQueues is the number of receive queues the interface was
