@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
-	"net"
 	"net/netip"
 	"syscall"
 	"testing"
@@ -192,14 +191,7 @@ func TestTCPZeroAllocs(t *testing.T) {
 // being sent again, and no RTT sample may come of it (Karn, RFC 6298
 // section 3): the burst was sent once, a whole RTO earlier.
 func TestTCPRTOAckedHole(t *testing.T) {
-	a, na, nb := memPair(t, vnic.MemConfig{})
-	b, err := stack.New(nb, stack.Config{Addr: addrB, MAC: nb.Info().MAC}, stack.Options{
-		Neighbours: map[netip.Addr]net.HardwareAddr{addrA.Addr(): na.Info().MAC},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Destroy() })
+	a, b, _, nb := twoStacksNICs(t, vnic.MemConfig{})
 	poll := pollBoth(a, b)
 	c, s := connectPair(t, a, b, poll)
 	a.SetOption(c, stack.NoDelay, 1)

@@ -46,7 +46,15 @@ func memPair(t *testing.T, cfg vnic.MemConfig) (*stack.Stack, *vnic.Mem, *vnic.M
 // twoStacks is our stack on both ends.
 func twoStacks(t *testing.T, cfg vnic.MemConfig) (*stack.Stack, *stack.Stack) {
 	t.Helper()
-	sa, a, b := memPair(t, cfg)
+	sa, sb, _, _ := twoStacksNICs(t, cfg)
+	return sa, sb
+}
+
+// twoStacksNICs is twoStacks with the ends of the wire, for a test that
+// changes its impairments.
+func twoStacksNICs(t *testing.T, cfg vnic.MemConfig) (sa, sb *stack.Stack, a, b *vnic.Mem) {
+	t.Helper()
+	sa, a, b = memPair(t, cfg)
 	sb, err := stack.New(b, stack.Config{Addr: addrB, MAC: b.Info().MAC}, stack.Options{
 		Neighbours: map[netip.Addr]net.HardwareAddr{addrA.Addr(): a.Info().MAC},
 	})
@@ -54,7 +62,7 @@ func twoStacks(t *testing.T, cfg vnic.MemConfig) (*stack.Stack, *stack.Stack) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sb.Destroy() })
-	return sa, sb
+	return sa, sb, a, b
 }
 
 // recvUDP polls until a datagram arrives on id.
