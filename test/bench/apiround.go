@@ -90,27 +90,19 @@ func apiRound(ctx context.Context, self string, a, b *test.Host, pinA, pinB []st
 	return nil
 }
 
-// apiClient runs one api-client process. An AF_XDP socket releases its
-// queue a moment after its process exits, so a client that finds the
-// queue still held is tried again.
+// apiClient runs one api-client process, retried while the queue is
+// still held (queueRetry).
 func apiClient(ctx context.Context, self string, a *test.Host, pinA []string, c apiContender, args []string) ([]byte, error) {
-	var err error
-	for try := 0; try < 5; try++ {
-		if try > 0 {
-			time.Sleep(300 * time.Millisecond)
-		}
+	var out []byte
+	err := queueRetry(ctx, 300*time.Millisecond, func() (err error) {
 		cmd := inHost(ctx, a, pinA, self, append([]string{"api-client", "-impl", c.impl}, args...)...)
 		cmd.Env = append(append(os.Environ(), "ONLOAD_INTERFACE="+a.Iface0().Name), c.env...)
-		var out []byte
-		if out, err = cmd.Output(); err == nil {
-			return out, nil
+		if out, err = cmd.Output(); err != nil {
+			return fmt.Errorf("%w: %s", err, cmd.Stderr)
 		}
-		err = fmt.Errorf("%w: %s", err, cmd.Stderr)
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return nil, err
+		return nil
+	})
+	return out, err
 }
 
 // apiReport fills the report's API section from the rounds.

@@ -17,7 +17,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -235,7 +234,7 @@ func pin(cpu int) []string {
 func inHost(ctx context.Context, h *test.Host, pin []string, name string, args ...string) *exec.Cmd {
 	argv := append(append([]string{"netns", "exec", h.NS}, pin...), name)
 	cmd := exec.CommandContext(ctx, "ip", append(argv, args...)...)
-	cmd.Stderr = new(limitedBuffer)
+	cmd.Stderr = new(test.LimitedBuffer)
 	return cmd
 }
 
@@ -283,29 +282,35 @@ func listening(h *test.Host, port int) func() bool {
 }
 
 // helperRound runs one echo process in b and one ping process in a, with
-// the given arguments. A closed AF_XDP socket releases its queue a moment
-// after its process exits, so a round that finds the queue still held is
-// retried.
+// the given arguments, retried while the queue is still held (queueRetry).
 func helperRound(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, echoArgs, pingArgs []string) (*pingResult, error) {
+	var res *pingResult
+	err := queueRetry(ctx, 200*time.Millisecond, func() (err error) {
+		res, err = helperRoundOnce(ctx, self, a, b, pinA, pinB, echoArgs, pingArgs)
+		return err
+	})
+	return res, err
+}
+
+// queueRetry runs fn up to 5 times, pause apart, until it succeeds or ctx
+// ends. A closed AF_XDP socket releases its queue a moment after its
+// process exits, so the next helper process may find it still held.
+func queueRetry(ctx context.Context, pause time.Duration, fn func() error) error {
 	var err error
 	for try := 0; try < 5; try++ {
 		if try > 0 {
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(pause)
 		}
-		var res *pingResult
-		if res, err = helperRoundOnce(ctx, self, a, b, pinA, pinB, echoArgs, pingArgs); err == nil {
-			return res, nil
-		}
-		if ctx.Err() != nil {
-			return nil, err
+		if err = fn(); err == nil || ctx.Err() != nil {
+			return err
 		}
 	}
-	return nil, err
+	return err
 }
 
 func helperRoundOnce(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, echoArgs, pingArgs []string) (*pingResult, error) {
 	echo := inHost(ctx, b, pinB, self, echoArgs...)
-	out := new(limitedBuffer)
+	out := new(test.LimitedBuffer)
 	echo.Stdout = out
 	stop, err := startServer(echo, func() bool { return strings.Contains(out.String(), "ready") })
 	if err != nil {
@@ -339,27 +344,6 @@ func stackRound(ctx context.Context, self string, a, b *test.Host, pinA, pinB []
 		[]string{"stack-echo", "-iface", b.Iface0().Name, "-addr", b.Iface0().Prefix.String()},
 		[]string{"stack-ping", "-iface", a.Iface0().Name, "-addr", a.Iface0().Prefix.String(),
 			"-dst", b.Iface0().Addr().String(), "-count", strconv.Itoa(count)})
-}
-
-// limitedBuffer keeps the first 4 KiB of a helper's stderr, for errors.
-type limitedBuffer struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (w *limitedBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if room := 4096 - len(w.b); room > 0 {
-		w.b = append(w.b, p[:min(room, len(p))]...)
-	}
-	return len(p), nil
-}
-
-func (w *limitedBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return string(bytes.TrimSpace(w.b))
 }
 
 var percentileLine = regexp.MustCompile(`percentile\s+([0-9.]+)\s*=\s*([0-9.]+)`)

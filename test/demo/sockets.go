@@ -99,11 +99,11 @@ func measure(a *test.Host, bench, dst string, count int, seconds float64) (demoR
 	var row demoRow
 	run := func(args ...string) ([]byte, error) {
 		cmd := a.Command(bench, append([]string{"api-client", "-impl", "net", "-dst", dst, "-port", strconv.Itoa(demoPort)}, args...)...)
-		var stderr limited
+		var stderr test.LimitedBuffer
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
 		if err != nil {
-			return nil, fmt.Errorf("kernel client: %w: %s", err, stderr.b)
+			return nil, fmt.Errorf("kernel client: %w: %s", err, &stderr)
 		}
 		return out, nil
 	}
@@ -212,14 +212,4 @@ func onSockets(a, b *test.Host, bench string, p sockets.Profile, count int, seco
 	srv.close()
 	c := st.Engine().Counters()
 	return row, fmt.Sprintf("%d TCP segments in, %d frames out, %d retransmitted", c.RxTCP, c.TxFrames, c.TCPRetransmits), err
-}
-
-// limited keeps the first 4 KiB written to it.
-type limited struct{ b []byte }
-
-func (w *limited) Write(p []byte) (int, error) {
-	if room := 4096 - len(w.b); room > 0 {
-		w.b = append(w.b, p[:min(room, len(p))]...)
-	}
-	return len(p), nil
 }
