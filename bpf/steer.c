@@ -275,3 +275,18 @@ int steer(struct xdp_md *ctx)
 	// The socket was there a moment ago; if it has just gone, drop.
 	return bpf_redirect_map(&xsks, slot, XDP_DROP);
 }
+
+// forward is the program of the test hosts' fault injector (test.Path),
+// not of a stack: every frame goes to stack 0's socket for the queue it
+// came in on, whatever it is, so that a user-space forwarder sees all the
+// traffic of the link. With no socket there, the kernel has the frame.
+SEC("xdp")
+int forward(struct xdp_md *ctx)
+{
+	__u32 slot = ctx->rx_queue_index;
+
+	count(CTR_RX);
+	if (slot >= MAX_QUEUES)
+		return XDP_PASS;
+	return bpf_redirect_map(&xsks, slot, XDP_PASS);
+}

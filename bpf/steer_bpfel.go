@@ -54,6 +54,7 @@ const (
 	steerMapFlows           = "flows"
 	steerMapListeners       = "listeners"
 	steerMapXsks            = "xsks"
+	steerProgForward        = "forward"
 	steerProgSteer          = "steer"
 	steerVarUnusedWakeEvent = "unused_wake_event"
 )
@@ -100,7 +101,8 @@ type steerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerProgramSpecs struct {
-	Steer *ebpf.ProgramSpec `ebpf:"steer"`
+	Forward *ebpf.ProgramSpec `ebpf:"forward"`
+	Steer   *ebpf.ProgramSpec `ebpf:"steer"`
 }
 
 // steerMapSpecs contains maps before they are loaded into the kernel.
@@ -172,11 +174,13 @@ type steerVariables struct {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerPrograms struct {
-	Steer *ebpf.Program `ebpf:"steer"`
+	Forward *ebpf.Program `ebpf:"forward"`
+	Steer   *ebpf.Program `ebpf:"steer"`
 }
 
 func (p *steerPrograms) Close() error {
 	return _SteerClose(
+		p.Forward,
 		p.Steer,
 	)
 }

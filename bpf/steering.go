@@ -100,6 +100,11 @@ func Load() (*Steering, error) {
 // Program is the XDP program, to attach with xdp.Attach.
 func (s *Steering) Program() *ebpf.Program { return s.objs.Steer }
 
+// ForwardProgram is the fault injector's program (test.Path): it sends
+// every frame to stack 0's socket for the frame's queue (SetSocket(0, q,
+// fd)), and to the kernel when there is none. Stacks do not use it.
+func (s *Steering) ForwardProgram() *ebpf.Program { return s.objs.Forward }
+
 // Close unloads the program and maps (an attachment holds its own
 // reference to the program).
 func (s *Steering) Close() error {

@@ -113,13 +113,18 @@ func (r *rig) listenAll(port uint16) {
 // returns the verdict and the counters that moved.
 func (r *rig) run(frame []byte, q int) (uint32, bpf.Counters) {
 	r.t.Helper()
+	return r.runProg(r.s.Program(), frame, q)
+}
+
+func (r *rig) runProg(prog *ebpf.Program, frame []byte, q int) (uint32, bpf.Counters) {
+	r.t.Helper()
 	before, err := r.s.Counters()
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	var ret uint32
 	err = r.host.Do(func() (err error) {
-		ret, err = r.s.Program().Run(&ebpf.RunOptions{
+		ret, err = prog.Run(&ebpf.RunOptions{
 			Data: frame,
 			Context: xdpMd{
 				DataEnd:        uint32(len(frame)),
@@ -163,6 +168,36 @@ func (r *rig) expect(name string, frame []byte, q int, verdict uint32, counter i
 	c[bpf.CounterWakeup], c[bpf.CounterWakeupLost] = 0, 0
 	if c != want {
 		r.t.Errorf("%s: counters moved %s, want %s", name, c, want)
+	}
+}
+
+// TestForwardProgram checks the fault injector's program: every frame,
+// whatever it is, goes to stack 0's socket for its queue, and to the
+// kernel when that queue has none.
+func TestForwardProgram(t *testing.T) {
+	r := newRig(t)
+	r.socket(0, 1)
+	arp := make([]byte, 42)
+	copy(arp, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	arp[12], arp[13] = 0x08, 0x06
+	for _, c := range []struct {
+		name    string
+		frame   []byte
+		q       int
+		verdict uint32
+	}{
+		{"udp on a queue with a socket", udpFrame(t, 9, "x"), 1, xdpRedirect},
+		{"broadcast arp on a queue with a socket", arp, 1, xdpRedirect},
+		{"tcp on a queue without a socket", tcpFrame(t, 9, header.TCPFlagSyn), 0, xdpPass},
+		{"a bare ethernet header", make([]byte, 14), 1, xdpRedirect},
+	} {
+		got, ctr := r.runProg(r.s.ForwardProgram(), c.frame, c.q)
+		if got != c.verdict {
+			t.Errorf("%s: verdict %s, want %s", c.name, verdictName(got), verdictName(c.verdict))
+		}
+		if ctr[bpf.CounterRX] != 1 {
+			t.Errorf("%s: rx counter moved by %d, want 1", c.name, ctr[bpf.CounterRX])
+		}
 	}
 }
 

@@ -182,39 +182,60 @@ func (n *Net) AddHost(name string) (*Host, error) {
 // Transmit checksum offload is off on both ends, so frames carry complete
 // checksums as they would on a wire.
 func (n *Net) Connect(a, b *Host, o LinkOptions) (*Iface, *Iface, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	subnet, err := n.subnetLocked()
+	if err != nil {
+		return nil, nil, err
+	}
+	return n.linkLocked(a, b, o, hostPrefix(subnet, 1), hostPrefix(subnet, 2))
+}
+
+// subnetLocked takes the next link number's /24.
+func (n *Net) subnetLocked() ([4]byte, error) {
+	k := n.links
+	if k >= 512 {
+		return [4]byte{}, errors.New("connect: at most 512 links per net")
+	}
+	n.links++
+	return [4]byte{198, 18 + byte(k/256), byte(k % 256), 0}, nil
+}
+
+func hostPrefix(subnet [4]byte, host byte) netip.Prefix {
+	subnet[3] = host
+	return netip.PrefixFrom(netip.AddrFrom4(subnet), 24)
+}
+
+// linkLocked makes the veth pair between a and b and gives each end its
+// prefix (none if the prefix is not valid).
+func (n *Net) linkLocked(a, b *Host, o LinkOptions, pa, pb netip.Prefix) (*Iface, *Iface, error) {
 	if a == b {
 		return nil, nil, errors.New("connect: a host cannot be linked to itself")
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	if n.closed {
+		return nil, nil, errors.New("connect: net is closed")
+	}
 	if o.Queues == 0 {
 		o.Queues = 1
 	}
 	if o.MTU == 0 {
 		o.MTU = 1500
 	}
-	k := n.links
-	if k >= 512 {
-		return nil, nil, errors.New("connect: at most 512 links per net")
-	}
-	n.links++
-	subnet := [4]byte{198, 18 + byte(k/256), byte(k % 256), 0}
-	ia := &Iface{Host: a, Name: fmt.Sprintf("eth%d", len(a.Ifaces))}
-	ib := &Iface{Host: b, Name: fmt.Sprintf("eth%d", len(b.Ifaces))}
+	ia := &Iface{Host: a, Name: fmt.Sprintf("eth%d", len(a.Ifaces)), Prefix: pa}
+	ib := &Iface{Host: b, Name: fmt.Sprintf("eth%d", len(b.Ifaces)), Prefix: pb}
 	q := strconv.Itoa(o.Queues)
 	if err := ip("link", "add", ia.Name, "netns", a.NS, "numtxqueues", q, "numrxqueues", q, "type", "veth",
 		"peer", ib.Name, "netns", b.NS, "numtxqueues", q, "numrxqueues", q); err != nil {
 		return nil, nil, fmt.Errorf("connect %s and %s: %w", a.Name, b.Name, err)
 	}
-	for i, side := range []*Iface{ia, ib} {
-		subnet[3] = byte(i + 1)
-		side.Prefix = netip.PrefixFrom(netip.AddrFrom4(subnet), 24)
+	for _, side := range []*Iface{ia, ib} {
 		ns := side.Host.NS
-		for _, args := range [][]string{
-			{"-n", ns, "link", "set", side.Name, "mtu", strconv.Itoa(o.MTU)},
-			{"-n", ns, "addr", "add", side.Prefix.String(), "dev", side.Name},
-			{"-n", ns, "link", "set", side.Name, "up"},
-		} {
+		cmds := [][]string{{"-n", ns, "link", "set", side.Name, "mtu", strconv.Itoa(o.MTU)}}
+		if side.Prefix.IsValid() {
+			cmds = append(cmds, []string{"-n", ns, "addr", "add", side.Prefix.String(), "dev", side.Name})
+		}
+		cmds = append(cmds, []string{"-n", ns, "link", "set", side.Name, "up"})
+		for _, args := range cmds {
 			if err := ip(args...); err != nil {
 				return nil, nil, fmt.Errorf("connect %s and %s: %w", a.Name, b.Name, err)
 			}

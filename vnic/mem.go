@@ -4,46 +4,20 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/xdp-onload/onload/internal/impair"
 )
 
-// Impairment is what a Mem wire does to frames in one direction. Each
-// probability applies to each frame independently; decisions come from a
+// Impairment is what a Mem wire does to frames in one direction: loss
+// (random and in bursts), duplication, corruption, reordering, delay with
+// jitter and a rate limit (see internal/impair). Decisions come from a
 // random source seeded by MemConfig.Seed, so the same sequence of
 // transmits is impaired the same way on every run.
-type Impairment struct {
-	Loss      float64 // probability a frame is lost
-	Duplicate float64 // probability a frame is delivered twice
-	Corrupt   float64 // probability one bit of the frame is flipped
-	// Reorder is the probability a frame is held back by ReorderDelay
-	// (default 1ms), so that the frames sent after it overtake it.
-	Reorder      float64
-	ReorderDelay time.Duration
-	Delay        time.Duration // added to every frame
-	Jitter       time.Duration // uniform extra delay in [0, Jitter); it reorders too
-}
-
-func (i *Impairment) check(dir string) error {
-	for _, p := range []struct {
-		name string
-		v    float64
-	}{{"loss", i.Loss}, {"duplicate", i.Duplicate}, {"corrupt", i.Corrupt}, {"reorder", i.Reorder}} {
-		if !(p.v >= 0 && p.v <= 1) {
-			return fmt.Errorf("%s %s probability %v: must be from 0 to 1", dir, p.name, p.v)
-		}
-	}
-	if i.Delay < 0 || i.Jitter < 0 || i.ReorderDelay < 0 {
-		return fmt.Errorf("%s delays must not be negative", dir)
-	}
-	if i.Reorder > 0 && i.ReorderDelay == 0 {
-		i.ReorderDelay = time.Millisecond
-	}
-	return nil
-}
+type Impairment = impair.Impairment
 
 // MemConfig shapes an in-memory pair.
 type MemConfig struct {
@@ -96,10 +70,10 @@ func NewMemPair(cfg MemConfig) (a, b *Mem, err error) {
 		return nil, nil, fmt.Errorf("mtu %d: must be from 68 to %d for %d-byte frames with %d bytes of headroom",
 			cfg.MTU, cfg.FrameSize-cfg.Headroom-14, cfg.FrameSize, cfg.Headroom)
 	}
-	if err := cfg.AtoB.check("a->b"); err != nil {
+	if err := cfg.AtoB.Check("a->b"); err != nil {
 		return nil, nil, err
 	}
-	if err := cfg.BtoA.check("b->a"); err != nil {
+	if err := cfg.BtoA.Check("b->a"); err != nil {
 		return nil, nil, err
 	}
 	if cfg.Now == nil {
@@ -125,8 +99,8 @@ func NewMemPair(cfg MemConfig) (a, b *Mem, err error) {
 	if b, err = mk("b", net.HardwareAddr{0x02, 0, 0, 0, 0, 0x0b}); err != nil {
 		return nil, nil, err
 	}
-	ab := newWire(cfg.AtoB, cfg.WireSlots, cfg.FrameSize, rand.New(rand.NewPCG(cfg.Seed, 0xab)))
-	ba := newWire(cfg.BtoA, cfg.WireSlots, cfg.FrameSize, rand.New(rand.NewPCG(cfg.Seed, 0xba)))
+	ab := newWire(impair.NewLine(cfg.AtoB, cfg.WireSlots, cfg.FrameSize, cfg.Seed, 0xab))
+	ba := newWire(impair.NewLine(cfg.BtoA, cfg.WireSlots, cfg.FrameSize, cfg.Seed, 0xba))
 	a.out, a.in = ab, ba
 	b.out, b.in = ba, ab
 	return a, b, nil
@@ -144,11 +118,11 @@ func (m *Mem) Idle() bool { return m.in.nextAt.Load() > int64(m.now()) }
 // (frames already on the wire keep theirs): a test connects over a clean
 // wire, then makes it lossy.
 func (m *Mem) Impair(imp Impairment) error {
-	if err := imp.check("impair"); err != nil {
+	if err := imp.Check("impair"); err != nil {
 		return fmt.Errorf("vnic: %w", err)
 	}
 	m.out.mu.Lock()
-	m.out.imp = imp
+	m.out.line.SetImpairment(imp)
 	m.out.mu.Unlock()
 	return nil
 }
@@ -162,8 +136,9 @@ func (m *Mem) Info() Info { return m.info }
 func (m *Mem) Stats() Stats {
 	s := m.stats
 	m.out.mu.Lock()
-	s.Lost, s.Duplicated, s.Reordered, s.Corrupted, s.Delayed = m.out.lost, m.out.duplicated, m.out.reordered, m.out.corrupted, m.out.delayed
-	s.TxErrors += m.out.full
+	c := m.out.line.Counters()
+	s.Lost, s.Duplicated, s.Reordered, s.Corrupted, s.Delayed = c.Lost+c.BurstLost+c.Overflow, c.Duplicated, c.Reordered, c.Corrupted, c.Delayed
+	s.TxErrors += c.NoSlot
 	m.out.mu.Unlock()
 	return s
 }
@@ -200,7 +175,8 @@ func (m *Mem) transmit(hs []Handle, keep bool) (int, error) {
 			m.stats.TxErrors++
 			return i, fmt.Errorf("vnic: %d-byte frame exceeds mtu %d: %w", len(data), m.info.MTU, ErrTooLong)
 		}
-		w.send(data, now)
+		w.line.Send(data, now)
+		w.sent(now)
 		m.stats.TxFrames++
 		m.stats.TxBytes += uint64(len(data))
 		if !keep {
@@ -222,9 +198,12 @@ func (m *Mem) Receive(hs []Handle) int {
 	}
 	now := m.now()
 	n := 0
-	for n < len(hs) && len(w.heap) > 0 && w.heap[0].at <= now {
-		e := w.pop()
-		data := w.buf(e.slot)[:w.lens[e.slot]]
+	defer w.updateNext()
+	for n < len(hs) {
+		data := w.line.Receive(now)
+		if data == nil {
+			break
+		}
 		h := m.pool.Alloc()
 		if h != Null {
 			copy(m.pool.Buf(h), data)
@@ -236,7 +215,6 @@ func (m *Mem) Receive(hs []Handle) int {
 		} else {
 			m.stats.RxDropped++
 		}
-		w.free = append(w.free, e.slot)
 	}
 	return n
 }
@@ -252,8 +230,8 @@ func (m *Mem) Arm() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.armed = true
-	if len(w.heap) > 0 {
-		w.interruptAt(w.heap[0].at, m.now())
+	if w.line.Len() > 0 {
+		w.interruptAt(w.line.NextAt(), m.now())
 	}
 }
 
@@ -266,20 +244,11 @@ func (m *Mem) Disarm() {
 	w.mu.Unlock()
 }
 
-// wire is one direction: fixed slots of frame bytes in flight and a
-// min-heap ordering them by delivery time. Nothing is allocated per frame.
+// wire is one direction: an impair.Line under a lock, and the receiving
+// end's interrupt.
 type wire struct {
-	mu    sync.Mutex
-	imp   Impairment
-	rng   *rand.Rand
-	slots []byte
-	size  int
-	lens  []uint16
-	free  []uint32
-	heap  []wireEntry
-	seq   uint64
-
-	lost, duplicated, reordered, corrupted, delayed, full uint64
+	mu   sync.Mutex
+	line *impair.Line
 
 	// nextAt is the delivery time of the earliest frame (MaxInt64: none),
 	// for Idle to read without the lock.
@@ -292,85 +261,19 @@ type wire struct {
 	timer *time.Timer
 }
 
-type wireEntry struct {
-	at   time.Duration
-	seq  uint64
-	slot uint32
-}
-
-func newWire(imp Impairment, slots, size int, rng *rand.Rand) *wire {
-	w := &wire{
-		imp: imp, rng: rng, size: size,
-		slots: make([]byte, slots*size),
-		lens:  make([]uint16, slots),
-		free:  make([]uint32, slots),
-		heap:  make([]wireEntry, 0, slots),
-		irq:   make(chan struct{}, 1),
-	}
+func newWire(l *impair.Line) *wire {
+	w := &wire{line: l, irq: make(chan struct{}, 1)}
 	w.nextAt.Store(math.MaxInt64)
-	for i := range w.free {
-		w.free[i] = uint32(slots - 1 - i)
-	}
 	return w
 }
 
-func (w *wire) updateNext() {
-	if len(w.heap) == 0 {
-		w.nextAt.Store(math.MaxInt64)
-	} else {
-		w.nextAt.Store(int64(w.heap[0].at))
-	}
-}
+func (w *wire) updateNext() { w.nextAt.Store(int64(w.line.NextAt())) }
 
-func (w *wire) buf(slot uint32) []byte {
-	off := int(slot) * w.size
-	return w.slots[off : off+w.size]
-}
-
-// send applies the impairments to one frame and queues the copies that
-// survive. Called with w.mu held.
-func (w *wire) send(data []byte, now time.Duration) {
-	imp := &w.imp
-	if imp.Loss > 0 && w.rng.Float64() < imp.Loss {
-		w.lost++
-		return
-	}
-	copies := 1
-	if imp.Duplicate > 0 && w.rng.Float64() < imp.Duplicate {
-		copies = 2
-		w.duplicated++
-	}
-	for range copies {
-		if len(w.free) == 0 {
-			w.full++
-			return
-		}
-		slot := w.free[len(w.free)-1]
-		w.free = w.free[:len(w.free)-1]
-		b := w.buf(slot)
-		copy(b, data)
-		w.lens[slot] = uint16(len(data))
-		if imp.Corrupt > 0 && w.rng.Float64() < imp.Corrupt && len(data) > 0 {
-			bit := w.rng.IntN(len(data) * 8)
-			b[bit/8] ^= 1 << (bit % 8)
-			w.corrupted++
-		}
-		at := now + imp.Delay
-		if imp.Jitter > 0 {
-			at += time.Duration(w.rng.Int64N(int64(imp.Jitter)))
-		}
-		if imp.Reorder > 0 && w.rng.Float64() < imp.Reorder {
-			at += imp.ReorderDelay
-			w.reordered++
-		}
-		if at > now {
-			w.delayed++
-		}
-		w.push(wireEntry{at: at, seq: w.seq, slot: slot})
-		w.seq++
-	}
-	if w.armed && len(w.heap) > 0 {
-		w.interruptAt(w.heap[0].at, now)
+// sent follows a frame onto the line. Called with w.mu held.
+func (w *wire) sent(now time.Duration) {
+	w.updateNext()
+	if w.armed && w.line.Len() > 0 {
+		w.interruptAt(w.line.NextAt(), now)
 	}
 }
 
@@ -399,46 +302,5 @@ func (w *wire) signalLocked() {
 	select {
 	case w.irq <- struct{}{}:
 	default:
-	}
-}
-
-func (a wireEntry) less(b wireEntry) bool {
-	return a.at < b.at || (a.at == b.at && a.seq < b.seq)
-}
-
-func (w *wire) push(e wireEntry) {
-	w.heap = append(w.heap, e)
-	i := len(w.heap) - 1
-	for i > 0 {
-		p := (i - 1) / 2
-		if !w.heap[i].less(w.heap[p]) {
-			break
-		}
-		w.heap[i], w.heap[p] = w.heap[p], w.heap[i]
-		i = p
-	}
-	w.nextAt.Store(int64(w.heap[0].at))
-}
-
-func (w *wire) pop() wireEntry {
-	top := w.heap[0]
-	last := len(w.heap) - 1
-	w.heap[0] = w.heap[last]
-	w.heap = w.heap[:last]
-	defer w.updateNext()
-	i := 0
-	for {
-		l, r, m := 2*i+1, 2*i+2, i
-		if l < last && w.heap[l].less(w.heap[m]) {
-			m = l
-		}
-		if r < last && w.heap[r].less(w.heap[m]) {
-			m = r
-		}
-		if m == i {
-			return top
-		}
-		w.heap[i], w.heap[m] = w.heap[m], w.heap[i]
-		i = m
 	}
 }

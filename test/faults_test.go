@@ -1,0 +1,106 @@
+package test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/xdp-onload/onload/sockets"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// faults are the paths of issue 5's byte-exact transfers.
+var faults = []struct {
+	name string
+	imp  vnic.Impairment
+}{
+	{"loss1", vnic.Impairment{Loss: 0.01}},
+	{"loss5", vnic.Impairment{Loss: 0.05}},
+	{"burst10", vnic.Impairment{BurstLoss: 0.001, BurstLen: 10}},
+	{"reorder10", vnic.Impairment{Reorder: 0.10, ReorderDelay: time.Millisecond}},
+	{"dup1", vnic.Impairment{Duplicate: 0.01}},
+	{"corrupt0.1", vnic.Impairment{Corrupt: 0.001}},
+	{"delay20jitter5", vnic.Impairment{Delay: 20 * time.Millisecond, Jitter: 5 * time.Millisecond}},
+}
+
+func faultBytes() int {
+	if testing.Short() {
+		return 16 << 20
+	}
+	return 256 << 20
+}
+
+// TestFaultsKernel moves 256 MiB (16 MiB with -short) byte-exact between
+// our stack and the kernel's TCP through each fault of the path, our
+// stack sending and receiving. The fault applies to both directions
+// (data and ACKs).
+func TestFaultsKernel(t *testing.T) {
+	for i, f := range faults {
+		t.Run(f.name, func(t *testing.T) {
+			p := FaultyPath(t, PathConfig{Seed: uint64(i + 1)})
+			s := ourSockets(t, p.B, sockets.Balanced)
+			for _, weSend := range []bool{true, false} {
+				name := map[bool]string{true: "ours-sends", false: "ours-receives"}[weSend]
+				t.Run(name, func(t *testing.T) {
+					if err := p.Impair(vnic.Impairment{}, vnic.Impairment{}); err != nil {
+						t.Fatal(err)
+					}
+					ours, theirs, stop, err := kernelPipe(p.A, p.B, s, weSend)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer stop()
+					if err := p.Impair(f.imp, f.imp); err != nil {
+						t.Fatal(err)
+					}
+					from, to := theirs, ours
+					if weSend {
+						from, to = ours, theirs
+					}
+					start := time.Now()
+					if err := oneWay(from, to, faultBytes(), uint64(i*2+1), 10*time.Minute); err != nil {
+						t.Fatal(err)
+					}
+					el := time.Since(start)
+					ab, ba := p.Counters()
+					t.Logf("%d MiB in %v (%.0f Mbit/s); a->b %+v; b->a %+v", faultBytes()>>20, el.Round(time.Millisecond),
+						float64(faultBytes())*8/el.Seconds()/1e6, ab, ba)
+				})
+			}
+			if d := p.Drops(); d != 0 {
+				t.Errorf("the forwarder dropped %d frames of its own", d)
+			}
+		})
+	}
+}
+
+// oneWay writes n random bytes into from, closes its write side and checks
+// that to reads exactly them.
+func oneWay(from, to net.Conn, n int, seed uint64, timeout time.Duration) error {
+	data := random(n, seed)
+	from.SetDeadline(time.Now().Add(timeout))
+	to.SetDeadline(time.Now().Add(timeout))
+	errc := make(chan error, 1)
+	go func() {
+		_, err := from.Write(data)
+		if err == nil {
+			err = from.(interface{ CloseWrite() error }).CloseWrite()
+		}
+		errc <- err
+	}()
+	got, rerr := io.ReadAll(to)
+	werr := <-errc
+	if werr != nil {
+		return fmt.Errorf("write: %w", werr)
+	}
+	if rerr != nil {
+		return fmt.Errorf("read after %d of %d bytes: %w", len(got), n, rerr)
+	}
+	if !bytes.Equal(got, data) {
+		return fmt.Errorf("received %d bytes, sent %d; first difference at %d", len(got), n, firstDiff(got, data))
+	}
+	return nil
+}
