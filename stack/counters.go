@@ -39,8 +39,14 @@ type Counters struct {
 	TCPEstablished   uint64 // connections that reached ESTABLISHED
 	TCPTimeouts      uint64 // connections that gave up retransmitting
 	TCPRetransmits   uint64 // segments sent again
-	TCPFastRetrans   uint64 // fast retransmissions (three duplicate ACKs)
+	TCPFastRetrans   uint64 // fast recoveries entered (SACK/RACK loss detection, or three duplicate ACKs)
 	TCPRTOs          uint64 // retransmission timeouts
+	TCPSackRecovered uint64 // bytes newly covered by SACK blocks
+	TCPDSacks        uint64 // D-SACK blocks received: a segment arrived twice (RFC 2883)
+	TCPBadSacks      uint64 // SACK blocks outside what is in flight: ignored
+	TCPRackLost      uint64 // segments RACK marked lost (RFC 8985)
+	TCPTLPs          uint64 // tail loss probes sent (RFC 8985 7)
+	TCPUndos         uint64 // recoveries undone as spurious (timestamps, RFC 3522, or D-SACK)
 	TCPTimeWaitReuse uint64 // TIME-WAIT sockets recycled for a new socket
 	TxTCPResets      uint64 // resets sent
 

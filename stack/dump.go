@@ -28,11 +28,13 @@ func (s *Stack) describeLocked(sk *sock) string {
 	if !armed {
 		wheelAt = 0
 	}
-	return fmt.Sprintf("tcp %s %v -> %v flags %#x err %d snd una=%d nxt=%d max=%d wnd=%d cwnd=%d ssthresh=%d queued=%dB rcv nxt=%d adv=%d q=%dB/%d ooo=%dB/%d mss=%d ws=%d/%d rto=%dus backoff=%d retries=%d rtoAt=%+d wheel=%+d (ticks from now)",
+	return fmt.Sprintf("tcp %s %v -> %v flags %#x err %d snd una=%d nxt=%d max=%d wnd=%d cwnd=%d ssthresh=%d queued=%dB rcv nxt=%d adv=%d q=%dB/%d ooo=%dB/%d mss=%d ws=%d/%d rto=%dus backoff=%d retries=%d rtoAt=%+d wheel=%+d (ticks from now) mode=%d ca=%s sacked=%d lost=%d rexmit=%d flight=%d rack rtt=%dus minrtt=%dus reo=%dus",
 		stateName(sk.state), addrPort(sk.localAddr, sk.localPort), addrPort(sk.remoteAddr, sk.remotePort), sk.tflags, sk.err,
 		sk.sndUna-sk.iss, sk.sndNxt-sk.iss, sk.sndMax-sk.iss, sk.sndWnd, sk.cwnd, sk.ssthresh, sk.sndBytes,
 		sk.rcvNxt-sk.irs, sk.rcvAdv-sk.irs, sk.rcvBytes, sk.rcvFrames, sk.oooBytes, sk.oooFrames, sk.mss, sk.sndWS, sk.rcvWS, sk.rto,
-		sk.backoff, sk.retries, relTick(sk.rtoAt, s.nowTick()), relTick(wheelAt, s.nowTick()))
+		sk.backoff, sk.retries, relTick(sk.rtoAt, s.nowTick()), relTick(wheelAt, s.nowTick()),
+		sk.timerMode, []string{"open", "recovery", "loss"}[min(int(sk.caState), 2)], sk.sackedBytes, sk.lostBytes, sk.rexmitBytes, sk.flight(),
+		sk.rackRTT, sk.minRTT, sk.reoWnd())
 }
 
 func relTick(t, now timers.Tick) int64 {

@@ -167,7 +167,8 @@ func (s *Stack) flushLocked() {
 }
 
 // unsendLocked hands a send-queue frame the NIC refused back to its
-// socket: sending resumes from it.
+// socket: it is marked lost, to be sent again (as Linux treats a local
+// drop, the window shrinks with it).
 func (s *Stack) unsendLocked(h vnic.Handle) {
 	slot := s.pool.Aux(h, auxFlags) >> afSlotShift
 	if slot >= uint32(len(s.img.socks)) {
@@ -175,13 +176,11 @@ func (s *Stack) unsendLocked(h vnic.Handle) {
 	}
 	sk := &s.img.socks[slot]
 	seq := seqnum.Value(s.pool.Aux(h, auxSeq))
-	if sk.kind != kindTCP || seq.LessThan(sk.sndUna) || !seq.LessThan(sk.sndNxt) {
+	if sk.kind != kindTCP || seq.LessThan(sk.sndUna) || !seq.LessThan(sk.sndMax) {
 		return
 	}
-	sk.sndNxt = seq
-	sk.sndUnsent = h
-	if f := s.pool.Aux(h, auxFlags); f&afRetransmitted == 0 {
-		s.pool.SetAux(h, auxFlags, f&^afSent) // never left: not a retransmission when it goes
+	if f, ok := s.pool.Frame(h); ok {
+		s.markLostLocked(sk, f)
 	}
 }
 

@@ -58,6 +58,10 @@ const (
 	tfAccepted                   // handed to the user by Accept
 	tfWindowProbe                // the send timer is the persist timer
 	tfInAcceptQ                  // a passive child in its listener\'s accept queue
+	tfReordered                  // the peer has seen reordering: RACK waits a reordering window
+	tfUndo                       // the current recovery may yet be undone as spurious
+	tfTLPOut                     // a tail loss probe is out, unacknowledged
+	tfFinLost                    // a timeout found our FIN unacknowledged: send it again after the data
 )
 
 // userClosed reports whether the user closed the socket (an unaccepted
@@ -128,7 +132,54 @@ type tcb struct {
 	// without touching the wheel.
 	rtoAt    timers.Tick
 	delAckAt timers.Tick
+
+	// Loss recovery (tcp_sack.go, tcp_rack.go, tcp_recovery.go). The
+	// scoreboard is in the send-queue frames' flags (afSacked, afLost,
+	// afRexmit); these are its sums, in bytes.
+	caState     uint8 // caOpen, caRecovery, caLoss
+	ccAlgo      uint8 // ccCubic, ccReno
+	timerMode   uint8 // what the RTO timer slot is armed for: tmRTO, tmTLP, tmReorder
+	reoMult     uint8 // RACK reordering window, in quarters of the minimum RTT
+	sackedBytes uint32
+	lostBytes   uint32 // marked lost (retransmitted or not)
+	rexmitBytes uint32 // marked lost and retransmitted since
+	highSacked  seqnum.Value
+	rackXmit    uint32 // RACK.xmit_ts: µs send time of the latest-sent delivered frame
+	rackEnd     seqnum.Value
+	rackRTT     uint32 // µs
+	minRTT      uint32 // µs, 0 until the first sample
+	// PRR (RFC 6937) during recovery.
+	prrDelivered, prrOut, recoverFS uint32
+	// Undo of a spurious recovery: the state before it, when it began (our
+	// timestamp) and the retransmissions not yet shown spurious by DSACK.
+	priorCwnd, priorSsthresh uint32
+	undoTS, undoRetrans      uint32
+	// Congestion control state (tcp_cc.go).
+	cubWMax, cubOrigin  uint32 // bytes
+	cubK, cubEpoch      uint32 // µs
+	cubWEst             uint32 // bytes, the Reno-friendly estimate
+	abcBytes            uint32 // bytes acknowledged towards the next increase
+	hsRoundEnd          seqnum.Value
+	hsCurMin, hsLastMin uint32 // µs
+	hsSamples           uint32
+	lastSend            uint32 // µs clock of the last data segment sent
+	cwndLimited         bool   // the last output stopped at the congestion window
+	_                   [3]byte
 }
+
+// Congestion-avoidance states (Linux's names).
+const (
+	caOpen     = iota // no loss detected
+	caRecovery        // fast recovery after a loss
+	caLoss            // after a retransmission timeout
+)
+
+// What the RTO timer slot is armed for.
+const (
+	tmRTO     = iota // retransmission timeout (RFC 6298)
+	tmTLP            // tail loss probe (RFC 8985 7)
+	tmReorder        // RACK reordering timer (RFC 8985 6.3)
+)
 
 // Per-socket timers.
 const (
@@ -170,8 +221,11 @@ const (
 // auxFlags holds flags in its low byte and, above, the socket's slot: a
 // frame the NIC refuses can be handed back to its socket as unsent.
 const (
-	afRetransmitted = 1 << 0
+	afRetransmitted = 1 << 0 // sent more than once (Karn)
 	afSent          = 1 << 1
+	afSacked        = 1 << 2 // covered by a SACK block
+	afLost          = 1 << 3 // marked lost
+	afRexmit        = 1 << 4 // marked lost, and retransmitted since
 	afSlotShift     = 8
 	afCsumValid     = 1 << 16
 )

@@ -361,12 +361,29 @@ func (s *Stack) ackLocked(sk *sock, g *segment) bool {
 	}
 	newWnd := uint32(g.wnd) << sk.sndWS
 	advanced := sk.sndUna.LessThan(g.ack)
+	now := s.micros()
+	var delivered uint32
+	dsack := false
+	if sk.tflags&tfSackOK != 0 && g.opts.nsack > 0 && synchronized(sk.state) {
+		delivered, dsack = s.sackLocked(sk, g, now)
+	}
+	dup := false
 	if advanced {
-		acked := sk.sndUna.Size(g.ack)
-		s.ackedDataLocked(sk, g.ack, acked)
+		delivered += s.ackedDataLocked(sk, g.ack, sk.sndUna.Size(g.ack), now)
 		sk.dupAck = 0
 	} else if g.ack == sk.sndUna && g.n == 0 && g.flags&(flagSYN|flagFIN) == 0 && newWnd == sk.sndWnd && sk.sndUna != sk.sndMax {
-		s.dupAckLocked(sk)
+		// A duplicate ACK (RFC 5681 2). Without SACK, each one stands for
+		// a segment that left the network (RFC 6937's DeliveredData).
+		dup = true
+		if sk.dupAck < 255 {
+			sk.dupAck++
+		}
+		if sk.tflags&tfSackOK == 0 {
+			delivered += uint32(sk.mss)
+		}
+	}
+	if synchronized(sk.state) && (advanced || dup || delivered > 0 || dsack) {
+		s.recoverLocked(sk, g, advanced, delivered, dsack, now)
 	}
 	// Window update (RFC 9293 3.10.7.4): only from a newer segment
 	// (SND.WL1, SND.WL2). As Linux (tcp_may_update_window), a segment that
@@ -406,10 +423,10 @@ func (s *Stack) ackLocked(sk *sock, g *segment) bool {
 	return true
 }
 
-// ackedDataLocked takes acked bytes off the send queue.
-func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size) {
+// ackedDataLocked takes acked bytes off the send queue and returns how
+// many of them it newly shows delivered (the rest a SACK block had shown).
+func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size, now uint32) (delivered uint32) {
 	p := s.pool
-	now := s.micros()
 	// Karn (RFC 6298 3): an ACK that covers a retransmitted segment gives
 	// no sample, not even from the segments after it that were sent once:
 	// their ACK waited for the hole to be filled.
@@ -418,8 +435,6 @@ func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size) {
 	if sk.tflags&tfFinSent != 0 && ack == sk.sndMax {
 		dataAcked-- // the FIN's sequence number is not data
 	}
-	// After a timeout's go-back-N rewind, the ACK of a retransmission may
-	// cover frames not yet sent again: they leave the queue too.
 	for h := sk.sndHead; h != vnic.Null; {
 		f, ok := p.Frame(h)
 		if !ok {
@@ -427,17 +442,23 @@ func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size) {
 			break
 		}
 		seq := seqnum.Value(f.Aux(auxSeq))
-		end := seq.Add(seqnum.Size(f.Aux(auxLen)))
+		l := f.Aux(auxLen)
+		end := seq.Add(seqnum.Size(l))
 		if ack.LessThan(end) {
 			break
 		}
-		if f.Aux(auxFlags)&afRetransmitted != 0 {
+		fl := f.Aux(auxFlags)
+		if fl&afRetransmitted != 0 {
 			retrans = true
-		} else if rtt == 0 {
+		} else if rtt == 0 && fl&afSacked == 0 {
 			if r := now - f.Aux(auxTime); r < 1<<31 {
 				rtt = max(r, 1)
 			}
 		}
+		if fl&afSacked == 0 {
+			s.rackUpdateLocked(sk, f.Aux(auxTime), end, fl&afRetransmitted != 0, now)
+		}
+		delivered += sk.ackedFrame(l, fl)
 		next := f.Next()
 		if h == sk.sndUnsent {
 			sk.sndUnsent = next
@@ -448,68 +469,24 @@ func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size) {
 	}
 	if sk.sndHead == vnic.Null {
 		sk.sndTail = vnic.Null
+		sk.clearScoreboard()
 	}
 	if rtt != 0 && !retrans {
 		s.rttSampleLocked(sk, rtt)
+		s.hystartLocked(sk, rtt)
 	}
 	sk.sndBytes -= min(sk.sndBytes, dataAcked)
 	sk.sndUna = ack
 	if sk.sndNxt.LessThan(ack) {
 		sk.sndNxt = ack
 	}
+	if sk.tflags&tfFinSent != 0 && ack == sk.sndMax {
+		sk.tflags &^= tfFinLost
+	}
 	sk.retries = 0
 	sk.backoff = 0
-	// Congestion control (RFC 5681): slow start, then congestion avoidance;
-	// NewReno recovery (RFC 6582).
-	mss := uint32(sk.mss)
-	if sk.tflags&tfRetransmitting != 0 {
-		if sk.recover.LessThanEq(ack) {
-			sk.tflags &^= tfRetransmitting
-			sk.cwnd = sk.ssthresh
-		} else {
-			// A partial ACK: the next hole is lost too.
-			s.retransmitHeadLocked(sk)
-			sk.cwnd = max(sk.cwnd-min(sk.cwnd, uint32(acked))+mss, mss)
-		}
-	} else if sk.cwnd < sk.ssthresh {
-		sk.cwnd += min(uint32(acked), 2*mss) // ABC, L = 2 (RFC 3465)
-	} else {
-		sk.cwnd += max(mss*mss/sk.cwnd, 1)
-	}
-	if sk.sndUna == sk.sndMax {
-		s.stopRTOLocked(sk)
-	} else {
-		s.armRTOLocked(sk, true)
-	}
-}
-
-// dupAckLocked counts duplicate ACKs; the third starts fast retransmit and
-// recovery (RFC 5681 3.2, RFC 6582).
-func (s *Stack) dupAckLocked(sk *sock) {
-	sk.dupAck++
-	mss := uint32(sk.mss)
-	switch {
-	case sk.dupAck == 3 && sk.tflags&tfRetransmitting == 0 && sk.recover.LessThan(sk.sndUna.Add(1)):
-		flight := uint32(sk.sndUna.Size(sk.sndMax))
-		sk.ssthresh = max(flight/2, 2*mss)
-		sk.cwnd = sk.ssthresh + 3*mss
-		sk.recover = sk.sndMax
-		sk.tflags |= tfRetransmitting
-		s.img.hdr.counters.TCPFastRetrans++
-		s.retransmitHeadLocked(sk)
-	case sk.dupAck > 3 && sk.tflags&tfRetransmitting != 0:
-		sk.cwnd += mss
-	}
-}
-
-// retransmitHeadLocked sends the first unacknowledged segment again.
-func (s *Stack) retransmitHeadLocked(sk *sock) {
-	h := sk.sndHead
-	if h == vnic.Null || h == sk.sndUnsent {
-		return
-	}
-	s.transmitSegLocked(sk, h, seqnum.Value(s.pool.Aux(h, auxSeq)), int(s.pool.Aux(h, auxLen)), 0)
-	s.armRTOLocked(sk, true)
+	sk.tflags &^= tfTLPOut
+	return delivered
 }
 
 // dataLocked takes the payload of a segment (RFC 9293 3.10.7.4,

@@ -254,7 +254,7 @@ func bulk(t *testing.T, n int, imp vnic.Impairment, seed uint64, timeout time.Du
 	deadline := time.Now().Add(timeout)
 	for !eof || !closed {
 		if time.Now().After(deadline) {
-			t.Fatalf("bulk: sent %d, received %d of %d in %v (%s)", sent, len(got), n, timeout, ptr(s.Counters()))
+			t.Fatalf("bulk: sent %d, received %d of %d in %v (%s)\n%s", sent, len(got), n, timeout, ptr(s.Counters()), s.DumpSocket(id))
 		}
 		if sent < n {
 			k, err := s.Send(id, toPeer[sent:min(n, sent+256<<10)])
@@ -286,14 +286,16 @@ func bulk(t *testing.T, n int, imp vnic.Impairment, seed uint64, timeout time.Du
 		t.Fatalf("netstack -> ours: %d bytes, want %d; first difference at %d (%s)\n%s", len(got), n, first, ptr(s.Counters()), s.DumpSocket(id))
 	}
 	var pg []byte
-	waitFor(t, "netstack read everything", timeout, func() { s.Poll() }, func() bool {
+	for end := time.Now().Add(timeout); pg == nil; {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for netstack to read everything: %s (%s)", s.DumpSocket(id), ptr(s.Counters()))
+		}
+		s.Poll()
 		select {
 		case pg = <-peerGot:
-			return true
 		default:
-			return false
 		}
-	})
+	}
 	if !bytes.Equal(pg, toPeer) {
 		t.Fatalf("ours -> netstack: %d bytes, want %d; equal %v", len(pg), n, bytes.Equal(pg, toPeer))
 	}
@@ -317,7 +319,7 @@ func TestTCPBulkWithLoss(t *testing.T) {
 		n = 4 << 20
 	}
 	start := time.Now()
-	_, c := bulk(t, n, vnic.Impairment{Loss: 0.02}, 11, 300*time.Second)
+	_, c := bulk(t, n, vnic.Impairment{Loss: 0.02}, 11, 120*time.Second)
 	t.Logf("%d MiB each way with 2%% loss in %v (%s)", n>>20, time.Since(start), &c)
 	if c.TCPRetransmits == 0 {
 		t.Error("no retransmissions with 2% loss")

@@ -335,8 +335,22 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 		return
 	}
 	p := s.pool
-	wnd := min(sk.sndWnd, sk.cwnd)
-	limit := sk.sndUna.Add(seqnum.Size(wnd))
+	now := s.micros()
+	// Retransmissions first (RFC 6675 NextSeg, rule 1).
+	if sk.needRexmit() {
+		s.retransmitLostLocked(sk)
+	}
+	if sk.tflags&tfFinLost != 0 && !sk.needRexmit() && sk.sndUnsent == vnic.Null {
+		sk.tflags &^= tfFinLost
+		s.resendFinLocked(sk)
+		s.img.hdr.counters.TCPRetransmits++
+	}
+	if sk.sndUnsent != vnic.Null {
+		s.restartAfterIdleLocked(sk, now)
+	}
+	flight := sk.flight()
+	limit := sk.sndUna.Add(seqnum.Size(sk.sndWnd))
+	sent := false
 	for h := sk.sndUnsent; h != vnic.Null; h = sk.sndUnsent {
 		f, ok := p.Frame(h)
 		if !ok {
@@ -349,7 +363,7 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 		next := f.Next()
 		end := seq.Add(seqnum.Size(n))
 		if limit.LessThan(end) {
-			if sk.sndNxt == sk.sndUna {
+			if sk.sndMax == sk.sndUna {
 				// Nothing in flight and the peer's window is closed or
 				// too small for the next segment: a lost window update
 				// would leave us waiting for ever, so probe (RFC 9293
@@ -358,9 +372,13 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 			}
 			break
 		}
+		if flight+uint32(n) > sk.cwnd && flight > 0 {
+			sk.cwndLimited = true
+			break
+		}
 		// Nagle (RFC 896, RFC 1122 4.2.3.4): a small segment waits while
 		// data is unacknowledged, unless it is the last before a FIN.
-		if n < int(sk.mss) && sk.tflags&tfNoDelay == 0 && sk.sndNxt != sk.sndUna &&
+		if n < int(sk.mss) && sk.tflags&tfNoDelay == 0 && sk.sndMax != sk.sndUna &&
 			!(sk.tflags&tfFinQueued != 0 && next == vnic.Null) {
 			break
 		}
@@ -370,7 +388,18 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 		if sk.sndMax.LessThan(end) {
 			sk.sndMax = end
 		}
+		flight += uint32(n)
+		if sk.caState == caRecovery {
+			sk.prrOut += uint32(n)
+		}
+		sent = true
 		s.armRTOLocked(sk, false)
+	}
+	if sent {
+		sk.lastSend = max(now, 1)
+		if sk.sndUnsent == vnic.Null && flight < sk.cwnd/2 {
+			sk.cwndLimited = false // the application, not the window, limits us
+		}
 	}
 	if sk.tflags&tfFinQueued != 0 && sk.tflags&tfFinSent == 0 && sk.sndUnsent == vnic.Null {
 		s.sendFinLocked(sk)

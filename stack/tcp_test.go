@@ -185,11 +185,12 @@ func TestTCPZeroAllocs(t *testing.T) {
 	}
 }
 
-// TestTCPRTOAckedHole loses every ACK of a burst, so the sender's timer
-// fires and go-back-N rewinds the whole burst. The ACK of the one
-// retransmission covers the burst: the rest must leave the queue without
-// being sent again, and no RTT sample may come of it (Karn, RFC 6298
-// section 3): the burst was sent once, a whole RTO earlier.
+// TestTCPRTOAckedHole loses every ACK of a burst and of the tail loss
+// probe after it, so the sender's timer fires and marks the whole burst
+// lost. The ACK of the one retransmission covers the burst: the rest must
+// leave the queue without being sent again, and no RTT sample may come of
+// it (Karn, RFC 6298 section 3): the burst was sent once, a whole RTO
+// earlier.
 func TestTCPRTOAckedHole(t *testing.T) {
 	a, b, _, nb := twoStacksNICs(t, vnic.MemConfig{})
 	poll := pollBoth(a, b)
@@ -204,12 +205,13 @@ func TestTCPRTOAckedHole(t *testing.T) {
 	if n, err := a.Send(c, burst); n != len(burst) || err != nil {
 		t.Fatalf("send: %d %v", n, err)
 	}
-	rtx := a.Counters().TCPRetransmits
-	// b gets the burst; its ACKs are lost.
+	// b gets the burst; its ACKs are lost, and so is the probe's.
 	waitFor(t, "burst delivered", 5*time.Second, poll, func() bool {
 		info, _ := b.TCPInfo(s)
 		return info.Unread == uint32(len(burst))
 	})
+	waitFor(t, "a tail loss probe", 5*time.Second, poll, func() bool { return a.Counters().TCPTLPs > 0 })
+	rtx := a.Counters().TCPRetransmits
 	nb.Impair(vnic.Impairment{})
 	waitFor(t, "burst acknowledged", 5*time.Second, poll, func() bool {
 		info, _ := a.TCPInfo(c)

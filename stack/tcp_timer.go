@@ -21,12 +21,20 @@ func (s *Stack) rtoNow(sk *sock) uint32 {
 
 // armRTOLocked starts the retransmission timer (RFC 6298 5.1), or restarts
 // it when restart is set (5.3).
+// Where a tail loss probe is due sooner (RFC 8985 7.2), the timer is the
+// probe timeout instead, and the RTO follows the probe.
 func (s *Stack) armRTOLocked(sk *sock, restart bool) {
 	if sk.rtoAt != 0 && !restart && sk.tflags&tfWindowProbe == 0 {
 		return
 	}
 	sk.tflags &^= tfWindowProbe
-	s.setLazyLocked(sk, timerRTO, &sk.rtoAt, s.nowTick()+s.ticks(time.Duration(s.rtoNow(sk))*time.Microsecond))
+	us := s.rtoNow(sk)
+	sk.timerMode = tmRTO
+	if sk.tlpEligible() {
+		us = s.ptoLocked(sk)
+		sk.timerMode = tmTLP
+	}
+	s.setLazyLocked(sk, timerRTO, &sk.rtoAt, s.nowTick()+s.ticks(time.Duration(us)*time.Microsecond))
 }
 
 // stopRTOLocked stops the retransmission timer (the wheel timer, if armed,
@@ -43,6 +51,7 @@ func (s *Stack) armPersistLocked(sk *sock) {
 		return
 	}
 	sk.tflags |= tfWindowProbe
+	sk.timerMode = tmRTO
 	s.setLazyLocked(sk, timerRTO, &sk.rtoAt, s.nowTick()+s.ticks(time.Duration(s.rtoNow(sk))*time.Microsecond))
 }
 
@@ -167,6 +176,23 @@ func (s *Stack) rtoExpiredLocked(sk *sock) {
 	if sk.sndUna == sk.sndMax {
 		return // everything was acknowledged meanwhile
 	}
+	switch sk.timerMode {
+	case tmTLP:
+		s.tlpFireLocked(sk)
+		return
+	case tmReorder:
+		sk.timerMode = tmRTO
+		if wait := s.rackDetectLossLocked(sk, s.micros()); wait > 0 {
+			s.armReorderLocked(sk, wait)
+		} else {
+			s.armRTOLocked(sk, true)
+		}
+		if sk.needRexmit() && sk.caState == caOpen {
+			s.enterRecoveryLocked(sk)
+			s.prrLocked(sk, 0)
+		}
+		return
+	}
 	sk.retries++
 	if sk.retries > dataRetries {
 		c.TCPTimeouts++
@@ -174,22 +200,8 @@ func (s *Stack) rtoExpiredLocked(sk *sock) {
 		return
 	}
 	c.TCPRTOs++
-	flight := uint32(sk.sndUna.Size(sk.sndMax))
-	sk.ssthresh = max(flight/2, 2*uint32(sk.mss))
-	sk.cwnd = uint32(sk.mss)
 	sk.backoff++
-	sk.dupAck = 0
-	sk.tflags &^= tfRetransmitting
-	// Go back to the first unacknowledged byte.
-	sk.sndNxt = sk.sndUna
-	sk.sndUnsent = sk.sndHead
-	if sk.sndHead == vnic.Null && sk.tflags&tfFinSent != 0 {
-		s.resendFinLocked(sk)
-		c.TCPRetransmits++
-		sk.sndNxt = sk.sndMax
-	} else if sk.tflags&tfFinSent != 0 {
-		sk.tflags &^= tfFinSent // sent again after the data
-	}
+	s.timeoutLocked(sk)
 	s.armRTOLocked(sk, true)
 }
 

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"reflect"
 	"testing"
 	"time"
 
 	"github.com/xdp-onload/onload/sockets"
+	"github.com/xdp-onload/onload/stack"
 	"github.com/xdp-onload/onload/vnic"
 )
 
@@ -61,13 +63,18 @@ func TestFaultsKernel(t *testing.T) {
 						from, to = ours, theirs
 					}
 					start := time.Now()
-					if err := oneWay(from, to, faultBytes(), uint64(i*2+1), 10*time.Minute); err != nil {
-						t.Fatal(err)
+					before := s.Engine().Counters()
+					slow := time.AfterFunc(10*time.Second, func() { t.Logf("slow: after 10s\n%s", s.Dump()) })
+					err = oneWay(from, to, faultBytes(), uint64(i*2+1), 10*time.Minute)
+					slow.Stop()
+					if err != nil {
+						t.Fatalf("%v\n%s", err, s.Dump())
 					}
 					el := time.Since(start)
 					ab, ba := p.Counters()
-					t.Logf("%d MiB in %v (%.0f Mbit/s); a->b %+v; b->a %+v", faultBytes()>>20, el.Round(time.Millisecond),
-						float64(faultBytes())*8/el.Seconds()/1e6, ab, ba)
+					d := diffCounters(s.Engine().Counters(), before)
+					t.Logf("%d MiB in %v (%.0f Mbit/s); ours: %s; a->b %+v; b->a %+v", faultBytes()>>20, el.Round(time.Millisecond),
+						float64(faultBytes())*8/el.Seconds()/1e6, &d, ab, ba)
 				})
 			}
 			if d := p.Drops(); d != 0 {
@@ -75,6 +82,15 @@ func TestFaultsKernel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// diffCounters is after - before, field by field.
+func diffCounters(after, before stack.Counters) stack.Counters {
+	a, b := reflect.ValueOf(&after).Elem(), reflect.ValueOf(before)
+	for i := range a.NumField() {
+		a.Field(i).SetUint(a.Field(i).Uint() - b.Field(i).Uint())
+	}
+	return after
 }
 
 // oneWay writes n random bytes into from, closes its write side and checks

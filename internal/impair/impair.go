@@ -22,9 +22,15 @@ import (
 type Impairment struct {
 	Loss float64 // probability a frame is lost
 	// BurstLoss is the probability that a burst of losses starts at a
-	// frame; the burst loses BurstLen frames in a row (default 10).
+	// frame; the burst loses BurstLen frames in a row (default 10). A
+	// burst is a short outage: it ends early when the line is quiet for
+	// BurstGap (default 1ms), so that a sender backing off finds the line
+	// working after it, as it would on a real link (one that waited for
+	// the next ten frames however long they took would turn a burst into
+	// minutes of exponential backoff, for any TCP).
 	BurstLoss float64
 	BurstLen  int
+	BurstGap  time.Duration
 	Duplicate float64 // probability a frame is delivered twice
 	// Corrupt is the probability that one bit of the frame is flipped,
 	// never in its first CorruptSkip bytes (an Ethernet header, say).
@@ -58,7 +64,7 @@ func (i *Impairment) Check(dir string) error {
 			return fmt.Errorf("%s %s probability %v: must be from 0 to 1", dir, p.name, p.v)
 		}
 	}
-	if i.Delay < 0 || i.Jitter < 0 || i.ReorderDelay < 0 {
+	if i.Delay < 0 || i.Jitter < 0 || i.ReorderDelay < 0 || i.BurstGap < 0 {
 		return fmt.Errorf("%s delays must not be negative", dir)
 	}
 	if i.BurstLen < 0 || i.CorruptSkip < 0 || i.Rate < 0 || i.QueueBytes < 0 {
@@ -69,6 +75,9 @@ func (i *Impairment) Check(dir string) error {
 	}
 	if i.BurstLoss > 0 && i.BurstLen == 0 {
 		i.BurstLen = 10
+	}
+	if i.BurstLoss > 0 && i.BurstGap == 0 {
+		i.BurstGap = time.Millisecond
 	}
 	if i.Rate > 0 && i.QueueBytes == 0 {
 		i.QueueBytes = 64 << 10
@@ -96,6 +105,7 @@ type Line struct {
 	seq   uint64
 
 	burstLeft int
+	lastSent  time.Duration
 	lastAt    time.Duration // delivery time of the last in-order frame
 	busyUntil time.Duration // when the rate limiter's queue drains
 
@@ -148,6 +158,10 @@ func (l *Line) NextAt() time.Duration {
 func (l *Line) Send(data []byte, now time.Duration) {
 	imp := &l.imp
 	l.c.Sent++
+	if l.burstLeft > 0 && now-l.lastSent > imp.BurstGap {
+		l.burstLeft = 0
+	}
+	l.lastSent = now
 	if l.burstLeft > 0 {
 		l.burstLeft--
 		l.c.BurstLost++

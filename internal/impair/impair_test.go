@@ -43,6 +43,22 @@ func run(t *testing.T, imp Impairment, n int, gap time.Duration) (seqs []uint32,
 	return seqs, ats, l
 }
 
+// TestBurstEndsWhenQuiet checks that a pause on the line ends a burst.
+func TestBurstEndsWhenQuiet(t *testing.T) {
+	imp := Impairment{BurstLoss: 1, BurstLen: 10}
+	if err := imp.Check("test"); err != nil {
+		t.Fatal(err)
+	}
+	l := NewLine(imp, 16, 64, 1, 2)
+	l.Send(make([]byte, 10), 0) // starts a burst
+	l.SetImpairment(Impairment{BurstLen: 10, BurstGap: time.Millisecond})
+	l.Send(make([]byte, 10), 500*time.Microsecond) // within it: lost
+	l.Send(make([]byte, 10), 2*time.Millisecond)   // after a quiet 1.5ms: through
+	if c := l.Counters(); c.BurstLost != 2 || l.Len() != 1 {
+		t.Errorf("burst lost %d frames and %d got through; want 2 and 1", c.BurstLost, l.Len())
+	}
+}
+
 func TestBurstLoss(t *testing.T) {
 	seqs, _, l := run(t, Impairment{BurstLoss: 0.001, BurstLen: 10}, 100_000, time.Microsecond)
 	c := l.Counters()

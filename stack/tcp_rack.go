@@ -1,0 +1,148 @@
+package stack
+
+import (
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// RACK-TLP (RFC 8985): a segment is lost when a segment sent after it has
+// been delivered and more than an RTT plus a reordering window has passed
+// since it was sent; a tail loss probe, sent when the ACKs stop before the
+// data does, makes the receiver say what it lacks.
+
+// rackUpdateLocked takes a newly delivered frame, sent at xmit (µs) and
+// ending at end, into RACK's state (RFC 8985 6.2, step 2).
+func (s *Stack) rackUpdateLocked(sk *sock, xmit uint32, end seqnum.Value, retrans bool, now uint32) {
+	rtt := now - xmit
+	if int32(rtt) < 0 {
+		return
+	}
+	if retrans && sk.minRTT != 0 && rtt < sk.minRTT {
+		return // likely the ACK of the original transmission, not of this one
+	}
+	first := sk.rackRTT == 0
+	sk.rackRTT = max(rtt, 1)
+	if sk.minRTT == 0 || rtt < sk.minRTT {
+		sk.minRTT = max(rtt, 1)
+	}
+	if first || int32(xmit-sk.rackXmit) > 0 || xmit == sk.rackXmit && sk.rackEnd.LessThan(end) {
+		sk.rackXmit, sk.rackEnd = xmit, end
+	}
+}
+
+// reoWnd is RACK's reordering window in µs (RFC 8985 6.2, step 4): none
+// while no reordering has been seen and loss is evident (in recovery, or
+// three segments' worth SACKed above a hole: the duplicate-ACK rule),
+// else a quarter of the minimum RTT per step of reoMult, at most SRTT.
+func (sk *sock) reoWnd() uint32 {
+	if sk.tflags&tfReordered == 0 && (sk.caState != caOpen || sk.sackedBytes >= 3*uint32(sk.mss)) {
+		return 0
+	}
+	return min(sk.minRTT/4*uint32(max(sk.reoMult, 1)), sk.srtt)
+}
+
+// rackDetectLossLocked marks lost every frame sent before the most
+// recently sent delivered one and outstanding longer than RTT plus the
+// reordering window (RFC 8985 6.2, step 5). It returns how long until the
+// next frame would qualify (0: none waits), for the reordering timer.
+func (s *Stack) rackDetectLossLocked(sk *sock, now uint32) (wait uint32) {
+	if sk.rackRTT == 0 {
+		return 0
+	}
+	p := s.pool
+	c := &s.img.hdr.counters
+	reo := sk.reoWnd()
+	for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent; {
+		f, ok := p.Frame(h)
+		if !ok {
+			c.ImageCorrupt++
+			break
+		}
+		h = f.Next()
+		fl := f.Aux(auxFlags)
+		if fl&afSacked != 0 || fl&(afLost|afRexmit) == afLost {
+			continue
+		}
+		xmit := f.Aux(auxTime)
+		end := seqnum.Value(f.Aux(auxSeq)).Add(seqnum.Size(f.Aux(auxLen)))
+		if !(int32(sk.rackXmit-xmit) > 0 || xmit == sk.rackXmit && end.LessThan(sk.rackEnd)) {
+			continue // sent after the latest delivered frame: no evidence yet
+		}
+		if elapsed := now - xmit; elapsed >= sk.rackRTT+reo {
+			s.markLostLocked(sk, f)
+			c.TCPRackLost++
+		} else {
+			wait = max(wait, sk.rackRTT+reo-elapsed)
+		}
+	}
+	return wait
+}
+
+// armReorderLocked arms the RTO slot as RACK's reordering timer (RFC 8985
+// 6.3), wait µs from now.
+func (s *Stack) armReorderLocked(sk *sock, wait uint32) {
+	sk.tflags &^= tfWindowProbe
+	sk.timerMode = tmReorder
+	s.setLazyLocked(sk, timerRTO, &sk.rtoAt, s.nowTick()+s.ticks(time.Duration(wait)*time.Microsecond)+1)
+}
+
+// Tail loss probes (RFC 8985 7).
+const (
+	tlpMinPTO     = 2 * time.Millisecond // a floor under 2·SRTT on short paths
+	tlpDelAckWait = 40 * time.Millisecond
+)
+
+// tlpEligible reports whether the next retransmission timer should be a
+// probe timeout instead (RFC 8985 7.2): data in flight, SACK on (the
+// probe's ACK must say what is missing), no recovery under way and no
+// probe already out.
+func (sk *sock) tlpEligible() bool {
+	return sk.tflags&(tfSackOK|tfTLPOut|tfWindowProbe) == tfSackOK && sk.caState == caOpen &&
+		sk.srtt != 0 && sk.state == tcpEstablished && sk.sndUna != sk.sndMax
+}
+
+// ptoLocked is the probe timeout in µs (RFC 8985 7.2): 2·SRTT, more when
+// one segment is out (the peer may delay its ACK), never past the RTO.
+func (s *Stack) ptoLocked(sk *sock) uint32 {
+	pto := 2 * sk.srtt
+	if uint32(sk.sndUna.Size(sk.sndMax)) <= uint32(sk.mss) {
+		pto = max(pto, sk.srtt*3/2+uint32(tlpDelAckWait/time.Microsecond))
+	}
+	pto = max(pto, uint32(tlpMinPTO/time.Microsecond))
+	return min(pto, s.rtoNow(sk))
+}
+
+// tlpFireLocked sends the probe (RFC 8985 7.3): a new segment if the
+// windows allow one, else the last segment sent again. The RTO follows.
+func (s *Stack) tlpFireLocked(sk *sock) {
+	p := s.pool
+	sk.tflags |= tfTLPOut
+	s.img.hdr.counters.TCPTLPs++
+	if h := sk.sndUnsent; h != vnic.Null {
+		if f, ok := p.Frame(h); ok {
+			seq := seqnum.Value(f.Aux(auxSeq))
+			n := int(f.Aux(auxLen))
+			end := seq.Add(seqnum.Size(n))
+			if end.LessThanEq(sk.sndUna.Add(seqnum.Size(sk.sndWnd))) {
+				s.transmitSegLocked(sk, h, seq, n, 0)
+				sk.sndUnsent = f.Next()
+				sk.sndNxt, sk.sndMax = end, end
+				s.armRTOLocked(sk, true)
+				return
+			}
+		}
+	}
+	var last vnic.Handle
+	for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent; h = p.Next(h) {
+		last = h
+	}
+	if f, ok := p.Frame(last); ok && f.Aux(auxFlags)&afSacked == 0 {
+		s.transmitSegLocked(sk, last, seqnum.Value(f.Aux(auxSeq)), int(f.Aux(auxLen)), 0)
+	} else if sk.tflags&tfFinSent != 0 && sk.sndUna != sk.sndMax {
+		s.resendFinLocked(sk)
+	}
+	s.armRTOLocked(sk, true)
+}
