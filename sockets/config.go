@@ -38,7 +38,10 @@ type Config struct {
 	DelayedAck time.Duration
 	SendBuffer int // default SO_SNDBUF
 	RecvBuffer int // default SO_RCVBUF
-	Log        slog.Level
+	// SendBufferMax and RecvBufferMax bound the buffers' own growth.
+	SendBufferMax, RecvBufferMax int
+	Congestion                   string // "cubic" or "reno"
+	Log                          slog.Level
 }
 
 // Option is one configuration variable: its environment name, default
@@ -101,6 +104,17 @@ var Options = []Option{
 		Min: 2048, Max: 64 << 20, Unit: "bytes",
 		Doc: "Default receive buffer of a socket (SO_RCVBUF).",
 		set: func(c *Config, v int64, _ string) { c.RecvBuffer = int(v) }},
+	{Env: "ONLOAD_SEND_BUFFER_MAX", Default: "4194304",
+		Min: 2048, Max: 64 << 20, Unit: "bytes",
+		Doc: "How far a socket's send buffer grows by itself: it follows twice the congestion window (as Linux's tcp_wmem maximum). A buffer set with SetWriteBuffer stays as set.",
+		set: func(c *Config, v int64, _ string) { c.SendBufferMax = int(v) }},
+	{Env: "ONLOAD_RECV_BUFFER_MAX", Default: "4194304",
+		Min: 2048, Max: 64 << 20, Unit: "bytes",
+		Doc: "How far a socket's receive buffer grows by itself: it doubles when the peer fills the window while the application keeps up (as Linux's tcp_rmem maximum). A buffer set with SetReadBuffer stays as set.",
+		set: func(c *Config, v int64, _ string) { c.RecvBufferMax = int(v) }},
+	{Env: "ONLOAD_CONGESTION", Default: "cubic", Choices: []string{"cubic", "reno"},
+		Doc: "Congestion control of TCP connections: CUBIC (RFC 9438) or NewReno (RFC 6582).",
+		set: func(c *Config, _ int64, s string) { c.Congestion = s }},
 	{Env: "ONLOAD_LOG", Default: "error", Choices: []string{"debug", "info", "warn", "error"},
 		Doc: "Log level, to standard error. `debug` says which sockets are not accelerated and why; `info` reports stacks created and closed.",
 		set: func(c *Config, _ int64, s string) { c.Log = logLevel(s) }},
@@ -203,6 +217,17 @@ func (c *Config) check() error {
 	fill(&c.FillDepth, def.FillDepth)
 	fill(&c.SendBuffer, def.SendBuffer)
 	fill(&c.RecvBuffer, def.RecvBuffer)
+	fill(&c.SendBufferMax, max(def.SendBufferMax, c.SendBuffer))
+	fill(&c.RecvBufferMax, max(def.RecvBufferMax, c.RecvBuffer))
+	if c.Congestion == "" {
+		c.Congestion = def.Congestion
+	}
+	if c.Congestion != "cubic" && c.Congestion != "reno" {
+		return fmt.Errorf("sockets config: Congestion %q: must be cubic or reno", c.Congestion)
+	}
+	if c.SendBufferMax < c.SendBuffer || c.RecvBufferMax < c.RecvBuffer {
+		return fmt.Errorf("sockets config: the buffer maxima (%d, %d) must not be below the buffers (%d, %d)", c.SendBufferMax, c.RecvBufferMax, c.SendBuffer, c.RecvBuffer)
+	}
 	if c.MinRTO == 0 {
 		c.MinRTO = def.MinRTO
 	}
@@ -222,6 +247,8 @@ func (c *Config) check() error {
 		{"ONLOAD_DELACK_MS", int64(c.DelayedAck / time.Millisecond)},
 		{"ONLOAD_SEND_BUFFER", int64(c.SendBuffer)},
 		{"ONLOAD_RECV_BUFFER", int64(c.RecvBuffer)},
+		{"ONLOAD_SEND_BUFFER_MAX", int64(c.SendBufferMax)},
+		{"ONLOAD_RECV_BUFFER_MAX", int64(c.RecvBufferMax)},
 	} {
 		for i := range Options {
 			if o := &Options[i]; o.Env == f.env {

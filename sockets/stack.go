@@ -73,6 +73,15 @@ func newStack(nic vnic.NIC, irq interrupts.Source, sc stack.Config, cfg Config, 
 	if sc.RecvBuffer == 0 {
 		sc.RecvBuffer = cfg.RecvBuffer
 	}
+	if sc.SendBufferMax == 0 {
+		sc.SendBufferMax = max(cfg.SendBufferMax, sc.SendBuffer)
+	}
+	if sc.RecvBufferMax == 0 {
+		sc.RecvBufferMax = max(cfg.RecvBufferMax, sc.RecvBuffer)
+	}
+	if sc.Congestion == "" {
+		sc.Congestion = cfg.Congestion
+	}
 	s := &Stack{cfg: cfg, spin: cfg.Spin, addr: sc.Addr, gw: sc.Gateway, closing: make(chan struct{})}
 	opt.Wake = s.wake
 	st, err := stack.New(nic, sc, opt)

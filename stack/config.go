@@ -33,6 +33,18 @@ type Config struct {
 	// RecvBuffer and SendBuffer are the default socket buffer sizes in bytes
 	// (default 256 KiB each, from 2 KiB to 64 MiB).
 	RecvBuffer, SendBuffer int
+	// RecvBufferMax and SendBufferMax bound how far a connection's buffers
+	// grow by themselves (default 4 MiB, and never below the defaults): the
+	// receive buffer doubles when the peer fills the window while the
+	// application keeps up, the send buffer follows twice the congestion
+	// window, as Linux's tcp_rmem and tcp_wmem maxima. A buffer the user
+	// sets (RecvBuffer, SendBuffer options) stays as set.
+	RecvBufferMax, SendBufferMax int
+
+	// Congestion is the congestion control of new connections: "cubic"
+	// (RFC 9438, the default) or "reno" (NewReno, RFC 6582). The
+	// Congestion option changes it per connection.
+	Congestion string
 
 	// MinRTO is the least retransmission timeout (default 200ms, as Linux;
 	// from 1ms to 10s). RFC 6298 asks for 1s; LANs do better with less.
@@ -52,6 +64,7 @@ const (
 	defaultTimerSlots = 4096
 	defaultTick       = time.Millisecond
 	defaultBuffer     = 256 << 10
+	defaultBufferMax  = 4 << 20
 	minBuffer         = 2 << 10
 	maxBuffer         = 64 << 20
 )
@@ -74,6 +87,15 @@ func (c *Config) setDefaults() error {
 	}
 	if c.SendBuffer == 0 {
 		c.SendBuffer = defaultBuffer
+	}
+	if c.RecvBufferMax == 0 {
+		c.RecvBufferMax = max(defaultBufferMax, c.RecvBuffer)
+	}
+	if c.SendBufferMax == 0 {
+		c.SendBufferMax = max(defaultBufferMax, c.SendBuffer)
+	}
+	if c.Congestion == "" {
+		c.Congestion = "cubic"
 	}
 	if c.MinRTO == 0 {
 		c.MinRTO = defaultMinRTO
@@ -107,6 +129,12 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("stack config: RecvBuffer %d: must be from %d to %d bytes", c.RecvBuffer, minBuffer, maxBuffer)
 	case c.SendBuffer < minBuffer || c.SendBuffer > maxBuffer:
 		return fmt.Errorf("stack config: SendBuffer %d: must be from %d to %d bytes", c.SendBuffer, minBuffer, maxBuffer)
+	case c.RecvBufferMax < c.RecvBuffer || c.RecvBufferMax > maxBuffer:
+		return fmt.Errorf("stack config: RecvBufferMax %d: must be from RecvBuffer (%d) to %d bytes", c.RecvBufferMax, c.RecvBuffer, maxBuffer)
+	case c.SendBufferMax < c.SendBuffer || c.SendBufferMax > maxBuffer:
+		return fmt.Errorf("stack config: SendBufferMax %d: must be from SendBuffer (%d) to %d bytes", c.SendBufferMax, c.SendBuffer, maxBuffer)
+	case congestionAlgo(c.Congestion) < 0:
+		return fmt.Errorf("stack config: Congestion %q: must be \"cubic\" or \"reno\"", c.Congestion)
 	}
 	return nil
 }

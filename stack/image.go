@@ -58,6 +58,9 @@ type header struct {
 	mtu        uint32
 	recvBuffer uint32
 	sendBuffer uint32
+	recvMax    uint32
+	sendMax    uint32
+	ccAlgo     uint32
 	minRTO     uint32 // µs
 	delAck     uint64 // ns
 	timeWait   uint64 // ns
@@ -189,6 +192,7 @@ func newImage(c *Config, now Mono) (*Image, error) {
 		sockets: uint32(c.Sockets), buckets: l.buckets, neighs: neighEntries, timerSlots: uint32(c.TimerSlots),
 		tickNs: uint64(c.Tick), addr: c.Addr.Addr().As4(), prefixLen: uint32(c.Addr.Bits()),
 		mtu: uint32(c.MTU), recvBuffer: uint32(c.RecvBuffer), sendBuffer: uint32(c.SendBuffer),
+		recvMax: uint32(c.RecvBufferMax), sendMax: uint32(c.SendBufferMax), ccAlgo: uint32(congestionAlgo(c.Congestion)),
 		minRTO: uint32(c.MinRTO / time.Microsecond), delAck: uint64(c.DelayedAck), timeWait: uint64(c.TimeWait),
 		offSockets: l.offSockets, offBuckets: l.offBuckets, offNeigh: l.offNeigh, offTimers: l.offTimers,
 		ephemeral: ephemeralLow,

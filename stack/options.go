@@ -4,15 +4,17 @@ package stack
 type Option int
 
 const (
-	NoDelay    Option = iota + 1 // TCP_NODELAY: 0 or 1
-	KeepAlive                    // SO_KEEPALIVE: 0 or 1
-	KeepIdle                     // TCP_KEEPIDLE, seconds: 1 to 32767
-	KeepIntvl                    // TCP_KEEPINTVL, seconds: 1 to 32767
-	KeepCount                    // TCP_KEEPCNT: 1 to 127
-	Linger                       // SO_LINGER: -1 off, 0 reset on close, >0 seconds
-	RecvBuffer                   // SO_RCVBUF, bytes
-	SendBuffer                   // SO_SNDBUF, bytes
-	ReuseAddr                    // SO_REUSEADDR: 0 or 1
+	NoDelay     Option = iota + 1 // TCP_NODELAY: 0 or 1
+	KeepAlive                     // SO_KEEPALIVE: 0 or 1
+	KeepIdle                      // TCP_KEEPIDLE, seconds: 1 to 32767
+	KeepIntvl                     // TCP_KEEPINTVL, seconds: 1 to 32767
+	KeepCount                     // TCP_KEEPCNT: 1 to 127
+	Linger                        // SO_LINGER: -1 off, 0 reset on close, >0 seconds
+	RecvBuffer                    // SO_RCVBUF, bytes
+	SendBuffer                    // SO_SNDBUF, bytes
+	ReuseAddr                     // SO_REUSEADDR: 0 or 1
+	Congestion                    // TCP_CONGESTION: CongestionCubic or CongestionReno
+	UserTimeout                   // TCP_USER_TIMEOUT (RFC 5482), milliseconds: 0 (off) to 2^31-1
 )
 
 // SetOption sets a socket option; a value out of range is ErrInvalid.
@@ -78,8 +80,23 @@ func (s *Stack) SetOption(id SockID, opt Option, v int) error {
 		}
 		if opt == RecvBuffer {
 			sk.rcvBuf = uint32(v)
+			sk.flags |= sfRcvBufSet
 		} else {
 			sk.sndBuf = uint32(v)
+			sk.flags |= sfSndBufSet
+		}
+	case UserTimeout:
+		if v < 0 || v > 1<<31-1 {
+			return ErrInvalid
+		}
+		sk.userTimeout = uint32(v)
+	case Congestion:
+		if v != CongestionCubic && v != CongestionReno {
+			return ErrInvalid
+		}
+		if int(sk.ccAlgo) != v {
+			sk.ccAlgo = uint8(v)
+			sk.cubEpoch, sk.cubWMax, sk.abcBytes = 0, 0, 0
 		}
 	case ReuseAddr:
 		return flag(tfReuseAddr)
@@ -125,6 +142,10 @@ func (s *Stack) Option(id SockID, opt Option) (int, error) {
 		return int(sk.sndBuf), nil
 	case ReuseAddr:
 		return b(tfReuseAddr), nil
+	case Congestion:
+		return int(sk.ccAlgo), nil
+	case UserTimeout:
+		return int(sk.userTimeout), nil
 	}
 	return 0, ErrInvalid
 }

@@ -45,6 +45,8 @@ const (
 	sfConnected = 1 << 1 // has a remote address and port
 	sfHashed    = 1 << 2 // is in the connection hash table
 	sfRemoteMAC = 1 << 3 // remoteMAC holds the next hop for the peer
+	sfRcvBufSet = 1 << 4 // the user set the receive buffer: no autotuning
+	sfSndBufSet = 1 << 5 // the user set the send buffer: no autotuning
 )
 
 // sock is one slot of the socket table. Fields are plain values: the slot
@@ -129,6 +131,7 @@ func (s *Stack) allocSockLocked(kind uint8) (*sock, SockID, error) {
 	h.sockFree = sk.next
 	gen := sk.gen
 	*sk = sock{kind: kind, gen: gen, next: noSlot, rcvBuf: h.recvBuffer, sndBuf: h.sendBuffer}
+	sk.ccAlgo = uint8(min(h.ccAlgo, ccReno))
 	sk.tcb.acceptHead, sk.tcb.acceptTail, sk.tcb.acceptNext, sk.tcb.parent = noSlot, noSlot, noSlot, noSlot
 	sk.keepIdle, sk.keepIntvl, sk.keepCnt = keepIdleDefault, keepIntvlDefault, keepCntDefault
 	h.sockInUse++

@@ -165,6 +165,14 @@ type tcb struct {
 	lastSend            uint32 // µs clock of the last data segment sent
 	cwndLimited         bool   // the last output stopped at the congestion window
 	_                   [3]byte
+	// RFC 5482 user timeout, in ms (0: off), and the ms clock when the
+	// peer last acknowledged something or, with nothing in flight, when
+	// sending began.
+	userTimeout, progressAt uint32
+	// Receive-buffer autotuning: the measurement's start (ms clock, and
+	// rcvNxt then) and the least round trip seen from echoed timestamps.
+	rcvSpaceAt, rcvRTT uint32
+	rcvSpaceSeq        seqnum.Value
 }
 
 // Congestion-avoidance states (Linux's names).

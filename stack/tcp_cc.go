@@ -16,8 +16,23 @@ const (
 	ccReno
 )
 
-// CongestionControl names an algorithm for the Congestion option.
+// Values of the Congestion option.
+const (
+	CongestionCubic = ccCubic
+	CongestionReno  = ccReno
+)
+
 var congestionNames = [...]string{ccCubic: "cubic", ccReno: "reno"}
+
+// congestionAlgo is the algorithm named name, or -1.
+func congestionAlgo(name string) int {
+	for i, n := range congestionNames {
+		if n == name {
+			return i
+		}
+	}
+	return -1
+}
 
 const (
 	cubicBeta = 0.7 // multiplicative decrease (RFC 9438 4.6)
@@ -49,6 +64,7 @@ func (s *Stack) ccAckLocked(sk *sock, acked uint32, now uint32) {
 		return
 	}
 	mss := uint32(sk.mss)
+	defer s.sndAutotuneLocked(sk)
 	if sk.cwnd < sk.ssthresh {
 		sk.cwnd += min(acked, 2*mss) // ABC, L = 2
 		return
@@ -148,4 +164,59 @@ func (s *Stack) restartAfterIdleLocked(sk *sock, now uint32) {
 	}
 	sk.cwnd = max(sk.cwnd, iw)
 	sk.cubEpoch = 0
+}
+
+// rcvBufMax is how far sk's receive buffer may grow.
+func (s *Stack) rcvBufMax(sk *sock) uint32 {
+	if sk.flags&sfRcvBufSet != 0 {
+		return sk.rcvBuf
+	}
+	return max(s.img.hdr.recvMax, sk.rcvBuf)
+}
+
+// rcvAutotuneLocked grows the receive buffer to twice what arrived in
+// order in the last round trip (Linux's dynamic right-sizing,
+// tcp_rcv_space_adjust): a sender limited by our window delivers a whole
+// window per round trip, so its buffer doubles each round trip until the
+// window stops being the limit, up to RecvBufferMax. The round trip is
+// measured from the timestamps the peer echoes (ms; without timestamps, 1
+// ms, which only grows buffers on fast paths). The window scale was
+// chosen for the maximum at the handshake. Called with in-order data just
+// taken; tsEcr is the segment's echoed timestamp (0: none).
+func (s *Stack) rcvAutotuneLocked(sk *sock, tsEcr uint32) {
+	if sk.flags&sfRcvBufSet != 0 {
+		return
+	}
+	now := s.tsNow()
+	if tsEcr != 0 {
+		if r := now - tsEcr; r < 60_000 && (sk.rcvRTT == 0 || r < sk.rcvRTT) {
+			sk.rcvRTT = max(r, 1)
+		}
+	}
+	if sk.rcvSpaceAt == 0 {
+		sk.rcvSpaceAt, sk.rcvSpaceSeq = max(now, 1), sk.rcvNxt
+		return
+	}
+	if now-sk.rcvSpaceAt < max(sk.rcvRTT, 1) {
+		return
+	}
+	got := uint32(sk.rcvSpaceSeq.Size(sk.rcvNxt))
+	sk.rcvSpaceAt, sk.rcvSpaceSeq = max(now, 1), sk.rcvNxt
+	lim := s.rcvBufMax(sk)
+	if lim>>sk.rcvWS > 0xffff {
+		lim = 0xffff << sk.rcvWS
+	}
+	if want := 2 * got; want > sk.rcvBuf && sk.rcvBytes <= sk.rcvBuf/2 {
+		sk.rcvBuf = min(want, lim)
+	}
+}
+
+// sndAutotuneLocked keeps the send buffer at twice the congestion window
+// (room for a window in flight and the next one queued, as Linux's
+// tcp_sndbuf_expand), up to SendBufferMax.
+func (s *Stack) sndAutotuneLocked(sk *sock) {
+	if sk.flags&sfSndBufSet != 0 || sk.sndBuf >= 2*sk.cwnd {
+		return
+	}
+	sk.sndBuf = max(sk.sndBuf, min(2*sk.cwnd, s.img.hdr.sendMax))
 }

@@ -112,6 +112,8 @@ func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segmen
 	child.flags = sfBound | sfConnected | sfRemoteMAC
 	child.tflags = tfPassive | tfOrphan | l.tflags&(tfNoDelay|tfKeepAlive|tfLinger0)
 	child.rcvBuf, child.sndBuf = l.rcvBuf, l.sndBuf
+	child.flags |= l.flags & (sfRcvBufSet | sfSndBufSet)
+	child.ccAlgo = l.ccAlgo
 	child.keepIdle, child.keepIntvl, child.keepCnt = l.keepIdle, l.keepIntvl, l.keepCnt
 	child.parent = s.slotOf(l)
 	child.acceptNext = noSlot
@@ -119,7 +121,7 @@ func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segmen
 	child.irs = g.seq
 	child.rcvNxt = g.seq.Add(1)
 	child.rcvAdv = child.rcvNxt
-	child.rcvWS = rcvWSFor(child.rcvBuf)
+	child.rcvWS = rcvWSFor(s.rcvBufMax(child))
 	s.negotiateLocked(child, &g.opts)
 	child.iss = s.isnLocked(child)
 	child.sndUna = child.iss
@@ -253,7 +255,7 @@ func (s *Stack) connectTCPLocked(sk *sock, remote netip.AddrPort) error {
 	sk.tmplValid = false
 	sk.flags |= sfConnected
 	s.hashLocked(sk)
-	sk.rcvWS = rcvWSFor(sk.rcvBuf)
+	sk.rcvWS = rcvWSFor(s.rcvBufMax(sk))
 	sk.mss = s.advMSS()
 	sk.cwnd = initialCwnd * uint32(sk.mss)
 	sk.ssthresh = ^uint32(0)

@@ -485,6 +485,7 @@ func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size, n
 	}
 	sk.retries = 0
 	sk.backoff = 0
+	sk.progressAt = s.tsNow()
 	sk.tflags &^= tfTLPOut
 	return delivered
 }
@@ -540,6 +541,11 @@ func (s *Stack) dataLocked(sk *sock, h vnic.Handle, g *segment) bool {
 	}
 	s.enqueueRcvLocked(sk, h, n)
 	sk.rcvNxt = sk.rcvNxt.Add(seqnum.Size(n))
+	if g.opts.ts {
+		s.rcvAutotuneLocked(sk, g.opts.tsEcr)
+	} else {
+		s.rcvAutotuneLocked(sk, 0)
+	}
 	if sk.oooHead != vnic.Null {
 		s.oooDrainLocked(sk)
 		sk.tflags |= tfAckNow

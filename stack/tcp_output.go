@@ -382,6 +382,9 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 			!(sk.tflags&tfFinQueued != 0 && next == vnic.Null) {
 			break
 		}
+		if sk.sndMax == sk.sndUna {
+			sk.progressAt = s.tsNow() // the user timeout counts from here
+		}
 		s.transmitSegLocked(sk, h, seq, n, 0)
 		sk.sndUnsent = next
 		sk.sndNxt = end

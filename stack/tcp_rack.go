@@ -97,10 +97,13 @@ const (
 
 // tlpEligible reports whether the next retransmission timer should be a
 // probe timeout instead (RFC 8985 7.2): data in flight, SACK on (the
-// probe's ACK must say what is missing), no recovery under way and no
-// probe already out.
+// probe's ACK must say what is missing), no timeout recovery under way
+// and no probe already out. Unlike RFC 8985 and Linux, we also probe in
+// fast recovery: Linux receivers compress their ACKs (one for many
+// segments), and when the one ACK of a recovery's last flight is lost,
+// only a probe gets the recovery going again before the RTO.
 func (sk *sock) tlpEligible() bool {
-	return sk.tflags&(tfSackOK|tfTLPOut|tfWindowProbe) == tfSackOK && sk.caState == caOpen &&
+	return sk.tflags&(tfSackOK|tfTLPOut|tfWindowProbe) == tfSackOK && sk.caState != caLoss &&
 		sk.srtt != 0 && sk.state == tcpEstablished && sk.sndUna != sk.sndMax
 }
 

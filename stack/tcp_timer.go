@@ -34,6 +34,12 @@ func (s *Stack) armRTOLocked(sk *sock, restart bool) {
 		us = s.ptoLocked(sk)
 		sk.timerMode = tmTLP
 	}
+	if sk.userTimeout != 0 && sk.sndUna != sk.sndMax {
+		// Fire no later than the user timeout, so it ends the
+		// connection on time whatever the backoff.
+		left := int64(sk.progressAt) + int64(sk.userTimeout) - int64(s.tsNow())
+		us = uint32(min(int64(us), max(left, 1)*1000))
+	}
 	s.setLazyLocked(sk, timerRTO, &sk.rtoAt, s.nowTick()+s.ticks(time.Duration(us)*time.Microsecond))
 }
 
@@ -153,6 +159,9 @@ func (s *Stack) rtoExpiredLocked(sk *sock) {
 		s.armPersistLocked(sk)
 		return
 	}
+	if s.userTimedOutLocked(sk) {
+		return
+	}
 	switch sk.state {
 	case tcpSynSent, tcpSynReceived:
 		sk.retries++
@@ -203,6 +212,21 @@ func (s *Stack) rtoExpiredLocked(sk *sock) {
 	sk.backoff++
 	s.timeoutLocked(sk)
 	s.armRTOLocked(sk, true)
+}
+
+// userTimedOutLocked ends a connection whose data has waited for an
+// acknowledgement longer than its user timeout (RFC 5482, RFC 9293
+// 3.8.3): retransmissions and window probes alike.
+func (s *Stack) userTimedOutLocked(sk *sock) bool {
+	if sk.userTimeout == 0 || !synchronized(sk.state) || sk.sndUna == sk.sndMax && sk.tflags&tfWindowProbe == 0 {
+		return false
+	}
+	if int64(s.tsNow())-int64(sk.progressAt) < int64(sk.userTimeout) {
+		return false
+	}
+	s.img.hdr.counters.TCPTimeouts++
+	s.tcpFailLocked(sk, errTimedOut)
+	return true
 }
 
 // twExpiredLocked ends TIME-WAIT and an orphan's FIN-WAIT-2, and drives

@@ -67,6 +67,12 @@ type Report struct {
 		Ratios       map[string]float64 `json:"ratios"`
 		Targets      map[string]float64 `json:"targets"`
 	} `json:"api"`
+	Goodput struct {
+		Rounds  int                `json:"rounds"`
+		Seconds float64            `json:"seconds"`
+		Results []GoodputResult    `json:"results"`
+		Targets map[string]float64 `json:"targets"`
+	} `json:"goodput"`
 }
 
 func floorMain(args []string) error {
@@ -77,10 +83,12 @@ func floorMain(args []string) error {
 	apiRounds := fs.Int("api-rounds", 5, "rounds of the public API contenders (0: skip them)")
 	apiCount := fs.Int("api-count", 20000, "round trips per API ping-pong round")
 	bulkSeconds := fs.Float64("bulk-seconds", 2, "seconds per bulk transfer")
+	gpRounds := fs.Int("goodput-rounds", 3, "rounds of the goodput contenders on each faulty path (0: skip them)")
+	gpSeconds := fs.Float64("goodput-seconds", 10, "seconds per goodput transfer")
 	out := fs.String("out", "test/bench/results/bench.json", "where to write the JSON ('' for nowhere)")
 	fs.Parse(args)
-	if *rounds < 1 || *count < 100 || *seconds < 1 || *apiRounds < 0 || *apiCount < 100 || *bulkSeconds < 0.1 {
-		return errors.New("-rounds must be at least 1, -count and -api-count at least 100, -sockperf-seconds at least 1, -api-rounds at least 0, -bulk-seconds at least 0.1")
+	if *rounds < 1 || *count < 100 || *seconds < 1 || *apiRounds < 0 || *apiCount < 100 || *bulkSeconds < 0.1 || *gpRounds < 0 || *gpSeconds < 1 {
+		return errors.New("-rounds must be at least 1, -count and -api-count at least 100, -sockperf-seconds at least 1, -api-rounds and -goodput-rounds at least 0, -bulk-seconds at least 0.1, -goodput-seconds at least 1")
 	}
 	for _, tool := range []string{"sockperf", "taskset"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -158,6 +166,14 @@ func floorMain(args []string) error {
 	var rep Report
 	if *apiRounds > 0 {
 		apiReport(&rep, *apiRounds, apiAccs)
+	}
+	if *gpRounds > 0 {
+		res, err := goodputSection(ctx, *gpRounds, *gpSeconds)
+		if err != nil {
+			return fmt.Errorf("goodput: %w", err)
+		}
+		rep.Goodput.Rounds, rep.Goodput.Seconds, rep.Goodput.Results = *gpRounds, *gpSeconds, res
+		rep.Goodput.Targets = map[string]float64{"ours_vs_kernel": 0.9}
 	}
 	rep.Run.Date = time.Now().UTC().Format(time.RFC3339)
 	rep.Run.Kernel = kernelRelease()
@@ -482,5 +498,8 @@ func printTable(w io.Writer, rep *Report) {
 		rep.TCP.Ratios["ours_tcp_vs_floor_p50_median_of_rounds"], rep.TCP.Ratios["ours_tcp_vs_kernel_tcp_p50_median_of_rounds"])
 	if len(rep.API.Results) > 0 {
 		printAPI(w, rep)
+	}
+	if len(rep.Goodput.Results) > 0 {
+		printGoodput(w, rep)
 	}
 }
