@@ -33,22 +33,27 @@ type Counters struct {
 	RxTCPResets      uint64 // resets accepted
 	RxTCPBadAck      uint64 // acknowledgements of data never sent: acknowledged and dropped
 
-	TCPActiveOpens   uint64 // connections we initiated
-	TCPPassiveOpens  uint64 // connections accepted
-	TCPListenDrops   uint64 // SYNs dropped: accept or SYN queue full
-	TCPEstablished   uint64 // connections that reached ESTABLISHED
-	TCPTimeouts      uint64 // connections that gave up retransmitting
-	TCPRetransmits   uint64 // segments sent again
-	TCPFastRetrans   uint64 // fast recoveries entered (SACK/RACK loss detection, or three duplicate ACKs)
-	TCPRTOs          uint64 // retransmission timeouts
-	TCPSackRecovered uint64 // bytes newly covered by SACK blocks
-	TCPDSacks        uint64 // D-SACK blocks received: a segment arrived twice (RFC 2883)
-	TCPBadSacks      uint64 // SACK blocks outside what is in flight: ignored
-	TCPRackLost      uint64 // segments RACK marked lost (RFC 8985)
-	TCPTLPs          uint64 // tail loss probes sent (RFC 8985 7)
-	TCPUndos         uint64 // recoveries undone as spurious (timestamps, RFC 3522, or D-SACK)
-	TCPTimeWaitReuse uint64 // TIME-WAIT sockets recycled for a new socket
-	TxTCPResets      uint64 // resets sent
+	TCPActiveOpens          uint64 // connections we initiated
+	TCPPassiveOpens         uint64 // connections accepted
+	TCPListenDrops          uint64 // SYNs dropped: accept queue full (or SYN queue full with SYN cookies off)
+	TCPSynCookiesSent       uint64 // SYN-ACKs sent with a SYN cookie: the SYN queue was full (RFC 4987)
+	TCPSynCookiesOK         uint64 // connections made from a valid SYN cookie
+	TCPSynCookiesFailed     uint64 // ACKs to a listener with no valid cookie: answered with a reset
+	TCPChallengeAcks        uint64 // challenge ACKs sent for in-window RSTs and SYNs (RFC 5961)
+	TCPChallengeAcksLimited uint64 // challenge ACKs not sent: over the per-second limit
+	TCPEstablished          uint64 // connections that reached ESTABLISHED
+	TCPTimeouts             uint64 // connections that gave up retransmitting
+	TCPRetransmits          uint64 // segments sent again
+	TCPFastRetrans          uint64 // fast recoveries entered (SACK/RACK loss detection, or three duplicate ACKs)
+	TCPRTOs                 uint64 // retransmission timeouts
+	TCPSackRecovered        uint64 // bytes newly covered by SACK blocks
+	TCPDSacks               uint64 // D-SACK blocks received: a segment arrived twice (RFC 2883)
+	TCPBadSacks             uint64 // SACK blocks outside what is in flight: ignored
+	TCPRackLost             uint64 // segments RACK marked lost (RFC 8985)
+	TCPTLPs                 uint64 // tail loss probes sent (RFC 8985 7)
+	TCPUndos                uint64 // recoveries undone as spurious (timestamps, RFC 3522, or D-SACK)
+	TCPTimeWaitReuse        uint64 // TIME-WAIT sockets recycled for a new socket
+	TxTCPResets             uint64 // resets sent
 
 	TxFrames      uint64 // frames handed to the NIC
 	TxNoFrames    uint64 // sends refused: no free frame

@@ -124,10 +124,51 @@ func fixChecksums(f []byte) {
 	binary.BigEndian.PutUint16(l4[off:], ^checksum.Checksum(l4, checksum.Checksum(ph[:], 0)))
 }
 
-// FuzzInput feeds arbitrary frames to a stack with live connections. The
-// first byte chooses whether the checksums are fixed first. Nothing may
-// panic, the connection either keeps working or ends cleanly, and no frame
-// may leak.
+// relative rewrites a TCP frame's numbers as offsets into the live
+// connection: seq from what a expects next, ack and every SACK block edge
+// from what a has unacknowledged, so that the fuzzer's options, SACK
+// blocks and timestamps reach the scoreboard, RACK and PAWS rather than
+// the window check.
+func (e *fuzzEnv) relative(f []byte) {
+	info, err := e.a.TCPInfo(e.c)
+	if err != nil || len(f) < 34 || f[12] != 8 || f[13] != 0 || f[23] != 6 {
+		return
+	}
+	ihl := int(f[14]&0xf) * 4
+	t := f[14+ihl:]
+	if ihl < 20 || len(t) < 20 {
+		return
+	}
+	add := func(b []byte, v uint32) { binary.BigEndian.PutUint32(b, binary.BigEndian.Uint32(b)+v) }
+	add(t[4:], info.RcvNxt)
+	add(t[8:], info.SndUna)
+	doff := int(t[12]>>4) * 4
+	if doff < 20 || doff > len(t) {
+		return
+	}
+	for o := t[20:doff]; len(o) >= 2; {
+		if o[0] == 0 || o[0] == 1 {
+			o = o[1:]
+			continue
+		}
+		l := int(o[1])
+		if l < 2 || l > len(o) {
+			return
+		}
+		if o[0] == 5 {
+			for i := 2; i+4 <= l; i += 4 {
+				add(o[i:], info.SndUna)
+			}
+		}
+		o = o[l:]
+	}
+}
+
+// FuzzInput feeds arbitrary frames to a stack with live connections, with
+// data in flight. The first byte's bit 0 chooses whether the checksums are
+// fixed first, bit 1 whether TCP numbers are taken as offsets into the
+// live connection (relative). Nothing may panic, the connection either
+// keeps working or ends cleanly, and no frame may leak.
 func FuzzInput(f *testing.F) {
 	e := newFuzzEnv(f)
 	src := pkt.Endpoint{MAC: e.mb.Info().MAC, Addr: netip.AddrPortFrom(addrB.Addr(), 80)}
@@ -155,6 +196,34 @@ func FuzzInput(f *testing.F) {
 		pkt.Endpoint{MAC: dst.MAC, Addr: netip.AddrPortFrom(addrA.Addr(), 5000)}, []byte("datagram"))
 	f.Add(append([]byte{1}, u[:n]...))
 	f.Add([]byte{0, 1, 2, 3})
+	// Relative seeds: within the live connection's windows, with data in
+	// flight. Timestamps far ahead pass PAWS.
+	rel := func(flags uint8, opts []byte, payload string) {
+		b := make([]byte, 2048)
+		n, err := pkt.TCP(b, src, dst, pkt.TCPSegment{Seq: 0, Ack: 0, Flags: header.TCPFlags(flags), Window: 1000, Options: opts, Payload: []byte(payload)})
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(append([]byte{3}, b[:n]...))
+	}
+	tsFar := []byte{1, 1, 8, 10, 0x40, 0, 0, 0, 0, 0, 0, 1}
+	sackRel := func(blocks ...uint32) []byte {
+		o := []byte{1, 1, 5, byte(2 + 8*len(blocks)/2)}
+		for _, v := range blocks {
+			o = binary.BigEndian.AppendUint32(o, v)
+		}
+		return o
+	}
+	rel(0x10, nil, "")                                     // a duplicate ACK
+	rel(0x10, sackRel(1000, 2000), "")                     // a hole at the head
+	rel(0x10, sackRel(0, 100, 1000, 2000, 3000, 4000), "") // a D-SACK first, then two blocks
+	rel(0x10, sackRel(5000, 1000), "")                     // a reversed block
+	rel(0x10, append(tsFar, sackRel(100, 200, 300, 400)...), "")
+	rel(0x18, tsFar, "in order")
+	rel(0x18, tsFar[:], "ahead")
+	rel(0x14, nil, "")                  // an in-window RST (challenge ACK)
+	rel(0x12, nil, "")                  // a SYN on the connection (challenge ACK)
+	rel(0x10, []byte{1, 1, 5, 255}, "") // a SACK option longer than the header
 
 	f.Fuzz(func(t *testing.T, in []byte) {
 		if len(in) < 1 || len(in) > 1600 {
@@ -173,6 +242,13 @@ func FuzzInput(f *testing.F) {
 			}
 		}()
 		frame := append([]byte(nil), in[1:]...)
+		// Data in flight, so that ACKs and SACK blocks have something to
+		// act on.
+		e.a.Send(e.c, make([]byte, 8192))
+		e.a.Poll()
+		if in[0]&2 != 0 {
+			e.relative(frame)
+		}
 		if in[0]&1 != 0 {
 			fixChecksums(frame)
 		}

@@ -69,15 +69,16 @@ type header struct {
 	offSockets, offBuckets, offNeigh, offTimers uint64
 
 	// State.
-	sockFree  uint32 // head of the free socket list (a slot index)
-	sockInUse uint32
-	ephemeral uint32 // next ephemeral port to try
-	isnKey    [16]byte
-	ipID      uint32 // next IPv4 identification
-	neighWait uint32 // neighbour entries being resolved
-	_         uint32
-	poller    uint64 // the Stack (process) that last took the lock
-	counters  Counters
+	challengeSec, challengeCount uint32 // RFC 5961 challenge ACKs this second
+	sockFree                     uint32 // head of the free socket list (a slot index)
+	sockInUse                    uint32
+	ephemeral                    uint32 // next ephemeral port to try
+	isnKey                       [16]byte
+	ipID                         uint32 // next IPv4 identification
+	neighWait                    uint32 // neighbour entries being resolved
+	_                            uint32
+	poller                       uint64 // the Stack (process) that last took the lock
+	counters                     Counters
 }
 
 // neighbour is one entry of the neighbour table. While the kernel

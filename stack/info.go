@@ -18,6 +18,15 @@ type TCPInfo struct {
 	Queued     uint32        // bytes in the send queue (sent or not)
 	Unread     uint32        // bytes received in order and not read
 	OutOfOrder uint32        // bytes held out of order
+	// Sequence numbers, raw: the first unacknowledged byte, the next to
+	// send and the next expected from the peer.
+	SndUna, SndNxt, RcvNxt uint32
+	Sacked                 uint32 // bytes in flight the peer SACKed
+	Lost                   uint32 // bytes marked lost, retransmitted or not
+	Retrans                uint32 // bytes marked lost and retransmitted since
+	CAState                string // "open", "recovery" or "loss"
+	Congestion             string // "cubic" or "reno"
+	RcvBuf, SndBuf         uint32 // the buffers, as autotuning left them
 }
 
 // TCPInfo reports the state of TCP connection id.
@@ -45,5 +54,10 @@ func (s *Stack) TCPInfo(id SockID) (TCPInfo, error) {
 		Queued:     sk.sndBytes,
 		Unread:     sk.rcvBytes,
 		OutOfOrder: sk.oooBytes,
+		SndUna:     uint32(sk.sndUna), SndNxt: uint32(sk.sndNxt), RcvNxt: uint32(sk.rcvNxt),
+		Sacked: sk.sackedBytes, Lost: sk.lostBytes, Retrans: sk.rexmitBytes,
+		CAState:    [...]string{"open", "recovery", "loss"}[min(sk.caState, caLoss)],
+		Congestion: congestionNames[min(sk.ccAlgo, ccReno)],
+		RcvBuf:     sk.rcvBuf, SndBuf: sk.sndBuf,
 	}, nil
 }

@@ -85,38 +85,37 @@ func clampBacklog(b int) int {
 // SYN-ACK.
 func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segment) {
 	c := &s.img.hdr.counters
-	defer s.pool.Free(h)
 	if g.flags&flagRST != 0 {
+		s.pool.Free(h)
 		return
 	}
 	if g.flags&flagACK != 0 {
+		if g.flags&flagSYN == 0 && s.cookieAckLocked(l, h, p, g) {
+			return
+		}
+		c.TCPSynCookiesFailed++
 		s.resetReplyLocked(s.pool.Data(h), p, g.sport, g.dport, g.seq, g.ack, g.flags, int(g.len()))
+		s.pool.Free(h)
 		return
 	}
+	defer s.pool.Free(h)
 	if g.flags&flagSYN == 0 {
 		return
 	}
-	if l.synLen >= l.backlog || l.acceptLen >= l.backlog {
+	if l.acceptLen >= l.backlog {
 		c.TCPListenDrops++
 		return
 	}
-	child, _, err := s.allocSockLocked(kindTCP)
-	if err != nil {
-		c.TCPListenDrops++
+	if l.synLen >= l.backlog {
+		// The SYN queue is full, perhaps of a flood's spoofed SYNs: answer
+		// statelessly (RFC 4987 3.6), so real clients still get in.
+		s.sendCookieSynAckLocked(l, s.pool.Data(h), p, g)
 		return
 	}
-	frame := s.pool.Data(h)
-	child.localAddr, child.localPort = p.dst, g.dport
-	child.remoteAddr, child.remotePort = p.src, g.sport
-	copy(child.remoteMAC[:], frame[6:12]) // answer the way the SYN came
-	child.flags = sfBound | sfConnected | sfRemoteMAC
-	child.tflags = tfPassive | tfOrphan | l.tflags&(tfNoDelay|tfKeepAlive|tfLinger0)
-	child.rcvBuf, child.sndBuf = l.rcvBuf, l.sndBuf
-	child.flags |= l.flags & (sfRcvBufSet | sfSndBufSet)
-	child.ccAlgo = l.ccAlgo
-	child.keepIdle, child.keepIntvl, child.keepCnt = l.keepIdle, l.keepIntvl, l.keepCnt
-	child.parent = s.slotOf(l)
-	child.acceptNext = noSlot
+	child := s.passiveChildLocked(l, h, p, g)
+	if child == nil {
+		return
+	}
 	child.state = tcpSynReceived
 	child.irs = g.seq
 	child.rcvNxt = g.seq.Add(1)
@@ -128,13 +127,38 @@ func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segmen
 	child.sndNxt = child.iss.Add(1)
 	child.sndMax = child.sndNxt
 	child.sndWnd = uint32(g.wnd)
-	child.lastRcv = uint32(s.nowTick())
 	child.synTime = s.micros()
 	s.hashLocked(child)
 	l.synLen++
 	c.TCPPassiveOpens++
 	s.controlLocked(child, flagSYN|flagACK, child.iss)
 	s.armRTOLocked(child, true)
+}
+
+// passiveChildLocked makes the socket of a connection to listener l from
+// the segment that asked for it (a SYN, or the ACK of a SYN cookie): its
+// addresses, its way back and what it inherits from l.
+func (s *Stack) passiveChildLocked(l *sock, h vnic.Handle, p *ipPacket, g *segment) *sock {
+	child, _, err := s.allocSockLocked(kindTCP)
+	if err != nil {
+		s.img.hdr.counters.TCPListenDrops++
+		return nil
+	}
+	frame := s.pool.Data(h)
+	child.localAddr, child.localPort = p.dst, g.dport
+	child.remoteAddr, child.remotePort = p.src, g.sport
+	copy(child.remoteMAC[:], frame[6:12]) // answer the way the segment came
+	child.flags = sfBound | sfConnected | sfRemoteMAC
+	child.tflags = tfPassive | tfOrphan | l.tflags&(tfNoDelay|tfKeepAlive|tfLinger0)
+	child.rcvBuf, child.sndBuf = l.rcvBuf, l.sndBuf
+	child.flags |= l.flags & (sfRcvBufSet | sfSndBufSet)
+	child.ccAlgo = l.ccAlgo
+	child.userTimeout = l.userTimeout
+	child.keepIdle, child.keepIntvl, child.keepCnt = l.keepIdle, l.keepIntvl, l.keepCnt
+	child.parent = s.slotOf(l)
+	child.acceptNext = noSlot
+	child.lastRcv = uint32(s.nowTick())
+	return child
 }
 
 // establishedChildLocked moves a passive child that completed its

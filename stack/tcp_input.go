@@ -230,7 +230,7 @@ func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bo
 	// merely in the window draws a challenge ACK).
 	if g.flags&flagRST != 0 {
 		if g.seq != sk.rcvNxt {
-			sk.tflags |= tfAckNow
+			s.challengeAckLocked(sk)
 			return
 		}
 		c.RxTCPResets++
@@ -256,7 +256,7 @@ func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bo
 			sk.synTime = 0                               // sent twice: no honest sample (Karn)
 			return
 		}
-		sk.tflags |= tfAckNow
+		s.challengeAckLocked(sk)
 		return
 	}
 
@@ -311,6 +311,29 @@ func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bo
 		}
 	}
 	return keep
+}
+
+// challengeAckLimit is how many challenge ACKs the stack sends per second
+// (RFC 5961 7; Linux's tcp_challenge_ack_limit was 1000): a blind
+// attacker cannot make us flood the peer, nor learn from our ACK rate.
+const challengeAckLimit = 1000
+
+// challengeAckLocked answers an in-window RST or a SYN on a synchronized
+// connection with an ACK of where we are (RFC 5961 3.2, 4.2): the real
+// peer, if it did reset, answers that with an exact RST; a blind attacker
+// learns nothing.
+func (s *Stack) challengeAckLocked(sk *sock) {
+	h := s.img.hdr
+	if sec := uint32(s.tsNow() / 1000); sec != h.challengeSec {
+		h.challengeSec, h.challengeCount = sec, 0
+	}
+	if h.challengeCount >= challengeAckLimit {
+		h.counters.TCPChallengeAcksLimited++
+		return
+	}
+	h.challengeCount++
+	h.counters.TCPChallengeAcks++
+	sk.tflags |= tfAckNow
 }
 
 // oldAckLocked reports whether an unacceptable segment still carries an

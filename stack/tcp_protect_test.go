@@ -1,0 +1,137 @@
+package stack_test
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/xdp-onload/onload/internal/pkt"
+	"github.com/xdp-onload/onload/stack"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// injectFrom puts a TCP segment on the wire from nic, as if sent by src.
+func injectFrom(t *testing.T, nic *vnic.Mem, src, dst pkt.Endpoint, seg pkt.TCPSegment) {
+	t.Helper()
+	p := nic.Pool()
+	h := p.Alloc()
+	n, err := pkt.TCP(p.Buf(h), src, dst, seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetLen(h, n)
+	if k, err := nic.Transmit([]vnic.Handle{h}); k != 1 {
+		t.Fatalf("inject: %v", err)
+	}
+}
+
+// drain throws away what reached nic: hosts that do not answer.
+func drain(nic *vnic.Mem) {
+	hs := make([]vnic.Handle, 64)
+	for {
+		n := nic.Receive(hs)
+		if n == 0 {
+			return
+		}
+		for _, h := range hs[:n] {
+			nic.Pool().Free(h)
+		}
+	}
+}
+
+// TestSynCookies floods a listener's SYN queue with spoofed SYNs whose
+// senders never answer; a real client still connects, through a SYN
+// cookie, and moves data both ways. An ACK with a forged cookie gets a
+// reset.
+func TestSynCookies(t *testing.T) {
+	a, b, na, nb := twoStacksNICs(t, vnic.MemConfig{})
+	l, _ := b.Open(stack.TCP)
+	b.Bind(l, netip.AddrPortFrom(netip.Addr{}, 80))
+	if err := b.Listen(l, 4); err != nil {
+		t.Fatal(err)
+	}
+	dst := pkt.Endpoint{MAC: nb.Info().MAC, Addr: netip.AddrPortFrom(addrB.Addr(), 80)}
+	for i := range 200 {
+		src := pkt.Endpoint{MAC: na.Info().MAC, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, 0, byte(10 + i%200)}), uint16(10000+i))}
+		injectFrom(t, na, src, dst, pkt.TCPSegment{Seq: uint32(i * 7919), Flags: header.TCPFlagSyn, Window: 65535, Options: []byte{2, 4, 5, 180}})
+		if i%32 == 31 {
+			b.Poll()
+		}
+	}
+	for range 10 {
+		b.Poll()
+	}
+	drain(na)
+	c := b.Counters()
+	if c.TCPSynCookiesSent < 190 {
+		t.Fatalf("%d SYN cookies sent for 200 SYNs on a queue of 4 (%s)", c.TCPSynCookiesSent, &c)
+	}
+
+	poll := pollBoth(a, b)
+	cl, _ := a.Open(stack.TCP)
+	a.Connect(cl, netip.AddrPortFrom(addrB.Addr(), 80))
+	var srv stack.SockID
+	waitFor(t, "accept through a cookie", 5*time.Second, poll, func() bool {
+		var err error
+		srv, err = b.Accept(l)
+		return err == nil
+	})
+	if c := b.Counters(); c.TCPSynCookiesOK != 1 {
+		t.Errorf("TCPSynCookiesOK = %d, want 1", c.TCPSynCookiesOK)
+	}
+	data := randomBytes(200<<10, 5)
+	if got := transfer(t, a, cl, b, srv, data, poll, 10*time.Second); !bytes.Equal(got, data) {
+		t.Fatalf("client to server: %d of %d bytes", len(got), len(data))
+	}
+	if got := transfer(t, b, srv, a, cl, data, poll, 10*time.Second); !bytes.Equal(got, data) {
+		t.Fatalf("server to client: %d of %d bytes", len(got), len(data))
+	}
+
+	// A forged cookie: an ACK out of nowhere.
+	before := b.Counters()
+	src := pkt.Endpoint{MAC: na.Info().MAC, Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{198, 18, 0, 99}), 4444)}
+	injectFrom(t, na, src, dst, pkt.TCPSegment{Seq: 1, Ack: 0x12345678, Flags: header.TCPFlagAck, Window: 1000})
+	b.Poll()
+	after := b.Counters()
+	if after.TCPSynCookiesFailed != before.TCPSynCookiesFailed+1 || after.TxTCPResets != before.TxTCPResets+1 || after.TCPSynCookiesOK != 1 {
+		t.Errorf("forged cookie: failed %d->%d, resets %d->%d, ok %d", before.TCPSynCookiesFailed, after.TCPSynCookiesFailed,
+			before.TxTCPResets, after.TxTCPResets, after.TCPSynCookiesOK)
+	}
+}
+
+// TestChallengeAcks sends blind RSTs and SYNs into a live connection: in
+// the window but not exact, they draw challenge ACKs (RFC 5961) and the
+// connection lives on; outside the window, RSTs are dropped silently.
+func TestChallengeAcks(t *testing.T) {
+	a, b, na, nb := twoStacksNICs(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	info, _ := b.TCPInfo(s)
+	bl, _ := b.LocalAddr(s)
+	al, _ := a.LocalAddr(c)
+	src := pkt.Endpoint{MAC: na.Info().MAC, Addr: al}
+	dst := pkt.Endpoint{MAC: nb.Info().MAC, Addr: bl}
+	before := b.Counters()
+	for i := range 10 {
+		injectFrom(t, na, src, dst, pkt.TCPSegment{Seq: info.RcvNxt + uint32(100+i), Flags: header.TCPFlagRst})
+		injectFrom(t, na, src, dst, pkt.TCPSegment{Seq: info.RcvNxt + uint32(500+i), Flags: header.TCPFlagSyn, Window: 100})
+		injectFrom(t, na, src, dst, pkt.TCPSegment{Seq: info.RcvNxt + 1<<30, Flags: header.TCPFlagRst})
+	}
+	for range 5 {
+		poll()
+	}
+	after := b.Counters()
+	if n := after.TCPChallengeAcks - before.TCPChallengeAcks; n != 20 {
+		t.Errorf("%d challenge ACKs for 10 in-window RSTs and 10 SYNs, want 20", n)
+	}
+	if after.RxTCPResets != before.RxTCPResets {
+		t.Error("a blind RST was accepted")
+	}
+	data := randomBytes(64<<10, 6)
+	if got := transfer(t, a, c, b, s, data, poll, 5*time.Second); !bytes.Equal(got, data) {
+		t.Fatalf("after the attack: %d of %d bytes", len(got), len(data))
+	}
+}
