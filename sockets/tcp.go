@@ -1,6 +1,7 @@
 package sockets
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -247,6 +248,29 @@ func (c *TCPConn) SetReadBuffer(bytes int) error {
 // SetWriteBuffer sets the send buffer size (clamped).
 func (c *TCPConn) SetWriteBuffer(bytes int) error {
 	return c.setErr(c.setOption(stack.SendBuffer, clampBuffer(bytes)))
+}
+
+// Info reports the connection's transport state, as Linux's TCP_INFO:
+// round-trip time, windows, what is in flight, SACKed and lost, the
+// congestion control and the buffers as autotuning left them.
+func (c *TCPConn) Info() (stack.TCPInfo, error) {
+	if err := c.check(nil); err != nil {
+		return stack.TCPInfo{}, err
+	}
+	if !c.stk.enter() {
+		return stack.TCPInfo{}, net.ErrClosed
+	}
+	defer c.stk.leave()
+	return c.stk.st.TCPInfo(c.id)
+}
+
+// SetUserTimeout sets how long sent data may stay unacknowledged before
+// the connection is given up (TCP_USER_TIMEOUT, RFC 5482); 0 turns it off.
+func (c *TCPConn) SetUserTimeout(d time.Duration) error {
+	if d < 0 || d > (1<<31-1)*time.Millisecond {
+		return c.setErr(fmt.Errorf("user timeout %v: must be from 0 to %v", d, (1<<31-1)*time.Millisecond))
+	}
+	return c.setErr(c.setOption(stack.UserTimeout, int(d/time.Millisecond)))
 }
 
 // MultipathTCP reports false: the connection is plain TCP.

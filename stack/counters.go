@@ -46,6 +46,7 @@ type Counters struct {
 	TCPRetransmits          uint64 // segments sent again
 	TCPFastRetrans          uint64 // fast recoveries entered (SACK/RACK loss detection, or three duplicate ACKs)
 	TCPRTOs                 uint64 // retransmission timeouts
+	TCPWindowProbes         uint64 // zero-window probes sent on the persist timer
 	TCPSackRecovered        uint64 // bytes newly covered by SACK blocks
 	TCPDSacks               uint64 // D-SACK blocks received: a segment arrived twice (RFC 2883)
 	TCPBadSacks             uint64 // SACK blocks outside what is in flight: ignored

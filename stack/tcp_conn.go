@@ -106,9 +106,10 @@ func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segmen
 		c.TCPListenDrops++
 		return
 	}
-	if l.synLen >= l.backlog {
-		// The SYN queue is full, perhaps of a flood's spoofed SYNs: answer
-		// statelessly (RFC 4987 3.6), so real clients still get in.
+	if hd := s.img.hdr; l.synLen >= l.backlog || hd.sockInUse >= hd.sockets-hd.sockets/8 {
+		// The SYN queue is full, perhaps of a flood's spoofed SYNs, or the
+		// socket table nearly is: answer statelessly (RFC 4987 3.6), so
+		// real clients still get in and a flood cannot take every socket.
 		s.sendCookieSynAckLocked(l, s.pool.Data(h), p, g)
 		return
 	}

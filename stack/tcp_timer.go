@@ -155,6 +155,7 @@ func (s *Stack) rtoExpiredLocked(sk *sock) {
 		// A probe: an old sequence number draws an ACK that carries the
 		// current window.
 		s.controlLocked(sk, flagACK, sk.sndUna.Add(^seqnum.Size(0)))
+		c.TCPWindowProbes++
 		sk.backoff++
 		s.armPersistLocked(sk)
 		return

@@ -148,6 +148,17 @@ func (p *Path) Counters() (aToB, bToA impair.Counters) {
 	return f.lines[0].Counters(), f.lines[1].Counters()
 }
 
+// Tap calls fn with every frame M receives (side 0: from A, 1: from B)
+// until it is called with nil. fn runs on the forwarder's goroutine and
+// must not keep the slice.
+func (p *Path) Tap(fn func(side int, frame []byte)) {
+	if fn == nil {
+		p.fwd.tap.Store(nil)
+	} else {
+		p.fwd.tap.Store(&fn)
+	}
+}
+
 // Drops counts frames the forwarder itself lost (no free frame on the far
 // side): not a fault it was asked for, so a test wants it at 0.
 func (p *Path) Drops() uint64 { return p.fwd.txDrops.Load() }
@@ -182,6 +193,10 @@ type forwarder struct {
 	// txDrops counts frames dropped because the far NIC had no frame or
 	// refused one: the forwarder's own losses, which a test wants at 0.
 	txDrops atomic.Uint64
+
+	// tap, if set, sees every frame M receives, from A's side (0) or
+	// B's (1), before faults: an on-path observer.
+	tap atomic.Pointer[func(side int, frame []byte)]
 
 	stop atomic.Bool
 	done chan struct{}
@@ -291,8 +306,12 @@ func (f *forwarder) step(d int, now time.Duration, hs []vnic.Handle) int {
 	inPool, outPool := in.Pool(), out.Pool()
 	tx := f.pending[1-d]
 	n := in.Receive(hs)
+	tap := f.tap.Load()
 	for _, h := range hs[:n] {
 		data := inPool.Data(h)
+		if tap != nil {
+			(*tap)(d, data)
+		}
 		if len(data) >= 14 && data[12] == 0x08 && data[13] == 0x00 {
 			line.Send(data, now)
 		} else {
