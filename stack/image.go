@@ -70,6 +70,7 @@ type header struct {
 
 	// State.
 	challengeSec, challengeCount uint32 // RFC 5961 challenge ACKs this second
+	sndFrames                    uint32 // frames in TCP send queues, all sockets
 	sockFree                     uint32 // head of the free socket list (a slot index)
 	sockInUse                    uint32
 	ephemeral                    uint32 // next ephemeral port to try

@@ -231,6 +231,29 @@ func (s *Stack) AddNeighbour(ip netip.Addr, mac net.HardwareAddr) error {
 // sent frames would never arrive, and the stack would deadlock.
 func (s *Stack) lowFramesLocked() bool { return s.pool.Available() <= s.reserve }
 
+// sendFramesFullLocked reports that the TCP send queues hold half the
+// frames: the rest stay for receiving. Data queued to send waits for its
+// ACK, and the ACK waits for the peer to take the data in; if two stacks
+// each spent their frames on sending, neither could take the other's data
+// in, and both would wait for ever.
+func (s *Stack) sendFramesFullLocked() bool {
+	return int(s.img.hdr.sndFrames) >= s.pool.Count()/2
+}
+
+// frameBudgetLocked is how much more data the free frames can take above
+// the reserve, in bytes of mss-sized segments: the receive window does not
+// grow beyond it. A window is a promise; offering more than the frames
+// can hold makes the peer send what we would have to drop, and when every
+// stack in a pair is short (their frames all in send queues, waiting for
+// ACKs of data the other cannot take in), dropping deadlocks them both.
+func (s *Stack) frameBudgetLocked(mss uint32) uint32 {
+	free := s.pool.Available() - s.reserve
+	if free <= 0 {
+		return 0
+	}
+	return uint32(free) * mss / 2 // shared with the other sockets
+}
+
 // recip is 2^64 / n, rounded down.
 func recip(n uint64) uint64 {
 	q, _ := bits.Div64(1, 0, n)

@@ -487,6 +487,7 @@ func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size, n
 			sk.sndUnsent = next
 		}
 		p.Free(h)
+		s.img.hdr.sndFrames -= min(s.img.hdr.sndFrames, 1)
 		sk.sndHead = next
 		h = next
 	}
@@ -554,8 +555,17 @@ func (s *Stack) dataLocked(sk *sock, h vnic.Handle, g *segment) bool {
 		}
 	}
 	if s.lowFramesLocked() {
-		c.RxLowFrames++
-		return false
+		// Out-of-order data is speculative: refuse it, and give up what
+		// this connection holds of it. Data in order is what moves things
+		// on (it can be read, and its ACK frees the peer's frames): it
+		// may use the reserve down to half.
+		if sk.oooHead != vnic.Null {
+			s.pruneOOOLocked(sk)
+		}
+		if seq != sk.rcvNxt || s.pool.Available() <= s.reserve/2 {
+			c.RxLowFrames++
+			return false
+		}
 	}
 	if seq != sk.rcvNxt {
 		c.RxTCPOutOfOrder++

@@ -48,7 +48,7 @@ func (s *Stack) tcpSendLocked(sk *sock, buf []byte) (int, error) {
 			done += n
 			continue
 		}
-		if s.lowFramesLocked() {
+		if s.lowFramesLocked() || s.sendFramesFullLocked() {
 			s.img.hdr.counters.TxNoFrames++
 			lowFrames = true
 			break
@@ -74,6 +74,7 @@ func (s *Stack) tcpSendLocked(sk *sock, buf []byte) (int, error) {
 			sk.sndUnsent = h
 		}
 		sk.sndBytes += uint32(n)
+		s.img.hdr.sndFrames++
 		done += n
 	}
 	if done == 0 {
@@ -154,7 +155,7 @@ func (s *Stack) windowUpdateLocked(sk *sock) {
 	if used >= sk.rcvBuf {
 		return
 	}
-	free := sk.rcvBuf - used
+	free := min(sk.rcvBuf-used, s.frameBudgetLocked(uint32(sk.mss)))
 	adv := uint32(0)
 	if sk.rcvNxt.LessThan(sk.rcvAdv) {
 		adv = uint32(sk.rcvNxt.Size(sk.rcvAdv))

@@ -57,6 +57,7 @@ func (s *Stack) rcvWindowLocked(sk *sock, syn bool) uint16 {
 	if sk.tflags&tfShutRd != 0 && sk.state != tcpEstablished {
 		free = 0
 	}
+	free = min(free, s.frameBudgetLocked(uint32(sk.mss)))
 	cur := uint32(0)
 	if sk.rcvAdv.LessThan(sk.rcvNxt) {
 		sk.rcvAdv = sk.rcvNxt
@@ -307,6 +308,7 @@ func (s *Stack) splitSendLocked(sk *sock, h vnic.Handle, k int) bool {
 		s.img.hdr.counters.TxNoFrames++
 		return false
 	}
+	s.img.hdr.sndFrames++
 	copy(f2.Buf()[txPayload:], f.Buf()[txPayload+k:txPayload+n])
 	f2.SetAux(auxSeq, uint32(seqnum.Value(f.Aux(auxSeq)).Add(seqnum.Size(k))))
 	f2.SetAux(auxLen, uint32(n-k))

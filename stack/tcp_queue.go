@@ -143,12 +143,15 @@ func (s *Stack) freeQueuesLocked(sk *sock, keepSend bool) {
 // freeSendLocked gives back the send queue's frames.
 func (s *Stack) freeSendLocked(sk *sock) {
 	p := s.pool
+	hd := s.img.hdr
 	for h := sk.sndHead; h != vnic.Null; {
 		next := p.Next(h)
 		p.Free(h)
+		hd.sndFrames -= min(hd.sndFrames, 1)
 		h = next
 	}
 	sk.sndHead, sk.sndTail, sk.sndUnsent, sk.sndBytes = vnic.Null, vnic.Null, vnic.Null, 0
+	sk.clearScoreboard()
 }
 
 // pruneOOOLocked drops the out-of-order queue (the sender will send it

@@ -175,6 +175,16 @@ func (s *Stack) timeoutLocked(sk *sock) {
 	sk.dupAck = 0
 	sk.tflags &^= tfTLPOut
 	p := s.pool
+	// A SACKed frame at the head means the peer reneged: it dropped data
+	// it had SACKed (RFC 2018 8 allows it; we do it ourselves when frames
+	// run short). Its SACK marks are worthless then: forget them all, so
+	// that everything goes again (RFC 6675 5.1).
+	reneged := false
+	if f, ok := p.Frame(sk.sndHead); ok && sk.sndHead != sk.sndUnsent && f.Aux(auxFlags)&afSacked != 0 {
+		reneged = true
+		sk.sackedBytes = 0
+		sk.highSacked = sk.sndUna
+	}
 	for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent; {
 		f, ok := p.Frame(h)
 		if !ok {
@@ -182,6 +192,9 @@ func (s *Stack) timeoutLocked(sk *sock) {
 			break
 		}
 		h = f.Next()
+		if reneged {
+			f.SetAux(auxFlags, f.Aux(auxFlags)&^afSacked)
+		}
 		s.markLostLocked(sk, f)
 	}
 	if sk.tflags&tfFinSent != 0 && sk.sndUna != sk.sndMax {
