@@ -60,7 +60,7 @@ const (
 	tfInAcceptQ                  // a passive child in its listener\'s accept queue
 	tfReordered                  // the peer has seen reordering: RACK waits a reordering window
 	tfUndo                       // the current recovery may yet be undone as spurious
-	tfTLPOut                     // a tail loss probe is out, unacknowledged
+	tfTLPOut                     // tail loss probes are out, unacknowledged (tlpCount of them)
 	tfFinLost                    // a timeout found our FIN unacknowledged: send it again after the data
 )
 
@@ -164,6 +164,7 @@ type tcb struct {
 	hsSamples           uint32
 	lastSend            uint32 // µs clock of the last data segment sent
 	cwndLimited         bool   // the last output stopped at the congestion window
+	tlpCount            uint8  // tail loss probes sent since the last ACK of new data
 	_                   [3]byte
 	// RFC 5482 user timeout, in ms (0: off), and the ms clock when the
 	// peer last acknowledged something or, with nothing in flight, when

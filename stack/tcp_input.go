@@ -511,6 +511,7 @@ func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size, n
 	sk.backoff = 0
 	sk.progressAt = s.tsNow()
 	sk.tflags &^= tfTLPOut
+	sk.tlpCount = 0
 	return delivered
 }
 

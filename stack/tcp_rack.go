@@ -101,9 +101,15 @@ const (
 // and no probe already out. Unlike RFC 8985 and Linux, we also probe in
 // fast recovery: Linux receivers compress their ACKs (one for many
 // segments), and when the one ACK of a recovery's last flight is lost,
-// only a probe gets the recovery going again before the RTO.
+// only a probe gets the recovery going again before the RTO. For the
+// same reason a second probe may follow the first (at twice the timeout)
+// before the RTO: a probe or its ACK lost costs an RTO otherwise, and on
+// a path whose RTT is a thousandth of the 200ms minimum RTO that is the
+// difference between a stall and a hiccup.
+const tlpMaxProbes = 2
+
 func (sk *sock) tlpEligible() bool {
-	return sk.tflags&(tfSackOK|tfTLPOut|tfWindowProbe) == tfSackOK && sk.caState != caLoss &&
+	return sk.tflags&(tfSackOK|tfWindowProbe) == tfSackOK && sk.tlpCount < tlpMaxProbes && sk.caState != caLoss &&
 		sk.srtt != 0 && sk.state == tcpEstablished && sk.sndUna != sk.sndMax
 }
 
@@ -115,6 +121,7 @@ func (s *Stack) ptoLocked(sk *sock) uint32 {
 		pto = max(pto, sk.srtt*3/2+uint32(tlpDelAckWait/time.Microsecond))
 	}
 	pto = max(pto, uint32(tlpMinPTO/time.Microsecond))
+	pto <<= sk.tlpCount
 	return min(pto, s.rtoNow(sk))
 }
 
@@ -123,6 +130,7 @@ func (s *Stack) ptoLocked(sk *sock) uint32 {
 func (s *Stack) tlpFireLocked(sk *sock) {
 	p := s.pool
 	sk.tflags |= tfTLPOut
+	sk.tlpCount++
 	s.img.hdr.counters.TCPTLPs++
 	if h := sk.sndUnsent; h != vnic.Null {
 		if f, ok := p.Frame(h); ok {

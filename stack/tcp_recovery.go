@@ -174,6 +174,7 @@ func (s *Stack) timeoutLocked(sk *sock) {
 	sk.cwnd = uint32(sk.mss)
 	sk.dupAck = 0
 	sk.tflags &^= tfTLPOut
+	sk.tlpCount = 0
 	p := s.pool
 	// A SACKed frame at the head means the peer reneged: it dropped data
 	// it had SACKed (RFC 2018 8 allows it; we do it ourselves when frames

@@ -185,8 +185,8 @@ func TestTCPZeroAllocs(t *testing.T) {
 	}
 }
 
-// TestTCPRTOAckedHole loses every ACK of a burst and of the tail loss
-// probe after it, so the sender's timer fires and marks the whole burst
+// TestTCPRTOAckedHole loses every ACK of a burst and of the two tail loss
+// probes after it, so the sender's timer fires and marks the whole burst
 // lost. The ACK of the one retransmission covers the burst: the rest must
 // leave the queue without being sent again, and no RTT sample may come of
 // it (Karn, RFC 6298 section 3): the burst was sent once, a whole RTO
@@ -210,7 +210,7 @@ func TestTCPRTOAckedHole(t *testing.T) {
 		info, _ := b.TCPInfo(s)
 		return info.Unread == uint32(len(burst))
 	})
-	waitFor(t, "a tail loss probe", 5*time.Second, poll, func() bool { return a.Counters().TCPTLPs > 0 })
+	waitFor(t, "the tail loss probes", 5*time.Second, poll, func() bool { return a.Counters().TCPTLPs >= 2 })
 	rtx := a.Counters().TCPRetransmits
 	nb.Impair(vnic.Impairment{})
 	waitFor(t, "burst acknowledged", 5*time.Second, poll, func() bool {
