@@ -27,12 +27,15 @@ docs:
 
 # Everything under the race detector with the big transfers and the
 # stress test cut short, then those at full size without it: 64 MiB each
-# way through the engine, 256 MiB each way through net/http and curl, and
-# a minute of the no-lost-wake-up stress.
+# way through the engine, 256 MiB each way through net/http and curl, a
+# minute of the no-lost-wake-up stress, 256 MiB each way against the
+# kernel through each fault of the fault injector, the attacks at full
+# size (100,000 spoofed SYNs, a minute of zero window) and the frame-pool
+# pressure test.
 test: deps
 	$(GO) vet ./...
 	$(GO) test -race -short -count=1 -timeout 20m ./...
-	$(GO) test -count=1 -timeout 20m -run 'Bulk|StackTCP|Many|HTTP|NoLostWakeup' ./stack ./test
+	$(GO) test -count=1 -timeout 25m -run 'Bulk|StackTCP|Many|HTTP|NoLostWakeup|Faults|Attack|FramePressure' ./stack ./test
 	$(GO) test -run '^$$' -fuzz FuzzInput -fuzztime 20s ./stack
 
 # Writes test/bench/results/bench.json and prints the table the README

@@ -114,7 +114,7 @@ func (c *TCPConn) Write(b []byte) (int, error) {
 		switch {
 		case err == nil:
 			continue
-		case err == stack.ErrNoBuffers:
+		case err == stack.ErrFramesBusy:
 			retry = time.Millisecond
 		case err != stack.ErrWouldBlock:
 			return total, c.opErr("write", c.engineErr("write", err))

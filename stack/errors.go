@@ -12,7 +12,14 @@ type Errno struct {
 
 func (e *Errno) Error() string { return e.Msg }
 
-func (e *Errno) Is(target error) bool { return target == e.Errno }
+// Is matches the error number, bare or in another Errno: ErrFramesBusy
+// is an ErrWouldBlock.
+func (e *Errno) Is(target error) bool {
+	if t, ok := target.(*Errno); ok {
+		return t.Errno == e.Errno
+	}
+	return target == e.Errno
+}
 
 func (e *Errno) Unwrap() error { return e.Errno }
 
@@ -21,6 +28,10 @@ func (e *Errno) Unwrap() error { return e.Errno }
 var (
 	// ErrWouldBlock: the operation cannot complete now (EAGAIN).
 	ErrWouldBlock = &Errno{"operation would block", syscall.EAGAIN}
+	// ErrFramesBusy: a TCP send would block because the stack's frames are
+	// in use (EAGAIN, and errors.Is(err, ErrWouldBlock)). Frames coming
+	// back do not make the socket writable: retry after a short while.
+	ErrFramesBusy = &Errno{"operation would block: the stack's frames are all in use; retry shortly", syscall.EAGAIN}
 	// ErrBadSocket: the SockID was closed or never valid (EBADF).
 	ErrBadSocket = &Errno{"bad socket: closed or never opened", syscall.EBADF}
 	// ErrNoSockets: the socket table is full (EMFILE).

@@ -79,7 +79,7 @@ func (s *Stack) tcpSendLocked(sk *sock, buf []byte) (int, error) {
 	}
 	if done == 0 {
 		if lowFrames {
-			return 0, ErrNoBuffers // frames come back without waking the socket
+			return 0, ErrFramesBusy // frames come back without waking the socket
 		}
 		return 0, ErrWouldBlock
 	}

@@ -135,7 +135,15 @@ func exchange(t *testing.T, c stackConn, k net.Conn, ours, theirs []byte) {
 		}
 	}()
 	got, err := c.readAll(60 * time.Second)
+	// The kernel's side has no deadline of its own: say where we stand if
+	// it waits long.
+	slow := time.AfterFunc(30*time.Second, func() {
+		cs := c.s.Counters()
+		t.Errorf("the kernel's side is still reading after 30s: %s\n%s", &cs, c.s.DumpSocket(c.id))
+		k.SetDeadline(time.Now())
+	})
 	wg.Wait()
+	slow.Stop()
 	if err != nil || ourErr != nil || kernelErr != nil {
 		cs := c.s.Counters()
 		t.Fatalf("our read: %v; our write: %v; kernel read: %v\n%s\n%s", err, ourErr, kernelErr, &cs, c.s.DumpSocket(c.id))
