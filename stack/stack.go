@@ -231,6 +231,12 @@ func (s *Stack) AddNeighbour(ip netip.Addr, mac net.HardwareAddr) error {
 // sent frames would never arrive, and the stack would deadlock.
 func (s *Stack) lowFramesLocked() bool { return s.pool.Available() <= s.reserve }
 
+// framesTightLocked reports that a quarter of the frames or less are free:
+// buffers stop growing by themselves (as Linux's tcp_mem pressure stops
+// autotuning), so that the connections' buffers do not add up to more
+// than the pool.
+func (s *Stack) framesTightLocked() bool { return s.pool.Available() < s.pool.Count()/4 }
+
 // sendFramesFullLocked reports that the TCP send queues hold half the
 // frames: the rest stay for receiving. Data queued to send waits for its
 // ACK, and the ACK waits for the peer to take the data in; if two stacks
@@ -238,20 +244,6 @@ func (s *Stack) lowFramesLocked() bool { return s.pool.Available() <= s.reserve 
 // in, and both would wait for ever.
 func (s *Stack) sendFramesFullLocked() bool {
 	return int(s.img.hdr.sndFrames) >= s.pool.Count()/2
-}
-
-// frameBudgetLocked is how much more data the free frames can take above
-// the reserve, in bytes of mss-sized segments: the receive window does not
-// grow beyond it. A window is a promise; offering more than the frames
-// can hold makes the peer send what we would have to drop, and when every
-// stack in a pair is short (their frames all in send queues, waiting for
-// ACKs of data the other cannot take in), dropping deadlocks them both.
-func (s *Stack) frameBudgetLocked(mss uint32) uint32 {
-	free := s.pool.Available() - s.reserve
-	if free <= 0 {
-		return 0
-	}
-	return uint32(free) * mss / 2 // shared with the other sockets
 }
 
 // recip is 2^64 / n, rounded down.

@@ -206,7 +206,7 @@ func (s *Stack) rcvAutotuneLocked(sk *sock, tsEcr uint32) {
 	if lim>>sk.rcvWS > 0xffff {
 		lim = 0xffff << sk.rcvWS
 	}
-	if want := 2 * got; want > sk.rcvBuf && sk.rcvBytes <= sk.rcvBuf/2 {
+	if want := 2 * got; want > sk.rcvBuf && sk.rcvBytes <= sk.rcvBuf/2 && !s.framesTightLocked() {
 		sk.rcvBuf = min(want, lim)
 	}
 }
@@ -215,7 +215,7 @@ func (s *Stack) rcvAutotuneLocked(sk *sock, tsEcr uint32) {
 // (room for a window in flight and the next one queued, as Linux's
 // tcp_sndbuf_expand), up to SendBufferMax.
 func (s *Stack) sndAutotuneLocked(sk *sock) {
-	if sk.flags&sfSndBufSet != 0 || sk.sndBuf >= 2*sk.cwnd {
+	if sk.flags&sfSndBufSet != 0 || sk.sndBuf >= 2*sk.cwnd || s.framesTightLocked() {
 		return
 	}
 	sk.sndBuf = max(sk.sndBuf, min(2*sk.cwnd, s.img.hdr.sendMax))

@@ -155,7 +155,7 @@ func (s *Stack) windowUpdateLocked(sk *sock) {
 	if used >= sk.rcvBuf {
 		return
 	}
-	free := min(sk.rcvBuf-used, s.frameBudgetLocked(uint32(sk.mss)))
+	free := sk.rcvBuf - used
 	adv := uint32(0)
 	if sk.rcvNxt.LessThan(sk.rcvAdv) {
 		adv = uint32(sk.rcvNxt.Size(sk.rcvAdv))

@@ -57,7 +57,6 @@ func (s *Stack) rcvWindowLocked(sk *sock, syn bool) uint16 {
 	if sk.tflags&tfShutRd != 0 && sk.state != tcpEstablished {
 		free = 0
 	}
-	free = min(free, s.frameBudgetLocked(uint32(sk.mss)))
 	cur := uint32(0)
 	if sk.rcvAdv.LessThan(sk.rcvNxt) {
 		sk.rcvAdv = sk.rcvNxt
@@ -198,23 +197,18 @@ func (s *Stack) ackSentLocked(sk *sock) {
 // sendAckLocked sends a pure ACK now.
 func (s *Stack) sendAckLocked(sk *sock) { s.controlLocked(sk, flagACK, sk.ackSeq()) }
 
-// ackSeq is the sequence number of a pure ACK: SND.NXT, except after going
-// back to retransmit, when it is the highest sequence number sent (as
-// Linux's snd_nxt), kept within the peer's window (tcp_acceptable_seq). An
-// ACK from before what the peer already received would fail its window
-// update test and, at a closed window, its acceptance test.
+// ackSeq is the sequence number of a pure ACK: SND.NXT, kept within the
+// peer's window (Linux's tcp_acceptable_seq). An ACK numbered past the
+// window's right edge fails the peer's acceptance test (RFC 9293
+// 3.10.7.4) when its window is closed: the peer would drop every ACK we
+// send, never learn its data arrived, and the two would wait for each
+// other.
 func (sk *sock) ackSeq() seqnum.Value {
-	if !sk.sndNxt.LessThan(sk.sndMax) {
+	edge := sk.sndUna.Add(seqnum.Size(sk.sndWnd))
+	if !synchronized(sk.state) || sk.sndNxt.LessThanEq(edge) {
 		return sk.sndNxt
 	}
-	edge := sk.sndUna.Add(seqnum.Size(sk.sndWnd))
-	switch {
-	case sk.sndMax.LessThanEq(edge):
-		return sk.sndMax
-	case sk.sndNxt.LessThan(edge):
-		return edge
-	}
-	return sk.sndNxt
+	return edge
 }
 
 // transmitSegLocked sends the data segment held in send-queue frame h
