@@ -2,6 +2,7 @@ package stack_test
 
 import (
 	"bytes"
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -133,5 +134,56 @@ func TestChallengeAcks(t *testing.T) {
 	data := randomBytes(64<<10, 6)
 	if got := transfer(t, a, c, b, s, data, poll, 5*time.Second); !bytes.Equal(got, data) {
 		t.Fatalf("after the attack: %d of %d bytes", len(got), len(data))
+	}
+}
+
+// TestUserTimeout cuts the wire under a connection with data in flight:
+// with a 300ms user timeout (RFC 5482) the connection ends with
+// ErrTimedOut after about that long, not after minutes of backoff.
+func TestUserTimeout(t *testing.T) {
+	a, b, _, nb := twoStacksNICs(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, _ := connectPair(t, a, b, poll)
+	if err := a.SetOption(c, stack.UserTimeout, 300); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := a.Option(c, stack.UserTimeout); v != 300 {
+		t.Fatalf("UserTimeout reads %d", v)
+	}
+	if err := a.SetOption(c, stack.UserTimeout, -1); err == nil {
+		t.Error("UserTimeout -1 accepted")
+	}
+	nb.Impair(vnic.Impairment{Loss: 1}) // b's ACKs go nowhere
+	start := time.Now()
+	a.Send(c, make([]byte, 4096))
+	waitFor(t, "the user timeout", 5*time.Second, poll, func() bool {
+		_, err := a.Send(c, []byte("x"))
+		return errors.Is(err, stack.ErrTimedOut) || errors.Is(err, stack.ErrPipe)
+	})
+	if el := time.Since(start); el < 250*time.Millisecond || el > 2*time.Second {
+		t.Errorf("the connection ended after %v, want about 300ms", el)
+	}
+}
+
+// TestCongestionOption switches a connection between CUBIC and NewReno.
+func TestCongestionOption(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	if info, _ := a.TCPInfo(c); info.Congestion != "cubic" {
+		t.Errorf("default congestion control %q, want cubic", info.Congestion)
+	}
+	if err := a.SetOption(c, stack.Congestion, stack.CongestionReno); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := a.TCPInfo(c); info.Congestion != "reno" {
+		t.Errorf("after setting reno: %q", info.Congestion)
+	}
+	if err := a.SetOption(c, stack.Congestion, 7); err == nil {
+		t.Error("congestion control 7 accepted")
+	}
+	data := randomBytes(1<<20, 8)
+	if got := transfer(t, a, c, b, s, data, poll, 10*time.Second); !bytes.Equal(got, data) {
+		t.Fatal("transfer with reno")
 	}
 }

@@ -120,3 +120,45 @@ func oneWay(from, to net.Conn, n int, seed uint64, timeout time.Duration) error 
 	}
 	return nil
 }
+
+// TestFaultsKernelNoSack turns SACK off in A's kernel and moves data both
+// ways through 1% loss: our stack recovers with NewReno (RFC 6582), the
+// third duplicate ACK and each partial ACK resending the first hole.
+func TestFaultsKernelNoSack(t *testing.T) {
+	p := FaultyPath(t, PathConfig{Seed: 77})
+	if _, err := p.A.Run("sysctl", "-qw", "net.ipv4.tcp_sack=0"); err != nil {
+		t.Skipf("cannot turn SACK off in the test host: %v", err)
+	}
+	s := ourSockets(t, p.B, sockets.Balanced)
+	n := 64 << 20
+	if testing.Short() {
+		n = 8 << 20
+	}
+	imp := vnic.Impairment{Loss: 0.01}
+	for _, weSend := range []bool{true, false} {
+		if err := p.Impair(vnic.Impairment{}, vnic.Impairment{}); err != nil {
+			t.Fatal(err)
+		}
+		ours, theirs, stop, err := kernelPipe(p.A, p.B, s, weSend)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Impair(imp, imp)
+		before := s.Engine().Counters()
+		from, to := theirs, ours
+		if weSend {
+			from, to = ours, theirs
+		}
+		start := time.Now()
+		err = oneWay(from, to, n, 99, 5*time.Minute)
+		stop()
+		if err != nil {
+			t.Fatalf("ours sends %v: %v", weSend, err)
+		}
+		d := diffCounters(s.Engine().Counters(), before)
+		t.Logf("ours sends %v: %d MiB in %v; %s", weSend, n>>20, time.Since(start).Round(time.Millisecond), &d)
+		if weSend && (d.TCPFastRetrans == 0 || d.TCPSackRecovered != 0) {
+			t.Errorf("without SACK: %d fast recoveries, %d bytes SACKed; want some and none", d.TCPFastRetrans, d.TCPSackRecovered)
+		}
+	}
+}
