@@ -33,7 +33,7 @@ func (s *Stack) describeLocked(sk *sock) string {
 		sk.sndUna-sk.iss, sk.sndNxt-sk.iss, sk.sndMax-sk.iss, sk.sndWnd, sk.cwnd, sk.ssthresh, sk.sndBytes,
 		sk.rcvNxt-sk.irs, sk.rcvAdv-sk.irs, sk.rcvBytes, sk.rcvFrames, sk.oooBytes, sk.oooFrames, sk.mss, sk.sndWS, sk.rcvWS, sk.rto,
 		sk.backoff, sk.retries, relTick(sk.rtoAt, s.nowTick()), relTick(wheelAt, s.nowTick()),
-		sk.timerMode, []string{"open", "recovery", "loss"}[min(int(sk.caState), 2)], sk.sackedBytes, sk.lostBytes, sk.rexmitBytes, sk.flight(),
+		sk.timerMode, caStateNames[min(sk.caState, caLoss)], sk.sackedBytes, sk.lostBytes, sk.rexmitBytes, sk.flight(),
 		sk.rackRTT, sk.minRTT, sk.reoWnd())
 }
 

@@ -30,8 +30,9 @@ import (
 // indices checked on every use.
 
 // imageVersion changes whenever the meaning of the image changes in a way
-// the layout hash cannot see.
-const imageVersion = 1
+// the layout hash cannot see. 2: the send queue's frame flags carry the
+// SACK scoreboard, and the TCB flags were renumbered.
+const imageVersion = 2
 
 const imageMagic = 0x474d494f // "OIMG"
 

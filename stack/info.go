@@ -56,7 +56,7 @@ func (s *Stack) TCPInfo(id SockID) (TCPInfo, error) {
 		OutOfOrder: sk.oooBytes,
 		SndUna:     uint32(sk.sndUna), SndNxt: uint32(sk.sndNxt), RcvNxt: uint32(sk.rcvNxt),
 		Sacked: sk.sackedBytes, Lost: sk.lostBytes, Retrans: sk.rexmitBytes,
-		CAState:    [...]string{"open", "recovery", "loss"}[min(sk.caState, caLoss)],
+		CAState:    caStateNames[min(sk.caState, caLoss)],
 		Congestion: congestionNames[min(sk.ccAlgo, ccReno)],
 		RcvBuf:     sk.rcvBuf, SndBuf: sk.sndBuf,
 	}, nil

@@ -96,7 +96,7 @@ func (s *Stack) SetOption(id SockID, opt Option, v int) error {
 		}
 		if int(sk.ccAlgo) != v {
 			sk.ccAlgo = uint8(v)
-			sk.cubEpoch, sk.cubWMax, sk.abcBytes = 0, 0, 0
+			sk.cubEpoch, sk.cubWMax, sk.abcBytes, sk.cubCarry = 0, 0, 0, 0
 		}
 	case ReuseAddr:
 		return flag(tfReuseAddr)

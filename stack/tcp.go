@@ -39,29 +39,28 @@ func synchronized(st uint8) bool { return st >= tcpEstablished }
 
 // TCB flags.
 const (
-	tfNoDelay        = 1 << iota // TCP_NODELAY: no Nagle
-	tfSackOK                     // both sides offered SACK
-	tfTSOK                       // both sides offered timestamps
-	tfWSOK                       // both sides offered window scaling
-	tfFinQueued                  // the user closed or shut down writing: FIN after the data
-	tfFinSent                    // our FIN has been sent (sndMax covers it)
-	tfRcvFin                     // the peer's FIN has been received
-	tfAckNow                     // send an ACK at the end of this round
-	tfDelAck                     // an ACK is owed, on the delayed-ACK timer
-	tfShutRd                     // the user shut down reading
-	tfOrphan                     // the user closed the socket; it lives on to finish
-	tfKeepAlive                  // SO_KEEPALIVE
-	tfLinger0                    // SO_LINGER with a zero timeout: close resets
-	tfReuseAddr                  // SO_REUSEADDR
-	tfRetransmitting             // in fast recovery
-	tfPassive                    // made by a listener (SYN-RECEIVED child)
-	tfAccepted                   // handed to the user by Accept
-	tfWindowProbe                // the send timer is the persist timer
-	tfInAcceptQ                  // a passive child in its listener\'s accept queue
-	tfReordered                  // the peer has seen reordering: RACK waits a reordering window
-	tfUndo                       // the current recovery may yet be undone as spurious
-	tfTLPOut                     // tail loss probes are out, unacknowledged (tlpCount of them)
-	tfFinLost                    // a timeout found our FIN unacknowledged: send it again after the data
+	tfNoDelay     = 1 << iota // TCP_NODELAY: no Nagle
+	tfSackOK                  // both sides offered SACK
+	tfTSOK                    // both sides offered timestamps
+	tfWSOK                    // both sides offered window scaling
+	tfFinQueued               // the user closed or shut down writing: FIN after the data
+	tfFinSent                 // our FIN has been sent (sndMax covers it)
+	tfRcvFin                  // the peer's FIN has been received
+	tfAckNow                  // send an ACK at the end of this round
+	tfDelAck                  // an ACK is owed, on the delayed-ACK timer
+	tfShutRd                  // the user shut down reading
+	tfOrphan                  // the user closed the socket; it lives on to finish
+	tfKeepAlive               // SO_KEEPALIVE
+	tfLinger0                 // SO_LINGER with a zero timeout: close resets
+	tfReuseAddr               // SO_REUSEADDR
+	tfPassive                 // made by a listener (SYN-RECEIVED child)
+	tfAccepted                // handed to the user by Accept
+	tfWindowProbe             // the send timer is the persist timer
+	tfInAcceptQ               // a passive child in its listener\'s accept queue
+	tfReordered               // the peer has seen reordering: RACK waits a reordering window
+	tfUndo                    // the current recovery may yet be undone as spurious
+	tfTLPOut                  // tail loss probes are out, unacknowledged (tlpCount of them)
+	tfFinLost                 // a timeout found our FIN unacknowledged: send it again after the data
 )
 
 // userClosed reports whether the user closed the socket (an unaccepted
@@ -158,7 +157,8 @@ type tcb struct {
 	cubWMax, cubOrigin  uint32 // bytes
 	cubK, cubEpoch      uint32 // µs
 	cubWEst             uint32 // bytes, the Reno-friendly estimate
-	abcBytes            uint32 // bytes acknowledged towards the next increase
+	abcBytes            uint32 // NewReno: bytes acknowledged towards the next increase
+	cubCarry            uint32 // CUBIC: growth carried to the next ACK, in 1/1024ths of a byte
 	hsRoundEnd          seqnum.Value
 	hsCurMin, hsLastMin uint32 // µs
 	hsSamples           uint32
@@ -182,6 +182,8 @@ const (
 	caRecovery        // fast recovery after a loss
 	caLoss            // after a retransmission timeout
 )
+
+var caStateNames = [...]string{caOpen: "open", caRecovery: "recovery", caLoss: "loss"}
 
 // What the RTO timer slot is armed for.
 const (

@@ -44,7 +44,7 @@ const (
 // convergence).
 func (s *Stack) ccSsthreshLocked(sk *sock) uint32 {
 	mss := uint32(sk.mss)
-	sk.abcBytes = 0
+	sk.abcBytes, sk.cubCarry = 0, 0
 	if sk.ccAlgo == ccReno {
 		return max(sk.cwnd/2, 2*mss)
 	}
@@ -95,7 +95,7 @@ func (s *Stack) cubicAckLocked(sk *sock, acked uint32, now uint32) {
 			sk.cubK, sk.cubOrigin = 0, sk.cwnd
 		}
 		sk.cubWEst = sk.cwnd
-		sk.abcBytes = 0
+		sk.cubCarry = 0
 	}
 	rtt := sk.minRTT
 	if rtt == 0 {
@@ -115,10 +115,10 @@ func (s *Stack) cubicAckLocked(sk *sock, acked uint32, now uint32) {
 		target = w
 	}
 	// cwnd grows by (target - cwnd) / cwnd per byte acknowledged; the
-	// fraction of a byte left over carries in abcBytes (in 1/1024ths).
-	inc := (target-cwnd)*float64(acked)/cwnd*1024 + float64(sk.abcBytes)
+	// fraction of a byte left over carries in cubCarry (in 1/1024ths).
+	inc := (target-cwnd)*float64(acked)/cwnd*1024 + float64(sk.cubCarry)
 	sk.cwnd += uint32(inc / 1024)
-	sk.abcBytes = uint32(math.Mod(inc, 1024))
+	sk.cubCarry = uint32(math.Mod(inc, 1024))
 }
 
 // hystartLocked watches the RTT in slow start (RFC 9406 4.2, the delay

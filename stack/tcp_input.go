@@ -486,8 +486,7 @@ func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size, n
 		if h == sk.sndUnsent {
 			sk.sndUnsent = next
 		}
-		p.Free(h)
-		s.img.hdr.sndFrames -= min(s.img.hdr.sndFrames, 1)
+		s.freeSendFrameLocked(h)
 		sk.sndHead = next
 		h = next
 	}
@@ -575,11 +574,7 @@ func (s *Stack) dataLocked(sk *sock, h vnic.Handle, g *segment) bool {
 	}
 	s.enqueueRcvLocked(sk, h, n)
 	sk.rcvNxt = sk.rcvNxt.Add(seqnum.Size(n))
-	if g.opts.ts {
-		s.rcvAutotuneLocked(sk, g.opts.tsEcr)
-	} else {
-		s.rcvAutotuneLocked(sk, 0)
-	}
+	s.rcvAutotuneLocked(sk, g.opts.tsEcr) // 0 without timestamps
 	if sk.oooHead != vnic.Null {
 		s.oooDrainLocked(sk)
 		sk.tflags |= tfAckNow

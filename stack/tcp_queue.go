@@ -1,6 +1,8 @@
 package stack
 
 import (
+	"iter"
+
 	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
 
 	"github.com/xdp-onload/onload/vnic"
@@ -143,15 +145,40 @@ func (s *Stack) freeQueuesLocked(sk *sock, keepSend bool) {
 // freeSendLocked gives back the send queue's frames.
 func (s *Stack) freeSendLocked(sk *sock) {
 	p := s.pool
-	hd := s.img.hdr
 	for h := sk.sndHead; h != vnic.Null; {
 		next := p.Next(h)
-		p.Free(h)
-		hd.sndFrames -= min(hd.sndFrames, 1)
+		s.freeSendFrameLocked(h)
 		h = next
 	}
 	sk.sndHead, sk.sndTail, sk.sndUnsent, sk.sndBytes = vnic.Null, vnic.Null, vnic.Null, 0
 	sk.clearScoreboard()
+}
+
+// freeSendFrameLocked frees a send-queue frame and takes it off the count
+// of frames the send queues hold (sendFramesFullLocked).
+func (s *Stack) freeSendFrameLocked(h vnic.Handle) {
+	s.pool.Free(h)
+	s.img.hdr.sndFrames -= min(s.img.hdr.sndFrames, 1)
+}
+
+// sentFrames walks the send queue's frames that have been sent, oldest
+// first, stopping at a handle the pool does not know (counted as image
+// corruption). The walk reads each frame's link before yielding it, and
+// the loop body may mark and transmit frames but not unlink them.
+func (s *Stack) sentFrames(sk *sock) iter.Seq[vnic.Frame] {
+	return func(yield func(vnic.Frame) bool) {
+		for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent; {
+			f, ok := s.pool.Frame(h)
+			if !ok {
+				s.img.hdr.counters.ImageCorrupt++
+				return
+			}
+			h = f.Next()
+			if !yield(f) {
+				return
+			}
+		}
+	}
 }
 
 // pruneOOOLocked drops the out-of-order queue (the sender will send it

@@ -52,16 +52,9 @@ func (s *Stack) rackDetectLossLocked(sk *sock, now uint32) (wait uint32) {
 	if sk.rackRTT == 0 {
 		return 0
 	}
-	p := s.pool
 	c := &s.img.hdr.counters
 	reo := sk.reoWnd()
-	for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent; {
-		f, ok := p.Frame(h)
-		if !ok {
-			c.ImageCorrupt++
-			break
-		}
-		h = f.Next()
+	for f := range s.sentFrames(sk) {
 		fl := f.Aux(auxFlags)
 		if fl&afSacked != 0 || fl&(afLost|afRexmit) == afLost {
 			continue
@@ -146,12 +139,13 @@ func (s *Stack) tlpFireLocked(sk *sock) {
 			}
 		}
 	}
-	var last vnic.Handle
-	for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent; h = p.Next(h) {
-		last = h
+	var last vnic.Frame
+	found := false
+	for f := range s.sentFrames(sk) {
+		last, found = f, true
 	}
-	if f, ok := p.Frame(last); ok && f.Aux(auxFlags)&afSacked == 0 {
-		s.transmitSegLocked(sk, last, seqnum.Value(f.Aux(auxSeq)), int(f.Aux(auxLen)), 0)
+	if found && last.Aux(auxFlags)&afSacked == 0 {
+		s.transmitSegLocked(sk, last.Handle(), seqnum.Value(last.Aux(auxSeq)), int(last.Aux(auxLen)), 0)
 	} else if sk.tflags&tfFinSent != 0 && sk.sndUna != sk.sndMax {
 		s.resendFinLocked(sk)
 	}

@@ -1,10 +1,6 @@
 package stack
 
-import (
-	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
-
-	"github.com/xdp-onload/onload/vnic"
-)
+import "gvisor.dev/gvisor/pkg/tcpip/seqnum"
 
 // Loss recovery: what an acknowledgement means for the scoreboard, the
 // recovery state and the congestion window.
@@ -56,8 +52,7 @@ func (s *Stack) recoverLocked(sk *sock, g *segment, advanced bool, delivered uin
 	switch sk.caState {
 	case caOpen:
 		if sk.needRexmit() {
-			s.enterRecoveryLocked(sk)
-			s.prrLocked(sk, delivered)
+			s.enterRecoveryLocked(sk, delivered)
 		} else if advanced {
 			s.ccAckLocked(sk, delivered, now)
 		}
@@ -93,8 +88,10 @@ func (s *Stack) recoverLocked(sk *sock, g *segment, advanced bool, delivered uin
 	}
 }
 
-// enterRecoveryLocked starts fast recovery (RFC 6675 5, RFC 6937).
-func (s *Stack) enterRecoveryLocked(sk *sock) {
+// enterRecoveryLocked starts fast recovery (RFC 6675 5, RFC 6937) on an
+// event that showed delivered bytes delivered, and sets the window for
+// its first sends.
+func (s *Stack) enterRecoveryLocked(sk *sock, delivered uint32) {
 	s.img.hdr.counters.TCPFastRetrans++
 	s.saveUndoLocked(sk)
 	sk.ssthresh = s.ccSsthreshLocked(sk)
@@ -102,6 +99,7 @@ func (s *Stack) enterRecoveryLocked(sk *sock) {
 	sk.caState = caRecovery
 	sk.prrDelivered, sk.prrOut = 0, 0
 	sk.recoverFS = max(uint32(sk.sndUna.Size(sk.sndMax)), 1)
+	s.prrLocked(sk, delivered)
 }
 
 // saveUndoLocked remembers the window before a reduction, to restore it if
@@ -144,13 +142,10 @@ func (s *Stack) undoLocked(sk *sock) {
 	sk.tflags |= tfReordered
 	sk.reoMult = min(sk.reoMult+1, 16)
 	sk.caState = caOpen
-	p := s.pool
-	for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent && sk.needRexmit(); {
-		f, ok := p.Frame(h)
-		if !ok {
+	for f := range s.sentFrames(sk) {
+		if !sk.needRexmit() {
 			break
 		}
-		h = f.Next()
 		if fl := f.Aux(auxFlags); fl&(afLost|afRexmit) == afLost {
 			s.unmarkLostLocked(sk, f, fl)
 		}
@@ -186,13 +181,7 @@ func (s *Stack) timeoutLocked(sk *sock) {
 		sk.sackedBytes = 0
 		sk.highSacked = sk.sndUna
 	}
-	for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent; {
-		f, ok := p.Frame(h)
-		if !ok {
-			s.img.hdr.counters.ImageCorrupt++
-			break
-		}
-		h = f.Next()
+	for f := range s.sentFrames(sk) {
 		if reneged {
 			f.SetAux(auxFlags, f.Aux(auxFlags)&^afSacked)
 		}
@@ -206,22 +195,18 @@ func (s *Stack) timeoutLocked(sk *sock) {
 // retransmitLostLocked sends again the frames marked lost, oldest first,
 // as far as the congestion window allows (RFC 6675 NextSeg, rule 1).
 func (s *Stack) retransmitLostLocked(sk *sock) {
-	p := s.pool
 	flight := sk.flight()
-	for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent && sk.needRexmit(); {
-		f, ok := p.Frame(h)
-		if !ok {
-			s.img.hdr.counters.ImageCorrupt++
-			break
+	for f := range s.sentFrames(sk) {
+		if !sk.needRexmit() {
+			return
 		}
-		next := f.Next()
 		if f.Aux(auxFlags)&(afLost|afRexmit|afSacked) == afLost {
 			n := f.Aux(auxLen)
 			if flight+n > sk.cwnd && flight > 0 {
 				sk.cwndLimited = true
 				return
 			}
-			s.transmitSegLocked(sk, h, seqnum.Value(f.Aux(auxSeq)), int(n), 0)
+			s.transmitSegLocked(sk, f.Handle(), seqnum.Value(f.Aux(auxSeq)), int(n), 0)
 			f.SetAux(auxFlags, f.Aux(auxFlags)|afRexmit)
 			sk.rexmitBytes += n
 			flight += n
@@ -233,6 +218,5 @@ func (s *Stack) retransmitLostLocked(sk *sock) {
 			}
 			s.armRTOLocked(sk, false)
 		}
-		h = next
 	}
 }

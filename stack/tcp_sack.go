@@ -110,12 +110,20 @@ func (s *Stack) unmarkLostLocked(sk *sock, f vnic.Frame, fl uint32) {
 	if fl&afLost == 0 {
 		return
 	}
-	l := f.Aux(auxLen)
+	sk.forgetLost(f.Aux(auxLen), fl)
+	f.SetAux(auxFlags, fl&^(afLost|afRexmit))
+}
+
+// forgetLost takes a frame of l bytes with flags fl out of the lost and
+// retransmitted sums.
+func (sk *sock) forgetLost(l, fl uint32) {
+	if fl&afLost == 0 {
+		return
+	}
 	sk.lostBytes -= min(sk.lostBytes, l)
 	if fl&afRexmit != 0 {
 		sk.rexmitBytes -= min(sk.rexmitBytes, l)
 	}
-	f.SetAux(auxFlags, fl&^(afLost|afRexmit))
 }
 
 // markLostLocked marks frame f lost: it is to be sent again. A frame
@@ -146,12 +154,7 @@ func (sk *sock) ackedFrame(l, fl uint32) uint32 {
 		sk.sackedBytes -= min(sk.sackedBytes, l)
 		return 0
 	}
-	if fl&afLost != 0 {
-		sk.lostBytes -= min(sk.lostBytes, l)
-		if fl&afRexmit != 0 {
-			sk.rexmitBytes -= min(sk.rexmitBytes, l)
-		}
-	}
+	sk.forgetLost(l, fl)
 	return l
 }
 

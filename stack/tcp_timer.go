@@ -191,15 +191,13 @@ func (s *Stack) rtoExpiredLocked(sk *sock) {
 		s.tlpFireLocked(sk)
 		return
 	case tmReorder:
-		sk.timerMode = tmRTO
 		if wait := s.rackDetectLossLocked(sk, s.micros()); wait > 0 {
 			s.armReorderLocked(sk, wait)
 		} else {
 			s.armRTOLocked(sk, true)
 		}
 		if sk.needRexmit() && sk.caState == caOpen {
-			s.enterRecoveryLocked(sk)
-			s.prrLocked(sk, 0)
+			s.enterRecoveryLocked(sk, 0)
 		}
 		return
 	}
