@@ -47,32 +47,8 @@ func TestFaultsKernel(t *testing.T) {
 			for _, weSend := range []bool{true, false} {
 				name := map[bool]string{true: "ours-sends", false: "ours-receives"}[weSend]
 				t.Run(name, func(t *testing.T) {
-					if err := p.Impair(vnic.Impairment{}, vnic.Impairment{}); err != nil {
-						t.Fatal(err)
-					}
-					ours, theirs, stop, err := kernelPipe(p.A, p.B, s, weSend)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer stop()
-					if err := p.Impair(f.imp, f.imp); err != nil {
-						t.Fatal(err)
-					}
-					from, to := theirs, ours
-					if weSend {
-						from, to = ours, theirs
-					}
-					start := time.Now()
-					before := s.Engine().Counters()
-					slow := time.AfterFunc(10*time.Second, func() { t.Logf("slow: after 10s\n%s", s.Dump()) })
-					err = oneWay(from, to, faultBytes(), uint64(i*2+1), 10*time.Minute)
-					slow.Stop()
-					if err != nil {
-						t.Fatalf("%v\n%s", err, s.Dump())
-					}
-					el := time.Since(start)
+					d, el := faultedTransfer(t, p, s, weSend, f.imp, faultBytes(), uint64(i*2+1), 10*time.Minute)
 					ab, ba := p.Counters()
-					d := diffCounters(s.Engine().Counters(), before)
 					t.Logf("%d MiB in %v (%.0f Mbit/s); ours: %s; a->b %+v; b->a %+v", faultBytes()>>20, el.Round(time.Millisecond),
 						float64(faultBytes())*8/el.Seconds()/1e6, &d, ab, ba)
 				})
@@ -82,6 +58,39 @@ func TestFaultsKernel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// faultedTransfer connects our stack s (in B) with A's kernel over a clean
+// path, then turns imp on in both directions and moves n random bytes one
+// way (ours to the kernel when weSend), byte-exact, failing the test
+// otherwise. It returns what our stack's counters did and how long it
+// took, and logs the stack if it takes more than 10s.
+func faultedTransfer(t *testing.T, p *Path, s *sockets.Stack, weSend bool, imp vnic.Impairment, n int, seed uint64, timeout time.Duration) (stack.Counters, time.Duration) {
+	t.Helper()
+	if err := p.Impair(vnic.Impairment{}, vnic.Impairment{}); err != nil {
+		t.Fatal(err)
+	}
+	ours, theirs, stop, err := kernelPipe(p.A, p.B, s, weSend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if err := p.Impair(imp, imp); err != nil {
+		t.Fatal(err)
+	}
+	from, to := theirs, ours
+	if weSend {
+		from, to = ours, theirs
+	}
+	start := time.Now()
+	before := s.Engine().Counters()
+	slow := time.AfterFunc(10*time.Second, func() { t.Logf("slow: after 10s\n%s", s.Dump()) })
+	err = oneWay(from, to, n, seed, timeout)
+	slow.Stop()
+	if err != nil {
+		t.Fatalf("ours sends %v: %v\n%s", weSend, err, s.Dump())
+	}
+	return diffCounters(s.Engine().Counters(), before), time.Since(start)
 }
 
 // diffCounters is after - before, field by field.
@@ -136,27 +145,8 @@ func TestFaultsKernelNoSack(t *testing.T) {
 	}
 	imp := vnic.Impairment{Loss: 0.01}
 	for _, weSend := range []bool{true, false} {
-		if err := p.Impair(vnic.Impairment{}, vnic.Impairment{}); err != nil {
-			t.Fatal(err)
-		}
-		ours, theirs, stop, err := kernelPipe(p.A, p.B, s, weSend)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.Impair(imp, imp)
-		before := s.Engine().Counters()
-		from, to := theirs, ours
-		if weSend {
-			from, to = ours, theirs
-		}
-		start := time.Now()
-		err = oneWay(from, to, n, 99, 5*time.Minute)
-		stop()
-		if err != nil {
-			t.Fatalf("ours sends %v: %v", weSend, err)
-		}
-		d := diffCounters(s.Engine().Counters(), before)
-		t.Logf("ours sends %v: %d MiB in %v; %s", weSend, n>>20, time.Since(start).Round(time.Millisecond), &d)
+		d, el := faultedTransfer(t, p, s, weSend, imp, n, 99, 5*time.Minute)
+		t.Logf("ours sends %v: %d MiB in %v; %s", weSend, n>>20, el.Round(time.Millisecond), &d)
 		if weSend && (d.TCPFastRetrans == 0 || d.TCPSackRecovered != 0) {
 			t.Errorf("without SACK: %d fast recoveries, %d bytes SACKed; want some and none", d.TCPFastRetrans, d.TCPSackRecovered)
 		}

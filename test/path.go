@@ -73,14 +73,8 @@ func NewPath(cfg PathConfig) (*Path, error) {
 	if cfg.MTU < 68 || cfg.MTU > 1500 {
 		return nil, fmt.Errorf("path: mtu %d: must be from 68 to 1500 (one AF_XDP frame)", cfg.MTU)
 	}
-	imps := [2]*vnic.Impairment{&cfg.AtoB, &cfg.BtoA}
-	for i, imp := range imps {
-		if imp.CorruptSkip == 0 {
-			imp.CorruptSkip = 14
-		}
-		if err := imp.Check([]string{"a->b", "b->a"}[i]); err != nil {
-			return nil, fmt.Errorf("path: %w", err)
-		}
+	if err := checkFaults(&cfg.AtoB, &cfg.BtoA); err != nil {
+		return nil, err
 	}
 	n, err := NewNet()
 	if err != nil {
@@ -124,19 +118,31 @@ func NewPath(cfg PathConfig) (*Path, error) {
 
 // Impair replaces the faults of each direction for frames sent from now on.
 func (p *Path) Impair(aToB, bToA vnic.Impairment) error {
-	for i, imp := range []*vnic.Impairment{&aToB, &bToA} {
-		if imp.CorruptSkip == 0 {
-			imp.CorruptSkip = 14
-		}
-		if err := imp.Check([]string{"a->b", "b->a"}[i]); err != nil {
-			return fmt.Errorf("path: %w", err)
-		}
+	if err := checkFaults(&aToB, &bToA); err != nil {
+		return err
 	}
 	f := p.fwd
 	f.mu.Lock()
 	f.lines[0].SetImpairment(aToB)
 	f.lines[1].SetImpairment(bToA)
 	f.mu.Unlock()
+	return nil
+}
+
+// checkFaults validates both directions' faults and fills in defaults,
+// among them CorruptSkip: the Ethernet header is never corrupted.
+func checkFaults(aToB, bToA *vnic.Impairment) error {
+	for _, d := range []struct {
+		imp  *vnic.Impairment
+		name string
+	}{{aToB, "a->b"}, {bToA, "b->a"}} {
+		if d.imp.CorruptSkip == 0 {
+			d.imp.CorruptSkip = 14
+		}
+		if err := d.imp.Check(d.name); err != nil {
+			return fmt.Errorf("path: %w", err)
+		}
+	}
 	return nil
 }
 
