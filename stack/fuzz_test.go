@@ -135,10 +135,10 @@ func (e *fuzzEnv) relative(f []byte) {
 		return
 	}
 	ihl := int(f[14]&0xf) * 4
-	t := f[14+ihl:]
-	if ihl < 20 || len(t) < 20 {
+	if ihl < 20 || 14+ihl+20 > len(f) {
 		return
 	}
+	t := f[14+ihl:]
 	add := func(b []byte, v uint32) { binary.BigEndian.PutUint32(b, binary.BigEndian.Uint32(b)+v) }
 	add(t[4:], info.RcvNxt)
 	add(t[8:], info.SndUna)
