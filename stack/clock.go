@@ -117,13 +117,30 @@ func (s *Stack) ticks(d time.Duration) timers.Tick {
 // clock is the time, read on first use since the lock was taken.
 func (s *Stack) clock() int64 {
 	if s.nowNs == 0 {
-		s.nowNs = s.fast.now()
+		s.readClock()
 	}
 	return s.nowNs
 }
 
+// readClock is clock's slow path, kept out of line so that clock and
+// nowTick inline.
+//
+//go:noinline
+func (s *Stack) readClock() { s.setClock(s.fast.now()) }
+
+// setClock records the clock reading for this hold of the lock, and its
+// tick: a packet asks for the tick several times.
+func (s *Stack) setClock(ns int64) {
+	s.nowNs, s.nowTk = ns, s.toTicks(ns)
+}
+
 // nowTick is the current wheel tick.
-func (s *Stack) nowTick() timers.Tick { return s.toTicks(s.clock()) }
+func (s *Stack) nowTick() timers.Tick {
+	if s.nowNs == 0 {
+		s.readClock()
+	}
+	return s.nowTk
+}
 
 // toTicks divides nanoseconds by the tick, by a multiplication with the
 // 64-bit reciprocal and one correction (a division costs more than the

@@ -124,11 +124,11 @@ func fold(sum uint32) uint16 {
 // ipHeaderSum is the one's-complement sum of a 20-byte IPv4 header.
 func ipHeaderSum(ip []byte) uint16 {
 	_ = ip[19]
-	var sum uint32
-	for i := 0; i < 20; i += 2 {
-		sum += uint32(ip[i])<<8 | uint32(ip[i+1])
-	}
-	return fold(sum)
+	sum := uint64(binary.BigEndian.Uint32(ip[0:])) + uint64(binary.BigEndian.Uint32(ip[4:])) +
+		uint64(binary.BigEndian.Uint32(ip[8:])) + uint64(binary.BigEndian.Uint32(ip[12:])) +
+		uint64(binary.BigEndian.Uint32(ip[16:]))
+	sum = sum>>32 + sum&0xffffffff // at most 2^32 + 4
+	return fold(uint32(sum>>16 + sum&0xffff))
 }
 
 // queueTxLocked adds a frame to the batch the next flush sends.

@@ -22,7 +22,7 @@ func (s *Stack) Poll() int {
 
 func (s *Stack) pollLocked() int {
 	n := s.nic.Receive(s.rx)
-	s.nowNs = s.fast.now() // a poll always needs it: timers
+	s.setClock(s.fast.now()) // a poll always needs it: timers
 	for _, h := range s.rx[:n] {
 		s.inputLocked(h)
 	}

@@ -270,7 +270,8 @@ func (s *Stack) portInUseLocked(kind uint8, addr [4]byte, port uint16, reuse boo
 	return false
 }
 
-var sockSize = unsafe.Sizeof(sock{})
+// sockSize is a constant, so that slotOf divides by multiplying.
+const sockSize = unsafe.Sizeof(sock{})
 
 func uintptrOf[T any](p *T) uintptr { return uintptr(unsafe.Pointer(p)) }
 

@@ -68,9 +68,10 @@ type Stack struct {
 	fast      *fastClock
 	mtu       int
 
-	raceHB uint32 // see race_on.go
-	id     uint64 // this handle's identity, to notice another took the lock
-	nowNs  int64  // the clock, read when the lock was taken
+	raceHB uint32      // see race_on.go
+	id     uint64      // this handle's identity, to notice another took the lock
+	nowNs  int64       // the clock, read when the lock was taken
+	nowTk  timers.Tick // nowNs in ticks, worked out with it
 
 	// Scratch, used with the lock held.
 	rx      []vnic.Handle

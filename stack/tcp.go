@@ -226,7 +226,6 @@ const (
 	auxLen   = 1 // payload length
 	auxTime  = 2 // µs clock (low 32 bits) when last sent
 	auxFlags = 3 // afRetransmitted, afSent
-	auxCsum  = 4 // payload checksum | afCsumValid
 )
 
 // auxFlags holds flags in its low byte and, above, the socket's slot: a
@@ -238,7 +237,6 @@ const (
 	afLost          = 1 << 3 // marked lost
 	afRexmit        = 1 << 4 // marked lost, and retransmitted since
 	afSlotShift     = 8
-	afCsumValid     = 1 << 16
 )
 
 // txPayload is where the payload of a send-queue frame starts, counted

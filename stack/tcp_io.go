@@ -43,7 +43,6 @@ func (s *Stack) tcpSendLocked(sk *sock, buf []byte) (int, error) {
 			l := int(tail.Aux(auxLen))
 			n := copy(tail.Buf()[txPayload+l:txPayload+mss], buf[done:min(len(buf), done+room)])
 			tail.SetAux(auxLen, uint32(l+n))
-			tail.SetAux(auxCsum, 0)
 			sk.sndBytes += uint32(n)
 			done += n
 			continue

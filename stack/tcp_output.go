@@ -228,11 +228,6 @@ func (s *Stack) transmitSegLocked(sk *sock, h vnic.Handle, seq seqnum.Value, n i
 	}
 	buf := f.Buf()
 	payload := buf[txPayload : txPayload+n]
-	cs := f.Aux(auxCsum)
-	if cs&afCsumValid == 0 {
-		cs = uint32(checksum.Checksum(payload, 0)) | afCsumValid
-		f.SetAux(auxCsum, cs)
-	}
 	var opts [40]byte
 	room := 40
 	if mss := s.mtu - ipLen - 20; n+room > mss {
@@ -263,7 +258,11 @@ func (s *Stack) transmitSegLocked(sk *sock, h vnic.Handle, seq seqnum.Value, n i
 	t := frame[ethLen+ipLen:]
 	writeTCPTail(t, seq, sk.rcvNxt, flags, hdrLen, wnd)
 	copy(t[20:], opts[:optLen])
-	s.finishTCP(sk, t, hdrLen, n, uint16(cs))
+	// One pass over header and payload, which lie together in the frame:
+	// summing them apart costs a second pass's setup on every segment, to
+	// save the payload's sum on a retransmission, which is rare.
+	l4 := hdrLen + n
+	binary.BigEndian.PutUint16(t[16:], ^checksum.Checksum(t[:l4], fold(uint32(sk.phSum)+uint32(l4))))
 	out.SetData(p.Headroom()+start, len(frame))
 	fl := f.Aux(auxFlags)
 	if fl&afSent != 0 {
@@ -309,7 +308,6 @@ func (s *Stack) splitSendLocked(sk *sock, h vnic.Handle, k int) bool {
 	f2.SetNext(f.Next())
 	f.SetNext(h2)
 	f.SetAux(auxLen, uint32(k))
-	f.SetAux(auxCsum, 0)
 	if sk.sndTail == h {
 		sk.sndTail = h2
 	}

@@ -3,6 +3,7 @@ package vnic
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"unsafe"
 )
 
@@ -120,6 +121,28 @@ type Pool struct {
 	frameSize uint32
 	count     uint32
 	headroom  uint32
+	// frameShift is log2(frameSize) when that is a power of two (as a
+	// UMEM's frames are), so that an address becomes a frame number by a
+	// shift instead of a division on every received and sent frame; 0
+	// otherwise.
+	frameShift uint32
+}
+
+// split turns a frame address into the frame's number and the offset in
+// it.
+func (p *Pool) split(addr uint64) (idx, off uint64) {
+	if p.frameShift != 0 {
+		return addr >> p.frameShift, addr & (uint64(p.frameSize) - 1)
+	}
+	return addr / uint64(p.frameSize), addr % uint64(p.frameSize)
+}
+
+// setFrameSize records the frame size and its shift.
+func (p *Pool) setFrameSize(fs uint32) {
+	p.frameSize, p.frameShift = fs, 0
+	if fs&(fs-1) == 0 {
+		p.frameShift = uint32(bits.TrailingZeros32(fs))
+	}
 }
 
 // NewPool formats meta (PoolMetaSize(len(frames)/frameSize) bytes, 8-byte
@@ -145,7 +168,8 @@ func NewPool(meta, frames []byte, frameSize, headroom int) (*Pool, error) {
 	clear(meta[:PoolMetaSize(count)])
 	p := view(meta, frames, uint32(count))
 	*p.hdr = poolHeader{magic: poolMagic, version: poolVersion, count: uint32(count), frameSize: uint32(frameSize), headroom: uint32(headroom)}
-	p.frameSize, p.headroom = uint32(frameSize), uint32(headroom)
+	p.setFrameSize(uint32(frameSize))
+	p.headroom = uint32(headroom)
 	// Push in reverse so that frames come out in index order.
 	for i := count - 1; i >= 0; i-- {
 		p.descs[i] = frameDesc{gen: 1, state: stateFree}
@@ -172,7 +196,8 @@ func AttachPool(meta, frames []byte) (*Pool, error) {
 		return nil, fmt.Errorf("attach pool: header (count %d, frame size %d) does not fit the regions", count, fs)
 	}
 	p := view(meta, frames, count)
-	p.frameSize, p.headroom = fs, h.headroom
+	p.setFrameSize(fs)
+	p.headroom = h.headroom
 	return p, nil
 }
 
@@ -192,7 +217,7 @@ func view(meta, frames []byte, count uint32) *Pool {
 // refusal) if h is not a handle the caller holds.
 func (p *Pool) desc(h Handle) *frameDesc {
 	idx := h.Index()
-	if idx >= p.count {
+	if idx >= uint32(len(p.descs)) { // p.count; this bound spares a second check
 		p.hdr.stale++
 		return nil
 	}
@@ -477,8 +502,7 @@ func (p *Pool) fillKernel() (uint64, bool) {
 // data starts, n its length. The address is checked against the pool's
 // bounds and the frame must be one we gave the kernel.
 func (p *Pool) fromKernel(addr uint64, n uint32) (Handle, bool) {
-	idx := addr / uint64(p.frameSize)
-	off := addr % uint64(p.frameSize)
+	idx, off := p.split(addr)
 	if idx >= uint64(p.count) || off+uint64(n) > uint64(p.frameSize) {
 		return Null, false
 	}
@@ -496,7 +520,7 @@ func (p *Pool) fromKernel(addr uint64, n uint32) (Handle, bool) {
 // A frame that was lent (TransmitKeep) and is still owned just stops
 // being busy.
 func (p *Pool) kernelDone(addr uint64) bool {
-	idx := addr / uint64(p.frameSize)
+	idx, _ := p.split(addr)
 	if idx >= uint64(p.count) {
 		return false
 	}
