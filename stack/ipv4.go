@@ -216,7 +216,7 @@ func (s *Stack) writeHeadersLocked(sk *sock, b []byte, l4len int) int {
 	if !sk.tmplValid {
 		s.buildTemplateLocked(sk)
 	}
-	copy(b[:len(sk.tmpl)], sk.tmpl[:])
+	*(*[len(sk.tmpl)]byte)(b) = sk.tmpl // a fixed-size copy: moves, no memmove call
 	total := uint16(ipLen + l4len)
 	binary.BigEndian.PutUint16(b[ethLen+2:], total)
 	binary.BigEndian.PutUint16(b[ethLen+10:], ^fold(uint32(sk.ipSum)+uint32(total)))

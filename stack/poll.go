@@ -26,7 +26,9 @@ func (s *Stack) pollLocked() int {
 	for _, h := range s.rx[:n] {
 		s.inputLocked(h)
 	}
-	s.timersLocked()
+	if s.img.wheel.MayBeDue(s.nowTick()) {
+		s.timersLocked()
+	}
 	s.flushLocked()
 	return n
 }

@@ -341,8 +341,11 @@ func (p *Pool) Check(h Handle) error {
 }
 
 func (p *Pool) chunk(idx uint32) []byte {
-	base := idx * p.frameSize
-	return p.frames[base : base+p.frameSize : base+p.frameSize]
+	// Callers pass the index of a handle desc accepted, so idx < count,
+	// and the frames region holds count frames (NewPool, AttachPool): the
+	// chunk lies inside it without a bounds check.
+	base := uintptr(idx) * uintptr(p.frameSize)
+	return unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(p.frames)), base)), p.frameSize)
 }
 
 // Buf is the space to build a frame in: from the headroom to the end of the
