@@ -233,7 +233,9 @@ func (s *Stack) Send(id SockID, buf []byte) (int, error) {
 		s.unlock()
 		return s.SendTo(id, buf, netip.AddrPort{})
 	}
+	s.kickNow = true
 	n, err := s.tcpSendLocked(sk, buf)
+	s.kickNow = false
 	s.flushLocked()
 	s.unlock()
 	return n, err

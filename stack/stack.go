@@ -72,6 +72,9 @@ type Stack struct {
 	id     uint64      // this handle's identity, to notice another took the lock
 	nowNs  int64       // the clock, read when the lock was taken
 	nowTk  timers.Tick // nowNs in ticks, worked out with it
+	// kickNow: the application's Send is running; tcpOutputLocked hands
+	// its segments to the NIC before its timer bookkeeping.
+	kickNow bool
 
 	// Scratch, used with the lock held.
 	rx      []vnic.Handle

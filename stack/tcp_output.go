@@ -390,9 +390,15 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 			sk.prrOut += uint32(n)
 		}
 		sent = true
-		s.armRTOLocked(sk, false)
 	}
 	if sent {
+		if s.kickNow {
+			// The application is waiting on this send: the segments
+			// leave now, and the bookkeeping only the stack needs
+			// follows while they are on their way.
+			s.flushLocked()
+		}
+		s.armRTOLocked(sk, false)
 		sk.lastSend = max(now, 1)
 		if sk.sndUnsent == vnic.Null && flight < sk.cwnd/2 {
 			sk.cwndLimited = false // the application, not the window, limits us
