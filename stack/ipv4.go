@@ -23,6 +23,7 @@ type ipPacket struct {
 	proto    uint8
 	l4       []byte // the transport header and payload, exactly
 	l4off    int    // where l4 starts in the frame's data
+	frame    vnic.Frame
 }
 
 // inputLocked takes one received frame: Ethernet, then IPv4 (RFC 791,
@@ -72,6 +73,7 @@ func (s *Stack) inputLocked(h vnic.Handle) {
 	p.proto = ip[9]
 	p.l4 = ip[ihl:total]
 	p.l4off = ethLen + ihl
+	p.frame = f
 	switch p.proto {
 	case 6:
 		s.tcpInputLocked(h, &p)

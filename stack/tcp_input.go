@@ -75,7 +75,7 @@ func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
 		s.pool.Free(h)
 		return
 	}
-	s.pool.Trim(h, p.l4off+doff, g.n)
+	p.frame.Trim(p.l4off+doff, g.n)
 	c.RxTCP++
 	sk.lastRcv = uint32(s.nowTick())
 	if sk.state == tcpSynSent {

@@ -112,17 +112,23 @@ func (s *Stack) synOptions(b []byte, sk *sock, synAck bool) int {
 	return n
 }
 
+// tsOptLen is the timestamp option with its two NOPs of padding.
+const tsOptLen = 12
+
 // dataOptions writes the options of a synchronized segment: the
 // timestamp, and SACK blocks describing the out-of-order queue, as many as
 // fit in room bytes (a full segment has room only for the timestamp, which
 // the MSS already allows for).
+//
+// With timestamps and no SACK blocks (no data out of order) it writes
+// exactly tsOptLen bytes, without timestamps none.
 func (s *Stack) dataOptions(b []byte, sk *sock, room int) int {
 	n := 0
 	if sk.tflags&tfTSOK != 0 {
 		b[0], b[1], b[2], b[3] = optNOP, optNOP, optTimestamp, 10
 		binary.BigEndian.PutUint32(b[4:], s.tsNow())
 		binary.BigEndian.PutUint32(b[8:], sk.tsRecent)
-		n = 12
+		n = tsOptLen
 	}
 	if sk.tflags&tfSackOK != 0 && sk.oooHead != 0 && room-n >= 12 {
 		max := min((40-n-4)/8, (room-n-4)/8)

@@ -211,29 +211,38 @@ func (sk *sock) ackSeq() seqnum.Value {
 	return edge
 }
 
-// transmitSegLocked sends the data segment held in send-queue frame h
-// (seq, n payload bytes). The headers are written in front of the payload
+// transmitSegLocked sends the data segment held in send-queue frame f
+// (seq, n payload bytes), a view the caller has just made. The headers are written in front of the payload
 // in the frame itself and the frame is lent to the NIC, staying queued for
 // retransmission; if the NIC still holds it from the last send, the
 // segment is copied into a new frame instead.
-func (s *Stack) transmitSegLocked(sk *sock, h vnic.Handle, seq seqnum.Value, n int, flags uint8) {
+func (s *Stack) transmitSegLocked(sk *sock, f vnic.Frame, seq seqnum.Value, n int, flags uint8) {
 	p := s.pool
-	f, ok := p.Frame(h)
-	if !ok {
-		s.img.hdr.counters.ImageCorrupt++
-		return
-	}
+	h := f.Handle()
 	if !s.routeLocked(sk) {
 		return
 	}
 	buf := f.Buf()
 	payload := buf[txPayload : txPayload+n]
-	var opts [40]byte
 	room := 40
 	if mss := s.mtu - ipLen - 20; n+room > mss {
 		room = max(mss-n, 0)
 	}
-	optLen := s.dataOptions(opts[:], sk, room)
+	// The options go straight in front of the payload when their length
+	// is known beforehand (timestamps alone, or none: no SACK blocks to
+	// send) and the frame is ours to write; else they are built aside and
+	// copied.
+	var opts [40]byte
+	optLen := 0
+	inPlace := !f.Busy() && (sk.tflags&tfSackOK == 0 || sk.oooHead == vnic.Null)
+	if inPlace {
+		if sk.tflags&tfTSOK != 0 {
+			optLen = tsOptLen
+		}
+		s.dataOptions(buf[txPayload-optLen:txPayload], sk, room)
+	} else {
+		optLen = s.dataOptions(opts[:], sk, room)
+	}
 	hdrLen := 20 + optLen
 	start := txPayload - hdrLen - ethLen - ipLen
 	flags |= flagACK
@@ -257,7 +266,9 @@ func (s *Stack) transmitSegLocked(sk *sock, h vnic.Handle, seq seqnum.Value, n i
 	s.writeHeadersLocked(sk, frame, hdrLen+n)
 	t := frame[ethLen+ipLen:]
 	writeTCPTail(t, seq, sk.rcvNxt, flags, hdrLen, wnd)
-	copy(t[20:], opts[:optLen])
+	if !inPlace {
+		copy(t[20:], opts[:optLen])
+	}
 	// One pass over header and payload, which lie together in the frame:
 	// summing them apart costs a second pass's setup on every segment, to
 	// save the payload's sum on a retransmission, which is rare.
@@ -379,7 +390,7 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 		if sk.sndMax == sk.sndUna {
 			sk.progressAt = s.tsNow() // the user timeout counts from here
 		}
-		s.transmitSegLocked(sk, h, seq, n, 0)
+		s.transmitSegLocked(sk, f, seq, n, 0)
 		sk.sndUnsent = next
 		sk.sndNxt = end
 		if sk.sndMax.LessThan(end) {

@@ -131,7 +131,7 @@ func (s *Stack) tlpFireLocked(sk *sock) {
 			n := int(f.Aux(auxLen))
 			end := seq.Add(seqnum.Size(n))
 			if end.LessThanEq(sk.sndUna.Add(seqnum.Size(sk.sndWnd))) {
-				s.transmitSegLocked(sk, h, seq, n, 0)
+				s.transmitSegLocked(sk, f, seq, n, 0)
 				sk.sndUnsent = f.Next()
 				sk.sndNxt, sk.sndMax = end, end
 				s.armRTOLocked(sk, true)
@@ -145,7 +145,7 @@ func (s *Stack) tlpFireLocked(sk *sock) {
 		last, found = f, true
 	}
 	if found && last.Aux(auxFlags)&afSacked == 0 {
-		s.transmitSegLocked(sk, last.Handle(), seqnum.Value(last.Aux(auxSeq)), int(last.Aux(auxLen)), 0)
+		s.transmitSegLocked(sk, last, seqnum.Value(last.Aux(auxSeq)), int(last.Aux(auxLen)), 0)
 	} else if sk.tflags&tfFinSent != 0 && sk.sndUna != sk.sndMax {
 		s.resendFinLocked(sk)
 	}

@@ -206,7 +206,7 @@ func (s *Stack) retransmitLostLocked(sk *sock) {
 				sk.cwndLimited = true
 				return
 			}
-			s.transmitSegLocked(sk, f.Handle(), seqnum.Value(f.Aux(auxSeq)), int(n), 0)
+			s.transmitSegLocked(sk, f, seqnum.Value(f.Aux(auxSeq)), int(n), 0)
 			f.SetAux(auxFlags, f.Aux(auxFlags)|afRexmit)
 			sk.rexmitBytes += n
 			flight += n

@@ -400,6 +400,13 @@ func (p *Pool) Trim(h Handle, start, n int) error {
 	if d == nil {
 		return ErrStale
 	}
+	return trim(d, start, n)
+}
+
+// Trim is Pool.Trim on a view.
+func (f Frame) Trim(start, n int) error { return trim(f.d, start, n) }
+
+func trim(d *frameDesc, start, n int) error {
 	if start < 0 || n < 0 || start+n > int(d.len) {
 		return ErrTooLong
 	}
