@@ -255,9 +255,11 @@ func (s *Stack) Recv(id SockID, buf []byte, peek bool) (int, error) {
 		s.unlock()
 		return 0, err
 	}
-	if sk.rcvHead == vnic.Null && !s.idle() {
+	if sk.rcvHead == vnic.Null {
 		// Nothing queued: poll the NIC first, as Onload's recv does, so
-		// that a busy reader needs one lock round per message.
+		// that a busy reader needs one lock round per message. (No idle
+		// check first: nothingToRecv has just made it, and a frame that
+		// arrived is waiting behind a second one.)
 		s.pollLocked()
 	}
 	if sk.kind == kindUDP {
