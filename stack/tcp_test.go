@@ -152,9 +152,10 @@ func TestTCPBetweenOurStacks(t *testing.T) {
 
 // TestTCPZeroAllocs checks that the per-packet paths allocate nothing: a
 // send, its segment's arrival, delivery to the socket, the read and the
-// ACK's return.
+// ACK's return. They must not use a stale frame handle either (the pool
+// counts every refusal).
 func TestTCPZeroAllocs(t *testing.T) {
-	a, b := twoStacks(t, vnic.MemConfig{})
+	a, b, na, nb := twoStacksNICs(t, vnic.MemConfig{})
 	poll := pollBoth(a, b)
 	c, s := connectPair(t, a, b, poll)
 	a.SetOption(c, stack.NoDelay, 1)
@@ -182,6 +183,11 @@ func TestTCPZeroAllocs(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(200, func() { round(bulk) }); n != 0 {
 		t.Errorf("16 KiB of segments: %v allocations", n)
+	}
+	for _, nic := range []*vnic.Mem{na, nb} {
+		if st := nic.Pool().Stats(); st.Stale != 0 {
+			t.Errorf("%d frame handles refused as stale", st.Stale)
+		}
 	}
 }
 

@@ -223,7 +223,9 @@ func (p *Pool) desc(h Handle) *frameDesc {
 	}
 	d := &p.descs[idx]
 	if d.state != stateApp || uint32(d.gen) != h.Gen() || h.Gen() == 0 {
-		p.hdr.stale++
+		if h != Null { // asking after no frame is not a stale handle
+			p.hdr.stale++
+		}
 		return nil
 	}
 	return d
