@@ -216,19 +216,16 @@ func view(meta, frames []byte, count uint32) *Pool {
 // desc returns the descriptor of an owned frame, or nil (and counts a
 // refusal) if h is not a handle the caller holds.
 func (p *Pool) desc(h Handle) *frameDesc {
-	idx := h.Index()
-	if idx >= uint32(len(p.descs)) { // p.count; this bound spares a second check
-		p.hdr.stale++
-		return nil
-	}
-	d := &p.descs[idx]
-	if d.state != stateApp || uint32(d.gen) != h.Gen() || h.Gen() == 0 {
-		if h != Null { // asking after no frame is not a stale handle
-			p.hdr.stale++
+	// len(p.descs) is p.count; bounding by it spares a second check.
+	if idx := h.Index(); idx < uint32(len(p.descs)) {
+		if d := &p.descs[idx]; d.state == stateApp && uint32(d.gen) == h.Gen() && h.Gen() != 0 {
+			return d
 		}
-		return nil
 	}
-	return d
+	if h != Null { // asking after no frame is not a stale handle
+		p.hdr.stale++
+	}
+	return nil
 }
 
 func nextGen(g uint16) uint16 {
