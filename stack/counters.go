@@ -53,6 +53,7 @@ type Counters struct {
 	TCPRackLost             uint64 // segments RACK marked lost (RFC 8985)
 	TCPTLPs                 uint64 // tail loss probes sent (RFC 8985 7)
 	TCPUndos                uint64 // recoveries undone as spurious (timestamps, RFC 3522, or D-SACK)
+	TCPPredicted            uint64 // segments taken by header prediction, the in-order fast path
 	TCPTimeWaitReuse        uint64 // TIME-WAIT sockets recycled for a new socket
 	TxTCPResets             uint64 // resets sent
 

@@ -190,6 +190,11 @@ func (s *Stack) segmentLocked(sk *sock, h vnic.Handle, g *segment) {
 // segmentKeepsLocked does segmentLocked's work and reports whether a queue
 // kept the frame.
 func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bool) {
+	if sk.state == tcpEstablished && g.flags&(flagSYN|flagFIN|flagRST|flagACK) == flagACK && g.seq == sk.rcvNxt {
+		if keep, ok := s.predictedLocked(sk, h, g); ok {
+			return keep
+		}
+	}
 	c := &s.img.hdr.counters
 
 	// First, check the sequence number.

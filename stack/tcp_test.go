@@ -189,6 +189,10 @@ func TestTCPZeroAllocs(t *testing.T) {
 			t.Errorf("%d frame handles refused as stale", st.Stale)
 		}
 	}
+	// Every segment of these exchanges is one header prediction expects.
+	if ca, cb := a.Counters(), b.Counters(); ca.TCPPredicted < 1000 || cb.TCPPredicted < 1000 {
+		t.Errorf("header prediction took %d and %d segments; want every one of more than 1000", ca.TCPPredicted, cb.TCPPredicted)
+	}
 }
 
 // TestTCPRTOAckedHole loses every ACK of a burst and of the two tail loss
