@@ -41,6 +41,7 @@ type XDP struct {
 	info       Info
 	fillTarget uint32
 	inFill     uint32 // frames given to the kernel to receive into
+	zeroCopy   bool   // the socket is bound zero-copy
 	stats      Stats
 }
 
@@ -94,6 +95,7 @@ func OpenXDP(cfg XDPConfig) (*XDP, error) {
 		umem: umem, sock: sock, pool: pool,
 		info:       Info{Name: fmt.Sprintf("%s queue %d", iface.Name, cfg.Queue), Mode: mode, MTU: iface.MTU, MAC: iface.MAC},
 		fillTarget: uint32(min(cfg.FillDepth, cfg.RingSize, cfg.FrameCount/2)),
+		zeroCopy:   sock.ZeroCopy(),
 	}
 	x.refill()
 	return x, nil
@@ -138,6 +140,7 @@ func AttachXDP(umemFD, sockFD int, cfg XDPConfig) (*XDP, error) {
 		umem: umem, sock: sock, pool: pool,
 		info:       Info{Name: fmt.Sprintf("%s queue %d", cfg.Interface, cfg.Queue), Mode: "xdp (attached)", MTU: 1500},
 		fillTarget: uint32(min(cfg.FillDepth, cfg.RingSize, cfg.FrameCount/2)),
+		zeroCopy:   sock.ZeroCopy(),
 	}
 	if iface := sock.Interface(); iface.MTU > 0 {
 		x.info.MTU, x.info.MAC = iface.MTU, iface.MAC
@@ -244,7 +247,10 @@ func (x *XDP) Receive(hs []Handle) int {
 	if got == 0 || x.inFill < x.fillTarget/2 {
 		x.reap()
 		x.refill()
-		if got == 0 && x.sock.Fill.NeedsWakeup() {
+		// Only a zero-copy driver sets the fill ring's need-wakeup flag;
+		// in copy mode reading it would only pull the line the kernel
+		// writes its consumer index to, on every empty poll.
+		if got == 0 && x.zeroCopy && x.sock.Fill.NeedsWakeup() {
 			x.sock.KickRX()
 		}
 	}

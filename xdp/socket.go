@@ -139,6 +139,7 @@ func AttachSocket(u *Umem, fd int, cfg Config) (*Socket, error) {
 		}
 		return nil, fmt.Errorf("attach xdp socket fd %d: %w", fd, err)
 	}
+	s.readOptions()
 	u.socks = append(u.socks, fd)
 	return s, nil
 }
@@ -220,13 +221,19 @@ func (s *Socket) setup(cfg Config) error {
 	if err := bindRetry(s.fd, sa); err != nil {
 		return s.bindError(cfg, err)
 	}
+	s.readOptions()
+	return nil
+}
+
+// readOptions learns how the kernel bound the socket (XDP_OPTIONS):
+// zero-copy or not.
+func (s *Socket) readOptions() {
 	var opts uint32
 	optlen := uint32(4)
 	if _, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(s.fd), unix.SOL_XDP, unix.XDP_OPTIONS,
 		uintptr(unsafe.Pointer(&opts)), uintptr(unsafe.Pointer(&optlen)), 0); errno == 0 {
 		s.zeroCopy = opts&unix.XDP_OPTIONS_ZEROCOPY != 0
 	}
-	return nil
 }
 
 // mapRings maps the four rings of the socket.
