@@ -27,6 +27,11 @@ type TCPInfo struct {
 	CAState                string // "open", "recovery" or "loss"
 	Congestion             string // "cubic" or "reno"
 	RcvBuf, SndBuf         uint32 // the buffers, as autotuning left them
+	// The options the handshake settled: timestamps (RFC 7323), SACK
+	// (RFC 2018), and the window scale shifts each way (-1: no window
+	// scaling).
+	Timestamps, SACK     bool
+	SndWScale, RcvWScale int
 }
 
 // TCPInfo reports the state of TCP connection id.
@@ -59,5 +64,16 @@ func (s *Stack) TCPInfo(id SockID) (TCPInfo, error) {
 		CAState:    caStateNames[min(sk.caState, caLoss)],
 		Congestion: congestionNames[min(sk.ccAlgo, ccReno)],
 		RcvBuf:     sk.rcvBuf, SndBuf: sk.sndBuf,
+		Timestamps: sk.tflags&tfTSOK != 0, SACK: sk.tflags&tfSackOK != 0,
+		SndWScale: wscale(sk, sk.sndWS), RcvWScale: wscale(sk, sk.rcvWS),
 	}, nil
+}
+
+// wscale is a window scale shift as TCPInfo reports it: -1 when the
+// connection has no window scaling.
+func wscale(sk *sock, shift uint8) int {
+	if sk.tflags&tfWSOK == 0 {
+		return -1
+	}
+	return int(shift)
 }

@@ -35,3 +35,34 @@ func TestAcceptable(t *testing.T) {
 		}
 	}
 }
+
+// TestCookieTimestamp holds the options a cookie SYN-ACK's timestamp
+// carries: every window scale and none, with and without SACK, at clock
+// values on either side of a 64 ms boundary, read back from the echo as
+// they went in, and never a TSval ahead of the clock. An echo from the
+// future is refused.
+func TestCookieTimestamp(t *testing.T) {
+	for _, now := range []uint32{0x1000, 0x103f, 0x1040, 0xffffffc0, 5} {
+		for ws := int8(-1); ws <= 14; ws++ {
+			for _, sack := range []bool{false, true} {
+				in := tcpOpts{ws: ws, sackOK: sack, ts: true, tsVal: 777}
+				ts := cookieTS(now, &in)
+				if int32(ts-now) > 0 || now-ts > cookieTSMask {
+					t.Fatalf("now %#x: TSval %#x ahead of the clock or more than 63 ms behind", now, ts)
+				}
+				g := segment{opts: tcpOpts{ts: true, tsVal: 999, tsEcr: ts}}
+				out, ok := cookieOptions(now+100, &g)
+				if !ok || out.ws != ws || out.sackOK != sack || !out.ts || out.tsVal != 999 {
+					t.Fatalf("now %#x ws %d sack %v: read back %+v, %v", now, ws, sack, out, ok)
+				}
+			}
+		}
+	}
+	g := segment{opts: tcpOpts{ts: true, tsEcr: 2000}}
+	if _, ok := cookieOptions(1000, &g); ok {
+		t.Error("an echo from the future was taken")
+	}
+	if o, ok := cookieOptions(1000, &segment{}); !ok || o.ws != -1 || o.sackOK || o.ts {
+		t.Errorf("no timestamp: %+v, %v; want no options", o, ok)
+	}
+}

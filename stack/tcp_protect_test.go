@@ -83,6 +83,16 @@ func TestSynCookies(t *testing.T) {
 	if c := b.Counters(); c.TCPSynCookiesOK != 1 {
 		t.Errorf("TCPSynCookiesOK = %d, want 1", c.TCPSynCookiesOK)
 	}
+	// The client offered timestamps, SACK and window scaling; the cookie's
+	// timestamp carried them, and both ends agree on them.
+	si, _ := b.TCPInfo(srv)
+	ci, _ := a.TCPInfo(cl)
+	if !si.Timestamps || !si.SACK || si.SndWScale < 0 || si.RcvWScale < 0 {
+		t.Errorf("cookie connection's options: timestamps %v, SACK %v, window scale %d/%d", si.Timestamps, si.SACK, si.SndWScale, si.RcvWScale)
+	}
+	if ci.Timestamps != si.Timestamps || ci.SACK != si.SACK || ci.SndWScale != si.RcvWScale || ci.RcvWScale != si.SndWScale {
+		t.Errorf("the ends disagree: client %+v, server %+v", ci, si)
+	}
 	data := randomBytes(200<<10, 5)
 	if got := transfer(t, a, cl, b, srv, data, poll, 10*time.Second); !bytes.Equal(got, data) {
 		t.Fatalf("client to server: %d of %d bytes", len(got), len(data))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/xdp-onload/onload/internal/pkt"
 	"github.com/xdp-onload/onload/sockets"
+	"github.com/xdp-onload/onload/stack"
 )
 
 // rawPeer is a TCP peer made of raw frames on the middle host M: it sends
@@ -252,10 +253,21 @@ func TestAttackBlindResetsAndSyns(t *testing.T) {
 
 // TestAttackSynFlood sends 100,000 SYNs from spoofed addresses at our
 // listener while a real client (A's kernel) connects and is served: the
-// SYN queue overflows into SYN cookies, and the client gets in.
+// SYN queue overflows into SYN cookies, and the client gets in, with the
+// timestamps, SACK and window scaling it offered (the cookie's timestamp
+// carries them).
 func TestAttackSynFlood(t *testing.T) {
 	RequireRoot(t)
-	a := newAttackTarget(t, echoServe)
+	var mu sync.Mutex
+	var infos []stack.TCPInfo
+	a := newAttackTarget(t, func(c net.Conn) {
+		if info, err := c.(*sockets.TCPConn).Info(); err == nil {
+			mu.Lock()
+			infos = append(infos, info)
+			mu.Unlock()
+		}
+		echoServe(c)
+	})
 	r := newRawPeer(t, a.p, netip.MustParseAddrPort("198.18.0.200:1"), netip.MustParseAddrPort(a.ln.Addr().String()))
 	total := 100_000
 	if testing.Short() {
@@ -285,6 +297,17 @@ func TestAttackSynFlood(t *testing.T) {
 		after.TCPSynCookiesSent-before.TCPSynCookiesSent, after.TCPSynCookiesOK-before.TCPSynCookiesOK, after.TCPListenDrops-before.TCPListenDrops)
 	if after.TCPSynCookiesSent-before.TCPSynCookiesSent < uint64(total)/2 {
 		t.Errorf("%d SYN cookies for %d spoofed SYNs", after.TCPSynCookiesSent-before.TCPSynCookiesSent, total)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(infos) != 3 {
+		t.Fatalf("%d connections served, want 3", len(infos))
+	}
+	for i, in := range infos {
+		if !in.Timestamps || !in.SACK || in.SndWScale < 0 || in.RcvWScale < 0 {
+			t.Errorf("connection %d: timestamps %v, SACK %v, window scale %d/%d; the kernel client offers all three",
+				i+1, in.Timestamps, in.SACK, in.SndWScale, in.RcvWScale)
+		}
 	}
 }
 
