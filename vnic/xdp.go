@@ -28,6 +28,30 @@ type XDPConfig struct {
 	Mode      xdp.BindMode
 }
 
+// withDefaults fills in the zero fields and checks the counts the pool
+// and the fill ring are sized by; the UMEM and the rings check the rest.
+func (cfg XDPConfig) withDefaults() (XDPConfig, error) {
+	if cfg.FrameSize == 0 {
+		cfg.FrameSize = 2048
+	}
+	if cfg.FrameCount == 0 {
+		cfg.FrameCount = 4096
+	}
+	if cfg.RingSize == 0 {
+		cfg.RingSize = 2048
+	}
+	if cfg.FillDepth == 0 {
+		cfg.FillDepth = 128
+	}
+	if cfg.FrameCount < 2 || cfg.FrameCount > MaxFrames {
+		return cfg, fmt.Errorf("frame count %d: must be from 2 to %d", cfg.FrameCount, MaxFrames)
+	}
+	if cfg.FillDepth < 1 {
+		return cfg, fmt.Errorf("fill depth %d: must be at least 1", cfg.FillDepth)
+	}
+	return cfg, nil
+}
+
 // XDP is a NIC over one AF_XDP socket. Its frame pool lives in the UMEM
 // memfd: the frames in the registered part, the pool's descriptors in the
 // region after it, so a process given the memfd sees everything.
@@ -48,23 +72,9 @@ type XDP struct {
 // OpenXDP creates the UMEM and the socket and fills the fill ring. It must
 // run in the interface's network namespace.
 func OpenXDP(cfg XDPConfig) (*XDP, error) {
-	if cfg.FrameSize == 0 {
-		cfg.FrameSize = 2048
-	}
-	if cfg.FrameCount == 0 {
-		cfg.FrameCount = 4096
-	}
-	if cfg.RingSize == 0 {
-		cfg.RingSize = 2048
-	}
-	if cfg.FillDepth == 0 {
-		cfg.FillDepth = 128
-	}
-	if cfg.FrameCount < 2 || cfg.FrameCount > MaxFrames {
-		return nil, fmt.Errorf("open xdp nic: frame count %d: must be from 2 to %d", cfg.FrameCount, MaxFrames)
-	}
-	if cfg.FillDepth < 1 {
-		return nil, fmt.Errorf("open xdp nic: fill depth %d: must be at least 1", cfg.FillDepth)
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("open xdp nic: %w", err)
 	}
 	umem, err := xdp.NewUmem(xdp.UmemConfig{
 		FrameSize: cfg.FrameSize, FrameCount: cfg.FrameCount,
@@ -107,17 +117,9 @@ func OpenXDP(cfg XDPConfig) (*XDP, error) {
 // frames, their owners and the rings are shared; each side resyncs its
 // cached view when it takes over (Resync).
 func AttachXDP(umemFD, sockFD int, cfg XDPConfig) (*XDP, error) {
-	if cfg.FrameSize == 0 {
-		cfg.FrameSize = 2048
-	}
-	if cfg.FrameCount == 0 {
-		cfg.FrameCount = 4096
-	}
-	if cfg.RingSize == 0 {
-		cfg.RingSize = 2048
-	}
-	if cfg.FillDepth == 0 {
-		cfg.FillDepth = 128
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("attach xdp nic: %w", err)
 	}
 	umem, err := xdp.OpenUmem(umemFD, xdp.UmemConfig{FrameSize: cfg.FrameSize, FrameCount: cfg.FrameCount, MetaSize: PoolMetaSize(cfg.FrameCount)})
 	if err != nil {

@@ -2,7 +2,9 @@ package vnic_test
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/xdp-onload/onload/bpf"
@@ -97,5 +99,25 @@ func TestXDPQueueBusy(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A configuration out of bounds is refused before anything is created,
+// whether the NIC is opened or attached, with the field and its bounds.
+func TestXDPConfigBounds(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  vnic.XDPConfig
+		want string
+	}{
+		{vnic.XDPConfig{Interface: "lo", FrameCount: 1}, "frame count 1: must be from 2 to"},
+		{vnic.XDPConfig{Interface: "lo", FrameCount: vnic.MaxFrames + 1}, fmt.Sprintf("frame count %d: must be from 2 to %d", vnic.MaxFrames+1, vnic.MaxFrames)},
+		{vnic.XDPConfig{Interface: "lo", FillDepth: -1}, "fill depth -1: must be at least 1"},
+	} {
+		if _, err := vnic.OpenXDP(tc.cfg); err == nil || !strings.Contains(err.Error(), "open xdp nic: "+tc.want) {
+			t.Errorf("OpenXDP(%+v): %v, want an error saying %q", tc.cfg, err, tc.want)
+		}
+		if _, err := vnic.AttachXDP(-1, -1, tc.cfg); err == nil || !strings.Contains(err.Error(), "attach xdp nic: "+tc.want) {
+			t.Errorf("AttachXDP(%+v): %v, want an error saying %q", tc.cfg, err, tc.want)
+		}
 	}
 }
