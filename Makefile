@@ -4,6 +4,13 @@
 export PATH := /usr/local/go/bin:$(PATH)
 GO ?= go
 
+# The commit the benchmark's JSON records ("+dirty" with uncommitted
+# changes; empty outside a git checkout).
+COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+ifneq ($(COMMIT),)
+COMMIT := $(COMMIT)$(shell git diff --quiet HEAD -- 2>/dev/null || echo +dirty)
+endif
+
 .PHONY: all build generate docs test bench demo deps clean
 
 all: build
@@ -13,7 +20,7 @@ deps:
 
 build:
 	$(GO) build -o bin/onloadd ./cmd/onloadd
-	$(GO) build -o bin/onload-bench ./test/bench
+	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o bin/onload-bench ./test/bench
 	$(GO) build -o bin/onload-demo ./test/demo
 
 # Rebuild the XDP program and its Go bindings with clang (bpf2go). The

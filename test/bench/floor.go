@@ -45,6 +45,7 @@ type Report struct {
 		Go      string `json:"go"`
 		CPUs    int    `json:"cpus"`
 		Command string `json:"command"`
+		Commit  string `json:"commit,omitempty"` // the revision built, "+dirty" with changes
 	} `json:"run"`
 	Floor struct {
 		FrameBytes int                `json:"frame_bytes"`
@@ -180,6 +181,7 @@ func floorMain(args []string) error {
 	rep.Run.Go = runtime.Version()
 	rep.Run.CPUs = runtime.NumCPU()
 	rep.Run.Command = "make bench"
+	rep.Run.Commit = commit
 	rep.Floor.FrameBytes = 64
 	rep.Floor.Rounds = *rounds
 	for _, c := range []struct{ id, name string }{
@@ -459,6 +461,10 @@ func pct(sorted []float64, p float64) float64 {
 }
 
 func round3(v float64) float64 { return float64(int(v*1000+0.5)) / 1000 }
+
+// commit is the revision the binary was built from, set by the Makefile
+// ("+dirty" when the tree had changes; empty when built another way).
+var commit string
 
 func kernelRelease() string {
 	var u syscall.Utsname
