@@ -52,6 +52,12 @@ func (cfg XDPConfig) withDefaults() (XDPConfig, error) {
 	return cfg, nil
 }
 
+// fillTarget is how many frames the fill ring is kept topped up with: the
+// fill depth, within the ring and half the frames.
+func (cfg XDPConfig) fillTarget() uint32 {
+	return uint32(min(cfg.FillDepth, cfg.RingSize, cfg.FrameCount/2))
+}
+
 // XDP is a NIC over one AF_XDP socket. Its frame pool lives in the UMEM
 // memfd: the frames in the registered part, the pool's descriptors in the
 // region after it, so a process given the memfd sees everything.
@@ -104,7 +110,7 @@ func OpenXDP(cfg XDPConfig) (*XDP, error) {
 	x := &XDP{
 		umem: umem, sock: sock, pool: pool,
 		info:       Info{Name: fmt.Sprintf("%s queue %d", iface.Name, cfg.Queue), Mode: mode, MTU: iface.MTU, MAC: iface.MAC},
-		fillTarget: uint32(min(cfg.FillDepth, cfg.RingSize, cfg.FrameCount/2)),
+		fillTarget: cfg.fillTarget(),
 		zeroCopy:   sock.ZeroCopy(),
 	}
 	x.refill()
@@ -141,7 +147,7 @@ func AttachXDP(umemFD, sockFD int, cfg XDPConfig) (*XDP, error) {
 	x := &XDP{
 		umem: umem, sock: sock, pool: pool,
 		info:       Info{Name: fmt.Sprintf("%s queue %d", cfg.Interface, cfg.Queue), Mode: "xdp (attached)", MTU: 1500},
-		fillTarget: uint32(min(cfg.FillDepth, cfg.RingSize, cfg.FrameCount/2)),
+		fillTarget: cfg.fillTarget(),
 		zeroCopy:   sock.ZeroCopy(),
 	}
 	if iface := sock.Interface(); iface.MTU > 0 {
