@@ -33,17 +33,21 @@ docs:
 	$(GO) run ./cmd/onloadd config -markdown > docs/config.md
 
 # Everything under the race detector with the big transfers and the
-# stress test cut short, then those at full size without it: 64 MiB each
-# way through the engine, 256 MiB each way through net/http and curl, a
-# minute of the no-lost-wake-up stress, 256 MiB each way against the
-# kernel through each fault of the fault injector, the attacks at full
-# size (100,000 spoofed SYNs, a minute of zero window) and the frame-pool
-# pressure test.
+# stress tests cut short, then those at full size without it, one package
+# at a time (the wake-up stress tests time every connection to 50ms, and
+# another package's tests on the same two CPUs would stall them): 64 MiB
+# each way through the engine, 256 MiB each way through net/http and curl,
+# a minute of the no-lost-wake-up stress and 30s of its ping-pong, 256 MiB
+# each way against the kernel through each fault of the fault injector,
+# the attacks at full size (100,000 spoofed SYNs, a minute of zero window)
+# and the frame-pool pressure test. Then short runs of the two fuzzers:
+# hostile frames, and a hostile writer of the shared image.
 test: deps
 	$(GO) vet ./...
 	$(GO) test -race -short -count=1 -timeout 20m ./...
-	$(GO) test -count=1 -timeout 25m -run 'Bulk|StackTCP|Many|HTTP|NoLostWakeup|Faults|Attack|FramePressure' ./stack ./test
+	$(GO) test -p 1 -count=1 -timeout 25m -run 'Bulk|StackTCP|Many|HTTP|NoLostWakeup|Faults|Attack|FramePressure' ./stack ./test
 	$(GO) test -run '^$$' -fuzz FuzzInput -fuzztime 20s ./stack
+	$(GO) test -run '^$$' -fuzz FuzzCorruptImage -fuzztime 20s ./stack
 
 # Writes test/bench/results/bench.json and prints the table the README
 # quotes.

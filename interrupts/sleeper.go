@@ -21,35 +21,40 @@ type Stack interface {
 	NextTimeout() (d time.Duration, ok bool)
 	// Clock is the clock timer deadlines are on, in nanoseconds.
 	Clock() int64
+	// PolledAt is when the stack was last polled (on the Clock).
+	PolledAt() int64
 }
 
 // Policy tunes the spin / arm / sleep cycle.
 type Policy struct {
 	// Spin is how long a goroutine with nothing to do polls the stack
-	// before it parks (0: park at once).
+	// before it parks (0: park at once). One goroutine at a time spins
+	// for the whole stack (TrySpin); the others park at once.
 	Spin time.Duration
-	// Watch is how often the Sleeper looks at a stack that other
-	// goroutines are polling, in case they all stop without parking
-	// (default: Spin, clamped to [1ms, 10ms]).
+	// Watch is how often the Sleeper looks at a stack that goroutines
+	// are polling, in case they all stop without parking (a spinner whose
+	// socket became ready and that does not come back, say): the longest
+	// a parked goroutine can wait for a frame that has arrived (default
+	// 100µs).
 	Watch time.Duration
-	// IRQSpin is how long the Sleeper polls after an interrupt that found
-	// no frame yet: the steering program posts its wake event before the
-	// kernel flushes the frame into the ring (default 100µs).
-	IRQSpin time.Duration
 }
 
-// Bounds of Policy.Spin.
-const MaxSpin = 10 * time.Second
+// Bounds of Policy.Spin and Policy.Watch.
+const (
+	MaxSpin  = 10 * time.Second
+	MinWatch = 10 * time.Microsecond
+	MaxWatch = 10 * time.Millisecond
+)
 
 func (p *Policy) setDefaults() error {
 	if p.Spin < 0 || p.Spin > MaxSpin {
 		return fmt.Errorf("interrupts: spin %v: must be from 0 to %v", p.Spin, MaxSpin)
 	}
 	if p.Watch == 0 {
-		p.Watch = min(max(p.Spin, time.Millisecond), 10*time.Millisecond)
+		p.Watch = 100 * time.Microsecond
 	}
-	if p.IRQSpin == 0 {
-		p.IRQSpin = 100 * time.Microsecond
+	if p.Watch < MinWatch || p.Watch > MaxWatch {
+		return fmt.Errorf("interrupts: watch %v: must be from %v to %v", p.Watch, MinWatch, MaxWatch)
 	}
 	return nil
 }
@@ -68,7 +73,7 @@ type Sleeper struct {
 	src Source
 	pol Policy
 
-	spinners atomic.Int32  // goroutines polling the stack now
+	spinning atomic.Int32  // 1 while a goroutine holds the spin slot
 	parked   atomic.Int32  // goroutines parked, relying on us
 	events   atomic.Uint64 // parks and last-spinner exits: kick reasons
 	state    atomic.Int32
@@ -100,24 +105,33 @@ func Start(st Stack, src Source, p Policy) (*Sleeper, error) {
 // Policy is the policy in force, defaults filled in.
 func (s *Sleeper) Policy() Policy { return s.pol }
 
-// BeginSpin says a goroutine starts polling the stack (spinning on a
-// socket that is not ready); EndSpin that it stopped.
-func (s *Sleeper) BeginSpin() { s.spinners.Add(1) }
+// TrySpin claims the stack's one spin slot for a goroutine about to poll
+// the stack while it waits: false if another goroutine spins already,
+// whose polls wake this one's socket too (it should park at once). A
+// poll serves every socket of the stack, and one spinner per stack
+// leaves the processor to the goroutines that have work.
+func (s *Sleeper) TrySpin() bool { return s.spinning.CompareAndSwap(0, 1) }
 
-// EndSpin: see BeginSpin. The last spinner to stop while goroutines are
-// parked hands the stack back to the Sleeper.
-func (s *Sleeper) EndSpin() {
-	if s.spinners.Add(-1) == 0 && s.parked.Load() > 0 {
-		s.nudge()
-	}
-}
+// EndSpin gives the spin slot back. If the spinner now parks, its Park
+// hands the stack to the Sleeper; if it goes back to its work, the
+// Sleeper's watch finds the stack unattended within Policy.Watch.
+func (s *Sleeper) EndSpin() { s.spinning.Store(0) }
+
+// Spinning reports that a goroutine holds the spin slot.
+func (s *Sleeper) Spinning() bool { return s.spinning.Load() != 0 }
 
 // Park says a goroutine is about to sleep until a poll wakes it; Unpark
-// that it woke. A park makes sure the stack is attended: the Sleeper polls
-// and arms if nobody else is polling.
-func (s *Sleeper) Park() {
+// that it woke. Unless the stack is attended (a goroutine spins, or
+// attended says others will be in the stack soon: goroutines its polls
+// woke that have not run yet), a park makes sure the Sleeper attends it:
+// it polls and arms. (Park and EndSpin each write their word before
+// reading the other's, so one of them sees the other: a parked goroutine
+// is never left with neither a spinner nor a nudged Sleeper.)
+func (s *Sleeper) Park(attended bool) {
 	s.parked.Add(1)
-	s.nudge()
+	if !attended && s.spinning.Load() == 0 {
+		s.nudge()
+	}
 }
 
 // Unpark: see Park.
@@ -212,7 +226,6 @@ func (s *Sleeper) run() {
 		_, stop := sleep(d, nil)
 		return stop
 	}
-	var irqSpinUntil time.Time // polling after an interrupt that found nothing yet
 	for {
 		select {
 		case <-s.stop:
@@ -221,8 +234,23 @@ func (s *Sleeper) run() {
 		}
 		s.state.Store(stRunning)
 		ev0 := s.events.Load()
-		if s.spinners.Load() > 0 {
-			// Somebody polls: no interrupts (seed 001).
+		if s.spinning.Load() != 0 {
+			// Somebody polls: no interrupts (seed 001). But a spinner
+			// yields the processor after every poll, and one that waits
+			// long for it to come back (a busy scheduler serves the
+			// global run queue one goroutine in 61) polls nothing
+			// meanwhile: if nobody has polled for Watch, poll for it.
+			if since := time.Duration(s.st.Clock() - s.st.PolledAt()); since < s.pol.Watch {
+				if watch(ev0, s.pol.Watch-since) {
+					return
+				}
+				continue
+			}
+			if _, frames, _ := s.st.TryPoll(); frames > 0 {
+				s.stats.polls.Add(1)
+				continue
+			}
+			s.stats.polls.Add(1)
 			if watch(ev0, s.pol.Watch) {
 				return
 			}
@@ -234,12 +262,11 @@ func (s *Sleeper) run() {
 		case !polled:
 			// Another thread holds the lock: it polls before it lets go.
 			// Look again shortly, in case it then leaves the stack alone.
-			if watch(ev0, 50*time.Microsecond) {
+			if watch(ev0, min(s.pol.Watch, 50*time.Microsecond)) {
 				return
 			}
 			continue
 		case frames > 0:
-			irqSpinUntil = time.Time{}
 			continue
 		case woken > 0 || s.st.Contended():
 			// The goroutines just woken, or the one waiting for the lock,
@@ -248,16 +275,14 @@ func (s *Sleeper) run() {
 				return
 			}
 			continue
-		case !irqSpinUntil.IsZero() && time.Now().Before(irqSpinUntil):
-			continue // the frame the interrupt announced is on its way
 		}
-		// Arm, then look again: a frame that arrived before the flag was
-		// set posted no event, but it is in the ring. Until the deadline
-		// is known, any timer set wakes us (TimerSet).
+		// Arm, then look again: a frame that arrived before the interrupt
+		// was armed is in the ring (the Source's arm sees it too). Until
+		// the deadline is known, any timer set wakes us (TimerSet).
 		s.wakeAt.Store(math.MaxInt64)
 		s.src.Arm()
 		s.state.Store(stArmed)
-		if s.spinners.Load() > 0 || !s.st.Idle() {
+		if s.spinning.Load() != 0 || !s.st.Idle() {
 			s.src.Disarm()
 			continue
 		}
@@ -268,25 +293,14 @@ func (s *Sleeper) run() {
 			s.src.Disarm()
 			continue
 		}
-		if !irqSpinUntil.IsZero() {
-			// An interrupt came and no frame followed within IRQSpin:
-			// sleep in short stretches until one does.
-			irqSpinUntil = time.Time{}
-			if d < 0 || d > time.Millisecond {
-				d = time.Millisecond
-			}
-		}
 		if d >= 0 {
 			s.wakeAt.Store(s.st.Clock() + int64(d))
 		}
 		s.stats.arms.Add(1)
-		irq, stop := sleep(d, s.src.C())
+		_, stop := sleep(d, s.src.C())
 		s.src.Disarm()
 		if stop {
 			return
-		}
-		if irq {
-			irqSpinUntil = time.Now().Add(s.pol.IRQSpin)
 		}
 	}
 }

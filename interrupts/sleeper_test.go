@@ -56,7 +56,7 @@ func (e *end) wait(t *testing.T, id stack.SockID, want stack.Events, timeout tim
 		if ev := e.st.WaitFor(id, want); ev&want != 0 {
 			return
 		}
-		e.sl.Park()
+		e.sl.Park(false)
 		select {
 		case <-c:
 			e.sl.Unpark()

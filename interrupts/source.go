@@ -4,14 +4,16 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/xdp-onload/onload/bpf"
 	"github.com/xdp-onload/onload/vnic"
 )
 
 // Source is a stack's interrupt line, enabled lazily: armed, it signals
-// once on C when a frame arrives for the stack; disarmed, arrivals cost
-// nothing. Arm and Disarm are cheap (no system call).
+// once on C when a frame can be received, at once if one can be now;
+// disarmed, arrivals cost nothing. Arm makes at most one system call per
+// socket of the stack; Disarm none.
 type Source interface {
 	Arm()
 	Disarm()
@@ -29,31 +31,59 @@ func (s memSource) Disarm()            { s.m.Disarm() }
 func (s memSource) C() <-chan struct{} { return s.m.Interrupts() }
 func (s memSource) Close() error       { return nil }
 
-// Steering is the interrupt line of an AF_XDP stack: its armed flag in the
-// steering program's control array, and the program's wake events, read
-// from ev by a goroutine parked in the runtime's network poller. Events
-// for other stacks are dropped (a process reading the ring serves one
-// stack; onloadd, later, all of them). Close closes ev.
-func Steering(ev *bpf.EventReader, ctl bpf.Control, id bpf.StackID) Source {
-	s := &steeringSource{ev: ev, ctl: ctl, id: id, c: make(chan struct{}, 1), done: make(chan struct{})}
-	go s.read()
-	return s
+// Steering is the interrupt line of an AF_XDP stack: its armed flag in
+// the steering program's control array, and the readiness of its AF_XDP
+// sockets (xsks, their file descriptors). Arming sets the flag and asks
+// the kernel for one readiness signal; the signal comes when a frame is in
+// an RX ring, which the steering program's wake event cannot promise (it
+// is posted before the driver flushes the frame into the ring). The flag
+// stays, for whoever reads the steering program's wake events: ev, when
+// not nil, is that reader (a standalone process owns the program, and
+// drains the ring so that it does not fill); its events for other stacks
+// are dropped. Close closes ev.
+func Steering(ev *bpf.EventReader, ctl bpf.Control, id bpf.StackID, xsks ...int) (Source, error) {
+	r, err := newReadiness(xsks)
+	if err != nil {
+		return nil, err
+	}
+	s := &steeringSource{ev: ev, ctl: ctl, id: id, r: r, done: make(chan struct{})}
+	if ev != nil {
+		go s.drain()
+	} else {
+		close(s.done)
+	}
+	return s, nil
 }
 
 type steeringSource struct {
 	ev   *bpf.EventReader
 	ctl  bpf.Control
 	id   bpf.StackID
-	c    chan struct{}
+	r    *readiness
 	done chan struct{}
 	once sync.Once
+
+	events atomic.Uint64 // wake events for this stack, drained
 }
 
-func (s *steeringSource) Arm()               { s.ctl.Arm() }
-func (s *steeringSource) Disarm()            { s.ctl.Disarm() }
-func (s *steeringSource) C() <-chan struct{} { return s.c }
+// Arm sets the armed flag, then enables the readiness signal: a signal
+// left over from an earlier arm is dropped first, for this arm's check
+// of the rings supersedes it.
+func (s *steeringSource) Arm() {
+	select {
+	case <-s.r.c:
+	default:
+	}
+	s.ctl.Arm()
+	s.r.arm()
+}
 
-func (s *steeringSource) read() {
+func (s *steeringSource) Disarm()            { s.ctl.Disarm() }
+func (s *steeringSource) C() <-chan struct{} { return s.r.c }
+
+// drain reads the wake-event ring so that it never fills; readiness, not
+// the events, wakes the stack.
+func (s *steeringSource) drain() {
 	defer close(s.done)
 	for {
 		if err := s.ev.Wait(); err != nil {
@@ -64,10 +94,7 @@ func (s *steeringSource) read() {
 		}
 		for _, e := range s.ev.TakePending() {
 			if e.Stack == s.id {
-				select {
-				case s.c <- struct{}{}:
-				default:
-				}
+				s.events.Add(1)
 			}
 		}
 	}
@@ -77,8 +104,11 @@ func (s *steeringSource) Close() error {
 	var err error
 	s.once.Do(func() {
 		s.ctl.Disarm()
-		err = s.ev.Close()
+		if s.ev != nil {
+			err = s.ev.Close()
+		}
 		<-s.done
+		err = errors.Join(err, s.r.close())
 	})
 	return err
 }

@@ -88,7 +88,11 @@ func Open(cfg Config) (*Stack, error) {
 	if err != nil {
 		return fail(err)
 	}
-	irq := interrupts.Steering(ev, ctl, standaloneStack)
+	irq, err := interrupts.Steering(ev, ctl, standaloneStack, nic.FD())
+	if err != nil {
+		ev.Close()
+		return fail(err)
+	}
 	undo = append(undo, irq.Close)
 	s, err := newStack(nic, irq, sc, cfg, stack.Options{
 		Filters:  stack.SteeringFilters{Steering: steer, Stack: standaloneStack},

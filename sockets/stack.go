@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +22,7 @@ import (
 // ListenConfig.Stack.
 type Stack struct {
 	st    *stack.Stack
+	nic   vnic.NIC
 	sl    *interrupts.Sleeper
 	cfg   Config
 	spin  time.Duration
@@ -37,6 +39,7 @@ type Stack struct {
 	closing chan struct{}
 
 	inflight atomic.Int64 // calls into the engine now
+	wakes    wakes        // the stack's wake-ups, rationed
 	closed   atomic.Bool
 
 	mu       sync.Mutex
@@ -82,7 +85,7 @@ func newStack(nic vnic.NIC, irq interrupts.Source, sc stack.Config, cfg Config, 
 	if sc.Congestion == "" {
 		sc.Congestion = cfg.Congestion
 	}
-	s := &Stack{cfg: cfg, spin: cfg.Spin, addr: sc.Addr, gw: sc.Gateway, closing: make(chan struct{})}
+	s := &Stack{nic: nic, cfg: cfg, spin: cfg.Spin, addr: sc.Addr, gw: sc.Gateway, closing: make(chan struct{})}
 	opt.Wake = s.wake
 	st, err := stack.New(nic, sc, opt)
 	if err != nil {
@@ -90,6 +93,7 @@ func newStack(nic vnic.NIC, irq interrupts.Source, sc stack.Config, cfg Config, 
 	}
 	s.st = st
 	s.waits = make([]atomic.Pointer[waitq], st.Capacity())
+	s.wakes.init(st.Capacity(), runtime.GOMAXPROCS(0))
 	s.sl, err = interrupts.Start(st, irq, interrupts.Policy{Spin: cfg.Spin})
 	if err != nil {
 		st.Destroy()
@@ -111,9 +115,7 @@ func (s *Stack) Sleeper() *interrupts.Sleeper { return s.sl }
 // wake is the engine's Wake callback: it runs under the stack lock.
 func (s *Stack) wake(id stack.SockID) {
 	if i := id.Slot(); i < len(s.waits) {
-		if w := s.waits[i].Load(); w != nil {
-			w.wake()
-		}
+		s.wakes.post(s, i)
 	}
 }
 
@@ -226,5 +228,25 @@ func (s *Stack) Dump() string {
 		return "stack closed"
 	}
 	defer s.leave()
-	return fmt.Sprintf("%ssleeper %+v armed=%v\n", s.st.Dump(), s.sl.Stats(), s.sl.Armed())
+	var ks string
+	if x, ok := s.nic.(*vnic.XDP); ok {
+		if st, err := x.Socket().Stats(); err == nil {
+			sk := x.Socket()
+			ks = fmt.Sprintf("xsk %+v rings: rx %d fill %d tx %d completion %d\n", st,
+				sk.RX.Pending(), sk.Fill.Pending(), sk.TX.Pending(), sk.Completion.Pending())
+		}
+	}
+	s.wakes.mu.Lock()
+	wk := fmt.Sprintf("wakes: %d woken not yet run (limit %d), %d queued", s.wakes.backlog.Load(), s.wakes.limit, s.wakes.n)
+	s.wakes.mu.Unlock()
+	for i := range s.waits {
+		if w := s.waits[i].Load(); w != nil {
+			w.mu.Lock()
+			if w.n > 0 {
+				wk += fmt.Sprintf(" [slot %d: %d asleep]", i, w.n)
+			}
+			w.mu.Unlock()
+		}
+	}
+	return fmt.Sprintf("%snic %+v\n%ssleeper %+v armed=%v spinning=%v\n%s\n", s.st.Dump(), s.nic.Stats(), ks, s.sl.Stats(), s.sl.Armed(), s.sl.Spinning(), wk)
 }

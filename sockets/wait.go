@@ -11,9 +11,12 @@ import (
 // waitq is where goroutines sleep on one socket: a channel closed by the
 // stack's Wake callback (from whichever goroutine polled) and replaced by
 // the next sleeper. Closing wakes every sleeper at once; each re-checks.
+// It counts its sleepers, so that the stack knows how many goroutines
+// its wakes made ready (wakes.backlog).
 type waitq struct {
 	mu sync.Mutex
 	ch chan struct{}
+	n  int32 // goroutines asleep on ch
 }
 
 // prepare returns the channel the next wake closes. Take it before asking
@@ -28,15 +31,40 @@ func (w *waitq) prepare() <-chan struct{} {
 	return c
 }
 
-// wake wakes every goroutine sleeping on w. It never blocks: it runs under
-// the stack lock.
-func (w *waitq) wake() {
+// sleep counts the caller asleep on ch; false if ch was closed already.
+func (w *waitq) sleep(ch <-chan struct{}) bool {
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch == nil || (<-chan struct{})(w.ch) != ch {
+		return false
+	}
+	w.n++
+	return true
+}
+
+// leave takes the caller, awake, off ch, and reports whether a wake
+// closed ch (the caller was counted in the backlog).
+func (w *waitq) leave(ch <-chan struct{}) (woken bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch != nil && (<-chan struct{})(w.ch) == ch {
+		w.n--
+		return false
+	}
+	return true
+}
+
+// wake wakes every goroutine sleeping on w and says how many. It never
+// blocks: it runs under the stack lock.
+func (w *waitq) wake() int32 {
+	w.mu.Lock()
+	n := w.n
 	if w.ch != nil {
 		close(w.ch)
-		w.ch = nil
+		w.ch, w.n = nil, 0
 	}
 	w.mu.Unlock()
+	return n
 }
 
 // deadline is one direction's deadline (SetReadDeadline and the like):
@@ -102,8 +130,10 @@ func (d *deadline) done() <-chan struct{} {
 	return d.ch
 }
 
-// spin is one blocking call's spin phase: it starts on the first wait and
-// ends when the spin time is up or the call returns.
+// spin is one blocking call's spin phase: it starts on the first wait if
+// no other goroutine spins on the stack, and ends when the spin time is up,
+// when the stack's polls have woken goroutines that wait for a processor,
+// or when the call returns.
 type spin struct {
 	until    stack.Mono
 	started  bool
@@ -119,23 +149,33 @@ func (sp *spin) end() {
 }
 
 // await blocks the calling goroutine until socket c may be ready for want,
-// its deadline passes, or it is closed: first polling the stack for the
-// spin time, then asleep with the stack's interrupt armed. It returns nil
-// to ask the caller to try its operation again; the caller re-checks
-// closure and the deadline. retry, if not 0, bounds the sleep: a send
-// waiting for frames to come back to the pool wakes no socket.
+// its deadline passes, or it is closed. It returns nil to ask the caller
+// to try its operation again; the caller re-checks closure and the
+// deadline. retry, if not 0, bounds the sleep: a send waiting for frames
+// to come back to the pool wakes no socket.
+//
+// One goroutine per stack spins (Sleeper.TrySpin): it polls the stack, for
+// every socket, while nothing it woke waits for a processor. Once its
+// polls have made other goroutines ready, it parks too: they have the work,
+// and when they wait again one of them spins. Every other waiter parks at
+// once. With many connections and few processors, a spinner per
+// connection, or one that kept spinning while the goroutines it woke
+// waited, would take the processor from the goroutines with work; and a
+// spinner that yields (runtime.Gosched) goes to the back of the
+// scheduler's global run queue, which a busy scheduler serves one
+// goroutine in 61. A goroutine alone on its stack spins on its own socket
+// for the spin time: the one-connection latency win.
 func (c *sock) await(sp *spin, want stack.Events, dl *deadline, retry time.Duration) {
 	s := c.stk
 	if !sp.started {
 		sp.started, sp.stk = true, s
-		if s.spin > 0 {
+		if s.spin > 0 && !s.wakes.busy() && s.sl.TrySpin() {
 			sp.until = stack.Now() + stack.Mono(s.spin)
 			sp.spinning = true
-			s.sl.BeginSpin()
 		}
 	}
 	if sp.spinning {
-		if stack.Now() < sp.until {
+		if !s.wakes.busy() && stack.Now() < sp.until {
 			if s.enter() {
 				s.st.Poll()
 				s.leave()
@@ -150,10 +190,12 @@ func (c *sock) await(sp *spin, want stack.Events, dl *deadline, retry time.Durat
 	}
 	ev := s.st.WaitFor(c.id, want)
 	s.leave()
-	if ev != 0 {
+	if ev != 0 || !c.wq.sleep(ch) {
 		return
 	}
-	s.sl.Park()
+	// The goroutines the stack woke and that have not run yet attend the
+	// stack when they do: the Sleeper is needed only if there are none.
+	s.sl.Park(s.wakes.busy())
 	var dch <-chan struct{}
 	if dl != nil {
 		dch = dl.done()
@@ -172,4 +214,7 @@ func (c *sock) await(sp *spin, want stack.Events, dl *deadline, retry time.Durat
 	case <-again:
 	}
 	s.sl.Unpark()
+	if c.wq.leave(ch) {
+		s.wakes.ran(s)
+	}
 }

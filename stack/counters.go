@@ -26,6 +26,7 @@ type Counters struct {
 	RxTCPBadHeader   uint64 // TCP header truncated or data offset wrong: dropped
 	RxTCPNoSocket    uint64 // TCP to a port nobody has: answered with a reset
 	RxTCPOutOfWindow uint64 // segments outside the receive window: acknowledged and dropped
+	RxTCPPAWS        uint64 // segments with a timestamp older than the last (RFC 7323 PAWS): acknowledged and dropped
 	RxTCPOutOfOrder  uint64 // segments queued out of order
 	RxTCPDuplicate   uint64 // segments whose data was all received already
 	RxTCPBufferFull  uint64 // data dropped: receive buffer full

@@ -264,12 +264,18 @@ func AttachImage(fd int) (*Image, error) {
 // view makes the slices over the regions, checking that they fit.
 func (img *Image) view() error {
 	h := img.hdr
-	end := func(off, n, size uint64) uint64 { return off + n*size }
-	if h.sockets < 1 || h.sockets > maxSockets || h.buckets == 0 || h.buckets&(h.buckets-1) != 0 || h.neighs != neighEntries ||
-		end(h.offSockets, uint64(h.sockets), uint64(unsafe.Sizeof(sock{}))) > h.offBuckets ||
-		end(h.offBuckets, uint64(h.buckets), 4) > h.offNeigh ||
-		end(h.offNeigh, uint64(h.neighs), uint64(unsafe.Sizeof(neighbour{}))) > h.offTimers ||
-		h.offTimers >= uint64(len(img.mem)) || h.tickNs == 0 {
+	size := uint64(len(img.mem))
+	// fits: n items of sz bytes from off lie within the image, worked out
+	// without overflow (the header is the writer's word, and a hostile
+	// one can make off+n*sz wrap).
+	fits := func(off, n, sz uint64) bool {
+		return off <= size && off%8 == 0 && n <= (size-off)/sz
+	}
+	if h.sockets < 1 || h.sockets > maxSockets || h.buckets == 0 || h.buckets > 2*maxSockets || h.buckets&(h.buckets-1) != 0 || h.neighs != neighEntries ||
+		!fits(h.offSockets, uint64(h.sockets), uint64(unsafe.Sizeof(sock{}))) || h.offSockets < uint64(unsafe.Sizeof(header{})) ||
+		!fits(h.offBuckets, uint64(h.buckets), 4) || h.offBuckets < h.offSockets+uint64(h.sockets)*uint64(unsafe.Sizeof(sock{})) ||
+		!fits(h.offNeigh, uint64(h.neighs), uint64(unsafe.Sizeof(neighbour{}))) || h.offNeigh < h.offBuckets+uint64(h.buckets)*4 ||
+		h.offTimers >= size || h.offTimers < h.offNeigh+uint64(h.neighs)*uint64(unsafe.Sizeof(neighbour{})) || h.tickNs == 0 {
 		return errors.New("stack image header is inconsistent")
 	}
 	img.socks = unsafe.Slice((*sock)(unsafe.Pointer(&img.mem[h.offSockets])), h.sockets)

@@ -141,13 +141,19 @@ func (s *Stack) queueTxLocked(h vnic.Handle) {
 	}
 }
 
-// flushLocked hands the batch to the NIC. Frames the ring had no room for
-// are dropped and counted: the protocols above recover (TCP retransmits).
+// flushLocked hands the batch to the NIC: the lent frames (TCP segments
+// kept for retransmission), then the others, which were all built after
+// them (transmitSegLocked flushes the others before it lends a frame).
+// Frames the ring had no room for are dropped and counted: the protocols
+// above recover (TCP retransmits).
 func (s *Stack) flushLocked() {
 	c := &s.img.hdr.counters
 	if len(s.txKeep) > 0 {
 		// Lent frames stay on their send queues: those the ring refuses
 		// become unsent again, to go with the next output.
+		for _, h := range s.txKeep {
+			s.pool.SetAux(h, auxFlags, s.pool.Aux(h, auxFlags)&^afQueued)
+		}
 		n, _ := s.nic.TransmitKeep(s.txKeep)
 		c.TxFrames += uint64(n)
 		for _, h := range s.txKeep[n:] {

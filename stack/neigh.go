@@ -69,10 +69,10 @@ func (s *Stack) setNeighbourLocked(a [4]byte, mac [6]byte) bool {
 // resolvedLocked marks an entry valid and sends the frames that waited.
 func (s *Stack) resolvedLocked(e *neighbour, mac [6]byte) {
 	if e.state == neighIncomplete {
-		s.img.hdr.neighWait--
+		s.img.hdr.neighWait -= min(s.img.hdr.neighWait, 1)
 	}
 	e.mac, e.state = mac, neighValid
-	for h := e.pendHead; h != vnic.Null; {
+	for h, steps := e.pendHead, 0; h != vnic.Null && !s.overWalkLocked(steps); steps++ {
 		next := s.pool.Next(h)
 		if b := s.pool.Data(h); len(b) >= 6 {
 			copy(b[0:6], mac[:])
@@ -133,7 +133,7 @@ func (s *Stack) holdLocked(e *neighbour, h vnic.Handle) {
 		old := e.pendHead
 		e.pendHead = s.pool.Next(old)
 		s.pool.Free(old)
-		e.npending--
+		e.npending -= min(e.npending, 1)
 		s.img.hdr.counters.TxNoNeighbour++
 	}
 	s.pool.SetNext(h, vnic.Null)
@@ -174,7 +174,7 @@ func (s *Stack) neighTimerLocked() {
 				h = next
 			}
 			*e = neighbour{addr: e.addr, state: neighFailed, since: now}
-			hd.neighWait--
+			hd.neighWait -= min(hd.neighWait, 1)
 		}
 	}
 	if hd.neighWait > 0 {

@@ -2,6 +2,7 @@ package stack
 
 import (
 	"net/netip"
+	"sync/atomic"
 
 	"github.com/xdp-onload/onload/vnic"
 )
@@ -284,8 +285,10 @@ func (s *Stack) nothingToRecv(id SockID) bool {
 		return false
 	}
 	sk := &s.img.socks[idx]
-	if sk.gen != id.gen() || sk.kind != kindTCP || sk.state != tcpEstablished ||
-		sk.rcvHead != vnic.Null || sk.err != 0 || sk.tflags&(tfRcvFin|tfShutRd|tfOrphan) != 0 {
+	// Each word read atomically: the lock holder may be writing it.
+	if atomic.LoadUint32(&sk.gen) != id.gen() || sk.racyKind() != kindTCP || sk.racyState() != tcpEstablished ||
+		vnic.Handle(atomic.LoadUint32((*uint32)(&sk.rcvHead))) != vnic.Null || atomic.LoadUint32(&sk.err) != 0 ||
+		atomic.LoadUint32(&sk.tflags)&(tfRcvFin|tfShutRd|tfOrphan) != 0 {
 		return false
 	}
 	return s.idle()

@@ -8,7 +8,8 @@ import "github.com/xdp-onload/onload/timers"
 // returns 0 at once. It returns the number of frames it took in.
 func (s *Stack) Poll() int {
 	// A busy-poller's idle polls end here, without the lock.
-	if s.idle() {
+	if now := s.fast.nowRacy(); s.nic.Idle() && !s.img.wheel.MayBeDue(s.toTicks(now)) {
+		s.polledAt.Store(now)
 		return 0
 	}
 	if !s.img.hdr.lock.LockOrDefer(DeferPoll) {
@@ -16,13 +17,14 @@ func (s *Stack) Poll() int {
 	}
 	s.lockedLocked()
 	n := s.pollLocked()
-	s.unlock()
+	s.unlockTried()
 	return n
 }
 
 func (s *Stack) pollLocked() int {
 	n := s.nic.Receive(s.rx)
 	s.setClock(s.fast.now()) // a poll always needs it: timers
+	s.polledAt.Store(s.nowNs)
 	for _, h := range s.rx[:n] {
 		s.inputLocked(h)
 	}
@@ -72,3 +74,8 @@ func (s *Stack) timerLocked(id timers.ID) {
 func (s *Stack) idle() bool {
 	return s.nic.Idle() && !s.img.wheel.MayBeDue(s.toTicks(s.fast.nowRacy()))
 }
+
+// PolledAt is when a thread of this process last polled the stack, or
+// looked and found nothing to do, on the Clock: whoever watches for a
+// poller that stopped (the Sleeper) reads it without the lock.
+func (s *Stack) PolledAt() int64 { return s.polledAt.Load() }

@@ -3,6 +3,7 @@ package stack
 import (
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/xdp-onload/onload/vnic"
@@ -83,6 +84,18 @@ type sock struct {
 	ipSum, phSum uint16
 
 	tcb // TCP's part; zero for UDP
+}
+
+// racyKind and racyState read the socket's kind and TCP state without the
+// lock, for hints: atomically, through the 32-bit words that hold them.
+func (sk *sock) racyKind() uint8 {
+	w := atomic.LoadUint32((*uint32)(unsafe.Pointer(&sk.kind)))
+	return (*[4]uint8)(unsafe.Pointer(&w))[0]
+}
+
+func (sk *sock) racyState() uint8 {
+	w := atomic.LoadUint32((*uint32)(unsafe.Pointer(&sk.tcb.state)))
+	return (*[4]uint8)(unsafe.Pointer(&w))[0]
 }
 
 // sockLocked resolves id to its slot, or returns ErrBadSocket. It is the
@@ -171,7 +184,7 @@ func (s *Stack) freeSockLocked(sk *sock) {
 	}
 	*sk = sock{gen: gen, next: h.sockFree}
 	h.sockFree = idx
-	h.sockInUse--
+	h.sockInUse -= min(h.sockInUse, 1)
 }
 
 // tupleHash spreads a connection's 4-tuple over the buckets.

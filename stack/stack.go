@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync"
 	"sync/atomic"
 
 	"github.com/xdp-onload/onload/timers"
@@ -84,6 +85,9 @@ type Stack struct {
 
 	wake  func(SockID) // Options.Wake
 	woken int          // sleepers woken since TryPoll began
+
+	polledAt atomic.Int64 // see PolledAt
+	mu       sync.Mutex   // this process's goroutines queue here for the lock (see lock)
 }
 
 // rxBudget is how many frames one poll takes from the NIC.
@@ -157,7 +161,17 @@ func (s *Stack) Counters() Counters {
 	return s.img.hdr.counters
 }
 
+// lock takes the stack lock, waiting for it. The goroutines of this
+// process queue on the handle's mutex first, so that at most one of them
+// waits on the image's lock word (which sleeps in futex_wait, holding an
+// OS thread): Go's mutex parks the rest in the scheduler, and hands the
+// lock on in order once a waiter has waited a millisecond. A crowd of
+// goroutines in futex_wait came back one by one through the scheduler's
+// global run queue, and some waited tens of milliseconds for the lock.
+// Polls take the word alone, by trylock (Poll, TryPoll): whoever holds it
+// does their work.
 func (s *Stack) lock() {
+	s.mu.Lock()
 	s.img.hdr.lock.Lock()
 	s.lockedLocked()
 }
@@ -176,6 +190,13 @@ func (s *Stack) lockedLocked() {
 
 // unlock does the work others deferred to us, then lets the lock go.
 func (s *Stack) unlock() {
+	s.unlockTried()
+	s.mu.Unlock()
+}
+
+// unlockTried lets go of a lock taken by trylock (LockOrDefer), which
+// holds the image's word only.
+func (s *Stack) unlockTried() {
 	raceRelease(&s.raceHB)
 	s.img.hdr.lock.Unlock(s.deferredLocked)
 }

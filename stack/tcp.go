@@ -236,6 +236,7 @@ const (
 	afSacked        = 1 << 2 // covered by a SACK block
 	afLost          = 1 << 3 // marked lost
 	afRexmit        = 1 << 4 // marked lost, and retransmitted since
+	afQueued        = 1 << 5 // in this lock hold's transmit batch (txKeep), not yet the NIC's
 	afSlotShift     = 8
 )
 

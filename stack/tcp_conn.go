@@ -172,7 +172,7 @@ func (s *Stack) establishedChildLocked(child *sock) {
 		s.tcpCloseFinalLocked(child)
 		return
 	}
-	l.synLen--
+	l.synLen -= min(l.synLen, 1)
 	if l.acceptLen >= l.backlog {
 		s.img.hdr.counters.TCPListenDrops++
 		s.controlLocked(child, flagRST, child.sndNxt)
@@ -225,7 +225,7 @@ func (s *Stack) Accept(id SockID) (SockID, error) {
 	if l.acceptHead == noSlot {
 		l.acceptTail = noSlot
 	}
-	l.acceptLen--
+	l.acceptLen -= min(l.acceptLen, 1)
 	child.acceptNext, child.parent = noSlot, noSlot
 	child.tflags &^= tfInAcceptQ | tfOrphan
 	child.tflags |= tfAccepted
@@ -243,7 +243,7 @@ func (s *Stack) unlinkAcceptLocked(l, child *sock) {
 			if l.acceptTail == idx {
 				l.acceptTail = prev
 			}
-			l.acceptLen--
+			l.acceptLen -= min(l.acceptLen, 1)
 			break
 		}
 		if *link >= uint32(len(s.img.socks)) {
@@ -320,7 +320,7 @@ func (s *Stack) tcpCloseFinalLocked(sk *sock) {
 			if sk.tflags&tfInAcceptQ != 0 {
 				s.unlinkAcceptLocked(l, sk)
 			} else if sk.state == tcpSynReceived && l.synLen > 0 {
-				l.synLen--
+				l.synLen -= min(l.synLen, 1)
 			}
 		}
 	}

@@ -205,7 +205,7 @@ func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bo
 	// PAWS (RFC 7323 5.3): a segment with an older timestamp is a
 	// duplicate from an earlier life of the sequence space.
 	if sk.tflags&tfTSOK != 0 && g.opts.ts && g.flags&flagRST == 0 && int32(g.opts.tsVal-sk.tsRecent) < 0 {
-		c.RxTCPOutOfWindow++
+		c.RxTCPPAWS++
 		sk.tflags |= tfAckNow
 		return
 	}

@@ -96,11 +96,18 @@ func (s *Stack) tcpRecvLocked(sk *sock, buf []byte, peek bool) (int, error) {
 	p := s.pool
 	done := 0
 	h := sk.rcvHead
-	for done < len(buf) && h != vnic.Null {
+	// The queue holds rcvFrames frames: a walk that finds more is going
+	// round a cycle a writer of the shared memory made.
+	limit := min(int(sk.rcvFrames), s.walkLimit())
+	for steps := 0; done < len(buf) && h != vnic.Null; steps++ {
 		f, ok := p.Frame(h)
 		if !ok {
 			s.img.hdr.counters.ImageCorrupt++
 			sk.rcvHead, sk.rcvTail, sk.rcvBytes, sk.rcvFrames = vnic.Null, vnic.Null, 0, 0
+			break
+		}
+		if steps >= limit {
+			s.img.hdr.counters.ImageCorrupt++
 			break
 		}
 		d := f.Data()
@@ -114,11 +121,11 @@ func (s *Stack) tcpRecvLocked(sk *sock, buf []byte, peek bool) (int, error) {
 					sk.rcvTail = vnic.Null
 				}
 				sk.rcvBytes -= min(sk.rcvBytes, uint32(n))
-				sk.rcvFrames--
+				sk.rcvFrames -= min(sk.rcvFrames, 1)
 				p.Free(h)
 			} else {
 				p.Trim(h, n, len(d)-n)
-				sk.rcvBytes -= uint32(n)
+				sk.rcvBytes -= min(sk.rcvBytes, uint32(n))
 			}
 		}
 		h = next

@@ -76,6 +76,14 @@ func (s *Stack) rcvWindowLocked(sk *sock, syn bool) uint16 {
 		shift = 0
 	}
 	field := wnd >> shift
+	if field<<shift < cur && field < 0xffff {
+		// The scaled field rounds down; rounded down, a window held
+		// where it is would move its right edge left, and a peer that
+		// sent up to the old edge would number its ACKs at the new one,
+		// behind RCV.NXT, where we drop them with their window updates.
+		// Round up instead, as Linux does (tcp_select_window).
+		field++
+	}
 	if field > 0xffff {
 		field = 0xffff
 	}
@@ -134,7 +142,17 @@ func (s *Stack) controlLocked(sk *sock, flags uint8, seq seqnum.Value) {
 	}
 	var wnd uint16
 	if flags&flagRST == 0 {
+		adv := sk.rcvAdv
 		wnd = s.rcvWindowLocked(sk, flags&flagSYN != 0)
+		if synchronized(sk.state) && seq.LessThan(sk.sndUna) {
+			// A probe (window or keepalive: an old sequence number) is
+			// out of the peer's window: it draws an ACK, and its own
+			// window is dropped with it. What it offers is not
+			// advertised, or a window opened by reading meanwhile would
+			// never be announced, and two peers whose windows closed
+			// would wait for each other's persist timers.
+			sk.rcvAdv = adv
+		}
 	}
 	s.writeHeadersLocked(sk, b, hdrLen)
 	writeTCPTail(t, seq, ack, flags, hdrLen, wnd)
@@ -223,6 +241,11 @@ func (s *Stack) transmitSegLocked(sk *sock, f vnic.Frame, seq seqnum.Value, n in
 		return
 	}
 	buf := f.Buf()
+	if n < 0 || n > len(buf)-txPayload {
+		// The frame's length word (shared memory) is not one we wrote.
+		s.img.hdr.counters.ImageCorrupt++
+		return
+	}
 	payload := buf[txPayload : txPayload+n]
 	room := 40
 	if mss := s.mtu - ipLen - 20; n+room > mss {
@@ -234,7 +257,11 @@ func (s *Stack) transmitSegLocked(sk *sock, f vnic.Frame, seq seqnum.Value, n in
 	// copied.
 	var opts [40]byte
 	optLen := 0
-	inPlace := !f.Busy() && (sk.tflags&tfSackOK == 0 || sk.oooHead == vnic.Null)
+	// A frame the NIC still holds, or queued already in this batch (sent,
+	// then found lost within one poll), is copied, not written over.
+	fl := f.Aux(auxFlags)
+	busy := f.Busy() || fl&afQueued != 0
+	inPlace := !busy && (sk.tflags&tfSackOK == 0 || sk.oooHead == vnic.Null)
 	if inPlace {
 		if sk.tflags&tfTSOK != 0 {
 			optLen = tsOptLen
@@ -251,7 +278,7 @@ func (s *Stack) transmitSegLocked(sk *sock, f vnic.Frame, seq seqnum.Value, n in
 	}
 	wnd := s.rcvWindowLocked(sk, false)
 	out := f
-	if f.Busy() {
+	if busy {
 		// Still in the NIC's hands from the previous send: copy.
 		oh := p.Alloc()
 		if oh == vnic.Null {
@@ -275,15 +302,26 @@ func (s *Stack) transmitSegLocked(sk *sock, f vnic.Frame, seq seqnum.Value, n in
 	l4 := hdrLen + n
 	binary.BigEndian.PutUint16(t[16:], ^checksum.Checksum(t[:l4], fold(uint32(sk.phSum)+uint32(l4))))
 	out.SetData(p.Headroom()+start, len(frame))
-	fl := f.Aux(auxFlags)
 	if fl&afSent != 0 {
 		fl |= afRetransmitted
 		s.img.hdr.counters.TCPRetransmits++
 	}
-	f.SetAux(auxFlags, fl&(1<<afSlotShift-1)|afSent|s.slotOf(sk)<<afSlotShift)
+	fl = fl&(1<<afSlotShift-1) | afSent | s.slotOf(sk)<<afSlotShift
+	if out == f {
+		fl |= afQueued
+	}
+	f.SetAux(auxFlags, fl)
 	f.SetAux(auxTime, s.micros())
 	s.ackSentLocked(sk)
 	if out == f {
+		if len(s.tx) > 0 {
+			// A flush sends the lent frames first: frames built before
+			// this one go now, so that segments leave in the order they
+			// were built. (A pure ACK overtaken by a later segment would
+			// reach the peer as the newer, and its older window would
+			// move the peer's view of our window's edge back.)
+			s.flushLocked()
+		}
 		s.txKeep = append(s.txKeep, h)
 		if len(s.txKeep) == cap(s.txKeep) {
 			s.flushLocked()
@@ -304,6 +342,10 @@ func (s *Stack) splitSendLocked(sk *sock, h vnic.Handle, k int) bool {
 	}
 	n := int(f.Aux(auxLen))
 	if k <= 0 || k >= n || f.Aux(auxFlags)&afSent != 0 {
+		return false
+	}
+	if n > len(f.Buf())-txPayload {
+		s.img.hdr.counters.ImageCorrupt++
 		return false
 	}
 	h2 := p.Alloc()
@@ -356,10 +398,12 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 	flight := sk.flight()
 	limit := sk.sndUna.Add(seqnum.Size(sk.sndWnd))
 	sent := false
-	for h := sk.sndUnsent; h != vnic.Null; h = sk.sndUnsent {
+	for h, steps := sk.sndUnsent, 0; h != vnic.Null; h, steps = sk.sndUnsent, steps+1 {
 		f, ok := p.Frame(h)
-		if !ok {
-			s.img.hdr.counters.ImageCorrupt++
+		if !ok || s.overWalkLocked(steps) {
+			if !ok {
+				s.img.hdr.counters.ImageCorrupt++
+			}
 			sk.sndUnsent = vnic.Null
 			break
 		}

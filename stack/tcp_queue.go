@@ -8,6 +8,23 @@ import (
 	"github.com/xdp-onload/onload/vnic"
 )
 
+// walkLimit bounds every walk over a frame list that frees nothing as it
+// goes: a list of a sound image holds at most the pool's frames, so a
+// longer walk is going round a cycle that a broken or hostile writer of
+// the image made. The walk stops there and the damage is counted
+// (ImageCorrupt). (A walk that frees each frame it passes ends by itself:
+// the freed handle goes stale, and the pool refuses it.)
+func (s *Stack) walkLimit() int { return s.pool.Count() }
+
+// overWalkLocked reports, and counts, a walk that went past walkLimit.
+func (s *Stack) overWalkLocked(steps int) bool {
+	if steps < s.walkLimit() {
+		return false
+	}
+	s.img.hdr.counters.ImageCorrupt++
+	return true
+}
+
 // The out-of-order queue holds segments that arrived ahead of rcvNxt,
 // sorted by sequence number, each frame's data exactly its payload. Owner
 // words: the sequence number and a FIN mark.
@@ -23,7 +40,8 @@ func (s *Stack) oooInsertLocked(sk *sock, h vnic.Handle, seq seqnum.Value, n int
 	p := s.pool
 	var prev vnic.Handle
 	cur := sk.oooHead
-	for steps := uint32(0); cur != vnic.Null && steps <= sk.oooFrames; steps++ {
+	limit := min(int(sk.oooFrames), s.walkLimit())
+	for steps := 0; cur != vnic.Null && steps <= limit; steps++ {
 		cseq := seqnum.Value(p.Aux(cur, auxOOOSeq))
 		if seq.LessThan(cseq) {
 			break
@@ -83,7 +101,7 @@ func (s *Stack) oooDrainLocked(sk *sock) {
 		sk.oooHead = p.Next(h)
 		n := len(p.Data(h))
 		sk.oooBytes -= min(sk.oooBytes, uint32(n))
-		sk.oooFrames--
+		sk.oooFrames -= min(sk.oooFrames, 1)
 		fin := p.Aux(h, auxOOOFin) != 0
 		end := seq.Add(seqnum.Size(n))
 		if end.LessThanEq(sk.rcvNxt) && !(fin && end == sk.rcvNxt) {
@@ -111,7 +129,10 @@ func (s *Stack) oooDrainLocked(sk *sock) {
 func (s *Stack) sackBlocksLocked(sk *sock, out []sackBlock) int {
 	p := s.pool
 	k := 0
-	for h := sk.oooHead; h != vnic.Null && k <= len(out); h = p.Next(h) {
+	for h, steps := sk.oooHead, 0; h != vnic.Null && k <= len(out); h, steps = p.Next(h), steps+1 {
+		if s.overWalkLocked(steps) {
+			break
+		}
 		seq := seqnum.Value(p.Aux(h, auxOOOSeq))
 		end := seq.Add(seqnum.Size(len(p.Data(h))))
 		if k > 0 && !out[k-1].end.LessThan(seq) {
@@ -167,10 +188,13 @@ func (s *Stack) freeSendFrameLocked(h vnic.Handle) {
 // the loop body may mark and transmit frames but not unlink them.
 func (s *Stack) sentFrames(sk *sock) iter.Seq[vnic.Frame] {
 	return func(yield func(vnic.Frame) bool) {
-		for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent; {
+		for h, steps := sk.sndHead, 0; h != vnic.Null && h != sk.sndUnsent; steps++ {
 			f, ok := s.pool.Frame(h)
 			if !ok {
 				s.img.hdr.counters.ImageCorrupt++
+				return
+			}
+			if s.overWalkLocked(steps) {
 				return
 			}
 			h = f.Next()

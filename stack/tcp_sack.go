@@ -67,10 +67,13 @@ func (s *Stack) sackLocked(sk *sock, g *segment, now uint32) (newly uint32, dsac
 	}
 	p := s.pool
 	bi := 0
-	for h := sk.sndHead; h != vnic.Null && h != sk.sndUnsent && bi < n; {
+	for h, steps := sk.sndHead, 0; h != vnic.Null && h != sk.sndUnsent && bi < n; steps++ {
 		f, ok := p.Frame(h)
 		if !ok {
 			c.ImageCorrupt++
+			break
+		}
+		if s.overWalkLocked(steps) {
 			break
 		}
 		next := f.Next()

@@ -93,7 +93,7 @@ func (s *Stack) dequeueRcvLocked(sk *sock) vnic.Handle {
 		sk.rcvTail = vnic.Null
 	}
 	sk.rcvBytes -= min(sk.rcvBytes, uint32(len(s.pool.Data(h))))
-	sk.rcvFrames--
+	sk.rcvFrames -= min(sk.rcvFrames, 1)
 	return h
 }
 

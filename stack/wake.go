@@ -61,7 +61,7 @@ func (s *Stack) TryPoll() (polled bool, frames, woken int) {
 	s.woken = 0
 	frames = s.pollLocked()
 	woken = s.woken
-	s.unlock()
+	s.unlockTried()
 	return true, frames, woken
 }
 

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -228,7 +229,13 @@ func (w *Wheel) Cancel(id ID) {
 // look properly.
 func (w *Wheel) MayBeDue(now Tick) bool {
 	h := w.hdr
-	return h.armedN > 0 && (h.minValid == 0 || h.min <= now || h.cursor <= now && h.min < h.cursor)
+	if atomic.LoadUint32(&h.armedN) == 0 {
+		return false
+	}
+	// Read without the owner's lock, each word atomically: a hint, but
+	// never a torn one.
+	min, cursor := Tick(atomic.LoadUint64((*uint64)(&h.min))), Tick(atomic.LoadUint64((*uint64)(&h.cursor)))
+	return atomic.LoadUint32(&h.minValid) == 0 || min <= now || cursor <= now && min < cursor
 }
 
 // Earliest reads the earliest deadline without the owner's lock, as a
@@ -237,13 +244,13 @@ func (w *Wheel) MayBeDue(now Tick) bool {
 // timer was cancelled or fired) and only NextDeadline can tell.
 func (w *Wheel) Earliest() (t Tick, known, armed bool) {
 	h := w.hdr
-	if h.armedN == 0 {
+	if atomic.LoadUint32(&h.armedN) == 0 {
 		return 0, true, false
 	}
-	if h.minValid == 0 {
+	if atomic.LoadUint32(&h.minValid) == 0 {
 		return 0, false, true
 	}
-	return h.min, true, true
+	return Tick(atomic.LoadUint64((*uint64)(&h.min))), true, true
 }
 
 // Deadline reports when timer id fires, if it is armed.

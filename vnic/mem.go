@@ -37,6 +37,7 @@ type MemConfig struct {
 // hosts would; frames are copied across.
 type Mem struct {
 	pool  *Pool
+	meta  []byte // the pool's metadata (PoolMeta)
 	info  Info
 	out   *wire // frames we send
 	in    *wire // frames we receive
@@ -91,7 +92,7 @@ func NewMemPair(cfg MemConfig) (a, b *Mem, err error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Mem{pool: p, info: Info{Name: "mem " + name, Mode: "memory", MTU: cfg.MTU, MAC: mac}, closed: closed, now: cfg.Now}, nil
+		return &Mem{pool: p, meta: metaBytes, info: Info{Name: "mem " + name, Mode: "memory", MTU: cfg.MTU, MAC: mac}, closed: closed, now: cfg.Now}, nil
 	}
 	if a, err = mk("a", net.HardwareAddr{0x02, 0, 0, 0, 0, 0x0a}); err != nil {
 		return nil, nil, err
@@ -165,16 +166,27 @@ func (m *Mem) transmit(hs []Handle, keep bool) (int, error) {
 		return 0, errClosed
 	}
 	now := m.now()
+	var n uint32
+	var err error
 	for i, h := range hs {
 		data := m.pool.Data(h)
-		if data == nil {
-			m.stats.TxErrors++
-			return i, ErrStale
+		var ferr error
+		switch {
+		case data == nil:
+			ferr = ErrStale
+		case len(data) > m.info.MTU+14:
+			ferr = fmt.Errorf("vnic: %d-byte frame exceeds mtu %d: %w", len(data), m.info.MTU, ErrTooLong)
 		}
-		if len(data) > m.info.MTU+14 {
+		if ferr != nil {
+			// Refused alone: the frames after it still go.
 			m.stats.TxErrors++
-			return i, fmt.Errorf("vnic: %d-byte frame exceeds mtu %d: %w", len(data), m.info.MTU, ErrTooLong)
+			if err == nil {
+				err = ferr
+			}
+			continue
 		}
+		takeFront(hs, n, uint32(i))
+		n++
 		w.line.Send(data, now)
 		w.sent(now)
 		m.stats.TxFrames++
@@ -183,7 +195,7 @@ func (m *Mem) transmit(hs []Handle, keep bool) (int, error) {
 			m.pool.Free(h)
 		}
 	}
-	return len(hs), nil
+	return int(n), err
 }
 
 // Receive delivers the frames whose time has come, in arrival order, into
@@ -218,6 +230,11 @@ func (m *Mem) Receive(hs []Handle) int {
 	}
 	return n
 }
+
+// PoolMeta is the pool's metadata (the frame descriptors with their links
+// and owner words, the free stack): what another process holding the
+// memory could write. Tests of hostile or broken writers use it.
+func (m *Mem) PoolMeta() []byte { return m.meta }
 
 // Interrupts is the channel on which an armed Mem signals, once, that a
 // frame can be received: the in-memory NIC's interrupt line.

@@ -29,9 +29,12 @@ type NIC interface {
 	// Receive moves up to len(hs) received frames into hs and returns how
 	// many. It never blocks.
 	Receive(hs []Handle) int
-	// Transmit queues hs for sending and returns how many it took; those
-	// belong to the NIC now. The rest stay the caller's: the ring was full
-	// (err nil), or hs[n] is not a handle the caller holds (err ErrStale).
+	// Transmit queues hs for sending and returns how many it took, which
+	// it moves to the front of hs in their order: hs[:n] belong to the NIC
+	// now. The rest stay the caller's: the ring was full, or a frame was
+	// refused on its own (not a handle the caller holds: ErrStale; longer
+	// than the MTU: ErrTooLong; busy: ErrBusy), which does not hold back
+	// the frames after it. err names the first refusal.
 	Transmit(hs []Handle) (n int, err error)
 	// TransmitKeep queues hs for sending while the caller keeps them (a
 	// TCP segment stays queued for retransmission): the handles stay

@@ -284,23 +284,31 @@ func (x *XDP) transmit(hs []Handle, keep bool) (int, error) {
 	var n uint32
 	var err error
 	maxLen := x.info.MTU + 14
-	for ; n < got; n++ {
-		f, ok := x.pool.Frame(hs[n])
+	for i := range got {
+		h := hs[i]
+		f, ok := x.pool.Frame(h)
+		var ferr error
 		switch {
 		case !ok:
-			err = ErrStale
+			ferr = ErrStale
 		case f.Len() > maxLen:
-			err = fmt.Errorf("vnic: %d-byte frame exceeds mtu %d: %w", f.Len(), x.info.MTU, ErrTooLong)
+			ferr = fmt.Errorf("vnic: %d-byte frame exceeds mtu %d: %w", f.Len(), x.info.MTU, ErrTooLong)
 		case f.Busy():
-			err = ErrBusy
+			ferr = ErrBusy
 		}
-		if err != nil {
+		if ferr != nil {
+			// Refused alone: the frames after it still go.
 			x.stats.TxErrors++
-			break
+			if err == nil {
+				err = ferr
+			}
+			continue
 		}
+		takeFront(hs, n, i)
 		addr, l := f.toKernel(keep)
 		tx.Set(idx+n, xdp.Desc{Addr: addr, Len: l})
 		x.stats.TxBytes += uint64(l)
+		n++
 	}
 	tx.Cancel(got - n)
 	if n > 0 {
@@ -313,6 +321,18 @@ func (x *XDP) transmit(hs []Handle, keep bool) (int, error) {
 		}
 	}
 	return int(n), err
+}
+
+// takeFront moves hs[i] to hs[n] (n <= i), shifting the refused frames
+// between them up by one: the frames taken stay in their order at the
+// front.
+func takeFront(hs []Handle, n, i uint32) {
+	if n == i {
+		return
+	}
+	h := hs[i]
+	copy(hs[n+1:i+1], hs[n:i])
+	hs[n] = h
 }
 
 // Stats returns the NIC's counters with the kernel's drops folded in.

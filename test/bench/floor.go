@@ -23,17 +23,18 @@ import (
 	"github.com/xdp-onload/onload/test"
 )
 
-// Result is one contender's round-trip times.
+// Result is one contender's round-trip times: p50 and p99 are medians
+// over rounds of each round's own (stats.go).
 type Result struct {
 	ID          string    `json:"id"`
 	Name        string    `json:"name"`
 	P50us       float64   `json:"p50_us"`
 	P99us       float64   `json:"p99_us"`
-	P999us      float64   `json:"p999_us,omitempty"`
 	MinUs       float64   `json:"min_us"`
 	Samples     int       `json:"samples"`
 	Lost        int       `json:"lost"`
 	RoundsP50us []float64 `json:"rounds_p50_us"`
+	RoundsP99us []float64 `json:"rounds_p99_us"`
 	Note        string    `json:"note,omitempty"`
 }
 
@@ -68,6 +69,13 @@ type Report struct {
 		Ratios       map[string]float64 `json:"ratios"`
 		Targets      map[string]float64 `json:"targets"`
 	} `json:"api"`
+	HTTP struct {
+		Rounds  int                `json:"rounds"`
+		Seconds float64            `json:"seconds"`
+		Results []HTTPResult       `json:"results"`
+		Ratios  map[string]float64 `json:"ratios"`
+		Targets map[string]float64 `json:"targets"`
+	} `json:"http"`
 	Goodput struct {
 		Rounds  int                `json:"rounds"`
 		Seconds float64            `json:"seconds"`
@@ -78,7 +86,7 @@ type Report struct {
 
 func floorMain(args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ExitOnError)
-	rounds := fs.Int("rounds", 20, "rounds per contender, interleaved so that drift in a noisy machine hits all alike")
+	nRounds := fs.Int("rounds", 20, "rounds per contender, interleaved so that drift in a noisy machine hits all alike")
 	count := fs.Int("count", 10000, "round trips per round for the AF_XDP and TCP contenders")
 	seconds := fs.Int("sockperf-seconds", 1, "seconds per sockperf round")
 	apiRounds := fs.Int("api-rounds", 5, "rounds of the public API contenders (0: skip them)")
@@ -86,10 +94,21 @@ func floorMain(args []string) error {
 	bulkSeconds := fs.Float64("bulk-seconds", 2, "seconds per bulk transfer")
 	gpRounds := fs.Int("goodput-rounds", 3, "rounds of the goodput contenders on each faulty path (0: skip them)")
 	gpSeconds := fs.Float64("goodput-seconds", 10, "seconds per goodput transfer")
+	httpRounds := fs.Int("http-rounds", 3, "rounds of the net/http server contenders (0: skip them)")
+	httpSeconds := fs.Float64("http-seconds", 5, "seconds per wrk run")
+	httpConns := fs.String("http-conns", "1,32,256", "wrk connection counts, comma-separated")
 	out := fs.String("out", "test/bench/results/bench.json", "where to write the JSON ('' for nowhere)")
 	fs.Parse(args)
-	if *rounds < 1 || *count < 100 || *seconds < 1 || *apiRounds < 0 || *apiCount < 100 || *bulkSeconds < 0.1 || *gpRounds < 0 || *gpSeconds < 1 {
-		return errors.New("-rounds must be at least 1, -count and -api-count at least 100, -sockperf-seconds at least 1, -api-rounds and -goodput-rounds at least 0, -bulk-seconds at least 0.1, -goodput-seconds at least 1")
+	var conns []int
+	for _, f := range strings.Split(*httpConns, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 10000 {
+			return fmt.Errorf("-http-conns %q: want connection counts from 1 to 10000, comma-separated", *httpConns)
+		}
+		conns = append(conns, n)
+	}
+	if *nRounds < 0 || *count < 100 || *seconds < 1 || *apiRounds < 0 || *apiCount < 100 || *bulkSeconds < 0.1 || *gpRounds < 0 || *gpSeconds < 1 {
+		return errors.New("-rounds must be at least 0, -count and -api-count at least 100, -sockperf-seconds at least 1, -api-rounds and -goodput-rounds at least 0, -bulk-seconds at least 0.1, -goodput-seconds at least 1")
 	}
 	for _, tool := range []string{"sockperf", "taskset"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -112,14 +131,8 @@ func floorMain(args []string) error {
 
 	ib := b.Iface0()
 	pinA, pinB := pin(0), pin(1)
-	type acc struct {
-		rtts   []float64
-		lost   int
-		rounds []float64
-	}
-	accs := map[string]*acc{"ours": {}, "asavie": {}, "stack": {}}
-	var kernelRounds []Result
-	for r := range *rounds {
+	accs := map[string]*rounds{"ours": {}, "asavie": {}, "stack": {}, "kernel": {}}
+	for r := range *nRounds {
 		for _, impl := range []string{"ours", "asavie"} {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -128,10 +141,7 @@ func floorMain(args []string) error {
 			if err != nil {
 				return fmt.Errorf("round %d, %s: %w", r+1, impl, err)
 			}
-			ac := accs[impl]
-			ac.rtts = append(ac.rtts, res.RTTs...)
-			ac.lost += res.Lost
-			ac.rounds = append(ac.rounds, pct(res.RTTs, 50))
+			accs[impl].add(res.RTTs, res.Lost)
 			fmt.Fprintf(os.Stderr, "round %d %-7s p50 %6.2f us  p99 %6.2f us\n", r+1, impl, pct(res.RTTs, 50), pct(res.RTTs, 99))
 		}
 		if ctx.Err() != nil {
@@ -141,16 +151,14 @@ func floorMain(args []string) error {
 		if err != nil {
 			return fmt.Errorf("round %d, our tcp: %w", r+1, err)
 		}
-		ac := accs["stack"]
-		ac.rtts = append(ac.rtts, res.RTTs...)
-		ac.rounds = append(ac.rounds, pct(res.RTTs, 50))
+		accs["stack"].add(res.RTTs, 0)
 		fmt.Fprintf(os.Stderr, "round %d stack   p50 %6.2f us  p99 %6.2f us (tcp)\n", r+1, pct(res.RTTs, 50), pct(res.RTTs, 99))
 		sp, err := sockperfRound(ctx, a, b, pinA, pinB, ib.Addr().String(), *seconds)
 		if err != nil {
 			return fmt.Errorf("round %d, sockperf: %w", r+1, err)
 		}
 		fmt.Fprintf(os.Stderr, "round %d kernel  p50 %6.2f us  p99 %6.2f us (sockperf)\n", r+1, sp.P50us, sp.P99us)
-		kernelRounds = append(kernelRounds, sp)
+		accs["kernel"].addPercentiles(sp.P50us, sp.P99us, sp.MinUs, sp.Samples)
 	}
 
 	apiAccs := map[string]*apiAcc{}
@@ -182,50 +190,21 @@ func floorMain(args []string) error {
 	rep.Run.CPUs = runtime.NumCPU()
 	rep.Run.Command = "make bench"
 	rep.Run.Commit = commit
-	rep.Floor.FrameBytes = 64
-	rep.Floor.Rounds = *rounds
-	for _, c := range []struct{ id, name string }{
-		{"ours", "this project's rings (xdp + vnic), AF_XDP busy-poll"},
-		{"asavie", "github.com/asavie/xdp v0.3.3, AF_XDP busy-poll"},
-	} {
-		ac := accs[c.id]
-		slices.Sort(ac.rtts)
-		rep.Floor.Results = append(rep.Floor.Results, Result{
-			ID: "xdp-" + c.id, Name: c.name, Samples: len(ac.rtts), Lost: ac.lost,
-			P50us: pct(ac.rtts, 50), P99us: pct(ac.rtts, 99), P999us: pct(ac.rtts, 99.9), MinUs: pct(ac.rtts, 0),
-			RoundsP50us: ac.rounds,
-		})
+	if *httpRounds > 0 {
+		res, err := httpSection(ctx, self, a, b, pinA, pinB, *httpRounds, conns, *httpSeconds)
+		if err != nil {
+			return fmt.Errorf("http: %w", err)
+		}
+		rep.HTTP.Rounds, rep.HTTP.Seconds, rep.HTTP.Results = *httpRounds, *httpSeconds, res
+		rep.HTTP.Ratios = httpRatios(res)
+		rep.HTTP.Targets = map[string]float64{
+			"c32_sockets_vs_net_requests": 1.3, "c256_sockets_vs_net_requests": 1.3,
+			"c32_sockets_vs_net_p99": 1.0, "c256_sockets_vs_net_p99": 1.0, "c1_sockets_vs_net_p50": 0.6,
+		}
 	}
-	rep.Floor.Results = append(rep.Floor.Results, mergeSockperf(kernelRounds))
-	ours, asv, kern := rep.Floor.Results[0], rep.Floor.Results[1], rep.Floor.Results[2]
-	rep.Floor.Ratios = map[string]float64{
-		"ours_vs_asavie_p50":     round3(ours.P50us / asv.P50us),
-		"ours_vs_asavie_p99":     round3(ours.P99us / asv.P99us),
-		"ours_vs_kernel_tcp_p50": round3(ours.P50us / kern.P50us),
-		// Each round runs both libraries back to back: the median of the
-		// per-round ratios is the least sensitive to the machine's drift.
-		"ours_vs_asavie_p50_median_of_rounds": round3(medianRatio(ours.RoundsP50us, asv.RoundsP50us)),
+	if *nRounds > 0 {
+		floorReport(&rep, *nRounds, accs)
 	}
-	sa := accs["stack"]
-	slices.Sort(sa.rtts)
-	ourTCP := Result{
-		ID: "tcp-ours", Name: "this project's TCP on both ends, busy-poll (64-byte ping-pong)",
-		Samples: len(sa.rtts), P50us: pct(sa.rtts, 50), P99us: pct(sa.rtts, 99), P999us: pct(sa.rtts, 99.9),
-		MinUs: pct(sa.rtts, 0), RoundsP50us: sa.rounds,
-	}
-	rep.TCP.MessageBytes = 64
-	rep.TCP.Rounds = *rounds
-	rep.TCP.Results = []Result{ourTCP, kern, ours}
-	rep.TCP.Ratios = map[string]float64{
-		"ours_tcp_vs_floor_p50":      round3(ourTCP.P50us / ours.P50us),
-		"ours_tcp_vs_kernel_tcp_p50": round3(ourTCP.P50us / kern.P50us),
-		"ours_tcp_vs_kernel_tcp_p99": round3(ourTCP.P99us / kern.P99us),
-		// Each round runs all contenders back to back; the median of the
-		// per-round ratios is the least sensitive to the machine's drift.
-		"ours_tcp_vs_floor_p50_median_of_rounds":      round3(medianRatio(ourTCP.RoundsP50us, ours.RoundsP50us)),
-		"ours_tcp_vs_kernel_tcp_p50_median_of_rounds": round3(medianRatio(ourTCP.RoundsP50us, kern.RoundsP50us)),
-	}
-	rep.TCP.Targets = map[string]float64{"ours_tcp_vs_floor_p50": 1.5, "ours_tcp_vs_kernel_tcp_p50": 0.6}
 	printTable(os.Stdout, &rep)
 	if *out != "" {
 		if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
@@ -238,6 +217,31 @@ func floorMain(args []string) error {
 		fmt.Printf("\nwritten to %s\n", *out)
 	}
 	return nil
+}
+
+func floorReport(rep *Report, n int, accs map[string]*rounds) {
+	rep.Floor.FrameBytes = 64
+	rep.Floor.Rounds = n
+	ours := accs["ours"].result("xdp-ours", "this project's rings (xdp + vnic), AF_XDP busy-poll")
+	asv := accs["asavie"].result("xdp-asavie", "github.com/asavie/xdp v0.3.3, AF_XDP busy-poll")
+	kern := accs["kernel"].result("kernel-tcp", "Linux kernel TCP, sockperf ping-pong --nonblocked --tcp -m 64")
+	kern.Note = "sockperf reports percentiles, not samples: each round's p50 and p99 are sockperf's own"
+	rep.Floor.Results = []Result{ours, asv, kern}
+	rep.Floor.Ratios = map[string]float64{
+		"ours_vs_asavie_p50":     round3(medianRatio(ours.RoundsP50us, asv.RoundsP50us)),
+		"ours_vs_asavie_p99":     round3(medianRatio(ours.RoundsP99us, asv.RoundsP99us)),
+		"ours_vs_kernel_tcp_p50": round3(medianRatio(ours.RoundsP50us, kern.RoundsP50us)),
+	}
+	ourTCP := accs["stack"].result("tcp-ours", "this project's TCP on both ends, busy-poll (64-byte ping-pong)")
+	rep.TCP.MessageBytes = 64
+	rep.TCP.Rounds = n
+	rep.TCP.Results = []Result{ourTCP, kern, ours}
+	rep.TCP.Ratios = map[string]float64{
+		"ours_tcp_vs_floor_p50":      round3(medianRatio(ourTCP.RoundsP50us, ours.RoundsP50us)),
+		"ours_tcp_vs_kernel_tcp_p50": round3(medianRatio(ourTCP.RoundsP50us, kern.RoundsP50us)),
+		"ours_tcp_vs_kernel_tcp_p99": round3(medianRatio(ourTCP.RoundsP99us, kern.RoundsP99us)),
+	}
+	rep.TCP.Targets = map[string]float64{"ours_tcp_vs_floor_p50": 1.5, "ours_tcp_vs_kernel_tcp_p50": 0.6}
 }
 
 // pin returns the taskset prefix that puts a process on cpu, or nothing on
@@ -405,8 +409,6 @@ func parseSockperf(out []byte) (Result, error) {
 			r.P50us = v
 		case 99:
 			r.P99us = v
-		case 99.9:
-			r.P999us = v
 		}
 	}
 	if m := minLine.FindSubmatch(out); m != nil {
@@ -420,47 +422,6 @@ func parseSockperf(out []byte) (Result, error) {
 	}
 	return r, nil
 }
-
-// mergeSockperf combines rounds: sockperf reports percentiles, not
-// samples, so the merged p50 and p99 are the medians of the rounds'.
-func mergeSockperf(rs []Result) Result {
-	m := rs[0]
-	m.Samples = 0
-	var p50, p99, p999, mins []float64
-	for _, r := range rs {
-		p50, p99, p999, mins = append(p50, r.P50us), append(p99, r.P99us), append(p999, r.P999us), append(mins, r.MinUs)
-		m.Samples += r.Samples
-	}
-	m.RoundsP50us = slices.Clone(p50)
-	m.P50us, m.P99us, m.P999us, m.MinUs = median(p50), median(p99), median(p999), slices.Min(mins)
-	m.Note = "percentiles are the median over rounds of sockperf's own percentiles"
-	return m
-}
-
-func medianRatio(a, b []float64) float64 {
-	r := make([]float64, len(a))
-	for i := range a {
-		r[i] = a[i] / b[i]
-	}
-	return median(r)
-}
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-// pct is the p-th percentile of sorted values (nearest rank).
-func pct(sorted []float64, p float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(p / 100 * float64(len(sorted)))
-	return sorted[min(i, len(sorted)-1)]
-}
-
-func round3(v float64) float64 { return float64(int(v*1000+0.5)) / 1000 }
 
 // commit is the revision the binary was built from, set by the Makefile
 // ("+dirty" when the tree had changes; empty when built another way).
@@ -482,28 +443,30 @@ func kernelRelease() string {
 }
 
 func printTable(w io.Writer, rep *Report) {
-	fmt.Fprintf(w, "\nFloor: 64-byte round trip over veth between two test hosts (%d rounds, %s, %d CPUs)\n\n",
-		rep.Floor.Rounds, rep.Run.Kernel, rep.Run.CPUs)
-	fmt.Fprintf(w, "%-62s %9s %9s %9s\n", "", "p50 µs", "p99 µs", "samples")
-	for _, r := range rep.Floor.Results {
-		fmt.Fprintf(w, "%-62s %9.2f %9.2f %9d\n", r.Name, r.P50us, r.P99us, r.Samples)
+	if len(rep.Floor.Results) > 0 {
+		fmt.Fprintf(w, "\nFloor: 64-byte round trip over veth between two test hosts (%d rounds, %s, %d CPUs; medians over rounds of each round's percentiles)\n\n",
+			rep.Floor.Rounds, rep.Run.Kernel, rep.Run.CPUs)
+		fmt.Fprintf(w, "%-62s %9s %9s %9s\n", "", "p50 µs", "p99 µs", "samples")
+		for _, r := range rep.Floor.Results {
+			fmt.Fprintf(w, "%-62s %9.2f %9.2f %9d\n", r.Name, r.P50us, r.P99us, r.Samples)
+		}
+		fmt.Fprintf(w, "\nmedian of per-round ratios: ours / asavie p50 %.3f (target <= 1.0), p99 %.3f; ours / kernel TCP p50 %.3f\n",
+			rep.Floor.Ratios["ours_vs_asavie_p50"], rep.Floor.Ratios["ours_vs_asavie_p99"], rep.Floor.Ratios["ours_vs_kernel_tcp_p50"])
 	}
-	fmt.Fprintf(w, "\nours / asavie p50: %.3f   ours / asavie p99: %.3f   ours / kernel TCP p50: %.3f\n",
-		rep.Floor.Ratios["ours_vs_asavie_p50"], rep.Floor.Ratios["ours_vs_asavie_p99"], rep.Floor.Ratios["ours_vs_kernel_tcp_p50"])
-	if len(rep.TCP.Results) == 0 {
-		return
+	if len(rep.TCP.Results) > 0 {
+		fmt.Fprintf(w, "\nTCP: 64-byte ping-pong over the same veth pair\n\n")
+		fmt.Fprintf(w, "%-62s %9s %9s %9s\n", "", "p50 µs", "p99 µs", "samples")
+		for _, r := range rep.TCP.Results {
+			fmt.Fprintf(w, "%-62s %9.2f %9.2f %9d\n", r.Name, r.P50us, r.P99us, r.Samples)
+		}
+		fmt.Fprintf(w, "\nmedian of per-round ratios: our TCP / floor p50 %.3f (target <= 1.5), our TCP / kernel TCP p50 %.3f (target <= 0.6)\n",
+			rep.TCP.Ratios["ours_tcp_vs_floor_p50"], rep.TCP.Ratios["ours_tcp_vs_kernel_tcp_p50"])
 	}
-	fmt.Fprintf(w, "\nTCP: 64-byte ping-pong over the same veth pair\n\n")
-	fmt.Fprintf(w, "%-62s %9s %9s %9s\n", "", "p50 µs", "p99 µs", "samples")
-	for _, r := range rep.TCP.Results {
-		fmt.Fprintf(w, "%-62s %9.2f %9.2f %9d\n", r.Name, r.P50us, r.P99us, r.Samples)
-	}
-	fmt.Fprintf(w, "\nour TCP / floor p50: %.3f (target <= 1.5)   our TCP / kernel TCP p50: %.3f (target <= 0.6)\n",
-		rep.TCP.Ratios["ours_tcp_vs_floor_p50"], rep.TCP.Ratios["ours_tcp_vs_kernel_tcp_p50"])
-	fmt.Fprintf(w, "median of per-round ratios:  our TCP / floor %.3f   our TCP / kernel TCP %.3f\n",
-		rep.TCP.Ratios["ours_tcp_vs_floor_p50_median_of_rounds"], rep.TCP.Ratios["ours_tcp_vs_kernel_tcp_p50_median_of_rounds"])
 	if len(rep.API.Results) > 0 {
 		printAPI(w, rep)
+	}
+	if len(rep.HTTP.Results) > 0 {
+		printHTTP(w, rep)
 	}
 	if len(rep.Goodput.Results) > 0 {
 		printGoodput(w, rep)

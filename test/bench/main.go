@@ -38,6 +38,8 @@ func main() {
 			err = apiServerMain(os.Args[2:])
 		case "api-client":
 			err = apiClientMain(os.Args[2:])
+		case "http-server":
+			err = httpServerMain(os.Args[2:])
 		default:
 			err = floorMain(os.Args[1:])
 		}

@@ -291,18 +291,24 @@ func testHandles(t *testing.T, p Pair) {
 	}
 	collect(t, p.B, 1)
 
-	// A batch with a bad handle in the middle: the good ones before it go,
-	// the rest stay the caller's.
-	g1, _ := build(t, p.A, p.AEnd, p.BEnd, []byte("g1"))
-	g2, _ := build(t, p.A, p.AEnd, p.BEnd, []byte("g2"))
-	if n, err := p.A.Transmit([]vnic.Handle{g1, h, g2}); n != 1 || !errors.Is(err, vnic.ErrStale) {
-		t.Errorf("transmit [good, stale, good]: %d, %v; want 1, ErrStale", n, err)
+	// A batch with a bad handle in the middle: it is refused alone, the
+	// good ones on both sides go in their order and come to the front.
+	g1, w1 := build(t, p.A, p.AEnd, p.BEnd, []byte("g1"))
+	g2, w2 := build(t, p.A, p.AEnd, p.BEnd, []byte("g2"))
+	batch := []vnic.Handle{g1, h, g2}
+	if n, err := p.A.Transmit(batch); n != 2 || !errors.Is(err, vnic.ErrStale) {
+		t.Errorf("transmit [good, stale, good]: %d, %v; want 2, ErrStale", n, err)
 	}
-	if pool.Data(g2) == nil {
-		t.Error("the frame after the bad handle was taken")
+	if batch[0] != g1 || batch[1] != g2 || batch[2] != h {
+		t.Errorf("after transmit [good, stale, good] the batch is %v, want the two taken in order, then the refused one", batch)
 	}
-	send(t, p.A, []vnic.Handle{g2})
-	collect(t, p.B, 2)
+	if pool.Data(g2) != nil {
+		t.Error("the frame after the bad handle was not taken")
+	}
+	got := collect(t, p.B, 2)
+	if !bytes.Equal(got[0], w1) || !bytes.Equal(got[1], w2) {
+		t.Errorf("frames around the bad handle arrived as %q, %q; want g1 then g2", got[0], got[1])
+	}
 
 	// Forged handles: Null, index out of range, wrong generation.
 	live := pool.Alloc()

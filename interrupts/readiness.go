@@ -1,0 +1,106 @@
+package interrupts
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// readiness is the kernel's own word that a frame is in an AF_XDP
+// socket's RX ring: the socket is readable once the driver has flushed a
+// frame into the ring, and the kernel wakes the socket's waiters at that
+// flush (xsk_flush, then sk_data_ready). The steering program runs before
+// the flush, so its wake event can come before the frame is visible;
+// readiness cannot (docs/ARCHITECTURE.md, "No lost wake-ups").
+//
+// The sockets sit in a private epoll set with EPOLLONESHOT: arm enables
+// them again (EPOLL_CTL_MOD), and the kernel checks the ring at that
+// moment, so a frame flushed before arm is reported at once and one
+// flushed after it by the flush's wake-up. Disarmed, a flush costs the
+// kernel one early return in the epoll callback and wakes nobody. The set
+// itself waits in the Go runtime's network poller: a goroutine blocked on
+// it holds no OS thread.
+type readiness struct {
+	epfd int
+	fds  []int
+	f    *os.File
+	rc   syscall.RawConn
+	c    chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func newReadiness(fds []int) (*readiness, error) {
+	if len(fds) == 0 {
+		return nil, errors.New("interrupts: no socket to watch")
+	}
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("interrupts: epoll_create1: %w", err)
+	}
+	fail := func(what string, err error) (*readiness, error) {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("interrupts: %s: %w", what, err)
+	}
+	for _, fd := range fds {
+		// Registered disabled (no events): the first arm enables it.
+		ev := unix.EpollEvent{Events: unix.EPOLLONESHOT, Fd: int32(fd)}
+		if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+			return fail(fmt.Sprintf("watch socket fd %d", fd), err)
+		}
+	}
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		return fail("set epoll non-blocking", err)
+	}
+	r := &readiness{epfd: epfd, fds: fds, c: make(chan struct{}, 1), done: make(chan struct{})}
+	// A non-blocking descriptor joins the runtime's poller.
+	r.f = os.NewFile(uintptr(epfd), "xsk-readiness")
+	if r.rc, err = r.f.SyscallConn(); err != nil {
+		r.f.Close()
+		return nil, fmt.Errorf("interrupts: %w", err)
+	}
+	go r.run()
+	return r, nil
+}
+
+// arm asks for one signal on c when a socket's RX ring has a frame: at
+// once if one has now.
+func (r *readiness) arm() {
+	for _, fd := range r.fds {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: int32(fd)}
+		// Fails only once the set is closed.
+		unix.EpollCtl(r.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+	}
+}
+
+// run turns the set's readiness into signals on c.
+func (r *readiness) run() {
+	defer close(r.done)
+	var evs [8]unix.EpollEvent
+	for {
+		err := r.rc.Read(func(fd uintptr) bool {
+			n, err := unix.EpollWait(int(fd), evs[:], 0)
+			return n > 0 || (err != nil && err != unix.EINTR)
+		})
+		if err != nil {
+			return // closed
+		}
+		select {
+		case r.c <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (r *readiness) close() error {
+	var err error
+	r.once.Do(func() {
+		err = r.f.Close()
+		<-r.done
+	})
+	return err
+}
