@@ -301,10 +301,21 @@ func (s *Steering) Control(id StackID) (Control, error) {
 }
 
 // Arm asks for one wake event when the next frame for the stack arrives.
-func (c Control) Arm() { atomic.StoreUint32(&c.ctl.Armed, 1) }
+// The word is read by the steering program on every frame for the stack,
+// on whichever CPU receives it: it is written only when it changes, so
+// that a disarmed stack's line stays shared in every cache.
+func (c Control) Arm() {
+	if atomic.LoadUint32(&c.ctl.Armed) != 1 {
+		atomic.StoreUint32(&c.ctl.Armed, 1)
+	}
+}
 
 // Disarm withdraws the request.
-func (c Control) Disarm() { atomic.StoreUint32(&c.ctl.Armed, 0) }
+func (c Control) Disarm() {
+	if atomic.LoadUint32(&c.ctl.Armed) != 0 {
+		atomic.StoreUint32(&c.ctl.Armed, 0)
+	}
+}
 
 // Armed reports whether the stack is armed.
 func (c Control) Armed() bool { return atomic.LoadUint32(&c.ctl.Armed) != 0 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -25,13 +26,14 @@ import (
 // itself waits in the Go runtime's network poller: a goroutine blocked on
 // it holds no OS thread.
 type readiness struct {
-	epfd int
-	fds  []int
-	f    *os.File
-	rc   syscall.RawConn
-	c    chan struct{}
-	done chan struct{}
-	once sync.Once
+	epfd  int
+	fds   []int
+	f     *os.File
+	rc    syscall.RawConn
+	c     chan struct{}
+	done  chan struct{}
+	once  sync.Once
+	armed atomic.Bool // the sockets are enabled in the set: an arm is pending
 }
 
 func newReadiness(fds []int) (*readiness, error) {
@@ -68,8 +70,16 @@ func newReadiness(fds []int) (*readiness, error) {
 }
 
 // arm asks for one signal on c when a socket's RX ring has a frame: at
-// once if one has now.
+// once if one has now. While an earlier arm has not fired, the sockets are
+// still enabled in the set and the kernel will report the next flush: the
+// system call is saved (a Sleeper woken by a timer or a nudge re-arms far
+// more often than frames arrive), and the caller's own check of the rings
+// (Stack.Idle) covers the frames already in them.
 func (r *readiness) arm() {
+	if r.armed.Load() {
+		return
+	}
+	r.armed.Store(true)
 	for _, fd := range r.fds {
 		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: int32(fd)}
 		// Fails only once the set is closed.
@@ -89,6 +99,10 @@ func (r *readiness) run() {
 		if err != nil {
 			return // closed
 		}
+		// The event disabled the socket that reported it (one-shot): the
+		// next arm enables them again. (With several sockets, one that
+		// has not fired stays enabled; enabling it again is harmless.)
+		r.armed.Store(false)
 		select {
 		case r.c <- struct{}{}:
 		default:

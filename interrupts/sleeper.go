@@ -78,6 +78,7 @@ type Sleeper struct {
 	events   atomic.Uint64 // parks and last-spinner exits: kick reasons
 	state    atomic.Int32
 	wakeAt   atomic.Int64 // when an armed Sleeper wakes for a timer (Clock)
+	timer    *time.Timer  // the Sleeper's one timer: watch periods, timer deadlines
 
 	kick chan struct{}
 	stop chan struct{}
@@ -85,7 +86,7 @@ type Sleeper struct {
 	once sync.Once
 
 	stats struct {
-		polls, arms, irqs, timeouts, kicks atomic.Uint64
+		polls, arms, irqs, timeouts, kicks, timerSets atomic.Uint64
 	}
 }
 
@@ -95,9 +96,10 @@ func Start(st Stack, src Source, p Policy) (*Sleeper, error) {
 		return nil, err
 	}
 	s := &Sleeper{
-		st: st, src: src, pol: p,
+		st: st, src: src, pol: p, timer: time.NewTimer(time.Hour),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
+	s.timer.Stop()
 	go s.run()
 	return s, nil
 }
@@ -152,18 +154,37 @@ func (s *Sleeper) nudge() {
 }
 
 // TimerSet tells an armed Sleeper that a timer is due at `at` (on the
-// stack's Clock): if that is before it planned to wake, it wakes now and
-// sleeps again with the new deadline. Whoever arms a timer while the
-// Sleeper sleeps calls it (a retransmission must fire while everyone
-// sleeps).
+// stack's Clock): if that is before it planned to wake, its wake-up moves
+// to `at`. Whoever arms a timer while the Sleeper sleeps calls it (a
+// retransmission must fire while everyone sleeps). The Sleeper is not
+// woken for it: its timer is reset, from here, so that a Write that arms
+// a retransmission timer costs no goroutine switch.
 func (s *Sleeper) TimerSet(at int64) {
-	if s.state.Load() == stArmed && at < s.wakeAt.Load() {
-		select {
-		case s.kick <- struct{}{}:
-			s.stats.kicks.Add(1)
-		default:
+	if s.state.Load() != stArmed {
+		return
+	}
+	for {
+		cur := s.wakeAt.Load()
+		if at >= cur {
+			return
+		}
+		if s.wakeAt.CompareAndSwap(cur, at) {
+			break
 		}
 	}
+	s.stats.timerSets.Add(1)
+	s.resetTimer(at)
+}
+
+// resetTimer sets the Sleeper's timer to fire at `at` (on the Clock), or
+// stops it for math.MaxInt64. The timer is the runtime's: safe to reset
+// from any goroutine.
+func (s *Sleeper) resetTimer(at int64) {
+	if at == math.MaxInt64 {
+		s.timer.Stop()
+		return
+	}
+	s.timer.Reset(time.Duration(at - s.st.Clock()))
 }
 
 // Armed reports that the stack's interrupt is armed: the Sleeper polled
@@ -172,17 +193,18 @@ func (s *Sleeper) Armed() bool { return s.state.Load() == stArmed }
 
 // Stats are the Sleeper's counters.
 type Stats struct {
-	Polls    uint64 // polls the Sleeper made
-	Arms     uint64 // times it armed the interrupt and slept
-	IRQs     uint64 // wake-ups by the interrupt
-	Timeouts uint64 // wake-ups by a due timer (or a watch period)
-	Kicks    uint64 // wake-ups by a parking goroutine
+	Polls     uint64 // polls the Sleeper made
+	Arms      uint64 // times it armed the interrupt and slept
+	IRQs      uint64 // wake-ups by the interrupt
+	Timeouts  uint64 // wake-ups by a due timer (or a watch period)
+	Kicks     uint64 // wake-ups by a parking goroutine
+	TimerSets uint64 // wake-ups moved earlier by a timer armed meanwhile
 }
 
 func (s *Sleeper) Stats() Stats {
 	return Stats{
 		Polls: s.stats.polls.Load(), Arms: s.stats.arms.Load(), IRQs: s.stats.irqs.Load(),
-		Timeouts: s.stats.timeouts.Load(), Kicks: s.stats.kicks.Load(),
+		Timeouts: s.stats.timeouts.Load(), Kicks: s.stats.kicks.Load(), TimerSets: s.stats.timerSets.Load(),
 	}
 }
 
@@ -197,13 +219,11 @@ func (s *Sleeper) Stop() {
 
 func (s *Sleeper) run() {
 	defer close(s.done)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	sleep := func(d time.Duration, irq <-chan struct{}) (irqFired, stop bool) {
-		if d >= 0 {
-			timer.Reset(d)
-			defer timer.Stop()
-		}
+	timer := s.timer
+	// wait sleeps until the timer (set by the caller), the interrupt, a
+	// kick or Stop.
+	wait := func(irq <-chan struct{}) (irqFired, stop bool) {
+		defer timer.Stop()
 		select {
 		case <-s.stop:
 			return false, true
@@ -215,6 +235,12 @@ func (s *Sleeper) run() {
 		case <-s.kick:
 		}
 		return false, false
+	}
+	sleep := func(d time.Duration, irq <-chan struct{}) (irqFired, stop bool) {
+		if d >= 0 {
+			timer.Reset(d)
+		}
+		return wait(irq)
 	}
 	// watch waits for a nudge or the watch period, unless a nudge came
 	// since ev0 was read.
@@ -276,6 +302,11 @@ func (s *Sleeper) run() {
 			}
 			continue
 		}
+		if !s.st.Idle() {
+			// Work came in since the poll (or a kick is owed): poll again
+			// before arming anything.
+			continue
+		}
 		// Arm, then look again: a frame that arrived before the interrupt
 		// was armed is in the ring (the Source's arm sees it too). Until
 		// the deadline is known, any timer set wakes us (TimerSet).
@@ -293,11 +324,29 @@ func (s *Sleeper) run() {
 			s.src.Disarm()
 			continue
 		}
+		// The deadline, unless a TimerSet meanwhile made it earlier; the
+		// timer is set to it, and set again if a TimerSet lowers it while
+		// we set it (both reset the timer, in either order).
+		deadline := int64(math.MaxInt64)
 		if d >= 0 {
-			s.wakeAt.Store(s.st.Clock() + int64(d))
+			deadline = s.st.Clock() + int64(d)
+		}
+		for {
+			cur := s.wakeAt.Load()
+			if cur <= deadline {
+				deadline = cur
+				break
+			}
+			if s.wakeAt.CompareAndSwap(cur, deadline) {
+				break
+			}
+		}
+		s.resetTimer(deadline)
+		if w := s.wakeAt.Load(); w < deadline {
+			s.resetTimer(w)
 		}
 		s.stats.arms.Add(1)
-		_, stop := sleep(d, s.src.C())
+		_, stop := wait(s.src.C())
 		s.src.Disarm()
 		if stop {
 			return

@@ -66,14 +66,10 @@ type steeringSource struct {
 	events atomic.Uint64 // wake events for this stack, drained
 }
 
-// Arm sets the armed flag, then enables the readiness signal: a signal
-// left over from an earlier arm is dropped first, for this arm's check
-// of the rings supersedes it.
+// Arm sets the armed flag, then enables the readiness signal if an earlier
+// arm has not left it enabled. A signal already sent stays: the Sleeper
+// wakes, polls, finds nothing perhaps, and sleeps again.
 func (s *steeringSource) Arm() {
-	select {
-	case <-s.r.c:
-	default:
-	}
 	s.ctl.Arm()
 	s.r.arm()
 }

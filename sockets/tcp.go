@@ -107,7 +107,13 @@ func (c *TCPConn) Write(b []byte) (int, error) {
 		if !s.enter() {
 			return total, c.opErr("write", net.ErrClosed)
 		}
-		n, err := s.st.Send(c.id, b[total:])
+		// Goroutines the stack woke are about to run, and likely to send
+		// too: the kick that hands the kernel our frames waits for them.
+		send := s.st.Send
+		if s.wakes.busy() {
+			send = s.st.SendMore
+		}
+		n, err := send(c.id, b[total:])
 		s.leave()
 		total += n
 		var retry time.Duration

@@ -223,7 +223,16 @@ func (s *Stack) RecvFrom(id SockID, buf []byte, peek bool) (int, netip.AddrPort,
 // Send sends on a connected socket: a TCP stream, or a UDP datagram to the
 // connected peer. A TCP send takes what fits the send buffer and returns
 // how much; ErrWouldBlock if nothing fits.
-func (s *Stack) Send(id SockID, buf []byte) (int, error) {
+func (s *Stack) Send(id SockID, buf []byte) (int, error) { return s.send(id, buf, false) }
+
+// SendMore is Send from a caller who knows more sends follow in a moment
+// (other threads of this process are about to send): the segments go on
+// the NIC's ring, and its kick waits for the next send or poll, which
+// gives the kernel them all in one system call (vnic.KickHolder; a NIC
+// that cannot hold its kicks kicks as usual).
+func (s *Stack) SendMore(id SockID, buf []byte) (int, error) { return s.send(id, buf, true) }
+
+func (s *Stack) send(id SockID, buf []byte, more bool) (int, error) {
 	s.lock()
 	sk, err := s.sockLocked(id)
 	if err != nil {
@@ -234,10 +243,18 @@ func (s *Stack) Send(id SockID, buf []byte) (int, error) {
 		s.unlock()
 		return s.SendTo(id, buf, netip.AddrPort{})
 	}
+	kh, hold := s.nic.(vnic.KickHolder)
+	hold = hold && more
+	if hold {
+		kh.HoldKicks(true)
+	}
 	s.kickNow = true
 	n, err := s.tcpSendLocked(sk, buf)
 	s.kickNow = false
 	s.flushLocked()
+	if hold {
+		kh.HoldKicks(false)
+	}
 	s.unlock()
 	return n, err
 }

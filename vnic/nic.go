@@ -56,6 +56,16 @@ type NIC interface {
 	Close() error
 }
 
+// KickHolder is a NIC whose doorbell can be put off (the xmit_more of a
+// kernel driver): while held, a transmit puts its frames on the ring and
+// leaves the kick owed; the next transmit not held, or the next Receive,
+// kicks, and Idle is false while a kick is owed. A caller that knows more
+// frames follow in a moment (other goroutines about to send) saves a
+// system call per frame.
+type KickHolder interface {
+	HoldKicks(hold bool)
+}
+
 // Info describes a NIC.
 type Info struct {
 	Name string // e.g. "eth0 queue 0" or "mem a"

@@ -3,6 +3,7 @@ package vnic
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -70,8 +71,10 @@ type XDP struct {
 	pool       *Pool
 	info       Info
 	fillTarget uint32
-	inFill     uint32 // frames given to the kernel to receive into
-	zeroCopy   bool   // the socket is bound zero-copy
+	inFill     uint32      // frames given to the kernel to receive into
+	holdKick   bool        // HoldKicks
+	kickOwed   atomic.Bool // frames on the TX ring wait for a kick
+	zeroCopy   bool        // the socket is bound zero-copy
 	stats      Stats
 }
 
@@ -171,7 +174,22 @@ func (x *XDP) Pool() *Pool { return x.pool }
 // shared words, so it is safe to call while another goroutine drives the
 // NIC.
 func (x *XDP) Idle() bool {
-	return x.sock.RX.Pending() == 0 && x.sock.Completion.Pending() == 0 && x.sock.Fill.Pending() >= x.fillTarget/2
+	return x.sock.RX.Pending() == 0 && x.sock.Completion.Pending() == 0 && x.sock.Fill.Pending() >= x.fillTarget/2 &&
+		!x.kickOwed.Load()
+}
+
+// HoldKicks puts kicks off while hold is set (KickHolder); releasing the
+// hold does not kick by itself: the next transmit or Receive does.
+func (x *XDP) HoldKicks(hold bool) { x.holdKick = hold }
+
+// kickOwing kicks the kernel for frames left on the TX ring by a held
+// transmit.
+func (x *XDP) kickOwing() error {
+	if !x.kickOwed.Load() {
+		return nil
+	}
+	x.kickOwed.Store(false)
+	return x.sock.Kick()
 }
 func (x *XDP) Info() Info { return x.info }
 
@@ -233,6 +251,7 @@ func (x *XDP) reap() {
 // up) is done when the RX ring is empty or the fill ring is half drained,
 // so that a frame that has just arrived goes back to the caller at once.
 func (x *XDP) Receive(hs []Handle) int {
+	x.kickOwing()
 	rx := &x.sock.RX
 	idx, got := rx.Peek(uint32(len(hs)))
 	n := 0
@@ -315,8 +334,12 @@ func (x *XDP) transmit(hs []Handle, keep bool) (int, error) {
 		tx.Submit()
 		x.stats.TxFrames += uint64(n)
 		if tx.NeedsWakeup() {
-			if kerr := x.sock.Kick(); kerr != nil && err == nil {
+			if x.holdKick {
+				x.kickOwed.Store(true)
+			} else if kerr := x.sock.Kick(); kerr != nil && err == nil {
 				err = kerr
+			} else {
+				x.kickOwed.Store(false)
 			}
 		}
 	}
