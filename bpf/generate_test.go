@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"testing"
+
+	"github.com/xdp-onload/onload/test"
 )
 
 // TestGeneratedUpToDate rebuilds the program with the //go:generate line
@@ -16,9 +18,7 @@ import (
 // changes nothing.
 func TestGeneratedUpToDate(t *testing.T) {
 	for _, tool := range []string{"clang", "llvm-strip"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("skipped: %s not installed (apt-get install clang llvm)", tool)
-		}
+		test.RequireTool(t, tool)
 	}
 	src, err := os.ReadFile("gen.go")
 	if err != nil {

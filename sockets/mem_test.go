@@ -26,6 +26,13 @@ func memStacks(t testing.TB, mc vnic.MemConfig, cfg sockets.Config) (a, b *socke
 	if err != nil {
 		t.Fatal(err)
 	}
+	return memStacksOn(t, na, nb, cfg)
+}
+
+// memStacksOn makes the two stacks over a pair the caller keeps (to
+// impair it).
+func memStacksOn(t testing.TB, na, nb *vnic.Mem, cfg sockets.Config) (a, b *sockets.Stack) {
+	t.Helper()
 	mk := func(nic, peer *vnic.Mem, me, them netip.Prefix) *sockets.Stack {
 		s, err := sockets.NewStack(nic, interrupts.Mem(nic),
 			stack.Config{Addr: me, MAC: nic.Info().MAC},

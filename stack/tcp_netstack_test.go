@@ -117,7 +117,10 @@ func TestTCPClientToNetstack(t *testing.T) {
 	defer gc.Close()
 
 	data := randomBytes(4<<20, 1)
-	go io.Copy(gc, gc) // netstack echoes everything back
+	go func() { // netstack echoes everything back, and closes at the end
+		io.Copy(gc, gc)
+		gc.Close()
+	}()
 	// Write and read from one goroutine: ours is polled.
 	got := make([]byte, 0, len(data))
 	buf := make([]byte, 64<<10)
@@ -144,10 +147,12 @@ func TestTCPClientToNetstack(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatal("echoed data differs")
 	}
-	// We close; netstack sees the end of the stream and closes too.
+	// We close; netstack sees the end of the stream and closes too. Our
+	// side, the active closer, ends in TIME-WAIT with nothing else left.
 	s.Close(id)
-	waitFor(t, "our socket gone", 5*time.Second, func() { s.Poll(); time.Sleep(100 * time.Microsecond) }, func() bool {
-		return s.Counters().TCPEstablished == 1 && s.Events(id)&stack.Error != 0
+	waitFor(t, "our side in TIME-WAIT", 5*time.Second, func() { s.Poll(); time.Sleep(100 * time.Microsecond) }, func() bool {
+		st := s.TCPStates()
+		return len(st) == 1 && st["TIME-WAIT"] == 1
 	})
 }
 

@@ -145,8 +145,12 @@ func TestTCPBetweenOurStacks(t *testing.T) {
 		return n == 0 && err == nil
 	})
 	b.Close(s)
+	// The client closed first: it ends in TIME-WAIT; the server's socket
+	// went through LAST-ACK and is gone. (The listener is b's only TCP
+	// socket left.)
 	waitFor(t, "both closed", 5*time.Second, poll, func() bool {
-		return a.Counters().TCPEstablished == 1 && b.Counters().TCPEstablished == 1
+		sa, sb := a.TCPStates(), b.TCPStates()
+		return len(sa) == 1 && sa["TIME-WAIT"] == 1 && len(sb) == 1 && sb["LISTEN"] == 1
 	})
 }
 

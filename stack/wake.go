@@ -131,6 +131,22 @@ func (s *Stack) Lingering() int {
 	return n
 }
 
+// TCPStates counts the stack's TCP sockets by state (RFC 9293's names:
+// "ESTABLISHED", "TIME-WAIT"), those no user holds any longer included: a
+// closed connection lingers in its closing states, and a test that closed
+// one checks here that it went all the way.
+func (s *Stack) TCPStates() map[string]int {
+	s.lock()
+	defer s.unlock()
+	m := map[string]int{}
+	for i := range s.img.socks {
+		if sk := &s.img.socks[i]; sk.kind == kindTCP {
+			m[stateName(sk.state)]++
+		}
+	}
+	return m
+}
+
 // Capacity is the size of the socket table: every SockID's Slot is below
 // it.
 func (s *Stack) Capacity() int { return len(s.img.socks) }

@@ -35,8 +35,30 @@ import (
 func RequireRoot(tb testing.TB) {
 	tb.Helper()
 	if os.Geteuid() != 0 {
-		tb.Skip("skipped: needs root (network namespaces, XDP and AF_XDP); run `make test` as root")
+		Missing(tb, "needs root (network namespaces, XDP and AF_XDP); run `make test` as root")
 	}
+}
+
+// RequireTool skips the test when a program it runs is not installed.
+func RequireTool(tb testing.TB, name string) {
+	tb.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		Missing(tb, "%s is not installed (make deps installs it)", name)
+	}
+}
+
+// Missing skips a test the machine cannot run (no root, a tool or a
+// kernel feature missing), saying what is missing. Where everything is
+// required (ONLOAD_REQUIRE_ALL=1: CI, which installs it all), it fails
+// the test instead: a test skipped there proves nothing and would pass
+// unseen.
+func Missing(tb testing.TB, format string, args ...any) {
+	tb.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv("ONLOAD_REQUIRE_ALL") == "1" {
+		tb.Fatalf("cannot run here, and ONLOAD_REQUIRE_ALL=1 requires every test to: %s", msg)
+	}
+	tb.Skip("skipped: " + msg)
 }
 
 // Net is a set of test hosts and the links between them.

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -182,9 +181,7 @@ func clientRun(client *http.Client, url string) error {
 
 func requireTool(t *testing.T, name string) {
 	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		t.Skipf("skipped: %s is not installed (make deps installs it)", name)
-	}
+	RequireTool(t, name)
 }
 
 // TestHTTPServerCurl serves curl (the kernel's TCP, in host a) from an

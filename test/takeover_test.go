@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -21,12 +22,17 @@ import (
 // takeoverNIC is the NIC configuration both processes use.
 var takeoverNIC = vnic.XDPConfig{FrameCount: 4096, RingSize: 1024, FillDepth: 512}
 
-// TestTakeover stalls the process that owns a stack in the middle of a
-// connection and lets a second process (this test binary again) map the
-// same image, UMEM and AF_XDP socket and poll: it must receive and
-// acknowledge the data the kernel sends meanwhile. When it exits, the
-// first process carries on as if it had polled itself: the data is in its
-// socket, and the connection works.
+// takeoverBytes is how much the second process must carry each way.
+const takeoverBytes = 1 << 20
+
+// TestTakeover stops the process that owns a stack in the middle of a
+// connection (its poller stops; nothing of it touches the stack again
+// until the second process is done) and lets a second process (this test
+// binary again) map the same image, UMEM and AF_XDP socket and carry the
+// connection: it reads a mebibyte the kernel sends and sends a mebibyte
+// back, both byte-exact, through the owner's socket. When it exits, the
+// owner carries on as if it had done that itself: the connection works
+// both ways.
 func TestTakeover(t *testing.T) {
 	a, b := Pair(t, LinkOptions{})
 	nicCfg := takeoverNIC
@@ -52,18 +58,29 @@ func TestTakeover(t *testing.T) {
 	}
 	k := (<-accepted).(*net.TCPConn)
 	defer k.Close()
+	k.SetDeadline(time.Now().Add(30 * time.Second))
 
-	// The owner stalls: nobody polls. The kernel sends.
+	// The owner stops: nobody polls. The kernel sends, and expects as
+	// much back.
 	stop()
-	payload := random(100<<10, 99)
+	toUs, fromUs := random(takeoverBytes, 99), random(takeoverBytes, 98)
 	wrote := make(chan error, 1)
-	go func() { _, err := k.Write(payload); wrote <- err }()
+	go func() { _, err := k.Write(toUs); wrote <- err }()
+	read := make(chan error, 1)
+	go func() {
+		got := make([]byte, len(fromUs))
+		_, err := io.ReadFull(k, got)
+		if err == nil && !bytes.Equal(got, fromUs) {
+			err = fmt.Errorf("the kernel read %d bytes that differ from what the second process sent, from byte %d", len(got), firstDiff(got, fromUs))
+		}
+		read <- err
+	}()
 	time.Sleep(50 * time.Millisecond)
 	if unacked(t, k) == 0 {
 		t.Fatal("the kernel's data was acknowledged while nobody polled")
 	}
 
-	// A second process takes over.
+	// A second process takes over and carries the connection.
 	files := make([]*os.File, 3)
 	for i, fd := range []int{st.NIC.Umem().FD(), st.NIC.FD(), s.Image().FD()} {
 		d, err := unix.Dup(fd)
@@ -73,44 +90,55 @@ func TestTakeover(t *testing.T) {
 		files[i] = os.NewFile(uintptr(d), "fd")
 		defer files[i].Close()
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestTakeoverHelper$")
-	cmd.Env = append(os.Environ(), "TAKEOVER_HELPER=1", "TAKEOVER_IFACE="+b.Iface0().Name)
+	// In host b's namespace, as a process on that host would be: the
+	// interface's name means the same there.
+	cmd := exec.Command("ip", "netns", "exec", b.NS, os.Args[0], "-test.run=^TestTakeoverHelper$")
+	cmd.Env = append(os.Environ(), "TAKEOVER_HELPER=1", "TAKEOVER_IFACE="+b.Iface0().Name,
+		"TAKEOVER_SOCK="+strconv.FormatUint(uint64(id), 10))
 	cmd.ExtraFiles = files
 	out, err := cmd.CombinedOutput()
 	t.Logf("second process: %s", bytes.TrimSpace(out))
 	if err != nil {
 		t.Fatalf("second process: %v", err)
 	}
-	if n := unacked(t, k); n != 0 {
-		t.Fatalf("after the second process polled, the kernel still has %d unacknowledged segments", n)
-	}
 	if err := <-wrote; err != nil {
-		t.Fatal(err)
+		t.Fatalf("the kernel's write: %v", err)
+	}
+	select {
+	case err := <-read:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the kernel did not get the second process's mebibyte")
+	}
+	if n := unacked(t, k); n != 0 {
+		t.Fatalf("after the second process, the kernel still has %d unacknowledged segments", n)
 	}
 
-	// The owner resumes and finds the data in its socket.
+	// The owner resumes, and the connection goes on both ways.
 	defer poller(s)()
-	got := make([]byte, 0, len(payload))
-	buf := make([]byte, 64<<10)
-	deadline := time.Now().Add(5 * time.Second)
-	for len(got) < len(payload) && time.Now().Before(deadline) {
+	if err := c.writeAll([]byte("carrying on"), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	reply := make([]byte, 11)
+	if _, err := io.ReadFull(k, reply); err != nil || string(reply) != "carrying on" {
+		t.Fatalf("kernel read %q, %v", reply, err)
+	}
+	if _, err := k.Write([]byte("and back")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 0, 8)
+	buf := make([]byte, 64)
+	for deadline := time.Now().Add(5 * time.Second); len(got) < 8 && time.Now().Before(deadline); {
 		n, err := s.Recv(id, buf, false)
 		if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
 			t.Fatal(err)
 		}
 		got = append(got, buf[:n]...)
 	}
-	if !bytes.Equal(got, payload) {
-		t.Fatalf("owner read %d bytes after the takeover, want %d", len(got), len(payload))
-	}
-	// And the connection goes on.
-	if err := c.writeAll([]byte("carrying on"), 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	k.SetReadDeadline(time.Now().Add(5 * time.Second))
-	reply := make([]byte, 11)
-	if _, err := k.Read(reply); err != nil || string(reply) != "carrying on" {
-		t.Fatalf("kernel read %q, %v", reply, err)
+	if string(got) != "and back" {
+		t.Fatalf("owner read %q after the takeover, want %q (%s)", got, "and back", s.DumpSocket(id))
 	}
 }
 
@@ -129,8 +157,9 @@ func unacked(t *testing.T, k *net.TCPConn) uint32 {
 }
 
 // TestTakeoverHelper is the second process of TestTakeover: it maps the
-// stack from fds 3 (UMEM), 4 (AF_XDP socket) and 5 (image), polls for a
-// while, and exits.
+// stack from fds 3 (UMEM), 4 (AF_XDP socket) and 5 (image) and carries
+// the owner's connection (TAKEOVER_SOCK): it reads takeoverBytes and
+// checks them, and sends takeoverBytes, polling the stack itself.
 func TestTakeoverHelper(t *testing.T) {
 	if os.Getenv("TAKEOVER_HELPER") == "" {
 		t.Skip("helper process for TestTakeover")
@@ -146,16 +175,53 @@ func TestTakeoverHelper(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		n, err := strconv.ParseUint(os.Getenv("TAKEOVER_SOCK"), 10, 32)
+		if err != nil {
+			return fmt.Errorf("TAKEOVER_SOCK: %w", err)
+		}
+		id := stack.SockID(n)
 		s := stack.Attach(img, nic, stack.Options{})
-		frames := 0
-		for end := time.Now().Add(time.Second); time.Now().Before(end); {
-			frames += s.Poll()
+		want, toSend := random(takeoverBytes, 99), random(takeoverBytes, 98)
+		got := make([]byte, 0, len(want))
+		buf := make([]byte, 64<<10)
+		sent := 0
+		for end := time.Now().Add(20 * time.Second); len(got) < len(want) || sent < len(toSend); {
+			if time.Now().After(end) {
+				ks, _ := nic.Socket().Stats()
+				return fmt.Errorf("read %d and sent %d of %d bytes each way in 20s: %s\nnic %+v\nxsk %+v tx pending %d completion pending %d", len(got), sent, takeoverBytes, s.DumpSocket(id), nic.Stats(), ks, nic.Socket().TX.Pending(), nic.Socket().Completion.Pending())
+			}
+			if sent < len(toSend) {
+				k, err := s.Send(id, toSend[sent:])
+				if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
+					return fmt.Errorf("send after %d bytes: %w", sent, err)
+				}
+				sent += k
+			}
+			k, err := s.Recv(id, buf, false) // polls when nothing is queued
+			if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
+				return fmt.Errorf("recv after %d bytes: %w", len(got), err)
+			}
+			if k == 0 && err == nil {
+				return fmt.Errorf("end of stream after %d bytes", len(got))
+			}
+			got = append(got, buf[:k]...)
+			s.Poll()
+		}
+		if !bytes.Equal(got, want) {
+			return fmt.Errorf("read %d bytes that differ from the kernel's from byte %d", len(got), firstDiff(got, want))
+		}
+		// Until the kernel has acknowledged what we sent, it may need
+		// retransmitting: poll until the socket's send queue is empty.
+		for end := time.Now().Add(5 * time.Second); ; s.Poll() {
+			if info, err := s.TCPInfo(id); err == nil && info.Queued == 0 {
+				break
+			}
+			if time.Now().After(end) {
+				return fmt.Errorf("the kernel did not acknowledge all of it: %s", s.DumpSocket(id))
+			}
 		}
 		c := s.Counters()
-		fmt.Printf("pid %s polled %d frames; stack counters now %s\n", strconv.Itoa(os.Getpid()), frames, &c)
-		if frames == 0 {
-			return errors.New("took no frames")
-		}
+		fmt.Printf("pid %d read %d bytes and sent %d through the owner's connection; stack counters now %s\n", os.Getpid(), len(got), sent, &c)
 		return nil
 	}()
 	if err != nil {

@@ -1,0 +1,249 @@
+package sockets_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xdp-onload/onload/sockets"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// The public API's behaviours, each against the net package's: our stack
+// at both ends of an in-memory wire (the kernel as peer is in ../test).
+
+func TestUDPReadFromWriteTo(t *testing.T) {
+	a, b := memStacks(t, vnic.MemConfig{}, sockets.Config{})
+	lb := sockets.ListenConfig{Stack: b}
+	pb, err := lb.ListenPacket(context.Background(), "udp", addrB.Addr().String()+":7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pb.Close()
+	la := sockets.ListenConfig{Stack: a}
+	pa, err := la.ListenPacket(context.Background(), "udp", addrA.Addr().String()+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pa.Close()
+	if _, ok := pa.(*sockets.UDPConn); !ok {
+		t.Fatalf("ListenPacket on the stack's address gave %T, not *sockets.UDPConn", pa)
+	}
+	to := &net.UDPAddr{IP: addrB.Addr().AsSlice(), Port: 7000}
+	for i, msg := range [][]byte{[]byte("one"), bytes.Repeat([]byte("x"), 1400), {}} {
+		if n, err := pa.WriteTo(msg, to); err != nil || n != len(msg) {
+			t.Fatalf("datagram %d: WriteTo: %d, %v", i, n, err)
+		}
+		pb.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 2048)
+		n, from, err := pb.ReadFrom(buf)
+		if err != nil || !bytes.Equal(buf[:n], msg) {
+			t.Fatalf("datagram %d: ReadFrom: %q, %v", i, buf[:n], err)
+		}
+		if from.String() != pa.LocalAddr().String() {
+			t.Errorf("datagram %d came from %v, want %v", i, from, pa.LocalAddr())
+		}
+		// And the answer back to whoever sent it.
+		if _, err := pb.WriteTo(buf[:n], from); err != nil {
+			t.Fatal(err)
+		}
+		pa.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, _, err := pa.ReadFrom(buf); err != nil || !bytes.Equal(buf[:n], msg) {
+			t.Fatalf("datagram %d back: %q, %v", i, buf[:n], err)
+		}
+	}
+	// A short buffer truncates the datagram, as net does.
+	pa.WriteTo([]byte("truncated"), to)
+	pb.SetReadDeadline(time.Now().Add(5 * time.Second))
+	small := make([]byte, 4)
+	if n, _, err := pb.ReadFrom(small); n != 4 || string(small) != "trun" {
+		t.Errorf("ReadFrom into 4 bytes: %d %q %v", n, small[:n], err)
+	}
+	// A deadline in the past fails at once with os.ErrDeadlineExceeded.
+	pb.SetReadDeadline(time.Now().Add(-time.Second))
+	if _, _, err := pb.ReadFrom(small); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("ReadFrom past its deadline: %v, want os.ErrDeadlineExceeded", err)
+	}
+}
+
+// TestFallbackToNet: what the stack does not carry goes to the kernel
+// with the same arguments, and works.
+func TestFallbackToNet(t *testing.T) {
+	a, _ := memStacks(t, vnic.MemConfig{}, sockets.Config{})
+	d := sockets.Dialer{Stack: a}
+	lc := sockets.ListenConfig{Stack: a}
+	sock := filepath.Join(t.TempDir(), "s")
+	for _, c := range []struct{ name, network, address string }{
+		{"loopback", "tcp", "127.0.0.1:0"},
+		{"the stack's own address from the kernel side (loopback)", "tcp4", "127.0.0.2:0"},
+		{"IPv6", "tcp6", "[::1]:0"},
+		{"Unix", "unix", sock},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ln, err := lc.Listen(context.Background(), c.network, c.address)
+			if err != nil {
+				if c.network == "tcp6" {
+					t.Skipf("no IPv6 loopback here: %v", err)
+				}
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			if _, ours := ln.(*sockets.TCPListener); ours {
+				t.Fatalf("%s %s was accelerated", c.network, c.address)
+			}
+			go func() {
+				if k, err := ln.Accept(); err == nil {
+					io.Copy(k, k)
+					k.Close()
+				}
+			}()
+			conn, err := d.Dial(ln.Addr().Network(), ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if _, ours := conn.(*sockets.TCPConn); ours {
+				t.Fatalf("dial %s %s was accelerated", ln.Addr().Network(), ln.Addr())
+			}
+			conn.SetDeadline(time.Now().Add(5 * time.Second))
+			conn.Write([]byte("through the kernel"))
+			buf := make([]byte, 18)
+			if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "through the kernel" {
+				t.Fatalf("echo: %q, %v", buf, err)
+			}
+		})
+	}
+}
+
+func TestConnRefused(t *testing.T) {
+	a, _ := memStacks(t, vnic.MemConfig{}, sockets.Config{})
+	d := sockets.Dialer{Stack: a, Timeout: 5 * time.Second}
+	_, err := d.Dial("tcp", addrB.Addr().String()+":9") // nobody listens
+	var op *net.OpError
+	if !errors.Is(err, syscall.ECONNREFUSED) || !errors.As(err, &op) || op.Op != "dial" {
+		t.Fatalf("dial to a closed port: %v (%T), want a dial *net.OpError wrapping ECONNREFUSED", err, err)
+	}
+}
+
+func TestAddrInUse(t *testing.T) {
+	_, b := memStacks(t, vnic.MemConfig{}, sockets.Config{})
+	lc := sockets.ListenConfig{Stack: b}
+	ln, err := lc.Listen(context.Background(), "tcp", addrB.Addr().String()+":8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, err = lc.Listen(context.Background(), "tcp", addrB.Addr().String()+":8080")
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("second listen on the port: %v, want EADDRINUSE", err)
+	}
+	// Closed, the port is free again.
+	ln.Close()
+	ln2, err := lc.Listen(context.Background(), "tcp", addrB.Addr().String()+":8080")
+	if err != nil {
+		t.Fatalf("listen after the first listener closed: %v", err)
+	}
+	ln2.Close()
+}
+
+// TestLingerZeroResets: SetLinger(0) makes Close reset the connection,
+// and the peer's next read fails with ECONNRESET instead of io.EOF.
+func TestLingerZeroResets(t *testing.T) {
+	a, b := memStacks(t, vnic.MemConfig{}, sockets.Config{})
+	c1, c2, stop, err := pipe(a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	before := a.Engine().Counters().TxTCPResets
+	if err := c1.(*sockets.TCPConn).SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	c1.Close()
+	c2.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = c2.Read(make([]byte, 10))
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("peer's read after a linger-0 close: %v, want ECONNRESET", err)
+	}
+	if a.Engine().Counters().TxTCPResets == before {
+		t.Error("no reset counted")
+	}
+}
+
+// TestKeepAlive: an idle connection with keepalive on probes its peer
+// (who answers), and one whose peer has gone silent is closed with
+// ETIMEDOUT after the probes.
+func TestKeepAlive(t *testing.T) {
+	na, nb, err := vnic.NewMemPair(vnic.MemConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := memStacksOn(t, na, nb, sockets.Config{})
+	c1, _, stop, err := pipe(a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	tc := c1.(*sockets.TCPConn)
+	if err := tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 50 * time.Millisecond, Interval: 50 * time.Millisecond, Count: 3}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	info, _ := tc.Info()
+	if info.State != "ESTABLISHED" {
+		t.Fatalf("an answered keepalive ended the connection: %s", info.State)
+	}
+	// The peer goes silent: everything from b is lost.
+	if err := nb.Impair(vnic.Impairment{Loss: 1}); err != nil {
+		t.Fatal(err)
+	}
+	tc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = tc.Read(make([]byte, 10))
+	if !errors.Is(err, syscall.ETIMEDOUT) {
+		t.Fatalf("read on a connection whose peer stopped answering keepalives: %v, want ETIMEDOUT", err)
+	}
+}
+
+// TestDialContextCancel: cancelling the context of a dial that cannot
+// complete (every SYN lost) ends it at once with the context's error.
+func TestDialContextCancel(t *testing.T) {
+	na, nb, err := vnic.NewMemPair(vnic.MemConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := memStacksOn(t, na, nb, sockets.Config{})
+	lc := sockets.ListenConfig{Stack: b}
+	ln, err := lc.Listen(context.Background(), "tcp", addrB.Addr().String()+":80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := na.Impair(vnic.Impairment{Loss: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	d := sockets.Dialer{Stack: a}
+	_, err = d.DialContext(ctx, "tcp", ln.Addr().String())
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("the dial returned %v after its context was cancelled", el-100*time.Millisecond)
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled dial: %v, want context.Canceled", err)
+	}
+	// A deadline the same way, with os.ErrDeadlineExceeded's meaning.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel2()
+	_, err = d.DialContext(ctx2, "tcp", ln.Addr().String())
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dial past its context's deadline: %v, want context.DeadlineExceeded", err)
+	}
+}
