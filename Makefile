@@ -40,8 +40,9 @@ docs:
 # at a time (the wake-up stress tests time every connection to 50ms, and
 # another package's tests on the same two CPUs would stall them): 64 MiB
 # each way through the engine, 256 MiB each way through net/http and curl,
-# a minute of the no-lost-wake-up stress and 30s of its ping-pong, 256 MiB
-# each way against the kernel through each fault of the fault injector,
+# a minute of each no-lost-wake-up stress test (12 connections; a
+# ping-pong), 256 MiB each way against the kernel through each fault of
+# the fault injector,
 # the attacks at full size (100,000 spoofed SYNs, a minute of zero window)
 # and the frame-pool pressure test. Then short runs of the two fuzzers:
 # hostile frames, and a hostile writer of the shared image.

@@ -2,9 +2,11 @@ package test
 
 import (
 	"context"
+	"io"
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/net/nettest"
 
@@ -145,5 +147,66 @@ func TestOpenQueues(t *testing.T) {
 	}
 	if err := a.Do(open); err != nil {
 		t.Fatalf("open after ethtool -L to one queue: %v", err)
+	}
+}
+
+// TestDefaultStackLifetime: the process's default stack is made by the
+// first accelerated call (the interface gets the steering program) and
+// closed once its last socket is (the program goes, the queue is free),
+// and made again by the next call.
+func TestDefaultStackLifetime(t *testing.T) {
+	RequireRoot(t)
+	a, b := Pair(t, LinkOptions{})
+	var ln net.Listener
+	if err := a.Do(func() (err error) { ln, err = net.Listen("tcp", a.Iface0().Addr().String()+":0"); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			k, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(k, k); k.Close() }()
+		}
+	}()
+	t.Setenv("ONLOAD_INTERFACE", b.Iface0().Name)
+	xdpOn := func() bool {
+		out, err := b.Run("ip", "link", "show", "dev", b.Iface0().Name)
+		if err != nil {
+			t.Fatalf("ip link show: %v %s", err, out)
+		}
+		return strings.Contains(string(out), " xdp")
+	}
+	for round := range 2 {
+		if xdpOn() {
+			t.Fatalf("round %d: an XDP program is on %s before any socket", round, b.Iface0().Name)
+		}
+		var c net.Conn
+		if err := b.Do(func() (err error) { c, err = sockets.Dial("tcp", ln.Addr().String()); return }); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := c.(*sockets.TCPConn); !ok {
+			c.Close()
+			t.Fatalf("round %d: the dial fell back to the kernel (%T)", round, c)
+		}
+		if !xdpOn() {
+			t.Fatalf("round %d: the default stack is up but no XDP program is on %s", round, b.Iface0().Name)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.Write([]byte("ping"))
+		buf := make([]byte, 4)
+		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+			t.Fatalf("round %d: echo %q, %v", round, buf, err)
+		}
+		c.Close()
+		deadline := time.Now().Add(5 * time.Second)
+		for xdpOn() {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the default stack still holds %s 5s after its last socket closed", round, b.Iface0().Name)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 }

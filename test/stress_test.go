@@ -297,10 +297,10 @@ func pause(rng *rand.Rand) {
 // over stallAfter nor any retransmission at all. (With the wake event
 // alone and no readiness, a 30-second run saw about 260 round trips of
 // 18-38ms, rescued by B's delayed ACK timer before it was put off; with
-// readiness, none over 15ms.)
+// readiness, none over 15ms.) A minute, 3s with -short.
 func TestNoLostWakeupPingPong(t *testing.T) {
 	RequireRoot(t)
-	dur := stressDuration(30*time.Second, 3*time.Second)
+	dur := stressDuration(time.Minute, 3*time.Second)
 	a, b := Pair(t, LinkOptions{})
 	fast, _ := sockets.DefaultConfig(sockets.Latency)
 	sleepy, _ := sockets.DefaultConfig(sockets.Balanced)
