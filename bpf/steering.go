@@ -83,7 +83,7 @@ func Load() (*Steering, error) {
 	s := &Steering{}
 	if err := loadSteerObjects(&s.objs, nil); err != nil {
 		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
-			return nil, fmt.Errorf("loading the XDP steering program needs CAP_BPF and CAP_NET_ADMIN: run as root (or, later, through onloadd): %w", err)
+			return nil, fmt.Errorf("loading the XDP steering program needs CAP_BPF and CAP_NET_ADMIN: run as root, or let onloadd make the stack (start onloadd; ONLOAD_DAEMON=auto): %w", err)
 		}
 		return nil, fmt.Errorf("load steering program: %w", err)
 	}

@@ -108,3 +108,23 @@ func (s *steeringSource) Close() error {
 	})
 	return err
 }
+
+// Readiness is the interrupt line of an AF_XDP stack that has no armed
+// flag of its own: only the readiness of its AF_XDP sockets (xsks, their
+// file descriptors), which the kernel signals when a frame is in an RX
+// ring. A stack onloadd made for this process uses it: the steering
+// program is the daemon's.
+func Readiness(xsks ...int) (Source, error) {
+	r, err := newReadiness(xsks)
+	if err != nil {
+		return nil, err
+	}
+	return readinessSource{r}, nil
+}
+
+type readinessSource struct{ r *readiness }
+
+func (s readinessSource) Arm()               { s.r.arm() }
+func (s readinessSource) Disarm()            {}
+func (s readinessSource) C() <-chan struct{} { return s.r.c }
+func (s readinessSource) Close() error       { return s.r.close() }

@@ -42,7 +42,19 @@ type Config struct {
 	SendBufferMax, RecvBufferMax int
 	Congestion                   string // "cubic" or "reno"
 	Log                          slog.Level
+	// Daemon says whether stacks come from onloadd: DaemonAuto (when it
+	// runs), DaemonRequire or DaemonOff (standalone only).
+	Daemon       string
+	DaemonSocket string // onloadd's control socket
+	StackName    string // share the named stack with other processes
 }
+
+// The values of Config.Daemon (ONLOAD_DAEMON).
+const (
+	DaemonAuto    = "auto"
+	DaemonRequire = "require"
+	DaemonOff     = "off"
+)
 
 // Option is one configuration variable: its environment name, default
 // (per profile), bounds, unit and meaning.
@@ -115,6 +127,15 @@ var Options = []Option{
 	{Env: "ONLOAD_CONGESTION", Default: "cubic", Choices: []string{"cubic", "reno"},
 		Doc: "Congestion control of TCP connections: CUBIC (RFC 9438) or NewReno (RFC 6582).",
 		set: func(c *Config, _ int64, s string) { c.Congestion = s }},
+	{Env: "ONLOAD_DAEMON", Default: "auto", Choices: []string{"auto", "require", "off"},
+		Doc: "Where stacks come from. `auto`: from onloadd when its control socket answers (no privilege needed), else made by the process itself (standalone: root), else the kernel. `require`: from onloadd only; without it sockets use the kernel. `off`: standalone only.",
+		set: func(c *Config, _ int64, s string) { c.Daemon = s }},
+	{Env: "ONLOAD_DAEMON_SOCKET", Default: "/run/onload/onloadd.sock",
+		Doc: "onloadd's control socket.",
+		set: func(c *Config, _ int64, s string) { c.DaemonSocket = s }},
+	{Env: "ONLOAD_STACK_NAME", Default: "",
+		Doc: "Through onloadd: processes that give the same name share one stack (one image, one queue), as Onload's EF_NAME. Empty: the process has a stack of its own.",
+		set: func(c *Config, _ int64, s string) { c.StackName = s }},
 	{Env: "ONLOAD_LOG", Default: "error", Choices: []string{"debug", "info", "warn", "error"},
 		Doc: "Log level, to standard error. `debug` says which sockets are not accelerated and why; `info` reports stacks created and closed.",
 		set: func(c *Config, _ int64, s string) { c.Log = logLevel(s) }},

@@ -24,12 +24,16 @@ import (
 // (standalone mode: the process loads and attaches the program itself).
 const standaloneStack bpf.StackID = 1
 
-// Open makes a stack on a host interface in standalone mode: this
-// process loads and attaches the XDP steering program, opens an AF_XDP
-// socket on the interface's queue and runs the stack (root, or
-// CAP_NET_ADMIN and CAP_BPF, is needed). Traffic the stack does not own
-// keeps flowing through the kernel. It must run in the interface's
-// network namespace.
+// Open makes a stack on a host interface. Through onloadd (cfg.Daemon
+// auto or require, and onloadd running): onloadd makes the stack's
+// memory and AF_XDP socket and passes them over its control socket, and
+// the process needs no privilege. Standalone (cfg.Daemon off, or auto
+// with no onloadd): this process loads and attaches the XDP steering
+// program, opens an AF_XDP socket on the interface's queue and runs the
+// stack (root, or CAP_NET_ADMIN and CAP_BPF, is needed). Either way the
+// stack runs in this process, and traffic the stack does not own keeps
+// flowing through the kernel. It must run in the interface's network
+// namespace.
 func Open(cfg Config) (*Stack, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
@@ -40,6 +44,22 @@ func Open(cfg Config) (*Stack, error) {
 		if ifname, err = pickInterface(); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.Daemon != DaemonOff {
+		c := cfg
+		c.Interface = ifname
+		s, err := openDaemon(c)
+		switch {
+		case err == nil:
+			return s, nil
+		case cfg.Daemon == DaemonRequire:
+			return nil, fmt.Errorf("ONLOAD_DAEMON=require: %w", err)
+		case !errors.Is(err, errNoDaemon):
+			// onloadd runs but refused: a stack of our own would fight
+			// it for the interface.
+			return nil, err
+		}
+		logf(levelDebug, "%v: the process makes its own stack (standalone; ONLOAD_DAEMON=%s)", err, cfg.Daemon)
 	}
 	if n := rxQueues(ifname); n > 1 {
 		return nil, fmt.Errorf("interface %s has %d receive queues; a standalone stack serves single-queue interfaces (ethtool -L %s combined 1, or run onloadd)", ifname, n, ifname)

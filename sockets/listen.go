@@ -131,7 +131,11 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 		}
 		return nil, opError("listen", network, nil, addr, err)
 	}
-	id, err := s.openAt(stack.TCP, ap, true)
+	var proof syscall.Conn
+	if kern != nil {
+		proof = kern.(syscall.Conn)
+	}
+	id, err := s.openAt(stack.TCP, ap, true, proof)
 	if err != nil {
 		return fail(err)
 	}

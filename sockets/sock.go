@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/xdp-onload/onload/stack"
@@ -144,8 +145,9 @@ func (c *sock) addrs() (la, ra netip.AddrPort, err error) {
 }
 
 // openAt opens an engine socket bound to ap (for listening: SO_REUSEADDR,
-// as net sets on listeners).
-func (s *Stack) openAt(p stack.Proto, ap netip.AddrPort, listen bool) (stack.SockID, error) {
+// as net sets on listeners). kern, if not nil, is the kernel socket that
+// holds the port: the proof onloadd asks for.
+func (s *Stack) openAt(p stack.Proto, ap netip.AddrPort, listen bool, kern syscall.Conn) (stack.SockID, error) {
 	if !s.enter() {
 		return stack.NullSock, net.ErrClosed
 	}
@@ -157,7 +159,7 @@ func (s *Stack) openAt(p stack.Proto, ap netip.AddrPort, listen bool) (stack.Soc
 	if listen {
 		s.st.SetOption(id, stack.ReuseAddr, 1)
 	}
-	if err = s.st.Bind(id, ap); err != nil {
+	if err = s.bind(p, id, ap, connFD(kern)); err != nil {
 		err = sysErr("bind", err)
 	} else if listen {
 		if err = s.st.Listen(id, 4096); err != nil {
@@ -190,4 +192,27 @@ func (s *Stack) connect(p stack.Proto, laddr, raddr netip.AddrPort) (stack.SockI
 		return stack.NullSock, reservation{}, sysErr("connect", err)
 	}
 	return id, r, nil
+}
+
+// bind binds engine socket id to ap. On a stack of onloadd's, the port is
+// steered by a request that carries proof, the kernel socket holding it.
+func (s *Stack) bind(p stack.Proto, id stack.SockID, ap netip.AddrPort, proof int) error {
+	if s.proofs == nil {
+		return s.st.Bind(id, ap)
+	}
+	return s.proofs.withProof(p, ap.Port(), proof, func() error { return s.st.Bind(id, ap) })
+}
+
+// connFD is c's descriptor (valid while c is open), or -1.
+func connFD(c syscall.Conn) int {
+	if c == nil {
+		return -1
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	fd := -1
+	rc.Control(func(f uintptr) { fd = int(f) })
+	return fd
 }

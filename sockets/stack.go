@@ -34,6 +34,7 @@ type Stack struct {
 	// clients reach them through loopback, not through our interface).
 	host   bool
 	ifname string
+	proofs *daemonFilters // a stack of onloadd's: the proofs of our ports
 
 	waits   []atomic.Pointer[waitq] // by socket slot
 	closing chan struct{}
@@ -91,15 +92,37 @@ func newStack(nic vnic.NIC, irq interrupts.Source, sc stack.Config, cfg Config, 
 	if err != nil {
 		return nil, fmt.Errorf("new stack: %w", err)
 	}
-	s.st = st
-	s.waits = make([]atomic.Pointer[waitq], st.Capacity())
-	s.wakes.init(st.Capacity(), runtime.GOMAXPROCS(0))
-	s.sl, err = interrupts.Start(st, irq, interrupts.Policy{Spin: cfg.Spin})
-	if err != nil {
+	if err := s.start(st, irq); err != nil {
 		st.Destroy()
 		return nil, err
 	}
 	return s, nil
+}
+
+// attachStack runs a stack whose image another process made (onloadd):
+// img over nic, with address addr.
+func attachStack(img *stack.Image, nic vnic.NIC, irq interrupts.Source, cfg Config, addr netip.Prefix, opt stack.Options) (*Stack, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	s := &Stack{nic: nic, cfg: cfg, spin: cfg.Spin, addr: addr, closing: make(chan struct{})}
+	opt.Wake = s.wake
+	st := stack.Attach(img, nic, opt)
+	s.gw = st.Gateway()
+	if err := s.start(st, irq); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// start runs the engine st: its wait queues and its Sleeper.
+func (s *Stack) start(st *stack.Stack, irq interrupts.Source) error {
+	s.st = st
+	s.waits = make([]atomic.Pointer[waitq], st.Capacity())
+	s.wakes.init(st.Capacity(), runtime.GOMAXPROCS(0))
+	var err error
+	s.sl, err = interrupts.Start(st, irq, interrupts.Policy{Spin: s.cfg.Spin})
+	return err
 }
 
 // Addr is the stack's address and subnet.
@@ -237,7 +260,8 @@ func (s *Stack) Dump() string {
 		}
 	}
 	s.wakes.mu.Lock()
-	wk := fmt.Sprintf("wakes: %d woken not yet run (limit %d), %d queued", s.wakes.backlog.Load(), s.wakes.limit, s.wakes.n)
+	wk := fmt.Sprintf("wakes: %d woken not yet run (limit %d), %d queued; %d woken, %d queued first, %d sends held their kick",
+		s.wakes.backlog.Load(), s.wakes.limit, s.wakes.n, s.wakes.woken.Load(), s.wakes.queuedWakes.Load(), s.wakes.heldSends.Load())
 	s.wakes.mu.Unlock()
 	for i := range s.waits {
 		if w := s.waits[i].Load(); w != nil {

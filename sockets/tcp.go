@@ -74,7 +74,13 @@ func (c *TCPConn) Read(b []byte) (int, error) {
 		if !s.enter() {
 			return 0, c.opErr("read", net.ErrClosed)
 		}
-		n, err := s.st.Recv(c.id, b, false)
+		// As in Write: what this poll sends waits for the goroutines
+		// the stack woke, whose sends kick it.
+		recv := s.st.Recv
+		if s.wakes.busy() {
+			recv = s.st.RecvMore
+		}
+		n, err := recv(c.id, b, false)
 		s.leave()
 		switch {
 		case err == nil && n > 0:
@@ -112,6 +118,7 @@ func (c *TCPConn) Write(b []byte) (int, error) {
 		send := s.st.Send
 		if s.wakes.busy() {
 			send = s.st.SendMore
+			s.wakes.heldSends.Add(1)
 		}
 		n, err := send(c.id, b[total:])
 		s.leave()

@@ -67,7 +67,11 @@ func (s *Stack) newUDPConn(id stack.SockID, r reservation, kern net.PacketConn) 
 }
 
 func (s *Stack) listenUDP(ap netip.AddrPort, kern net.PacketConn) (*UDPConn, error) {
-	id, err := s.openAt(stack.UDP, ap, false)
+	var proof syscall.Conn
+	if kern != nil {
+		proof = kern.(syscall.Conn)
+	}
+	id, err := s.openAt(stack.UDP, ap, false, proof)
 	if err != nil {
 		return nil, err
 	}

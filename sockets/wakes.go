@@ -30,6 +30,10 @@ type wakes struct {
 	head, n int
 	queued  []bool       // by slot: in ring
 	pending atomic.Int32 // n, for busy to read without mu
+
+	// Counted for the stack's dump: wakes made at once, wakes queued
+	// behind the backlog, and sends whose kick waited for others.
+	woken, queuedWakes, heldSends atomic.Uint64
 }
 
 func (w *wakes) init(slots, procs int) {
@@ -51,6 +55,7 @@ func (w *wakes) post(s *Stack, i int) {
 			w.ring[(w.head+w.n)%len(w.ring)] = int32(i)
 			w.n++
 			w.pending.Store(int32(w.n))
+			w.queuedWakes.Add(1)
 		}
 		w.mu.Unlock()
 		return
@@ -64,6 +69,7 @@ func (w *wakes) wakeSlot(s *Stack, i int) {
 	if q := s.waits[i].Load(); q != nil {
 		if n := q.wake(); n > 0 {
 			w.backlog.Add(n)
+			w.woken.Add(uint64(n))
 		}
 	}
 }

@@ -2,6 +2,7 @@ package stack
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/xdp-onload/onload/timers"
 	"net/netip"
@@ -49,6 +50,31 @@ func relTick(t, now timers.Tick) int64 {
 func (s *Stack) Dump() string {
 	s.lock()
 	defer s.unlock()
+	return s.dumpLocked()
+}
+
+// TryDump is Dump for an inspector that must never wait on the stack's
+// users (onloadd): it takes the lock only if it is free within a few
+// milliseconds, and leaves the work others deferred to the holder for the
+// next one (it polls nothing: the frames and wake-ups are the users').
+// It reports false if the lock stayed held.
+func (s *Stack) TryDump() (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := 0; !s.img.hdr.lock.TryLock(); i++ {
+		if i == 100 {
+			return "", false
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	raceAcquire(&s.raceHB)
+	out := s.dumpLocked()
+	raceRelease(&s.raceHB)
+	s.img.hdr.lock.UnlockLeaving()
+	return out, true
+}
+
+func (s *Stack) dumpLocked() string {
 	out := fmt.Sprintf("stack %v: %d sockets in use, %d frames free, counters %+v\n",
 		netip.AddrFrom4(s.img.hdr.addr), s.img.hdr.sockInUse, s.pool.Available(), s.img.hdr.counters)
 	for i := range s.img.socks {

@@ -175,7 +175,7 @@ func pageAlign(n int) int {
 // out in it.
 func newImage(c *Config, now Mono) (*Image, error) {
 	l := layoutFor(c)
-	fd, err := unix.MemfdCreate("onload-stack", unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate("onload-stack", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("create stack image memfd: %w", err)
 	}

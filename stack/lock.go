@@ -129,6 +129,22 @@ func (l *Lock) Unlock(do func(Deferred)) {
 	}
 }
 
+// UnlockLeaving lets the lock go without doing the work deferred to the
+// holder: the flags stay in the word, and the next holder's Unlock does
+// the work. For a holder that only looked (an inspector) and must not
+// poll a stack that is not its own.
+func (l *Lock) UnlockLeaving() {
+	for {
+		v := atomic.LoadUint32(&l.word)
+		if atomic.CompareAndSwapUint32(&l.word, v, v&^uint32(lockHeld|lockWaiters)) {
+			if v&lockWaiters != 0 {
+				futexWake(&l.word, 1)
+			}
+			return
+		}
+	}
+}
+
 // Held reports whether someone holds the lock (for diagnostics: the
 // answer may be stale at once).
 func (l *Lock) Held() bool { return atomic.LoadUint32(&l.word)&lockHeld != 0 }

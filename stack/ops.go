@@ -243,20 +243,32 @@ func (s *Stack) send(id SockID, buf []byte, more bool) (int, error) {
 		s.unlock()
 		return s.SendTo(id, buf, netip.AddrPort{})
 	}
-	kh, hold := s.nic.(vnic.KickHolder)
-	hold = hold && more
-	if hold {
-		kh.HoldKicks(true)
-	}
+	held := s.holdKicksLocked(more)
 	s.kickNow = true
 	n, err := s.tcpSendLocked(sk, buf)
 	s.kickNow = false
 	s.flushLocked()
-	if hold {
-		kh.HoldKicks(false)
-	}
+	s.releaseKicksLocked(held)
 	s.unlock()
 	return n, err
+}
+
+// holdKicksLocked puts the NIC's kicks off if more calls follow in a
+// moment and the NIC can hold them; it reports whether it did.
+func (s *Stack) holdKicksLocked(more bool) bool {
+	if !more || s.kicks == nil {
+		return false
+	}
+	s.kicks.HoldKicks(true)
+	return true
+}
+
+// releaseKicksLocked ends what holdKicksLocked began. The kick owed is the
+// next send's or poll's.
+func (s *Stack) releaseKicksLocked(held bool) {
+	if held {
+		s.kicks.HoldKicks(false)
+	}
 }
 
 // Recv receives from a socket into buf. For TCP, 0 with a nil error is the
@@ -264,6 +276,18 @@ func (s *Stack) send(id SockID, buf []byte, more bool) (int, error) {
 // peek the data stays queued. When nothing is queued it polls the stack
 // first.
 func (s *Stack) Recv(id SockID, buf []byte, peek bool) (int, error) {
+	return s.recv(id, buf, peek, false)
+}
+
+// RecvMore is Recv from a caller who knows other threads of this process
+// are about to call into the stack: the frames its poll sends (a response
+// another thread queued with SendMore, an acknowledgement) wait for their
+// kick, as SendMore's do.
+func (s *Stack) RecvMore(id SockID, buf []byte, peek bool) (int, error) {
+	return s.recv(id, buf, peek, true)
+}
+
+func (s *Stack) recv(id SockID, buf []byte, peek, more bool) (int, error) {
 	if s.nothingToRecv(id) {
 		return 0, ErrWouldBlock
 	}
@@ -273,6 +297,7 @@ func (s *Stack) Recv(id SockID, buf []byte, peek bool) (int, error) {
 		s.unlock()
 		return 0, err
 	}
+	held := s.holdKicksLocked(more)
 	if sk.rcvHead == vnic.Null {
 		// Nothing queued: poll the NIC first, as Onload's recv does, so
 		// that a busy reader needs one lock round per message. (No idle
@@ -280,13 +305,14 @@ func (s *Stack) Recv(id SockID, buf []byte, peek bool) (int, error) {
 		// arrived is waiting behind a second one.)
 		s.pollLocked()
 	}
+	var n int
 	if sk.kind == kindUDP {
-		n, _, err := s.udpRecvLocked(sk, buf, peek)
-		s.unlock()
-		return n, err
+		n, _, err = s.udpRecvLocked(sk, buf, peek)
+	} else {
+		n, err = s.tcpRecvLocked(sk, buf, peek)
+		s.flushLocked()
 	}
-	n, err := s.tcpRecvLocked(sk, buf, peek)
-	s.flushLocked()
+	s.releaseKicksLocked(held)
 	s.unlock()
 	return n, err
 }

@@ -60,6 +60,7 @@ type Resolver interface {
 type Stack struct {
 	img       *Image
 	nic       vnic.NIC
+	kicks     vnic.KickHolder // nic, if its kicks can be held (SendMore, RecvMore)
 	pool      *vnic.Pool
 	filters   Filters
 	resolver  Resolver
@@ -138,7 +139,9 @@ func Attach(img *Image, nic vnic.NIC, opt Options) *Stack {
 var stackIDs atomic.Uint64
 
 func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
+	kicks, _ := nic.(vnic.KickHolder)
 	return &Stack{
+		kicks:   kicks,
 		id:      uint64(os.Getpid())<<32 | stackIDs.Add(1),
 		reserve: max(16, nic.Pool().Count()/32),
 		img:     img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver,
@@ -153,6 +156,15 @@ func (s *Stack) Image() *Image { return s.img }
 
 // Addr is the stack's IPv4 address.
 func (s *Stack) Addr() netip.Addr { return netip.AddrFrom4(s.img.hdr.addr) }
+
+// Gateway is the stack's next hop off its subnet; the zero Addr if it has
+// none.
+func (s *Stack) Gateway() netip.Addr {
+	if s.img.hdr.gateway == [4]byte{} {
+		return netip.Addr{}
+	}
+	return netip.AddrFrom4(s.img.hdr.gateway)
+}
 
 // Counters returns a copy of the stack's counters.
 func (s *Stack) Counters() Counters {

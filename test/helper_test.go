@@ -50,8 +50,22 @@ type helperProc struct {
 // (up to 20s) for it to say READY. It is killed when the test ends.
 func startHelper(t *testing.T, h *Host, name string, env ...string) *helperProc {
 	t.Helper()
-	p := &helperProc{done: make(chan error, 1)}
-	p.cmd = h.Command(os.Args[0], "-test.run=^$")
+	return runHelper(t, h.Command(os.Args[0], "-test.run=^$"), name, env...)
+}
+
+// startHelperAs runs helper name as uid (its group the same number), with
+// no capabilities, from bin (a copy of the test binary that uid can
+// read: `go test` keeps its own in a directory only root can).
+func startHelperAs(t *testing.T, h *Host, uid int, bin, name string, env ...string) *helperProc {
+	t.Helper()
+	id := fmt.Sprint(uid)
+	return runHelper(t, h.Command("setpriv", "--reuid", id, "--regid", id, "--clear-groups",
+		"--inh-caps=-all", "--bounding-set=-all", bin, "-test.run=^$"), name, env...)
+}
+
+func runHelper(t *testing.T, cmd *exec.Cmd, name string, env ...string) *helperProc {
+	t.Helper()
+	p := &helperProc{done: make(chan error, 1), cmd: cmd}
 	p.cmd.Env = append(append(os.Environ(), "ONLOAD_TEST_HELPER="+name), env...)
 	if testing.Short() {
 		p.cmd.Env = append(p.cmd.Env, "ONLOAD_TEST_SHORT=1")

@@ -90,6 +90,9 @@ type Stats struct {
 	RxInvalid uint64
 	// TxErrors counts frames refused or failed on the way out.
 	TxErrors uint64
+	// TxKicks counts the system calls that told the kernel to send (each
+	// carries every frame queued since the one before).
+	TxKicks uint64
 
 	// Impairments applied by a Mem wire on this NIC's transmit side.
 	Lost, Duplicated, Reordered, Corrupted, Delayed uint64

@@ -124,28 +124,36 @@ func OpenXDP(cfg XDPConfig) (*XDP, error) {
 // umemFD and sockFD are that process's UMEM memfd and socket (received
 // over a unix socket, or by fork/exec), and cfg its configuration. The
 // frames, their owners and the rings are shared; each side resyncs its
-// cached view when it takes over (Resync).
+// cached view when it takes over (Resync). The XDP owns both descriptors
+// from the call on: it closes them on failure, and Close closes them.
 func AttachXDP(umemFD, sockFD int, cfg XDPConfig) (*XDP, error) {
+	fail := func(umem *xdp.Umem, err error) (*XDP, error) {
+		if umem != nil {
+			umem.Close()
+		} else {
+			unix.Close(umemFD)
+		}
+		unix.Close(sockFD)
+		return nil, err
+	}
 	cfg, err := cfg.withDefaults()
 	if err != nil {
-		return nil, fmt.Errorf("attach xdp nic: %w", err)
+		return fail(nil, fmt.Errorf("attach xdp nic: %w", err))
 	}
 	umem, err := xdp.OpenUmem(umemFD, xdp.UmemConfig{FrameSize: cfg.FrameSize, FrameCount: cfg.FrameCount, MetaSize: PoolMetaSize(cfg.FrameCount)})
 	if err != nil {
-		return nil, fmt.Errorf("attach xdp nic: %w", err)
+		return fail(nil, fmt.Errorf("attach xdp nic: %w", err))
 	}
 	pool, err := AttachPool(umem.Meta(), umem.Frames())
 	if err != nil {
-		umem.Close()
-		return nil, fmt.Errorf("attach xdp nic: %w", err)
+		return fail(umem, fmt.Errorf("attach xdp nic: %w", err))
 	}
 	sock, err := xdp.AttachSocket(umem, sockFD, xdp.Config{
 		Interface: cfg.Interface, Queue: cfg.Queue,
 		RxSize: cfg.RingSize, TxSize: cfg.RingSize, FillSize: cfg.RingSize, CompletionSize: cfg.RingSize,
 	})
 	if err != nil {
-		umem.Close()
-		return nil, err
+		return fail(umem, err)
 	}
 	x := &XDP{
 		umem: umem, sock: sock, pool: pool,
@@ -178,8 +186,9 @@ func (x *XDP) Idle() bool {
 		!x.kickOwed.Load()
 }
 
-// HoldKicks puts kicks off while hold is set (KickHolder); releasing the
-// hold does not kick by itself: the next transmit or Receive does.
+// HoldKicks puts kicks off while hold is set (KickHolder): transmits and
+// Receive leave the kick owed. Releasing the hold does not kick by
+// itself: the next transmit or Receive does.
 func (x *XDP) HoldKicks(hold bool) { x.holdKick = hold }
 
 // kickOwing kicks the kernel for frames left on the TX ring by a held
@@ -189,6 +198,7 @@ func (x *XDP) kickOwing() error {
 		return nil
 	}
 	x.kickOwed.Store(false)
+	x.stats.TxKicks++
 	return x.sock.Kick()
 }
 func (x *XDP) Info() Info { return x.info }
@@ -251,7 +261,9 @@ func (x *XDP) reap() {
 // up) is done when the RX ring is empty or the fill ring is half drained,
 // so that a frame that has just arrived goes back to the caller at once.
 func (x *XDP) Receive(hs []Handle) int {
-	x.kickOwing()
+	if !x.holdKick {
+		x.kickOwing()
+	}
 	rx := &x.sock.RX
 	idx, got := rx.Peek(uint32(len(hs)))
 	n := 0
@@ -336,10 +348,13 @@ func (x *XDP) transmit(hs []Handle, keep bool) (int, error) {
 		if tx.NeedsWakeup() {
 			if x.holdKick {
 				x.kickOwed.Store(true)
-			} else if kerr := x.sock.Kick(); kerr != nil && err == nil {
-				err = kerr
 			} else {
-				x.kickOwed.Store(false)
+				x.stats.TxKicks++
+				if kerr := x.sock.Kick(); kerr != nil && err == nil {
+					err = kerr
+				} else {
+					x.kickOwed.Store(false)
+				}
 			}
 		}
 	}

@@ -99,7 +99,7 @@ func attachError(name string, mode AttachMode, err error) error {
 			Kind: ErrProgramAttached, Err: err,
 		}
 	case permission(err):
-		return &Error{Msg: fmt.Sprintf("attaching an XDP program to %s needs CAP_NET_ADMIN and CAP_BPF: run as root (or, later, through onloadd)", name),
+		return &Error{Msg: fmt.Sprintf("attaching an XDP program to %s needs CAP_NET_ADMIN and CAP_BPF: run as root, or let onloadd make the stack (start onloadd; ONLOAD_DAEMON=auto)", name),
 			Kind: ErrPermission, Err: err}
 	case mode == AttachNative && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL)):
 		return &Error{Msg: fmt.Sprintf("the driver of interface %s has no native XDP; use generic mode (AttachAuto or AttachGeneric)", name),

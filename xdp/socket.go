@@ -160,7 +160,7 @@ func (s *Socket) Resync() {
 func socketError(err error) error {
 	switch {
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
-		return &Error{Msg: "creating an AF_XDP socket needs CAP_NET_RAW: run as root (or, later, through onloadd)", Kind: ErrPermission, Err: err}
+		return &Error{Msg: "creating an AF_XDP socket needs CAP_NET_RAW: run as root, or let onloadd make the stack (start onloadd; ONLOAD_DAEMON=auto)", Kind: ErrPermission, Err: err}
 	case errors.Is(err, unix.EAFNOSUPPORT):
 		return &Error{Msg: "this kernel has no AF_XDP sockets: Linux 5.11 or later built with CONFIG_XDP_SOCKETS=y is needed", Kind: ErrNotSupported, Err: err}
 	}

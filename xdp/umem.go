@@ -84,7 +84,7 @@ func NewUmem(cfg UmemConfig) (*Umem, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	fd, err := unix.MemfdCreate("onload-umem", unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate("onload-umem", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("create umem memfd: %w", err)
 	}

@@ -1,8 +1,11 @@
-// Command onloadd is the helper daemon of the onload stack. Today it
-// carries the diagnostic tools of the data path; the daemon proper (stack
-// creation for unprivileged processes, takeover of stalled stacks, the
-// LD_PRELOAD launcher) arrives with the later parts of the stack.
+// Command onloadd is the helper daemon of the onload stack: it owns the
+// steering program, the AF_XDP sockets and the queues of the interfaces
+// it serves, and hands stacks to processes that need no privilege of
+// their own (package daemon). It also carries the data path's diagnostic
+// tools.
 //
+//	onloadd [serve] [-socket /run/onload/onloadd.sock] [-mode 0660] [-group G] [-interface vB] [-log info] [-json]
+//	onloadd stackdump [-socket ...] [-json]
 //	onloadd capture -iface eth0 -udp 7000 -tcp 7001 [-queue 0] [-duration 10s]
 //	onloadd config [-markdown]
 //	onloadd version
@@ -13,12 +16,18 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime/debug"
+	"strings"
+
+	"github.com/xdp-onload/onload/daemon"
 )
 
 const usage = `usage: onloadd <command> [flags]
 
 commands:
+  serve     run the daemon in the foreground (the default command): stacks
+            for processes over the control socket; SIGTERM or SIGINT stops
+            it, removing every filter and detaching the program
+  stackdump print onloadd's stacks, their processes, filters and sockets
   capture   steer TCP/UDP ports on an interface into an AF_XDP socket and
             print every frame that arrives, then the steering counters
   config    print the configuration an accelerated process would use
@@ -29,22 +38,26 @@ Run "onloadd <command> -h" for a command's flags.
 `
 
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
+	args := os.Args[1:]
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") && !isHelp(args[0]) {
+		args = append([]string{"serve"}, args...)
 	}
 	var err error
-	switch os.Args[1] {
+	switch args[0] {
+	case "serve":
+		err = serve(args[1:], os.Stderr)
+	case "stackdump":
+		err = stackdump(args[1:], os.Stdout)
 	case "capture":
-		err = capture(os.Args[2:], os.Stdout)
+		err = capture(args[1:], os.Stdout)
 	case "config":
-		err = config(os.Args[2:], os.Stdout)
+		err = config(args[1:], os.Stdout)
 	case "version":
 		fmt.Println(version())
 	case "-h", "-help", "--help", "help":
 		fmt.Print(usage)
 	default:
-		fmt.Fprintf(os.Stderr, "onloadd: unknown command %q\n\n%s", os.Args[1], usage)
+		fmt.Fprintf(os.Stderr, "onloadd: unknown command %q\n\n%s", args[0], usage)
 		os.Exit(2)
 	}
 	if errors.Is(err, flag.ErrHelp) {
@@ -56,15 +69,6 @@ func main() {
 	}
 }
 
-func version() string {
-	v := "(devel)"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		v = bi.Main.Version
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				v += " " + s.Value[:12]
-			}
-		}
-	}
-	return "onloadd " + v
-}
+func isHelp(s string) bool { return s == "-h" || s == "-help" || s == "--help" }
+
+func version() string { return "onloadd " + daemon.Version }

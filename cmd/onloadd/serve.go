@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/xdp-onload/onload/control"
+	"github.com/xdp-onload/onload/daemon"
+)
+
+// serve runs the daemon in the foreground until SIGTERM or SIGINT.
+func serve(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	sock := fs.String("socket", envOr("ONLOAD_DAEMON_SOCKET", control.DefaultSocket), "the control socket")
+	mode := fs.String("mode", "0660", "the control socket's permissions: who may connect, and so have a stack")
+	group := fs.String("group", "", "the control socket's group (a name or number; default root's)")
+	ifaces := fs.String("interface", os.Getenv("ONLOAD_INTERFACE"), "serve only these interfaces (comma-separated; default: any a client asks for)")
+	level := fs.String("log", envOr("ONLOAD_LOG", "info"), "log level: debug, info, warn or error")
+	jsonLog := fs.Bool("json", false, "log in JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("serve: unexpected arguments %q", fs.Args())
+	}
+	m, err := strconv.ParseUint(*mode, 8, 32)
+	if err != nil || m > 0o777 {
+		return fmt.Errorf("serve: -mode %q: an octal permission such as 0660", *mode)
+	}
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+		return fmt.Errorf("serve: -log %q: debug, info, warn or error", *level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	var h slog.Handler = slog.NewTextHandler(stderr, opts)
+	if *jsonLog {
+		h = slog.NewJSONHandler(stderr, opts)
+	}
+	cfg := daemon.Config{Socket: *sock, Mode: os.FileMode(m), Group: *group, Log: slog.New(h)}
+	for _, s := range strings.Split(*ifaces, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			cfg.Interfaces = append(cfg.Interfaces, s)
+		}
+	}
+	d, err := daemon.New(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	err = d.Serve(ctx)
+	return errorsJoin(err, d.Close())
+}
+
+func errorsJoin(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+func envOr(name, def string) string {
+	if v := strings.TrimSpace(os.Getenv(name)); v != "" {
+		return v
+	}
+	return def
+}
+
+// stackdump prints onloadd's stacks: their queues, processes, filters and
+// the engine's dump of each.
+func stackdump(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("stackdump", flag.ContinueOnError)
+	sock := fs.String("socket", envOr("ONLOAD_DAEMON_SOCKET", control.DefaultSocket), "onloadd's control socket")
+	asJSON := fs.Bool("json", false, "print JSON, for scripts")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cl, err := control.Dial(*sock, "stackdump")
+	if err != nil {
+		return fmt.Errorf("stackdump: onloadd at %s: %w", *sock, err)
+	}
+	defer cl.Close()
+	rep, fds, err := cl.Call(control.Request{Op: control.OpDump, Dump: &control.DumpRequest{}})
+	control.CloseFDs(fds)
+	if err != nil {
+		return fmt.Errorf("stackdump: %w", err)
+	}
+	if *asJSON {
+		e := json.NewEncoder(out)
+		e.SetIndent("", "  ")
+		return e.Encode(rep.Dump)
+	}
+	d := rep.Dump
+	fmt.Fprintf(out, "onloadd %s, pid %d: %d stacks\n", d.Daemon, d.PID, len(d.Stacks))
+	for _, s := range d.Stacks {
+		name := ""
+		if s.Name != "" {
+			name = " " + strconv.Quote(s.Name)
+		}
+		fmt.Fprintf(out, "\nstack %d%s on %s queue %d, %s\n", s.ID, name, s.Interface, s.Queue, s.Addr)
+		for _, c := range s.Clients {
+			fmt.Fprintf(out, "  process %d (%s) uid %d\n", c.PID, c.Program, c.UID)
+		}
+		for _, f := range s.Filters {
+			fmt.Fprintf(out, "  filter %s\n", f)
+		}
+		for _, l := range strings.Split(strings.TrimRight(s.Engine, "\n"), "\n") {
+			fmt.Fprintf(out, "  %s\n", l)
+		}
+	}
+	return nil
+}

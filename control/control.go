@@ -1,0 +1,292 @@
+// Package control is the protocol between onloadd and the processes it
+// serves: a request and its reply, one JSON object each, in one datagram
+// of a SOCK_SEQPACKET Unix socket, with file descriptors passed beside
+// them (SCM_RIGHTS). Both sides import it: sockets (the client) and the
+// daemon.
+//
+// A connection begins with a hello that names the protocol version; every
+// request carries a sequence number its reply echoes. Every message is
+// checked before use: its size (MaxMessage), its fields (unknown fields
+// are refused), the number of descriptors that came with it. A message
+// that fails a check gets an error reply and changes nothing.
+package control
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+)
+
+// Version is the protocol version this build speaks. A daemon refuses a
+// client of another version with a sentence that names both.
+const Version = 1
+
+// MaxMessage is the largest message either side sends or accepts, in
+// bytes; MaxFDs the most descriptors one message carries.
+const (
+	MaxMessage = 64 << 10
+	MaxFDs     = 4
+)
+
+// DefaultSocket is where onloadd listens unless told otherwise
+// (ONLOAD_DAEMON_SOCKET, onloadd serve -socket).
+const DefaultSocket = "/run/onload/onloadd.sock"
+
+// Op is what a request asks for.
+type Op string
+
+const (
+	// OpHello opens a connection: the client's version and name. It must
+	// be the first request, and comes once.
+	OpHello Op = "hello"
+	// OpStack asks for a stack on an interface (a new one, or the named
+	// one to share). The reply carries the stack's descriptors: the UMEM
+	// memfd, the AF_XDP socket and the image memfd, in that order.
+	OpStack Op = "stack"
+	// OpFilter steers a port to one of the client's stacks. The request
+	// carries one descriptor: a kernel socket bound to that address and
+	// port, the proof that the client owns it. onloadd keeps it for as
+	// long as the filter lives.
+	OpFilter Op = "filter"
+	// OpUnfilter removes a filter the client added.
+	OpUnfilter Op = "unfilter"
+	// OpDump asks for the daemon's state: its stacks, their processes,
+	// queues and filters.
+	OpDump Op = "dump"
+)
+
+// Request is one message from a client. Exactly the field its Op names is
+// set.
+type Request struct {
+	V      int            `json:"v"`
+	Seq    uint32         `json:"seq"`
+	Op     Op             `json:"op"`
+	Hello  *Hello         `json:"hello,omitempty"`
+	Stack  *StackRequest  `json:"stack,omitempty"`
+	Filter *FilterRequest `json:"filter,omitempty"`
+	Dump   *DumpRequest   `json:"dump,omitempty"`
+}
+
+// Hello is a client's first request.
+type Hello struct {
+	// Program names the client in logs and dumps (its command name).
+	Program string `json:"program,omitempty"`
+}
+
+// StackRequest asks for a stack.
+type StackRequest struct {
+	// Interface is the device to accelerate; "" lets the daemon choose
+	// (the one it serves, or the default route's).
+	Interface string `json:"interface,omitempty"`
+	// Name, if set, names a stack that processes share: the first asks
+	// for it to be made, the others join it (Onload's EF_NAME). Without
+	// a name the client gets a stack of its own.
+	Name string `json:"name,omitempty"`
+	// The NIC's sizes (0: the daemon's defaults). A joining client's are
+	// ignored: the stack has its own.
+	Frames    int `json:"frames,omitempty"`
+	RingSize  int `json:"ring_size,omitempty"`
+	FillDepth int `json:"fill_depth,omitempty"`
+	// The image's sizes and TCP defaults (0: the engine's defaults).
+	Image ImageConfig `json:"image"`
+}
+
+// ImageConfig is what the stack's image is made with: the parts of the
+// engine's configuration that a client chooses.
+type ImageConfig struct {
+	Sockets       int    `json:"sockets,omitempty"`
+	MinRTOMs      int    `json:"min_rto_ms,omitempty"`
+	DelayedAckMs  int    `json:"delayed_ack_ms,omitempty"`
+	SendBuffer    int    `json:"send_buffer,omitempty"`
+	RecvBuffer    int    `json:"recv_buffer,omitempty"`
+	SendBufferMax int    `json:"send_buffer_max,omitempty"`
+	RecvBufferMax int    `json:"recv_buffer_max,omitempty"`
+	Congestion    string `json:"congestion,omitempty"`
+}
+
+// StackReply describes the stack whose descriptors come with it.
+type StackReply struct {
+	ID        uint32 `json:"id"`
+	Name      string `json:"name,omitempty"`
+	Joined    bool   `json:"joined,omitempty"` // an existing shared stack
+	Interface string `json:"interface"`
+	Queue     int    `json:"queue"`
+	Addr      string `json:"addr"` // the stack's address and subnet, 198.18.0.2/24
+	// The NIC's sizes, for mapping the UMEM and rings.
+	FrameSize int `json:"frame_size"`
+	Frames    int `json:"frames"`
+	RingSize  int `json:"ring_size"`
+	FillDepth int `json:"fill_depth"`
+}
+
+// Filter kinds.
+const (
+	// Listen steers every frame to a local address and port (the
+	// address may be 0.0.0.0: all of the interface's).
+	Listen = "listen"
+)
+
+// FilterRequest steers the frames of a local port to a stack.
+type FilterRequest struct {
+	Stack uint32 `json:"stack"`
+	Kind  string `json:"kind"`  // Listen
+	Proto string `json:"proto"` // "tcp" or "udp"
+	Local string `json:"local"` // address:port
+}
+
+// LocalAddrPort parses Local.
+func (f *FilterRequest) LocalAddrPort() (netip.AddrPort, error) {
+	ap, err := netip.ParseAddrPort(f.Local)
+	if err != nil {
+		return ap, fmt.Errorf("filter local address %q: %w", f.Local, err)
+	}
+	if !ap.Addr().Is4() {
+		return ap, fmt.Errorf("filter local address %s: only IPv4 is steered", ap)
+	}
+	if ap.Port() == 0 {
+		return ap, fmt.Errorf("filter local address %s: a port is needed", ap)
+	}
+	return ap, nil
+}
+
+// DumpRequest asks for the daemon's state.
+type DumpRequest struct{}
+
+// Reply is the daemon's answer to the request with the same Seq. Error,
+// if set, is a sentence for the user, and Code says what kind of refusal
+// it is; otherwise the field the request's Op names is set.
+type Reply struct {
+	V     int         `json:"v"`
+	Seq   uint32      `json:"seq"`
+	Error string      `json:"error,omitempty"`
+	Code  Code        `json:"code,omitempty"`
+	Hello *HelloReply `json:"hello,omitempty"`
+	Stack *StackReply `json:"stack,omitempty"`
+	Dump  *Dump       `json:"dump,omitempty"`
+}
+
+// HelloReply is the daemon's side of the hello.
+type HelloReply struct {
+	Daemon string `json:"daemon"` // onloadd's version
+	PID    int    `json:"pid"`
+}
+
+// Code classifies an error reply.
+type Code string
+
+const (
+	CodeInvalid     Code = "invalid"     // the request is malformed or out of order
+	CodeDenied      Code = "denied"      // the client may not do this
+	CodeInUse       Code = "in-use"      // the port or queue belongs to someone else
+	CodeExhausted   Code = "exhausted"   // no queue, stack id or memory left
+	CodeUnavailable Code = "unavailable" // the interface cannot be served
+	CodeInternal    Code = "internal"    // the daemon failed; its log says why
+)
+
+// Error is an error reply, as the client sees it.
+type Error struct {
+	Code Code
+	Msg  string
+}
+
+func (e *Error) Error() string { return "onloadd: " + e.Msg }
+
+// Err returns the reply's error, or nil.
+func (r *Reply) Err() error {
+	if r.Error == "" {
+		return nil
+	}
+	return &Error{Code: r.Code, Msg: r.Error}
+}
+
+// Dump is the daemon's state.
+type Dump struct {
+	Daemon string      `json:"daemon"`
+	PID    int         `json:"pid"`
+	Stacks []StackDump `json:"stacks"`
+}
+
+// StackDump is one stack in a Dump.
+type StackDump struct {
+	ID        uint32       `json:"id"`
+	Name      string       `json:"name,omitempty"`
+	Interface string       `json:"interface"`
+	Queue     int          `json:"queue"`
+	Addr      string       `json:"addr"`
+	Clients   []ClientDump `json:"clients"`
+	Filters   []string     `json:"filters"`
+	// Engine is the engine's own dump: counters and sockets, from the
+	// image (read by the daemon, which checks it like any image data).
+	Engine string `json:"engine,omitempty"`
+}
+
+// ClientDump is one process attached to a stack.
+type ClientDump struct {
+	PID     int    `json:"pid"`
+	UID     int    `json:"uid"`
+	Program string `json:"program,omitempty"`
+}
+
+// ParseRequest decodes and checks one request: the version, that the
+// field its Op names is the one set, and no unknown fields.
+func ParseRequest(b []byte) (*Request, error) {
+	var r Request
+	if err := decodeStrict(b, &r); err != nil {
+		return nil, fmt.Errorf("malformed request: %w", err)
+	}
+	if r.V != Version {
+		return &r, fmt.Errorf("protocol version %d: this onloadd speaks version %d (the client and onloadd come from different builds)", r.V, Version)
+	}
+	set := 0
+	for _, p := range []bool{r.Hello != nil, r.Stack != nil, r.Filter != nil, r.Dump != nil} {
+		if p {
+			set++
+		}
+	}
+	var want bool
+	switch r.Op {
+	case OpHello:
+		want = r.Hello != nil
+	case OpStack:
+		want = r.Stack != nil
+	case OpFilter, OpUnfilter:
+		want = r.Filter != nil
+	case OpDump:
+		want = r.Dump != nil
+	default:
+		return &r, fmt.Errorf("unknown request %q", r.Op)
+	}
+	if !want || set != 1 {
+		return &r, fmt.Errorf("request %q must carry its own body and no other", r.Op)
+	}
+	return &r, nil
+}
+
+// ParseReply decodes one reply.
+func ParseReply(b []byte) (*Reply, error) {
+	var r Reply
+	if err := decodeStrict(b, &r); err != nil {
+		return nil, fmt.Errorf("malformed reply from onloadd: %w", err)
+	}
+	if r.V != Version {
+		return nil, fmt.Errorf("onloadd speaks protocol version %d, this program version %d: they come from different builds", r.V, Version)
+	}
+	return &r, nil
+}
+
+func decodeStrict(b []byte, v any) error {
+	if len(b) > MaxMessage {
+		return fmt.Errorf("%d bytes: the limit is %d", len(b), MaxMessage)
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return err
+	}
+	if d.More() {
+		return errors.New("more than one object")
+	}
+	return nil
+}

@@ -1,0 +1,228 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdp-onload/onload/bpf"
+	"github.com/xdp-onload/onload/control"
+)
+
+// client is one connection to the control socket: a process, known by
+// the credentials it connected with.
+type client struct {
+	d       *Daemon
+	conn    *control.Conn
+	cred    unix.Ucred
+	program string
+	hello   bool
+	stacks  map[bpf.StackID]*dstack
+}
+
+func (c *client) String() string {
+	if c.program != "" {
+		return fmt.Sprintf("pid %d (%s, uid %d)", c.cred.Pid, c.program, c.cred.Uid)
+	}
+	return fmt.Sprintf("pid %d (uid %d)", c.cred.Pid, c.cred.Uid)
+}
+
+// idleTimeout bounds how long a client that has not said hello may hold
+// a connection; after the hello a client may stay quiet for as long as
+// it lives.
+const idleTimeout = 10 * time.Second
+
+func (d *Daemon) newClient(uc *net.UnixConn) (*client, error) {
+	conn := control.NewConn(uc)
+	cred, err := conn.Peer()
+	if err != nil {
+		return nil, err
+	}
+	c := &client{d: d, conn: conn, cred: *cred, stacks: map[bpf.StackID]*dstack{}}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, errors.New("onloadd is stopping")
+	}
+	d.clients[c] = struct{}{}
+	return c, nil
+}
+
+// serve answers c's requests, one at a time, until it disconnects; then
+// everything it held is released.
+func (c *client) serve() {
+	d := c.d
+	defer func() {
+		d.mu.Lock()
+		for _, s := range c.stacks {
+			d.leaveLocked(c, s)
+		}
+		delete(d.clients, c)
+		d.mu.Unlock()
+		c.conn.Close()
+		if c.hello {
+			d.log.Debug("client gone", "client", c.String())
+		}
+	}()
+	c.conn.SetDeadline(time.Now().Add(idleTimeout))
+	for {
+		msg, fds, err := c.conn.Recv()
+		if err != nil {
+			if !control.IsClosed(err) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, os.ErrDeadlineExceeded) {
+				// A malformed datagram: say so, and go on serving.
+				d.log.Warn("bad message", "client", c.String(), "err", err)
+				if c.send(&control.Reply{Error: err.Error(), Code: control.CodeInvalid}) == nil {
+					continue
+				}
+			}
+			return
+		}
+		rep, rfds := c.handle(msg, fds)
+		err = c.send(rep, rfds...)
+		if err != nil {
+			d.log.Warn("reply not sent", "client", c.String(), "err", err)
+			return
+		}
+		if c.hello {
+			c.conn.SetDeadline(time.Time{})
+		}
+	}
+}
+
+func (c *client) send(rep *control.Reply, fds ...int) error {
+	rep.V = control.Version
+	return c.conn.Send(rep, fds...)
+}
+
+// handle answers one request. Descriptors that came with it are the
+// handler's: kept (a filter's proof) or closed.
+func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) {
+	kept := false
+	defer func() {
+		if !kept {
+			control.CloseFDs(fds)
+		}
+	}()
+	req, err := control.ParseRequest(msg)
+	if req == nil {
+		return errReply(0, refuse(codeInvalid, "%v", err)), nil
+	}
+	if err != nil {
+		return errReply(req.Seq, refuse(codeInvalid, "%v", err)), nil
+	}
+	if !c.hello && req.Op != control.OpHello {
+		return errReply(req.Seq, refuse(codeInvalid, "request %q before hello: a connection begins with hello", req.Op)), nil
+	}
+	wantFDs := 0
+	if req.Op == control.OpFilter {
+		wantFDs = 1
+	}
+	if len(fds) != wantFDs {
+		return errReply(req.Seq, refuse(codeInvalid, "request %q carries %d descriptors, not %d", req.Op, len(fds), wantFDs)), nil
+	}
+	d := c.d
+	rep = &control.Reply{Seq: req.Seq}
+	switch req.Op {
+	case control.OpHello:
+		if c.hello {
+			return errReply(req.Seq, refuse(codeInvalid, "a second hello")), nil
+		}
+		c.hello, c.program = true, truncate(req.Hello.Program, 64)
+		rep.Hello = &control.HelloReply{Daemon: Version, PID: os.Getpid()}
+		d.log.Debug("client", "client", c.String())
+	case control.OpStack:
+		d.mu.Lock()
+		s, joined, err := d.stackLocked(c, req.Stack)
+		if err == nil {
+			s.clients[c] = struct{}{}
+			c.stacks[s.id] = s
+			rfds = []int{s.nic.Umem().FD(), s.nic.FD(), s.st.Image().FD()}
+			rep.Stack = s.reply(joined)
+			if joined {
+				d.log.Info("stack joined", "stack", s.id, "name", s.name, "client", c.String())
+			}
+		}
+		d.mu.Unlock()
+		if err != nil {
+			return errReply(req.Seq, d.logRefusal(c, req.Op, err)), nil
+		}
+	case control.OpFilter, control.OpUnfilter:
+		d.mu.Lock()
+		s := c.stacks[bpf.StackID(req.Filter.Stack)]
+		switch {
+		case s == nil:
+			err = refuse(codeDenied, "stack %d is not one of yours", req.Filter.Stack)
+		case req.Op == control.OpFilter:
+			if err = d.addFilterLocked(c, s, req.Filter, fds[0]); err == nil {
+				kept = true
+			}
+		default:
+			var key bpf.Listener
+			if key, err = filterKey(req.Filter); err == nil {
+				if f := s.filters[key]; f == nil || f.owner != c {
+					err = refuse(codeInvalid, "no filter of yours for %s %s", req.Filter.Proto, req.Filter.Local)
+				} else {
+					d.removeFilterLocked(s, key)
+				}
+			}
+		}
+		d.mu.Unlock()
+		if err != nil {
+			return errReply(req.Seq, d.logRefusal(c, req.Op, err)), nil
+		}
+	case control.OpDump:
+		rep.Dump = d.dump()
+	}
+	return rep, rfds
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// refusal is an error reply's code and sentence.
+type refusal struct {
+	code control.Code
+	msg  string
+}
+
+func (r *refusal) Error() string { return r.msg }
+
+const (
+	codeInvalid     = control.CodeInvalid
+	codeDenied      = control.CodeDenied
+	codeInUse       = control.CodeInUse
+	codeExhausted   = control.CodeExhausted
+	codeUnavailable = control.CodeUnavailable
+)
+
+func refuse(code control.Code, format string, a ...any) error {
+	return &refusal{code: code, msg: fmt.Sprintf(format, a...)}
+}
+
+func errReply(seq uint32, err error) *control.Reply {
+	var r *refusal
+	if errors.As(err, &r) {
+		return &control.Reply{Seq: seq, Error: r.msg, Code: r.code}
+	}
+	return &control.Reply{Seq: seq, Error: err.Error(), Code: control.CodeInternal}
+}
+
+// logRefusal logs a refused request (refusals at debug, failures as
+// warnings) and returns err.
+func (d *Daemon) logRefusal(c *client, op control.Op, err error) error {
+	var r *refusal
+	if errors.As(err, &r) {
+		d.log.Info("request refused", "client", c.String(), "op", string(op), "why", r.msg)
+	} else {
+		d.log.Warn("request failed", "client", c.String(), "op", string(op), "err", err)
+	}
+	return err
+}

@@ -1,0 +1,55 @@
+package daemon
+
+import (
+	"fmt"
+	"os"
+	"runtime/debug"
+	"sort"
+
+	"github.com/xdp-onload/onload/control"
+)
+
+// Version is onloadd's version: the module's, and the commit it was
+// built from.
+var Version = func() string {
+	v := "(devel)"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v = bi.Main.Version
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v += " " + s.Value[:12]
+			}
+		}
+	}
+	return v
+}()
+
+// dump describes every stack: its queue, its processes and filters, and
+// the engine's own dump read from the image.
+func (d *Daemon) dump() *control.Dump {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := &control.Dump{Daemon: Version, PID: os.Getpid(), Stacks: []control.StackDump{}}
+	for _, s := range d.stacks {
+		sd := control.StackDump{
+			ID: uint32(s.id), Name: s.name, Interface: s.ifc.name, Queue: s.queue, Addr: s.addr.String(),
+			Clients: []control.ClientDump{}, Filters: []string{},
+		}
+		for c := range s.clients {
+			sd.Clients = append(sd.Clients, control.ClientDump{PID: int(c.cred.Pid), UID: int(c.cred.Uid), Program: c.program})
+		}
+		sort.Slice(sd.Clients, func(i, j int) bool { return sd.Clients[i].PID < sd.Clients[j].PID })
+		for k, f := range s.filters {
+			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s:%d (pid %d)", k.Proto, k.Addr, k.Port, f.owner.cred.Pid))
+		}
+		sort.Strings(sd.Filters)
+		if text, ok := s.st.TryDump(); ok {
+			sd.Engine = text
+		} else {
+			sd.Engine = "(the stack lock is held: no engine dump)"
+		}
+		out.Stacks = append(out.Stacks, sd)
+	}
+	sort.Slice(out.Stacks, func(i, j int) bool { return out.Stacks[i].ID < out.Stacks[j].ID })
+	return out
+}

@@ -1,0 +1,167 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdp-onload/onload/bpf"
+	"github.com/xdp-onload/onload/control"
+)
+
+// filter is a port steered to a stack, with the kernel socket that proved
+// its client owns the port: onloadd keeps it open for as long as the
+// filter lives, so that the kernel gives the port to nobody else.
+type filter struct {
+	key   bpf.Listener
+	proof int // the client's kernel socket, our descriptor for it
+	owner *client
+}
+
+// addFilterLocked checks proof and steers req's port to stack s.
+func (d *Daemon) addFilterLocked(c *client, s *dstack, req *control.FilterRequest, proof int) error {
+	key, err := filterKey(req)
+	if err != nil {
+		return err
+	}
+	if err := checkProof(c, key, proof); err != nil {
+		return err
+	}
+	// No two stacks steer one port: an entry for any address of the port
+	// would take some of the other's frames.
+	for k, f := range s.ifc.filters {
+		if k.Proto == key.Proto && k.Port == key.Port && (k.Addr == key.Addr || k.Addr.IsUnspecified() || key.Addr.IsUnspecified()) {
+			if f.owner == c && k == key {
+				return refuse(codeInUse, "%s %s:%d is already steered to your stack", key.Proto, key.Addr, key.Port)
+			}
+			return refuse(codeInUse, "%s port %d on %s belongs to %s: a port is steered to one stack", key.Proto, key.Port, s.ifc.name, f.owner)
+		}
+	}
+	if err := s.ifc.steer.AddListener(key, s.id); err != nil {
+		return fmt.Errorf("filter %s %s:%d: %w", key.Proto, key.Addr, key.Port, err)
+	}
+	f := &filter{key: key, proof: proof, owner: c}
+	s.ifc.filters[key] = f
+	s.filters[key] = f
+	d.log.Debug("filter added", "stack", s.id, "proto", key.Proto.String(), "local", fmt.Sprintf("%s:%d", key.Addr, key.Port), "client", c.String())
+	return nil
+}
+
+// removeFilterLocked removes the filter for key from stack s and closes
+// its proof.
+func (d *Daemon) removeFilterLocked(s *dstack, key bpf.Listener) {
+	f := s.filters[key]
+	if f == nil {
+		return
+	}
+	if err := s.ifc.steer.RemoveListener(key); err != nil {
+		d.log.Warn("filter removal", "stack", s.id, "err", err)
+	}
+	unix.Close(f.proof)
+	delete(s.filters, key)
+	if s.ifc.filters[key] == f {
+		delete(s.ifc.filters, key)
+	}
+}
+
+func filterKey(req *control.FilterRequest) (bpf.Listener, error) {
+	if req.Kind != control.Listen {
+		return bpf.Listener{}, refuse(codeInvalid, "filter kind %q: onloadd steers %q filters", req.Kind, control.Listen)
+	}
+	var p bpf.Proto
+	switch req.Proto {
+	case "tcp":
+		p = bpf.TCP
+	case "udp":
+		p = bpf.UDP
+	default:
+		return bpf.Listener{}, refuse(codeInvalid, "filter protocol %q: tcp or udp", req.Proto)
+	}
+	ap, err := req.LocalAddrPort()
+	if err != nil {
+		return bpf.Listener{}, refuse(codeInvalid, "%v", err)
+	}
+	return bpf.Listener{Proto: p, Addr: ap.Addr(), Port: ap.Port()}, nil
+}
+
+// checkProof checks that fd is a kernel socket of the client's user, in
+// onloadd's network namespace, of key's protocol, bound to key's port and
+// to its address (or to every address).
+func checkProof(c *client, key bpf.Listener, fd int) error {
+	if fd < 0 {
+		return refuse(codeDenied, "a filter needs a kernel socket bound to %s:%d, the proof that the port is yours", key.Addr, key.Port)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return refuse(codeDenied, "the proof for port %d is not a socket", key.Port)
+	}
+	if c.cred.Uid != 0 && st.Uid != c.cred.Uid {
+		return refuse(codeDenied, "the proof for port %d is a socket of uid %d, not yours (uid %d)", key.Port, st.Uid, c.cred.Uid)
+	}
+	if same, err := sameNetns(fd); err != nil || !same {
+		return refuse(codeDenied, "the proof for port %d is a socket of another network namespace", key.Port)
+	}
+	proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	if proto == unix.IPPROTO_MPTCP {
+		// Go's listeners are MPTCP sockets by default: bound, they hold
+		// the TCP port as a TCP socket does.
+		proto = unix.IPPROTO_TCP
+	}
+	if err != nil || proto != int(key.Proto) {
+		return refuse(codeDenied, "the proof for %s port %d is not a %s socket", key.Proto, key.Port, key.Proto)
+	}
+	bound, ok := boundV4(fd)
+	if !ok {
+		return refuse(codeDenied, "the proof for %s port %d is not bound to an IPv4 address (or the IPv6 wildcard that covers them)", key.Proto, key.Port)
+	}
+	if bound.Port() != key.Port || (!bound.Addr().IsUnspecified() && bound.Addr() != key.Addr) {
+		return refuse(codeDenied, "the proof for %s:%d is a socket bound to %s", key.Addr, key.Port, bound)
+	}
+	return nil
+}
+
+// boundV4 is the IPv4 address and port socket fd is bound to: an IPv4
+// socket's, an IPv6 socket's IPv4-mapped address, or 0.0.0.0 for an IPv6
+// socket on the wildcard that takes IPv4 too (Go's net.Listen(":port")).
+func boundV4(fd int) (netip.AddrPort, bool) {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return netip.AddrPort{}, false
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)), a.Port != 0
+	case *unix.SockaddrInet6:
+		ip := netip.AddrFrom16(a.Addr)
+		switch {
+		case ip.Is4In6():
+			return netip.AddrPortFrom(ip.Unmap(), uint16(a.Port)), a.Port != 0
+		case ip.IsUnspecified():
+			if v6only, err := unix.GetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY); err == nil && v6only == 0 {
+				return netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(a.Port)), a.Port != 0
+			}
+		}
+	}
+	return netip.AddrPort{}, false
+}
+
+// sameNetns reports whether socket fd lives in onloadd's network
+// namespace.
+func sameNetns(fd int) (bool, error) {
+	nsfd, err := unix.IoctlRetInt(fd, unix.SIOCGSKNS)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(nsfd)
+	var a, b unix.Stat_t
+	if err := unix.Fstat(nsfd, &a); err != nil {
+		return false, err
+	}
+	if err := unix.Stat("/proc/thread-self/ns/net", &b); err != nil {
+		if err := unix.Stat("/proc/self/ns/net", &b); err != nil {
+			return false, err
+		}
+	}
+	return a.Dev == b.Dev && a.Ino == b.Ino, nil
+}

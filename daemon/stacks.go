@@ -1,0 +1,223 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdp-onload/onload/bpf"
+	"github.com/xdp-onload/onload/control"
+	"github.com/xdp-onload/onload/stack"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// dstack is a stack onloadd made: its NIC (the AF_XDP socket on its
+// queue, and the UMEM) and its image, with the processes that use it.
+// The daemon's own handle on the engine (st) only reads, for dumps.
+type dstack struct {
+	id      bpf.StackID
+	name    string // shared stacks' name, "" for a process's own
+	uid     int    // the user whose processes may use it
+	ifc     *iface
+	queue   int
+	nic     *vnic.XDP
+	st      *stack.Stack
+	addr    netip.Prefix
+	nicCfg  vnic.XDPConfig
+	clients map[*client]struct{}
+	filters map[bpf.Listener]*filter
+}
+
+// Bounds on what a client may ask for: memory is the daemon's to give.
+const (
+	maxFrames   = 1 << 18 // 512 MiB of UMEM
+	maxRingSize = 16384
+	maxSockets  = 1 << 16
+)
+
+// stackLocked makes the stack req asks for, or finds the named one to
+// join.
+func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, bool, error) {
+	if req.Name != "" {
+		if s := d.named[req.Name]; s != nil {
+			if c.cred.Uid != 0 && int(c.cred.Uid) != s.uid {
+				return nil, false, refuse(codeDenied, "stack %q belongs to uid %d; processes of uid %d may not join it", req.Name, s.uid, c.cred.Uid)
+			}
+			if req.Interface != "" && req.Interface != s.ifc.name {
+				return nil, false, refuse(codeInvalid, "stack %q is on %s, not %s", req.Name, s.ifc.name, req.Interface)
+			}
+			return s, true, nil
+		}
+	}
+	if err := checkSizes(req); err != nil {
+		return nil, false, err
+	}
+	ifname := req.Interface
+	if ifname == "" {
+		if len(d.cfg.Interfaces) == 1 {
+			ifname = d.cfg.Interfaces[0]
+		} else {
+			return nil, false, refuse(codeInvalid, "no interface named: set ONLOAD_INTERFACE")
+		}
+	}
+	ifc, err := d.ifaceLocked(ifname)
+	if err != nil {
+		return nil, false, err
+	}
+	q := ifc.freeQueue()
+	if q < 0 {
+		return nil, false, refuse(codeExhausted, "every queue of %s has a stack (%s): share one with ONLOAD_STACK_NAME, or give the interface more queues (ethtool -L)", ifc.name, ifc.holders())
+	}
+	id, ok := d.freeIDLocked()
+	if !ok {
+		return nil, false, refuse(codeExhausted, "onloadd has %d stacks, the most it can steer", bpf.MaxStacks-1)
+	}
+	sc, err := stack.KernelConfig(ifname)
+	if err != nil {
+		return nil, false, refuse(codeUnavailable, "%v", err)
+	}
+	im := req.Image
+	sc.Sockets, sc.SendBuffer, sc.RecvBuffer = im.Sockets, im.SendBuffer, im.RecvBuffer
+	sc.SendBufferMax, sc.RecvBufferMax, sc.Congestion = im.SendBufferMax, im.RecvBufferMax, im.Congestion
+	sc.MinRTO = time.Duration(im.MinRTOMs) * time.Millisecond
+	sc.DelayedAck = time.Duration(im.DelayedAckMs) * time.Millisecond
+	nc := vnic.XDPConfig{Interface: ifname, Queue: q, FrameCount: req.Frames, RingSize: req.RingSize, FillDepth: req.FillDepth}
+	nic, err := vnic.OpenXDP(nc)
+	if err != nil {
+		return nil, false, fmt.Errorf("stack on %s queue %d: %w", ifname, q, err)
+	}
+	st, err := stack.New(nic, sc, stack.Options{})
+	if err != nil {
+		nic.Close()
+		return nil, false, refuse(codeInvalid, "stack on %s: %v", ifname, err)
+	}
+	// Sealed: a client cannot shrink the memory the daemon maps too.
+	for _, fd := range []int{nic.Umem().FD(), st.Image().FD()} {
+		if err == nil {
+			err = seal(fd)
+		}
+	}
+	if err == nil {
+		err = ifc.steer.SetSocket(id, q, nic.FD())
+	}
+	if err != nil {
+		st.Image().Close()
+		nic.Close()
+		return nil, false, fmt.Errorf("stack on %s queue %d: %w", ifname, q, err)
+	}
+	s := &dstack{
+		id: id, name: req.Name, uid: int(c.cred.Uid), ifc: ifc, queue: q, nic: nic, st: st, addr: sc.Addr,
+		nicCfg: nc, clients: map[*client]struct{}{}, filters: map[bpf.Listener]*filter{},
+	}
+	ifc.queues[q] = s
+	d.stacks[id] = s
+	if s.name != "" {
+		d.named[s.name] = s
+	}
+	d.log.Info("stack made", "stack", id, "name", s.name, "interface", ifname, "queue", q, "addr", sc.Addr.String(),
+		"pid", c.cred.Pid, "uid", c.cred.Uid, "program", c.program)
+	return s, false, nil
+}
+
+func checkSizes(req *control.StackRequest) error {
+	switch {
+	case req.Frames < 0 || req.Frames > maxFrames:
+		return refuse(codeInvalid, "%d UMEM frames: onloadd gives from 256 to %d", req.Frames, maxFrames)
+	case req.Frames != 0 && req.Frames < 256:
+		return refuse(codeInvalid, "%d UMEM frames: onloadd gives from 256 to %d", req.Frames, maxFrames)
+	case req.RingSize < 0 || req.RingSize > maxRingSize || req.RingSize&(req.RingSize-1) != 0:
+		return refuse(codeInvalid, "ring size %d: a power of two up to %d", req.RingSize, maxRingSize)
+	case req.FillDepth < 0 || req.FillDepth > maxRingSize:
+		return refuse(codeInvalid, "fill depth %d: up to %d", req.FillDepth, maxRingSize)
+	case req.Image.Sockets < 0 || req.Image.Sockets > maxSockets:
+		return refuse(codeInvalid, "%d sockets: onloadd gives up to %d per stack", req.Image.Sockets, maxSockets)
+	}
+	return nil
+}
+
+func seal(fd int) error {
+	_, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL)
+	if err != nil {
+		return fmt.Errorf("seal memfd: %w", err)
+	}
+	return nil
+}
+
+func (d *Daemon) freeIDLocked() (bpf.StackID, bool) {
+	// Stack 0 is the fault injector's (bpf.Steering.ForwardProgram).
+	for range bpf.MaxStacks - 1 {
+		id := d.nextID
+		d.nextID++
+		if d.nextID >= bpf.MaxStacks {
+			d.nextID = 1
+		}
+		if d.stacks[id] == nil {
+			return id, true
+		}
+	}
+	return 0, false
+}
+
+// leaveLocked detaches c from s, removing c's filters; the last client
+// out releases the stack.
+func (d *Daemon) leaveLocked(c *client, s *dstack) {
+	for k, f := range s.filters {
+		if f.owner == c {
+			d.removeFilterLocked(s, k)
+		}
+	}
+	delete(s.clients, c)
+	if len(s.clients) == 0 {
+		d.releaseStackLocked(s)
+	}
+}
+
+// releaseStackLocked removes the stack's filters and socket from the
+// steering maps and frees its queue, id and memory. The processes that
+// mapped it keep their mappings until they unmap them; no frame reaches
+// them any more.
+func (d *Daemon) releaseStackLocked(s *dstack) {
+	if d.stacks[s.id] != s {
+		return
+	}
+	for k := range s.filters {
+		d.removeFilterLocked(s, k)
+	}
+	var errs []error
+	errs = append(errs, s.ifc.steer.ClearSocket(s.id, s.queue))
+	errs = append(errs, s.st.Image().Close(), s.nic.Close())
+	s.ifc.queues[s.queue] = nil
+	delete(d.stacks, s.id)
+	if s.name != "" && d.named[s.name] == s {
+		delete(d.named, s.name)
+	}
+	if err := errors.Join(errs...); err != nil {
+		d.log.Warn("stack released with errors", "stack", s.id, "err", err)
+	} else {
+		d.log.Info("stack released", "stack", s.id, "name", s.name)
+	}
+}
+
+func (s *dstack) clientNames() string {
+	var b []string
+	for c := range s.clients {
+		b = append(b, c.String())
+	}
+	sort.Strings(b)
+	return strings.Join(b, ", ")
+}
+
+// reply describes s for a client.
+func (s *dstack) reply(joined bool) *control.StackReply {
+	cfg := s.nicCfg
+	return &control.StackReply{
+		ID: uint32(s.id), Name: s.name, Joined: joined, Interface: s.ifc.name, Queue: s.queue,
+		Addr: s.addr.String(), FrameSize: s.nic.Umem().Config().FrameSize, Frames: s.nic.Umem().Config().FrameCount,
+		RingSize: cfg.RingSize, FillDepth: cfg.FillDepth,
+	}
+}

@@ -1,0 +1,170 @@
+package sockets
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdp-onload/onload/control"
+	"github.com/xdp-onload/onload/interrupts"
+	"github.com/xdp-onload/onload/stack"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// errNoDaemon is openDaemon's error when nothing answers on the control
+// socket: in auto mode the process then makes its own stack.
+var errNoDaemon = errors.New("onloadd is not running")
+
+// openDaemon asks onloadd for a stack and maps it: the UMEM, the AF_XDP
+// socket and the image come as descriptors over the control socket, and
+// the stack runs here, in this process, as a standalone one does. No
+// privilege is needed.
+func openDaemon(cfg Config) (*Stack, error) {
+	path := cfg.DaemonSocket
+	if path == "" {
+		path = control.DefaultSocket
+	}
+	cl, err := control.Dial(path, filepath.Base(os.Args[0]))
+	if err != nil {
+		var ce *control.Error
+		if errors.As(err, &ce) {
+			return nil, err
+		}
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ECONNREFUSED) {
+			return nil, fmt.Errorf("%w (no control socket at %s)", errNoDaemon, path)
+		}
+		if errors.Is(err, unix.EACCES) {
+			return nil, fmt.Errorf("onloadd's control socket %s refuses this user (uid %d): ask for its group, or run onloadd with -group", path, os.Getuid())
+		}
+		return nil, fmt.Errorf("onloadd at %s: %w", path, err)
+	}
+	undo := []func() error{cl.Close}
+	fail := func(err error) (*Stack, error) {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+		return nil, err
+	}
+	req := control.StackRequest{
+		Interface: cfg.Interface, Name: cfg.StackName,
+		Frames: cfg.UmemFrames, RingSize: cfg.RingSize, FillDepth: cfg.FillDepth,
+		Image: control.ImageConfig{
+			Sockets: cfg.Sockets, MinRTOMs: int(cfg.MinRTO / time.Millisecond), DelayedAckMs: int(cfg.DelayedAck / time.Millisecond),
+			SendBuffer: cfg.SendBuffer, RecvBuffer: cfg.RecvBuffer, SendBufferMax: cfg.SendBufferMax, RecvBufferMax: cfg.RecvBufferMax,
+			Congestion: cfg.Congestion,
+		},
+	}
+	rep, fds, err := cl.Call(control.Request{Op: control.OpStack, Stack: &req})
+	if err != nil {
+		return fail(err)
+	}
+	if len(fds) != 3 || rep.Stack == nil {
+		control.CloseFDs(fds)
+		return fail(fmt.Errorf("onloadd's stack reply has %d descriptors, not 3", len(fds)))
+	}
+	sr := rep.Stack
+	umemFD, xskFD, imgFD := fds[0], fds[1], fds[2]
+	addr, err := netip.ParsePrefix(sr.Addr)
+	if err != nil {
+		control.CloseFDs(fds)
+		return fail(fmt.Errorf("onloadd's stack address %q: %w", sr.Addr, err))
+	}
+	nic, err := vnic.AttachXDP(umemFD, xskFD, vnic.XDPConfig{
+		Interface: sr.Interface, Queue: sr.Queue, FrameSize: sr.FrameSize, FrameCount: sr.Frames,
+		RingSize: sr.RingSize, FillDepth: sr.FillDepth,
+	})
+	if err != nil {
+		unix.Close(imgFD)
+		return fail(fmt.Errorf("map onloadd's stack %d: %w", sr.ID, err))
+	}
+	undo = append(undo, nic.Close)
+	img, err := stack.AttachImage(imgFD)
+	if err != nil {
+		unix.Close(imgFD)
+		return fail(fmt.Errorf("map onloadd's stack %d: %w", sr.ID, err))
+	}
+	undo = append(undo, img.Close)
+	kn, err := stack.NewKernelNeighbours(sr.Interface)
+	if err != nil {
+		return fail(err)
+	}
+	undo = append(undo, kn.Close)
+	irq, err := interrupts.Readiness(xskFD)
+	if err != nil {
+		return fail(err)
+	}
+	undo = append(undo, irq.Close)
+	filters := &daemonFilters{c: cl, stack: sr.ID, proofs: map[proofKey]int{}}
+	s, err := attachStack(img, nic, irq, cfg, addr, stack.Options{Filters: filters, Resolver: kn})
+	if err != nil {
+		return fail(err)
+	}
+	for i := len(undo) - 1; i >= 0; i-- {
+		s.teardown = append(s.teardown, undo[i])
+	}
+	s.host, s.ifname, s.proofs = true, sr.Interface, filters
+	s.local = hostAddrs()
+	how := "made"
+	if sr.Joined {
+		how = "joined"
+	}
+	logf(levelInfo, "stack %d on %s queue %d (%s, through onloadd: %s): %v", sr.ID, sr.Interface, sr.Queue, addr, how, cfg.Profile)
+	return s, nil
+}
+
+// daemonFilters steers a daemon stack's ports: each through a request to
+// onloadd, with the kernel socket that proves the port is ours.
+type daemonFilters struct {
+	c     *control.Client
+	stack uint32
+
+	mu     sync.Mutex
+	proofs map[proofKey]int // set around the engine's Bind (withProof)
+}
+
+type proofKey struct {
+	p    stack.Proto
+	port uint16
+}
+
+// withProof runs bind with fd as the proof for port.
+func (f *daemonFilters) withProof(p stack.Proto, port uint16, fd int, bind func() error) error {
+	k := proofKey{p, port}
+	f.mu.Lock()
+	f.proofs[k] = fd
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		delete(f.proofs, k)
+		f.mu.Unlock()
+	}()
+	return bind()
+}
+
+func (f *daemonFilters) request(op control.Op, p stack.Proto, local netip.AddrPort, fds ...int) error {
+	_, rfds, err := f.c.Call(control.Request{Op: op, Filter: &control.FilterRequest{
+		Stack: f.stack, Kind: control.Listen, Proto: p.String(), Local: local.String(),
+	}}, fds...)
+	control.CloseFDs(rfds)
+	return err
+}
+
+func (f *daemonFilters) AddListener(p stack.Proto, local netip.AddrPort) error {
+	f.mu.Lock()
+	fd, ok := f.proofs[proofKey{p, local.Port()}]
+	f.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("no kernel socket holds %s port %d for this process", p, local.Port())
+	}
+	return f.request(control.OpFilter, p, local, fd)
+}
+
+func (f *daemonFilters) RemoveListener(p stack.Proto, local netip.AddrPort) error {
+	return f.request(control.OpUnfilter, p, local)
+}

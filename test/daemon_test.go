@@ -1,0 +1,317 @@
+package test
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xdp-onload/onload/bpf"
+	"github.com/xdp-onload/onload/control"
+	"github.com/xdp-onload/onload/daemon"
+	"github.com/xdp-onload/onload/sockets"
+	"github.com/xdp-onload/onload/xdp"
+)
+
+// The daemon tests run onloadd (package daemon, in a helper process in
+// host b) and serve from processes of uid 65534 with no capabilities,
+// which get their stacks from it.
+
+// nobody is the unprivileged user the tests' applications run as.
+const nobody = 65534
+
+func init() {
+	// onloadd, serving the control socket ONLOAD_DAEMON_SOCKET to group
+	// nobody.
+	helpers["onloadd"] = func() error {
+		d, err := daemon.New(daemon.Config{
+			Socket: os.Getenv("ONLOAD_DAEMON_SOCKET"), Group: fmt.Sprint(nobody), Mode: 0o660,
+		})
+		if err != nil {
+			return err
+		}
+		fmt.Println("READY")
+		go func() {
+			// The test closes our standard input to stop us, as SIGTERM
+			// would.
+			io.Copy(io.Discard, os.Stdin)
+			d.Close()
+		}()
+		return d.Serve(context.Background())
+	}
+	// An unprivileged server: it first shows that it can neither load a
+	// BPF program nor open an AF_XDP socket itself, then serves HTTP
+	// (handler) with sockets.Listen on the stack onloadd gives it, and a
+	// TCP echo on the next port. READY <port> <bpf error> | <xsk error>.
+	helpers["daemon-server"] = func() error {
+		var bpfErr, xskErr error
+		if s, err := bpf.Load(); err == nil {
+			s.Close()
+			bpfErr = errors.New("loaded")
+		} else {
+			bpfErr = err
+		}
+		if u, err := xdp.NewUmem(xdp.UmemConfig{FrameCount: 64}); err != nil {
+			xskErr = err
+		} else {
+			if s, err := xdp.Open(u, xdp.Config{Interface: os.Getenv("ONLOAD_INTERFACE")}); err == nil {
+				s.Close()
+				xskErr = errors.New("opened")
+			} else {
+				xskErr = err
+			}
+			u.Close()
+		}
+		ln, err := sockets.Listen("tcp", ":0")
+		if err != nil {
+			return err
+		}
+		if _, ok := ln.(*sockets.TCPListener); !ok {
+			return fmt.Errorf("sockets.Listen fell back to the kernel: %T", ln)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		echo, err := sockets.Listen("tcp", fmt.Sprintf(":%d", port+1))
+		if err != nil {
+			return err
+		}
+		if _, ok := echo.(*sockets.TCPListener); !ok {
+			return fmt.Errorf("the echo listener fell back to the kernel: %T", echo)
+		}
+		go func() {
+			for {
+				c, err := echo.Accept()
+				if err != nil {
+					return
+				}
+				go func() { sockperfServe(c); c.Close() }()
+			}
+		}()
+		fmt.Printf("READY %d %v | %v\n", port, oneLine(bpfErr), oneLine(xskErr))
+		srv := &http.Server{Handler: handler(), ConnContext: connContext}
+		return srv.Serve(ln)
+	}
+}
+
+// sockperfServe is a sockperf server on c (TCP): every message is a
+// header (sequence number, 8 bytes; flags, 2; length of the whole
+// message, 4; big-endian) and a payload, and a message that asks for a
+// pong (flag 2) goes back with its client flag (1) cleared, as sockperf's
+// own server does. Other bytes are echoed as they came, so that a plain
+// echo client works too.
+func sockperfServe(c net.Conn) error {
+	const hdr = 14
+	buf := make([]byte, 1<<16)
+	for {
+		if _, err := io.ReadFull(c, buf[:hdr]); err != nil {
+			return err
+		}
+		n := int(binary.BigEndian.Uint32(buf[10:14]))
+		if n < hdr || n > len(buf) || binary.BigEndian.Uint64(buf[:8]) == 0 {
+			// Not a sockperf message: an echo.
+			if _, err := c.Write(buf[:hdr]); err != nil {
+				return err
+			}
+			_, err := io.Copy(c, c)
+			return err
+		}
+		if _, err := io.ReadFull(c, buf[hdr:n]); err != nil {
+			return err
+		}
+		flags := binary.BigEndian.Uint16(buf[8:10])
+		if flags&2 == 0 {
+			continue
+		}
+		binary.BigEndian.PutUint16(buf[8:10], flags&^1)
+		if _, err := c.Write(buf[:n]); err != nil {
+			return err
+		}
+	}
+}
+
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", " ") }
+
+// daemonDir is a directory for onloadd's socket and a copy of the test
+// binary that uid nobody can reach, removed when the test ends.
+func daemonDir(t *testing.T) (dir, bin string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "onload-daemon-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin = filepath.Join(dir, "helper")
+	src, err := os.Open(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir, bin
+}
+
+// startDaemon runs onloadd in host h with its control socket in dir.
+func startDaemon(t *testing.T, h *Host, dir string) (sock string, p *helperProc) {
+	t.Helper()
+	sock = filepath.Join(dir, "onloadd.sock")
+	p = startHelper(t, h, "onloadd", "ONLOAD_DAEMON_SOCKET="+sock, "ONLOAD_LOG=debug")
+	return sock, p
+}
+
+// dumpDaemon asks onloadd at sock for its state.
+func dumpDaemon(t *testing.T, sock string) *control.Dump {
+	t.Helper()
+	cl, err := control.Dial(sock, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rep, _, err := cl.Call(control.Request{Op: control.OpDump, Dump: &control.DumpRequest{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep.Dump
+}
+
+// TestDaemonUnprivileged: a process of uid nobody with no capabilities,
+// which cannot load a BPF program or open an AF_XDP socket by itself,
+// serves with sockets.Listen on a stack onloadd made for it. curl and a
+// kernel client in the other host get byte-exact answers over
+// accelerated connections, and onloadd's dump shows the stack, the
+// process and its sockets.
+func TestDaemonUnprivileged(t *testing.T) {
+	RequireTool(t, "curl")
+	RequireTool(t, "setpriv")
+	RequireTool(t, "sockperf")
+	a, b := Pair(t, LinkOptions{})
+	dir, bin := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	srv := startHelperAs(t, b, nobody, bin, "daemon-server",
+		"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET="+sock, "ONLOAD_INTERFACE="+b.Iface0().Name, "ONLOAD_LOG=info")
+	var port int
+	var refusals string
+	if _, err := fmt.Sscanf(srv.Info, "%d", &port); err != nil {
+		t.Fatalf("server said %q", srv.Info)
+	}
+	_, refusals, _ = strings.Cut(srv.Info, " ")
+	// On its own, the process is refused both.
+	bpfErr, xskErr, _ := strings.Cut(refusals, "|")
+	if !strings.Contains(bpfErr, "needs CAP_BPF") {
+		t.Errorf("loading a BPF program without privilege: %s", bpfErr)
+	}
+	if !strings.Contains(xskErr, "needs CAP_NET_RAW") {
+		t.Errorf("opening an AF_XDP socket without privilege: %s", xskErr)
+	}
+
+	url := fmt.Sprintf("http://%s:%d", b.Iface0().Addr(), port)
+	const n = 16 << 20
+	out, err := a.Run("sh", "-c", fmt.Sprintf("curl -sS --max-time 60 -D - -o %s/body '%s/big?n=%d' && sha256sum %s/body", dir, url, n, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "X-Conn: accelerated") {
+		t.Errorf("curl's connection was not accelerated:\n%s", out)
+	}
+	if want := streamSum(n); !strings.Contains(out, want) {
+		t.Errorf("curl fetched a body that is not the stream (want sha256 %s):\n%s", want, out)
+	}
+
+	// A kernel client in host a: echoes (not a sockperf message: its
+	// first 8 bytes are 0), byte-exact.
+	var c net.Conn
+	if err := a.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp", fmt.Sprintf("%s:%d", b.Iface0().Addr(), port+1), 5*time.Second)
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	sent := sha256.New()
+	got := sha256.New()
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.CopyN(got, c, 4<<20)
+		done <- err
+	}()
+	if _, err := io.Copy(io.MultiWriter(c, sent), stream(4<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if hex.EncodeToString(got.Sum(nil)) != hex.EncodeToString(sent.Sum(nil)) {
+		t.Error("the echo's bytes differ from what was sent")
+	}
+
+	// sockperf's ping-pong client: every reply matched to its request by
+	// sequence number, as many received as sent.
+	out, err = a.Run("sockperf", "ping-pong", "-i", b.Iface0().Addr().String(), "-p", fmt.Sprint(port+1), "--tcp", "-t", "2", "-m", "64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`Valid Duration\] RunTime=[0-9.]+ sec; SentMessages=(\d+); ReceivedMessages=(\d+)`).FindStringSubmatch(out)
+	if m == nil || m[1] != m[2] || m[1] == "0" || !strings.Contains(out, "# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0") {
+		t.Errorf("sockperf's ping-pong through the accelerated server:\n%s", out)
+	} else {
+		t.Logf("sockperf: %s messages each way", m[1])
+	}
+
+	d := dumpDaemon(t, sock)
+	if len(d.Stacks) != 1 {
+		t.Fatalf("onloadd has %d stacks, want 1: %+v", len(d.Stacks), d)
+	}
+	s := d.Stacks[0]
+	if len(s.Clients) != 1 || s.Clients[0].UID != nobody || s.Clients[0].PID != srv.cmd.Process.Pid && !isChildOf(s.Clients[0].PID, srv.cmd.Process.Pid) {
+		t.Errorf("the stack's clients are %+v, want the server (uid %d)", s.Clients, nobody)
+	}
+	want := []string{fmt.Sprintf("tcp 0.0.0.0:%d", port), fmt.Sprintf("tcp 0.0.0.0:%d", port+1)}
+	for _, w := range want {
+		if !strings.Contains(strings.Join(s.Filters, "\n"), w) {
+			t.Errorf("the stack's filters %q lack %q", s.Filters, w)
+		}
+	}
+	if !strings.Contains(s.Engine, "ESTABLISHED") && !strings.Contains(s.Engine, "established") {
+		t.Errorf("the engine's dump shows no established connection:\n%s", s.Engine)
+	}
+}
+
+// isChildOf reports whether pid's parent is ppid (setpriv execs, ip netns
+// exec execs: the helper is the same process, or its child).
+func isChildOf(pid, ppid int) bool {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "PPid:"); ok {
+			return strings.TrimSpace(v) == fmt.Sprint(ppid)
+		}
+	}
+	return false
+}
