@@ -49,6 +49,13 @@ func (c *Conn) Send(v any, fds ...int) error {
 	return nil
 }
 
+// SendRaw writes b as one message with control data oob, unchecked: for
+// tests that play a broken or hostile client.
+func (c *Conn) SendRaw(b, oob []byte) error {
+	_, _, err := c.c.WriteMsgUnix(b, oob, nil)
+	return err
+}
+
 // Recv reads one message and the descriptors that came with it (close
 // them when done). A message too long, with too many descriptors or with
 // cut-off control data is an error, and its descriptors are closed.

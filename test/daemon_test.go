@@ -99,9 +99,63 @@ func init() {
 			}
 		}()
 		fmt.Printf("READY %d %v | %v\n", port, oneLine(bpfErr), oneLine(xskErr))
+		go claims()
 		srv := &http.Server{Handler: handler(), ConnContext: connContext}
 		return srv.Serve(ln)
 	}
+}
+
+// claims reads "claim PORT STACK" lines on standard input: the server
+// tries to take another's port, by listening on it and by asking onloadd
+// to steer it to stack STACK with a socket of its own, and prints each
+// refusal on a line of its own ("listen: ...", "filter: ...").
+func claims() {
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		var port, stk int
+		if _, err := fmt.Sscanf(sc.Text(), "claim %d %d", &port, &stk); err != nil {
+			continue
+		}
+		if ln, err := sockets.Listen("tcp", fmt.Sprintf(":%d", port)); err != nil {
+			fmt.Printf("listen: %v\n", err)
+		} else {
+			fmt.Printf("listen: took port %d (%T)\n", port, ln)
+			ln.Close()
+		}
+		fmt.Printf("filter: %v\n", claimFilter(port, stk))
+	}
+}
+
+// claimFilter asks onloadd to steer port to stack stk, with a kernel
+// socket of ours bound to another port as the proof.
+func claimFilter(port, stk int) error {
+	cl, err := control.Dial(os.Getenv("ONLOAD_DAEMON_SOCKET"), "claim")
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	proof, err := net.Listen("tcp4", ":0")
+	if err != nil {
+		return err
+	}
+	defer proof.Close()
+	_, _, err = cl.Call(control.Request{Op: control.OpFilter, Filter: &control.FilterRequest{
+		Stack: uint32(stk), Kind: control.Listen, Proto: "tcp", Local: fmt.Sprintf("0.0.0.0:%d", port),
+	}}, connFD(proof.(*net.TCPListener)))
+	if err == nil {
+		return errors.New("onloadd steered it")
+	}
+	return err
+}
+
+func connFD(c *net.TCPListener) int {
+	rc, _ := c.SyscallConn()
+	fd := -1
+	rc.Control(func(f uintptr) { fd = int(f) })
+	return fd
+}
+
+func init() {
 }
 
 // sockperfServe is a sockperf server on c (TCP): every message is a
@@ -314,4 +368,126 @@ func isChildOf(pid, ppid int) bool {
 		}
 	}
 	return false
+}
+
+// counter reads a counter from an engine dump.
+func counter(dump, name string) int {
+	m := regexp.MustCompile(`\b` + name + `:(\d+)`).FindStringSubmatch(dump)
+	if m == nil {
+		return -1
+	}
+	var n int
+	fmt.Sscan(m[1], &n)
+	return n
+}
+
+// TestDaemonTwoStacks: two unprivileged processes, each with a stack of
+// its own on one queue of a two-queue veth, serve different ports at
+// once (the other host's frames steered to each port's queue by its
+// transmit queue). Each stack sees only its own connections; neither
+// process can take the other's port, from the kernel or from onloadd; a
+// third stack is refused, for want of a queue.
+func TestDaemonTwoStacks(t *testing.T) {
+	RequireTool(t, "curl")
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{Queues: 2})
+	dir, bin := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	env := []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + b.Iface0().Name, "ONLOAD_LOG=info"}
+	srv := make([]*helperProc, 2)
+	ports := make([]int, 2)
+	for i := range srv {
+		srv[i] = startHelperAs(t, b, nobody, bin, "daemon-server", env...)
+		if _, err := fmt.Sscanf(srv[i].Info, "%d", &ports[i]); err != nil {
+			t.Fatalf("server %d said %q", i, srv[i].Info)
+		}
+	}
+	d := dumpDaemon(t, sock)
+	if len(d.Stacks) != 2 || d.Stacks[0].Queue == d.Stacks[1].Queue {
+		t.Fatalf("onloadd's stacks: %+v, want two on queues 0 and 1", d.Stacks)
+	}
+	// Which stack (and queue) serves which port, from the filters.
+	queueOf := map[int]int{}
+	stackOf := map[int]uint32{}
+	for _, st := range d.Stacks {
+		for i, p := range ports {
+			if strings.Contains(strings.Join(st.Filters, " "), fmt.Sprintf(":%d ", p)) {
+				queueOf[i], stackOf[i] = st.Queue, st.ID
+			}
+		}
+	}
+	if len(queueOf) != 2 {
+		t.Fatalf("filters %+v do not name ports %v", d.Stacks, ports)
+	}
+	qs, err := NewQueueSteer(a, a.Iface0().Name)
+	if err != nil {
+		Missing(t, "cannot steer host a's frames to a queue here (TCX egress): %v", err)
+	}
+	defer qs.Close()
+	for i, p := range ports {
+		if err := qs.Port(uint16(p), queueOf[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Both at once.
+	const n = 4 << 20
+	errs := make(chan error, 2)
+	for i, p := range ports {
+		go func() {
+			out, err := a.Run("sh", "-c", fmt.Sprintf("curl -sS --max-time 60 -D - -o %s/body%d 'http://%s:%d/big?n=%d' && sha256sum %s/body%d",
+				dir, i, b.Iface0().Addr(), p, n, dir, i))
+			switch {
+			case err != nil:
+			case !strings.Contains(out, "X-Conn: accelerated"):
+				err = fmt.Errorf("server %d: not accelerated:\n%s", i, out)
+			case !strings.Contains(out, streamSum(n)):
+				err = fmt.Errorf("server %d: the body is not the stream:\n%s", i, out)
+			}
+			errs <- err
+		}()
+	}
+	for range ports {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+
+	// Each stack had its own connection and no frame of the other's.
+	d = dumpDaemon(t, sock)
+	for _, st := range d.Stacks {
+		opens, stray := counter(st.Engine, "TCPPassiveOpens"), counter(st.Engine, "RxTCPNoSocket")
+		if opens != 1 || stray != 0 {
+			t.Errorf("stack %d (queue %d): %d connections accepted (want 1), %d frames for no socket of its own (want 0)", st.ID, st.Queue, opens, stray)
+		}
+	}
+
+	// Server 1 claims server 0's port: the kernel and onloadd refuse.
+	fmt.Fprintf(srv[1].In, "claim %d %d\n", ports[0], stackOf[0])
+	listenErr, err := srv[1].line(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	filterErr, err := srv[1].line(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(listenErr, "address already in use") {
+		t.Errorf("server 1 listening on server 0's port: %s", listenErr)
+	}
+	if !strings.Contains(filterErr, fmt.Sprintf("stack %d is not one of yours", stackOf[0])) {
+		t.Errorf("server 1 asking onloadd for server 0's port: %s", filterErr)
+	}
+
+	// A third stack: no queue left.
+	cl, err := control.Dial(sock, "third")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	_, _, err = cl.Call(control.Request{Op: control.OpStack, Stack: &control.StackRequest{Interface: b.Iface0().Name}})
+	var ce *control.Error
+	if !errors.As(err, &ce) || ce.Code != control.CodeExhausted || !strings.Contains(err.Error(), "every queue of "+b.Iface0().Name) {
+		t.Errorf("a third stack on a two-queue interface: %v", err)
+	}
 }

@@ -44,6 +44,17 @@ type helperProc struct {
 	stdout *bufio.Reader
 	stderr strings.Builder
 	done   chan error
+	lines  chan string // what it printed after READY
+}
+
+// line returns the next line the helper printed after READY.
+func (p *helperProc) line(timeout time.Duration) (string, error) {
+	select {
+	case l := <-p.lines:
+		return l, nil
+	case <-time.After(timeout):
+		return "", fmt.Errorf("the helper said nothing for %v", timeout)
+	}
 }
 
 // startHelper runs helper name in host h with extra environment and waits
@@ -65,7 +76,7 @@ func startHelperAs(t *testing.T, h *Host, uid int, bin, name string, env ...stri
 
 func runHelper(t *testing.T, cmd *exec.Cmd, name string, env ...string) *helperProc {
 	t.Helper()
-	p := &helperProc{done: make(chan error, 1), cmd: cmd}
+	p := &helperProc{done: make(chan error, 1), cmd: cmd, lines: make(chan string, 64)}
 	p.cmd.Env = append(append(os.Environ(), "ONLOAD_TEST_HELPER="+name), env...)
 	if testing.Short() {
 		p.cmd.Env = append(p.cmd.Env, "ONLOAD_TEST_SHORT=1")
@@ -95,7 +106,20 @@ func runHelper(t *testing.T, cmd *exec.Cmd, name string, env ...string) *helperP
 			line, err := p.stdout.ReadString('\n')
 			if info, ok := strings.CutPrefix(strings.TrimSpace(line), "READY"); ok {
 				ready <- strings.TrimSpace(info)
-				io.Copy(io.Discard, p.stdout)
+				// What it says afterwards, for line (dropped if nobody
+				// reads it).
+				for {
+					line, err := p.stdout.ReadString('\n')
+					if line != "" {
+						select {
+						case p.lines <- strings.TrimSpace(line):
+						default:
+						}
+					}
+					if err != nil {
+						break
+					}
+				}
 				break
 			}
 			if err != nil {

@@ -10,8 +10,9 @@ import (
 // allowed is the import rule of docs/ARCHITECTURE.md: which of this
 // module's packages each package may import. Arrows point down:
 // sockets → stack → vnic → xdp, with bpf beside xdp; timers and interrupts
-// serve the stack. Packages not listed (test/, internal/, cmd/) may import
-// anything.
+// serve the stack; control is the protocol both sockets and the daemon
+// speak, and nothing at or below sockets imports the daemon. Packages not
+// listed (test/, internal/, cmd/) may import anything.
 var allowed = map[string][]string{
 	"xdp":        {},
 	"bpf":        {},
@@ -19,7 +20,9 @@ var allowed = map[string][]string{
 	"timers":     {},
 	"interrupts": {"bpf", "timers", "vnic", "xdp"},
 	"stack":      {"bpf", "interrupts", "timers", "vnic", "xdp"},
-	"sockets":    {"bpf", "interrupts", "stack", "timers", "vnic", "xdp"},
+	"control":    {},
+	"sockets":    {"bpf", "control", "interrupts", "stack", "timers", "vnic", "xdp"},
+	"daemon":     {"bpf", "control", "stack", "vnic", "xdp"},
 }
 
 func TestImportRule(t *testing.T) {

@@ -1,0 +1,188 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdp-onload/onload/control"
+)
+
+// start runs a daemon on a socket in a temporary directory; it is closed
+// when the test ends.
+func start(t *testing.T) (*Daemon, string) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "onloadd.sock")
+	d, err := New(Config{Socket: sock, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+		d.Close()
+	})
+	return d, sock
+}
+
+// raw connects to the daemon without saying hello.
+func raw(t *testing.T, sock string) *control.Conn {
+	t.Helper()
+	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sock, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { uc.Close() })
+	return control.NewConn(uc)
+}
+
+// roundTrip sends b (and fds) raw and returns the reply.
+func roundTrip(t *testing.T, c *control.Conn, b []byte, fds ...int) *control.Reply {
+	t.Helper()
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if err := sendRaw(c, b, oob); err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	msg, rfds, err := c.Recv()
+	if err != nil {
+		t.Fatalf("no reply to %.40q: %v", b, err)
+	}
+	control.CloseFDs(rfds)
+	rep, err := control.ParseReply(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// openFDs counts this process's open descriptors.
+func openFDs(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// TestSecondInstance: a second daemon on the same socket is refused with
+// a sentence that names the first.
+func TestSecondInstance(t *testing.T) {
+	_, sock := start(t)
+	_, err := New(Config{Socket: sock, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if !errors.Is(err, ErrRunning) || !strings.Contains(err.Error(), "pid") {
+		t.Fatalf("a second daemon on %s: %v", sock, err)
+	}
+}
+
+// TestHostileClients: clients that send garbage, oversized messages,
+// requests out of order, descriptors where none belong, or that leave in
+// the middle of a request, each get an error reply (or are dropped) and
+// change nothing for a well-behaved client served all along; the daemon
+// keeps no descriptor they sent.
+func TestHostileClients(t *testing.T) {
+	_, sock := start(t)
+	good, err := control.Dial(sock, "good")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	check := func(when string) {
+		t.Helper()
+		rep, _, err := good.Call(control.Request{Op: control.OpDump, Dump: &control.DumpRequest{}})
+		if err != nil || rep.Dump == nil {
+			t.Fatalf("%s, the good client's dump: %v", when, err)
+		}
+	}
+	check("at first")
+	before := openFDs(t)
+
+	bad := raw(t, sock)
+	for _, tc := range []struct {
+		msg  string
+		fds  bool
+		want string
+	}{
+		{"\x00\x01garbage", false, "malformed"},
+		{`{"v":1,"seq":1,"op":"dump","dump":{}}`, false, "before hello"},
+		{`{"v":7,"seq":1,"op":"hello","hello":{}}`, false, "protocol version 7"},
+		{`{"v":1,"seq":1,"op":"hello","hello":{}}`, true, "carries 1 descriptors"},
+		{`{"v":1,"seq":2,"op":"hello","hello":{}}`, false, ""},
+		{`{"v":1,"seq":3,"op":"hello","hello":{}}`, false, "second hello"},
+		{`{"v":1,"seq":4,"op":"filter","filter":{"stack":9,"kind":"listen","proto":"tcp","local":"198.18.0.2:80"}}`, true, "not one of yours"},
+		{`{"v":1,"seq":5,"op":"filter","filter":{"stack":9,"kind":"listen","proto":"tcp","local":"198.18.0.2:80"}}`, false, "carries 0 descriptors"},
+		{`{"v":1,"seq":6,"op":"stack","stack":{"interface":"no-such-if0","frames":-5,"image":{}}}`, false, "UMEM frames"},
+		{`{"v":1,"seq":7,"op":"stack","stack":{"interface":"no-such-if0","image":{}}}`, false, "no interface no-such-if0"},
+		{`{"v":1,"seq":8,"op":"dump","dump":{}}`, false, ""},
+	} {
+		var fds []int
+		var pipe [2]*os.File
+		if tc.fds {
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			fds, pipe = []int{int(r.Fd())}, [2]*os.File{r, w}
+		}
+		rep := roundTrip(t, bad, []byte(tc.msg), fds...)
+		if tc.fds {
+			pipe[0].Close()
+			pipe[1].Close()
+		}
+		switch {
+		case tc.want == "" && rep.Error != "":
+			t.Errorf("%.50s: refused: %s", tc.msg, rep.Error)
+		case tc.want != "" && !strings.Contains(rep.Error, tc.want):
+			t.Errorf("%.50s: reply %+v, want an error with %q", tc.msg, rep, tc.want)
+		}
+		check("after " + tc.msg)
+	}
+	// A datagram over the limit.
+	if err := sendRaw(bad, make([]byte, control.MaxMessage+100), nil); err != nil {
+		t.Fatal(err)
+	}
+	bad.SetDeadline(time.Now().Add(5 * time.Second))
+	if msg, _, err := bad.Recv(); err != nil || !strings.Contains(string(msg), "longer than") {
+		t.Errorf("an oversized datagram: %s, %v", msg, err)
+	}
+	check("after an oversized datagram")
+
+	// Clients that leave mid-request: the request sent, the connection
+	// closed before the reply.
+	for range 20 {
+		c := raw(t, sock)
+		sendRaw(c, []byte(`{"v":1,"seq":1,"op":"hello","hello":{}}`), nil)
+		sendRaw(c, []byte(`{"v":1,"seq":2,"op":"dump","dump":{}}`), nil)
+		c.Close()
+	}
+	check("after clients left mid-request")
+
+	// Nothing the bad clients sent is kept: what is open now is what was
+	// before, with the bad client's connection at both ends.
+	deadline := time.Now().Add(2 * time.Second)
+	for openFDs(t) > before+2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := openFDs(t); n > before+2 {
+		t.Errorf("%d descriptors open, %d before the bad clients: the daemon kept some", n, before)
+	}
+}
+
+func sendRaw(c *control.Conn, b, oob []byte) error { return c.SendRaw(b, oob) }
