@@ -435,7 +435,7 @@ func TestDaemonTwoStacks(t *testing.T) {
 	errs := make(chan error, 2)
 	for i, p := range ports {
 		go func() {
-			out, err := a.Run("sh", "-c", fmt.Sprintf("curl -sS --max-time 60 -D - -o %s/body%d 'http://%s:%d/big?n=%d' && sha256sum %s/body%d",
+			out, err := a.Run("sh", "-c", fmt.Sprintf("curl -sS --max-time 10 -D - -o %s/body%d 'http://%s:%d/big?n=%d' && sha256sum %s/body%d",
 				dir, i, b.Iface0().Addr(), p, n, dir, i))
 			switch {
 			case err != nil:
