@@ -5,16 +5,16 @@ go 1.26.8
 require (
 	github.com/asavie/xdp v0.3.3
 	github.com/cilium/ebpf v0.22.0
+	github.com/vishvananda/netlink v1.3.1-0.20250303224720-0e7078ed04c8
+	golang.org/x/net v0.62.0
 	golang.org/x/sys v0.49.0
 	gvisor.dev/gvisor v0.0.0-20260701204157-69c2d17aea96
 )
 
 require (
 	github.com/google/btree v1.1.2 // indirect
-	github.com/vishvananda/netlink v1.3.1-0.20250303224720-0e7078ed04c8 // indirect
 	github.com/vishvananda/netns v0.0.5 // indirect
 	golang.org/x/exp v0.0.0-20250711185948-6ae5c78190dc // indirect
-	golang.org/x/net v0.62.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 )
 

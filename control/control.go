@@ -55,18 +55,29 @@ const (
 	// OpDump asks for the daemon's state: its stacks, their processes,
 	// queues and filters.
 	OpDump Op = "dump"
+	// OpResolve asks onloadd to have the kernel resolve a neighbour of
+	// one of the client's stacks (an ARP request: the kernel lets only
+	// privileged processes ask for one).
+	OpResolve Op = "resolve"
 )
 
 // Request is one message from a client. Exactly the field its Op names is
 // set.
 type Request struct {
-	V      int            `json:"v"`
-	Seq    uint32         `json:"seq"`
-	Op     Op             `json:"op"`
-	Hello  *Hello         `json:"hello,omitempty"`
-	Stack  *StackRequest  `json:"stack,omitempty"`
-	Filter *FilterRequest `json:"filter,omitempty"`
-	Dump   *DumpRequest   `json:"dump,omitempty"`
+	V       int             `json:"v"`
+	Seq     uint32          `json:"seq"`
+	Op      Op              `json:"op"`
+	Hello   *Hello          `json:"hello,omitempty"`
+	Stack   *StackRequest   `json:"stack,omitempty"`
+	Filter  *FilterRequest  `json:"filter,omitempty"`
+	Dump    *DumpRequest    `json:"dump,omitempty"`
+	Resolve *ResolveRequest `json:"resolve,omitempty"`
+}
+
+// ResolveRequest names a neighbour of a stack to resolve.
+type ResolveRequest struct {
+	Stack uint32 `json:"stack"`
+	Addr  string `json:"addr"` // an IPv4 address on the stack's subnet
 }
 
 // Hello is a client's first request.
@@ -240,7 +251,7 @@ func ParseRequest(b []byte) (*Request, error) {
 		return &r, fmt.Errorf("protocol version %d: this onloadd speaks version %d (the client and onloadd come from different builds)", r.V, Version)
 	}
 	set := 0
-	for _, p := range []bool{r.Hello != nil, r.Stack != nil, r.Filter != nil, r.Dump != nil} {
+	for _, p := range []bool{r.Hello != nil, r.Stack != nil, r.Filter != nil, r.Dump != nil, r.Resolve != nil} {
 		if p {
 			set++
 		}
@@ -255,6 +266,8 @@ func ParseRequest(b []byte) (*Request, error) {
 		want = r.Filter != nil
 	case OpDump:
 		want = r.Dump != nil
+	case OpResolve:
+		want = r.Resolve != nil
 	default:
 		return &r, fmt.Errorf("unknown request %q", r.Op)
 	}

@@ -176,6 +176,18 @@ func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) 
 		}
 	case control.OpDump:
 		rep.Dump = d.dump()
+	case control.OpResolve:
+		d.mu.Lock()
+		s := c.stacks[bpf.StackID(req.Resolve.Stack)]
+		d.mu.Unlock()
+		if s == nil {
+			err = refuse(codeDenied, "stack %d is not one of yours", req.Resolve.Stack)
+		} else {
+			err = s.resolve(req.Resolve.Addr)
+		}
+		if err != nil {
+			return errReply(req.Seq, d.logRefusal(c, req.Op, err)), nil
+		}
 	}
 	return rep, rfds
 }

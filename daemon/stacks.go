@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/xdp-onload/onload/bpf"
@@ -220,4 +221,20 @@ func (s *dstack) reply(joined bool) *control.StackReply {
 		Addr: s.addr.String(), FrameSize: s.nic.Umem().Config().FrameSize, Frames: s.nic.Umem().Config().FrameCount,
 		RingSize: cfg.RingSize, FillDepth: cfg.FillDepth,
 	}
+}
+
+// resolve has the kernel resolve addr, a neighbour on the stack's subnet
+// (it sends an ARP request), for a client that may not ask itself.
+func (s *dstack) resolve(addr string) error {
+	ip, err := netip.ParseAddr(addr)
+	if err != nil || !ip.Is4() || !s.addr.Contains(ip) || ip == s.addr.Addr() {
+		return refuse(codeInvalid, "%q is not a neighbour on stack %d's subnet %s", addr, s.id, s.addr)
+	}
+	link, err := netlink.LinkByName(s.ifc.name)
+	if err != nil {
+		return fmt.Errorf("resolve %s: %w", ip, err)
+	}
+	return netlink.NeighSet(&netlink.Neigh{
+		LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4, Flags: unix.NTF_USE, IP: ip.AsSlice(),
+	})
 }

@@ -94,6 +94,12 @@ func openDaemon(cfg Config) (*Stack, error) {
 	if err != nil {
 		return fail(err)
 	}
+	// The kernel sends an ARP request only for a privileged process: ask
+	// onloadd, without waiting (the stack asks the table again shortly).
+	kn.Ask = func(ip netip.Addr) error {
+		go cl.Call(control.Request{Op: control.OpResolve, Resolve: &control.ResolveRequest{Stack: sr.ID, Addr: ip.String()}})
+		return nil
+	}
 	undo = append(undo, kn.Close)
 	irq, err := interrupts.Readiness(xskFD)
 	if err != nil {
@@ -110,6 +116,7 @@ func openDaemon(cfg Config) (*Stack, error) {
 	}
 	s.host, s.ifname, s.proofs = true, sr.Interface, filters
 	s.local = hostAddrs()
+	s.followKernel()
 	how := "made"
 	if sr.Joined {
 		how = "joined"

@@ -127,6 +127,7 @@ func Open(cfg Config) (*Stack, error) {
 	}
 	s.host, s.ifname = true, ifname
 	s.local = hostAddrs()
+	s.followKernel()
 	logf(levelInfo, "stack on %s (%s, %s, attach %s): %v", ifname, nic.Info().Mode, sc.Addr, att.Mode, cfg.Profile)
 	return s, nil
 }

@@ -27,14 +27,14 @@ type Stack struct {
 	cfg   Config
 	spin  time.Duration
 	addr  netip.Prefix
-	gw    netip.Addr
 	local []netip.Addr // the host's own addresses: traffic to them stays in the kernel
 	// host: the stack serves a host interface, so ports are reserved with
 	// kernel sockets and listeners also listen in the kernel (local
 	// clients reach them through loopback, not through our interface).
 	host   bool
 	ifname string
-	proofs *daemonFilters // a stack of onloadd's: the proofs of our ports
+	proofs *daemonFilters  // a stack of onloadd's: the proofs of our ports
+	follow *stack.Follower // the kernel's tables, followed (host stacks)
 
 	waits   []atomic.Pointer[waitq] // by socket slot
 	closing chan struct{}
@@ -86,7 +86,7 @@ func newStack(nic vnic.NIC, irq interrupts.Source, sc stack.Config, cfg Config, 
 	if sc.Congestion == "" {
 		sc.Congestion = cfg.Congestion
 	}
-	s := &Stack{nic: nic, cfg: cfg, spin: cfg.Spin, addr: sc.Addr, gw: sc.Gateway, closing: make(chan struct{})}
+	s := &Stack{nic: nic, cfg: cfg, spin: cfg.Spin, addr: sc.Addr, closing: make(chan struct{})}
 	opt.Wake = s.wake
 	st, err := stack.New(nic, sc, opt)
 	if err != nil {
@@ -108,7 +108,6 @@ func attachStack(img *stack.Image, nic vnic.NIC, irq interrupts.Source, cfg Conf
 	s := &Stack{nic: nic, cfg: cfg, spin: cfg.Spin, addr: addr, closing: make(chan struct{})}
 	opt.Wake = s.wake
 	st := stack.Attach(img, nic, opt)
-	s.gw = st.Gateway()
 	if err := s.start(st, irq); err != nil {
 		return nil, err
 	}
@@ -193,6 +192,9 @@ func (s *Stack) Close() error {
 	close(s.closing)
 	s.mu.Unlock()
 	s.sl.Stop()
+	if s.follow != nil {
+		s.follow.Close()
+	}
 	// Calls already in the engine finish in microseconds.
 	for i := 0; s.inflight.Load() != 0 && i < 10000; i++ {
 		time.Sleep(100 * time.Microsecond)
@@ -227,7 +229,7 @@ func (s *Stack) routes(dst netip.Addr) bool {
 		// The subnet's broadcast address is not a host.
 		return dst != broadcast(s.addr)
 	}
-	return s.gw.IsValid()
+	return s.st.Gateway().IsValid()
 }
 
 func broadcast(p netip.Prefix) netip.Addr {
@@ -273,4 +275,18 @@ func (s *Stack) Dump() string {
 		}
 	}
 	return fmt.Sprintf("%snic %+v\n%ssleeper %+v armed=%v spinning=%v\n%s\n", s.st.Dump(), s.nic.Stats(), ks, s.sl.Stats(), s.sl.Armed(), s.sl.Spinning(), wk)
+}
+
+// followKernel keeps the stack in step with the kernel's tables for its
+// interface (MTU, gateway, neighbours). A stack that cannot follow them
+// still runs, on what it read when it was made; the log says so.
+func (s *Stack) followKernel() {
+	f, err := stack.FollowKernel(s.st, s.ifname, func(format string, a ...any) {
+		logf(levelInfo, "stack on %s: %s", s.ifname, fmt.Sprintf(format, a...))
+	})
+	if err != nil {
+		logf(levelError, "stack on %s: %v; it keeps the MTU, gateway and neighbours it has", s.ifname, err)
+		return
+	}
+	s.follow = f
 }

@@ -2,6 +2,7 @@ package stack
 
 import (
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/xdp-onload/onload/timers"
@@ -75,8 +76,20 @@ func (s *Stack) TryDump() (string, bool) {
 }
 
 func (s *Stack) dumpLocked() string {
+	h := s.img.hdr
 	out := fmt.Sprintf("stack %v: %d sockets in use, %d frames free, counters %+v\n",
-		netip.AddrFrom4(s.img.hdr.addr), s.img.hdr.sockInUse, s.pool.Available(), s.img.hdr.counters)
+		netip.AddrFrom4(h.addr), h.sockInUse, s.pool.Available(), h.counters)
+	gw := "none"
+	if h.gateway != [4]byte{} {
+		gw = netip.AddrFrom4(h.gateway).String()
+	}
+	out += fmt.Sprintf("  mtu %d gateway %s neighbours:", h.mtu, gw)
+	for i := range s.img.neigh {
+		if e := &s.img.neigh[i]; e.state != neighFree {
+			out += fmt.Sprintf(" %v=%v(%s)", netip.AddrFrom4(e.addr), net.HardwareAddr(e.mac[:]), neighStateNames[e.state&3])
+		}
+	}
+	out += "\n"
 	for i := range s.img.socks {
 		sk := &s.img.socks[i]
 		if sk.kind != kindFree {
@@ -85,3 +98,5 @@ func (s *Stack) dumpLocked() string {
 	}
 	return out
 }
+
+var neighStateNames = [4]string{"free", "incomplete", "valid", "failed"}

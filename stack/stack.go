@@ -68,7 +68,8 @@ type Stack struct {
 	tickNs    int64
 	tickRecip uint64 // 2^64 / tickNs, for toTicks
 	fast      *fastClock
-	mtu       int
+	mtu       int // the image's, as this handle last took it (syncMTULocked)
+	maxMTU    int // what the NIC's frames hold
 
 	raceHB uint32      // see race_on.go
 	id     uint64      // this handle's identity, to notice another took the lock
@@ -146,7 +147,8 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 		reserve: max(16, nic.Pool().Count()/32),
 		img:     img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver,
 		tickNs: int64(img.hdr.tickNs), tickRecip: recip(img.hdr.tickNs), fast: newClock(), mtu: int(img.hdr.mtu),
-		rx: make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
+		maxMTU: min(9000, nic.Pool().FrameSize()-nic.Pool().Headroom()-14),
+		rx:     make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
 		expired: make([]timers.ID, 64), wake: opt.Wake,
 	}
 }
@@ -160,6 +162,8 @@ func (s *Stack) Addr() netip.Addr { return netip.AddrFrom4(s.img.hdr.addr) }
 // Gateway is the stack's next hop off its subnet; the zero Addr if it has
 // none.
 func (s *Stack) Gateway() netip.Addr {
+	s.lock()
+	defer s.unlock()
 	if s.img.hdr.gateway == [4]byte{} {
 		return netip.Addr{}
 	}
@@ -197,6 +201,9 @@ func (s *Stack) lockedLocked() {
 	if h := s.img.hdr; h.poller != s.id {
 		s.nic.Resync()
 		h.poller = s.id
+	}
+	if int(s.img.hdr.mtu) != s.mtu {
+		s.syncMTULocked()
 	}
 }
 

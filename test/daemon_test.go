@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/xdp-onload/onload/bpf"
 	"github.com/xdp-onload/onload/control"
 	"github.com/xdp-onload/onload/daemon"
@@ -105,13 +107,39 @@ func init() {
 	}
 }
 
-// claims reads "claim PORT STACK" lines on standard input: the server
+// dialEcho dials addr through sockets and checks that an echo comes back.
+func dialEcho(addr string) error {
+	c, err := sockets.Dial("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, ok := c.(*sockets.TCPConn); !ok {
+		return fmt.Errorf("not accelerated: %T", c)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, "ping"); err != nil {
+		return err
+	}
+	b := make([]byte, 4)
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != "ping" {
+		return fmt.Errorf("echo %q: %v", b, err)
+	}
+	return errors.New("ok")
+}
+
+// claims reads commands on standard input: "dial ADDR" (dialEcho), and
+// "claim PORT STACK": the server
 // tries to take another's port, by listening on it and by asking onloadd
 // to steer it to stack STACK with a socket of its own, and prints each
 // refusal on a line of its own ("listen: ...", "filter: ...").
 func claims() {
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
+		if addr, ok := strings.CutPrefix(sc.Text(), "dial "); ok {
+			fmt.Printf("dial: %v\n", dialEcho(addr))
+			continue
+		}
 		var port, stk int
 		if _, err := fmt.Sscanf(sc.Text(), "claim %d %d", &port, &stk); err != nil {
 			continue
@@ -250,6 +278,20 @@ func dumpDaemon(t *testing.T, sock string) *control.Dump {
 	return rep.Dump
 }
 
+// daemonServer starts onloadd in host b and, as uid nobody, the
+// daemon-server helper on a stack onloadd makes; it returns the helper
+// and the port it serves HTTP on.
+func daemonServer(t *testing.T, b *Host, dir, bin, sock string) (*helperProc, int) {
+	t.Helper()
+	srv := startHelperAs(t, b, nobody, bin, "daemon-server",
+		"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET="+sock, "ONLOAD_INTERFACE="+b.Iface0().Name, "ONLOAD_LOG=info")
+	var port int
+	if _, err := fmt.Sscanf(srv.Info, "%d", &port); err != nil {
+		t.Fatalf("server said %q", srv.Info)
+	}
+	return srv, port
+}
+
 // TestDaemonUnprivileged: a process of uid nobody with no capabilities,
 // which cannot load a BPF program or open an AF_XDP socket by itself,
 // serves with sockets.Listen on a stack onloadd made for it. curl and a
@@ -263,14 +305,8 @@ func TestDaemonUnprivileged(t *testing.T) {
 	a, b := Pair(t, LinkOptions{})
 	dir, bin := daemonDir(t)
 	sock, _ := startDaemon(t, b, dir)
-	srv := startHelperAs(t, b, nobody, bin, "daemon-server",
-		"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET="+sock, "ONLOAD_INTERFACE="+b.Iface0().Name, "ONLOAD_LOG=info")
-	var port int
-	var refusals string
-	if _, err := fmt.Sscanf(srv.Info, "%d", &port); err != nil {
-		t.Fatalf("server said %q", srv.Info)
-	}
-	_, refusals, _ = strings.Cut(srv.Info, " ")
+	srv, port := daemonServer(t, b, dir, bin, sock)
+	_, refusals, _ := strings.Cut(srv.Info, " ")
 	// On its own, the process is refused both.
 	bpfErr, xskErr, _ := strings.Cut(refusals, "|")
 	if !strings.Contains(bpfErr, "needs CAP_BPF") {
@@ -489,5 +525,133 @@ func TestDaemonTwoStacks(t *testing.T) {
 	var ce *control.Error
 	if !errors.As(err, &ce) || ce.Code != control.CodeExhausted || !strings.Contains(err.Error(), "every queue of "+b.Iface0().Name) {
 		t.Errorf("a third stack on a two-queue interface: %v", err)
+	}
+}
+
+// engineDump is the engine's dump of onloadd's only stack.
+func engineDump(t *testing.T, sock string) string {
+	t.Helper()
+	d := dumpDaemon(t, sock)
+	if len(d.Stacks) != 1 {
+		t.Fatalf("onloadd has %d stacks, want 1", len(d.Stacks))
+	}
+	return d.Stacks[0].Engine
+}
+
+// within waits up to a second for onloadd's stack's dump to contain
+// want, and says how long it took.
+func within(t *testing.T, sock, what, want string) {
+	t.Helper()
+	start := time.Now()
+	for time.Since(start) < time.Second {
+		if strings.Contains(engineDump(t, sock), want) {
+			t.Logf("%s: in the stack after %v", what, time.Since(start).Round(time.Millisecond))
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Errorf("%s: not in the stack after 1s (want %q):\n%s", what, want, engineDump(t, sock))
+}
+
+// TestDaemonKernelTables: changes to the kernel's tables reach a running
+// stack (an unprivileged process's, through onloadd) within a second: a
+// default route (the gateway), the gateway's Ethernet address, the MTU.
+// The stack resolves its neighbour through onloadd (the kernel sends ARP
+// requests only for privileged processes) and goes on serving after each
+// change.
+func TestDaemonKernelTables(t *testing.T) {
+	RequireTool(t, "curl")
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{})
+	dir, bin := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	srv, port := daemonServer(t, b, dir, bin, sock)
+	fetch := func(when string) {
+		t.Helper()
+		out, err := a.Run("sh", "-c", fmt.Sprintf("curl -sS --max-time 10 -D - -o /dev/null 'http://%s:%d/big?n=1048576'", b.Iface0().Addr(), port))
+		if err != nil || !strings.Contains(out, "X-Conn: accelerated") {
+			t.Fatalf("%s: %v\n%s", when, err, out)
+		}
+	}
+	fetch("at first")
+	gw, ifb := a.Iface0().Addr(), b.Iface0().Name
+	realMAC := a.Iface0().MAC
+	// An echo in host a that the server dials: its stack resolves a's
+	// address through onloadd.
+	ln, err := a.KernelEcho(gw.String() + ":7600")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dial := func(when string) {
+		t.Helper()
+		fmt.Fprintf(srv.In, "dial %s:7600\n", gw)
+		if l, err := srv.line(10 * time.Second); err != nil || l != "dial: ok" {
+			t.Fatalf("%s, the server dialling host a: %q, %v", when, l, err)
+		}
+	}
+	// The kernel in b knows a from a's ARP request: forget it, so that
+	// the stack must have it resolved, which only onloadd may ask for.
+	if _, err := b.Run("ip", "neigh", "flush", "dev", ifb); err != nil {
+		t.Fatal(err)
+	}
+	dial("at first")
+	within(t, sock, "a's address, resolved", fmt.Sprintf("%s=%s(valid)", gw, realMAC))
+
+	if _, err := b.Run("ip", "route", "replace", "default", "via", gw.String(), "dev", ifb); err != nil {
+		t.Fatal(err)
+	}
+	within(t, sock, "the default route", "gateway "+gw.String())
+
+	const fake = "02:00:5e:00:53:99"
+	if _, err := b.Run("ip", "neigh", "replace", gw.String(), "lladdr", fake, "dev", ifb, "nud", "permanent"); err != nil {
+		t.Fatal(err)
+	}
+	within(t, sock, "the gateway's new Ethernet address", fmt.Sprintf("%s=%s(valid)", gw, fake))
+	if _, err := b.Run("ip", "neigh", "replace", gw.String(), "lladdr", realMAC.String(), "dev", ifb, "nud", "reachable"); err != nil {
+		t.Fatal(err)
+	}
+	within(t, sock, "the gateway's address back", fmt.Sprintf("%s=%s(valid)", gw, realMAC))
+	fetch("after the neighbour changes")
+	dial("after the neighbour changes")
+
+	// b's MTU only: a still offers 1460-byte segments, so only a stack
+	// that follows its own MTU sends segments of 1360 bytes at most.
+	if _, err := b.Run("ip", "link", "set", "dev", ifb, "mtu", "1400"); err != nil {
+		t.Fatal(err)
+	}
+	within(t, sock, "the MTU", "mtu 1400 ")
+	var mss uint32
+	if err := a.Do(func() error {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("%s:%d", b.Iface0().Addr(), port), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, "GET /big?n=1048576 HTTP/1.0\r\n\r\n"); err != nil {
+			return err
+		}
+		n, err := io.Copy(io.Discard, c)
+		if err != nil || n < 1<<20 {
+			return fmt.Errorf("read %d bytes: %v", n, err)
+		}
+		rc, err := c.(*net.TCPConn).SyscallConn()
+		if err != nil {
+			return err
+		}
+		var ierr error
+		rc.Control(func(fd uintptr) {
+			var info *unix.TCPInfo
+			if info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); ierr == nil {
+				mss = info.Rcv_mss
+			}
+		})
+		return ierr
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if mss == 0 || mss > 1360 {
+		t.Errorf("after the MTU went to 1400, the kernel received segments of %d bytes (want at most 1360)", mss)
 	}
 }

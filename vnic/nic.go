@@ -56,6 +56,12 @@ type NIC interface {
 	Close() error
 }
 
+// MTUSetter is a NIC whose MTU follows the interface's (the stack tells
+// it when the kernel's changes): it refuses frames larger than the MTU.
+type MTUSetter interface {
+	SetMTU(mtu int)
+}
+
 // KickHolder is a NIC whose doorbell can be put off (the xmit_more of a
 // kernel driver): while held, a transmit puts its frames on the ring and
 // leaves the kick owed; the next transmit not held, or the next Receive,

@@ -203,6 +203,10 @@ func (x *XDP) kickOwing() error {
 }
 func (x *XDP) Info() Info { return x.info }
 
+// SetMTU changes the largest frame Transmit takes (MTUSetter). It runs
+// under the stack lock, as Transmit does.
+func (x *XDP) SetMTU(mtu int) { x.info.MTU = mtu }
+
 // FD is the AF_XDP socket, for the steering program's XSKMAP.
 func (x *XDP) FD() int { return x.sock.FD() }
 
