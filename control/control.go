@@ -194,6 +194,7 @@ const (
 	CodeExhausted   Code = "exhausted"   // no queue, stack id or memory left
 	CodeUnavailable Code = "unavailable" // the interface cannot be served
 	CodeInternal    Code = "internal"    // the daemon failed; its log says why
+	CodeNamespace   Code = "namespace"   // the client is in another network namespace
 )
 
 // Error is an error reply, as the client sees it.

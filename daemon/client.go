@@ -22,6 +22,9 @@ type client struct {
 	program string
 	hello   bool
 	stacks  map[bpf.StackID]*dstack
+	// netnsErr, if set, is why the client cannot be served: it lives in
+	// another network namespace, whose interfaces are not ours.
+	netnsErr error
 }
 
 func (c *client) String() string {
@@ -43,6 +46,7 @@ func (d *Daemon) newClient(uc *net.UnixConn) (*client, error) {
 		return nil, err
 	}
 	c := &client{d: d, conn: conn, cred: *cred, stacks: map[bpf.StackID]*dstack{}}
+	c.netnsErr = clientNetns(uc, int(cred.Pid))
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -131,10 +135,14 @@ func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) 
 		if c.hello {
 			return errReply(req.Seq, refuse(codeInvalid, "a second hello")), nil
 		}
+
 		c.hello, c.program = true, truncate(req.Hello.Program, 64)
 		rep.Hello = &control.HelloReply{Daemon: Version, PID: os.Getpid()}
 		d.log.Debug("client", "client", c.String())
 	case control.OpStack:
+		if c.netnsErr != nil {
+			return errReply(req.Seq, d.logRefusal(c, req.Op, c.netnsErr)), nil
+		}
 		d.mu.Lock()
 		s, joined, err := d.stackLocked(c, req.Stack)
 		if err == nil {
@@ -237,4 +245,27 @@ func (d *Daemon) logRefusal(c *client, op control.Op, err error) error {
 		d.log.Warn("request failed", "client", c.String(), "op", string(op), "err", err)
 	}
 	return err
+}
+
+// clientNetns checks that the client lives in onloadd's network
+// namespace: a stack is made on onloadd's interfaces, and a process in
+// another namespace (its own veths, its own addresses) would be given the
+// wrong ones. The namespace is the client's socket's (a Unix socket's
+// accepted end is made in the connecting socket's namespace), which is
+// the connecting thread's, not only its process's.
+func clientNetns(uc *net.UnixConn, pid int) error {
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var same bool
+	var nerr error
+	rc.Control(func(fd uintptr) { same, nerr = sameNetns(int(fd)) })
+	if nerr != nil {
+		return refuse(control.CodeNamespace, "cannot tell which network namespace process %d is in: %v", pid, nerr)
+	}
+	if !same {
+		return refuse(control.CodeNamespace, "process %d is in another network namespace than onloadd (pid %d): run an onloadd in that namespace, with a -socket of its own", pid, os.Getpid())
+	}
+	return nil
 }

@@ -61,6 +61,11 @@ func openDaemon(cfg Config) (*Stack, error) {
 		},
 	}
 	rep, fds, err := cl.Call(control.Request{Op: control.OpStack, Stack: &req})
+	if ce := (*control.Error)(nil); errors.As(err, &ce) && ce.Code == control.CodeNamespace {
+		// That onloadd serves another network namespace: for us it is
+		// as if none ran.
+		return fail(fmt.Errorf("%w in this network namespace (%v)", errNoDaemon, err))
+	}
 	if err != nil {
 		return fail(err)
 	}

@@ -515,16 +515,30 @@ func TestDaemonTwoStacks(t *testing.T) {
 		t.Errorf("server 1 asking onloadd for server 0's port: %s", filterErr)
 	}
 
-	// A third stack: no queue left.
-	cl, err := control.Dial(sock, "third")
+	// A third stack, asked for from host b: no queue left.
+	err = b.Do(func() error {
+		cl, err := control.Dial(sock, "third")
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		_, _, err = cl.Call(control.Request{Op: control.OpStack, Stack: &control.StackRequest{Interface: b.Iface0().Name}})
+		return err
+	})
+	var ce *control.Error
+	if !errors.As(err, &ce) || ce.Code != control.CodeExhausted || !strings.Contains(err.Error(), "every queue of "+b.Iface0().Name) {
+		t.Errorf("a third stack on a two-queue interface: %v", err)
+	}
+	// From another network namespace (the test's own): refused, whatever
+	// the queues.
+	cl, err := control.Dial(sock, "elsewhere")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
 	_, _, err = cl.Call(control.Request{Op: control.OpStack, Stack: &control.StackRequest{Interface: b.Iface0().Name}})
-	var ce *control.Error
-	if !errors.As(err, &ce) || ce.Code != control.CodeExhausted || !strings.Contains(err.Error(), "every queue of "+b.Iface0().Name) {
-		t.Errorf("a third stack on a two-queue interface: %v", err)
+	if !errors.As(err, &ce) || ce.Code != control.CodeNamespace || !strings.Contains(err.Error(), "another network namespace") {
+		t.Errorf("a stack for a process in another network namespace: %v", err)
 	}
 }
 

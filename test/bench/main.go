@@ -29,7 +29,8 @@
 //
 // bench also runs its own helper processes: `bench echo`, `bench ping`,
 // `bench stack-echo`, `bench stack-ping`, `bench api-server`,
-// `bench api-client` and `bench http-server` (which writes its stack's
+// `bench api-client`, `bench onloadd` (the daemon, for the API section's
+// stack from onloadd) and `bench http-server` (which writes its stack's
 // dump to the file ONLOAD_BENCH_DUMP names, and a CPU profile or an
 // execution trace to ONLOAD_BENCH_CPUPROFILE or ONLOAD_BENCH_TRACE).
 package main
@@ -57,6 +58,8 @@ func main() {
 			err = apiClientMain(os.Args[2:])
 		case "http-server":
 			err = httpServerMain(os.Args[2:])
+		case "onloadd":
+			err = onloaddMain(os.Args[2:])
 		default:
 			err = floorMain(os.Args[1:])
 		}
