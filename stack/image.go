@@ -31,8 +31,9 @@ import (
 
 // imageVersion changes whenever the meaning of the image changes in a way
 // the layout hash cannot see. 2: the send queue's frame flags carry the
-// SACK scoreboard, and the TCB flags were renumbered.
-const imageVersion = 2
+// SACK scoreboard, and the TCB flags were renumbered. 3: the socket's wake
+// flag has a bit of its own (it shared one with sfRcvBufSet).
+const imageVersion = 3
 
 const imageMagic = 0x474d494f // "OIMG"
 

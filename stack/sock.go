@@ -48,6 +48,12 @@ const (
 	sfRemoteMAC = 1 << 3 // remoteMAC holds the next hop for the peer
 	sfRcvBufSet = 1 << 4 // the user set the receive buffer: no autotuning
 	sfSndBufSet = 1 << 5 // the user set the send buffer: no autotuning
+	// sfWake: a thread sleeps on the socket and wants Options.Wake
+	// (wake.go).
+	sfWake = 1 << 6
+	// sfWakeRemote: another process's poll changed the socket while a
+	// thread of its owner slept on it: the owner wakes it (wake.go).
+	sfWakeRemote = 1 << 7
 )
 
 // sock is one slot of the socket table. Fields are plain values: the slot

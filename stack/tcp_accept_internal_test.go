@@ -66,3 +66,23 @@ func TestCookieTimestamp(t *testing.T) {
 		t.Errorf("no timestamp: %+v, %v; want no options", o, ok)
 	}
 }
+
+// TestSockFlagsDistinct: every socket flag is a bit of its own. (The wake
+// flag once shared sfRcvBufSet's: a listener's waiting Accept turned
+// receive autotuning off for every connection it accepted.)
+func TestSockFlagsDistinct(t *testing.T) {
+	flags := map[string]uint16{
+		"sfBound": sfBound, "sfConnected": sfConnected, "sfHashed": sfHashed, "sfRemoteMAC": sfRemoteMAC,
+		"sfRcvBufSet": sfRcvBufSet, "sfSndBufSet": sfSndBufSet, "sfWake": sfWake, "sfWakeRemote": sfWakeRemote,
+	}
+	var seen uint16
+	for name, f := range flags {
+		if f == 0 || f&(f-1) != 0 {
+			t.Errorf("%s = %#x: not one bit", name, f)
+		}
+		if seen&f != 0 {
+			t.Errorf("%s = %#x: a bit another flag has", name, f)
+		}
+		seen |= f
+	}
+}

@@ -13,9 +13,6 @@ import (
 // this process sees it; the sleepers themselves are the caller's (the
 // sockets package parks goroutines, not threads).
 
-// sfWake: a thread sleeps on the socket and wants Options.Wake.
-const sfWake = 1 << 4
-
 // WaitFor asks for a wake-up on socket id: if any event in want is ready
 // now, it returns the socket's events and asks for nothing; otherwise it
 // returns 0 and the next poll that changes the socket's state (a segment
