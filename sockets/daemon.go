@@ -122,6 +122,12 @@ func openDaemon(cfg Config) (*Stack, error) {
 	s.host, s.ifname, s.proofs = true, sr.Interface, filters
 	s.local = hostAddrs()
 	s.followKernel()
+	if sr.Name != "" {
+		if err := s.shareWakes(); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
 	how := "made"
 	if sr.Joined {
 		how = "joined"
@@ -179,4 +185,41 @@ func (f *daemonFilters) AddListener(p stack.Proto, local netip.AddrPort) error {
 
 func (f *daemonFilters) RemoveListener(p stack.Proto, local netip.AddrPort) error {
 	return f.request(control.OpUnfilter, p, local)
+}
+
+// shareWakes lets the other processes of a shared stack wake this one's
+// goroutines: their polls may take in what ours wait for. One goroutine
+// waits on this process's word in the image (a futex, which holds an OS
+// thread while it waits) and wakes the goroutines whose sockets were
+// touched.
+func (s *Stack) shareWakes() error {
+	if err := s.st.JoinWakes(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		seq := s.st.WaitRemote(0, 0)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			next := s.st.WaitRemote(seq, 100*time.Millisecond)
+			if next == seq || !s.enter() {
+				continue
+			}
+			seq = next
+			s.st.TakeRemoteWakes()
+			s.leave()
+		}
+	}()
+	s.stopShared = func() {
+		close(done)
+		<-exited
+		s.st.LeaveWakes()
+	}
+	return nil
 }

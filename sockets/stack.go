@@ -35,6 +35,9 @@ type Stack struct {
 	ifname string
 	proofs *daemonFilters  // a stack of onloadd's: the proofs of our ports
 	follow *stack.Follower // the kernel's tables, followed (host stacks)
+	// stopShared ends the wake-ups shared with the other processes of a
+	// named stack of onloadd's (shareWakes).
+	stopShared func()
 
 	waits   []atomic.Pointer[waitq] // by socket slot
 	closing chan struct{}
@@ -194,6 +197,9 @@ func (s *Stack) Close() error {
 	s.sl.Stop()
 	if s.follow != nil {
 		s.follow.Close()
+	}
+	if s.stopShared != nil {
+		s.stopShared()
 	}
 	// Calls already in the engine finish in microseconds.
 	for i := 0; s.inflight.Load() != 0 && i < 10000; i++ {

@@ -82,6 +82,20 @@ type header struct {
 	_                            uint32
 	poller                       uint64 // the Stack (process) that last took the lock
 	counters                     Counters
+
+	// The processes that share the stack and wake one another's threads
+	// (JoinWakes): a socket's owner is an index here, plus one.
+	procs [maxProcs]procSlot
+}
+
+// maxProcs is how many processes may share one stack's wake-ups.
+const maxProcs = 32
+
+// procSlot is one process sharing the stack: its pid, and the futex word
+// other processes bump to wake it (wake.go).
+type procSlot struct {
+	pid  uint32
+	wake uint32
 }
 
 // neighbour is one entry of the neighbour table. While the kernel

@@ -60,7 +60,7 @@ const (
 // lives in the image.
 type sock struct {
 	kind  uint8
-	_     uint8
+	owner uint8 // the process that last waited on it: a procs index plus one, 0 for this one
 	flags uint16
 	gen   uint32 // generation of the slot's current SockID
 	next  uint32 // free list or hash chain

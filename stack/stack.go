@@ -68,8 +68,10 @@ type Stack struct {
 	tickNs    int64
 	tickRecip uint64 // 2^64 / tickNs, for toTicks
 	fast      *fastClock
-	mtu       int // the image's, as this handle last took it (syncMTULocked)
-	maxMTU    int // what the NIC's frames hold
+	proc      uint8         // this process's procs slot plus one (JoinWakes); 0: not joined
+	remote    atomic.Uint32 // procs (bits) whose threads this handle's polls must wake
+	mtu       int           // the image's, as this handle last took it (syncMTULocked)
+	maxMTU    int           // what the NIC's frames hold
 
 	raceHB uint32      // see race_on.go
 	id     uint64      // this handle's identity, to notice another took the lock
@@ -218,6 +220,9 @@ func (s *Stack) unlock() {
 func (s *Stack) unlockTried() {
 	raceRelease(&s.raceHB)
 	s.img.hdr.lock.Unlock(s.deferredLocked)
+	if s.remote.Load() != 0 {
+		s.wakeRemotes()
+	}
 }
 
 func (s *Stack) deferredLocked(d Deferred) {

@@ -1,9 +1,13 @@
 package stack
 
 import (
+	"fmt"
 	"math"
+	"os"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Sleeping and waking (seed 001): a thread that finds its socket not
@@ -30,16 +34,24 @@ func (s *Stack) WaitFor(id SockID, want Events) Events {
 		return ev
 	}
 	sk.flags |= sfWake
+	sk.owner = s.proc
 	return 0
 }
 
 // touchLocked notes that sk's state may have changed in this poll: a
-// sleeper on it is woken.
+// sleeper on it is woken. A sleeper of another process sharing the stack
+// is woken through that process's word (wakeRemotes, once the lock is
+// let go), and it wakes its own threads (TakeRemoteWakes).
 func (s *Stack) touchLocked(sk *sock) {
 	if sk.flags&sfWake == 0 {
 		return
 	}
 	sk.flags &^= sfWake
+	if o := sk.owner; o != 0 && o != s.proc && o <= maxProcs {
+		sk.flags |= sfWakeRemote
+		s.remote.Or(1 << (o - 1))
+		return
+	}
 	s.woken++
 	if s.wake != nil {
 		s.wake(s.idOf(sk))
@@ -147,3 +159,94 @@ func (s *Stack) TCPStates() map[string]int {
 // Capacity is the size of the socket table: every SockID's Slot is below
 // it.
 func (s *Stack) Capacity() int { return len(s.img.socks) }
+
+// Wake-ups across processes. Processes that share a stack (onloadd's
+// named stacks) each park their own threads; a poll by one process may
+// change a socket another process's thread sleeps on. Each process that
+// joins (JoinWakes) has a slot in the image: a futex word the others bump
+// and wake, after they let the lock go, for every poll that touched one
+// of its sockets; the process waits on its word (WaitRemote) and then
+// wakes its threads whose sockets were touched (TakeRemoteWakes).
+
+// JoinWakes gives this process a slot among the stack's sharers (a slot
+// of a process that is gone is taken over). Until it leaves, its threads'
+// sockets are woken by the other sharers' polls through the slot.
+func (s *Stack) JoinWakes() error {
+	s.lock()
+	defer s.unlock()
+	if s.proc != 0 {
+		return nil
+	}
+	pid := uint32(os.Getpid())
+	for i := range s.img.hdr.procs {
+		p := &s.img.hdr.procs[i]
+		if old := atomic.LoadUint32(&p.pid); old == 0 || old == pid || !alive(int(old)) {
+			atomic.StoreUint32(&p.pid, pid)
+			s.proc = uint8(i + 1)
+			return nil
+		}
+	}
+	return fmt.Errorf("stack shared by %d processes already: the most that wake one another", maxProcs)
+}
+
+// LeaveWakes gives the slot back.
+func (s *Stack) LeaveWakes() {
+	s.lock()
+	defer s.unlock()
+	if s.proc != 0 {
+		atomic.StoreUint32(&s.img.hdr.procs[s.proc-1].pid, 0)
+		s.proc = 0
+	}
+}
+
+func alive(pid int) bool {
+	return unix.Kill(pid, 0) != unix.ESRCH
+}
+
+// wakeRemotes bumps and wakes the word of every process whose threads
+// this handle's polls touched.
+func (s *Stack) wakeRemotes() {
+	bits := s.remote.Swap(0)
+	for i := 0; bits != 0; i, bits = i+1, bits>>1 {
+		if bits&1 != 0 && i < maxProcs {
+			w := &s.img.hdr.procs[i].wake
+			atomic.AddUint32(w, 1)
+			futexWake(w, 1)
+		}
+	}
+}
+
+// WaitRemote waits, for at most timeout, until another process bumps this
+// process's word past seq, and returns the word. A process that has not
+// joined returns seq at once.
+func (s *Stack) WaitRemote(seq uint32, timeout time.Duration) uint32 {
+	if s.proc == 0 {
+		return seq
+	}
+	w := &s.img.hdr.procs[s.proc-1].wake
+	if v := atomic.LoadUint32(w); v != seq {
+		return v
+	}
+	futexWait(w, seq, timeout)
+	return atomic.LoadUint32(w)
+}
+
+// TakeRemoteWakes wakes (Options.Wake) this process's threads whose
+// sockets other processes' polls touched.
+func (s *Stack) TakeRemoteWakes() int {
+	s.lock()
+	defer s.unlock()
+	n := 0
+	for i := range s.img.socks {
+		sk := &s.img.socks[i]
+		if sk.flags&sfWakeRemote == 0 || sk.owner != s.proc || sk.kind == kindFree {
+			continue
+		}
+		sk.flags &^= sfWakeRemote
+		n++
+		if s.wake != nil {
+			s.wake(s.idOf(sk))
+		}
+	}
+	return n
+}

@@ -281,10 +281,10 @@ func dumpDaemon(t *testing.T, sock string) *control.Dump {
 // daemonServer starts onloadd in host b and, as uid nobody, the
 // daemon-server helper on a stack onloadd makes; it returns the helper
 // and the port it serves HTTP on.
-func daemonServer(t *testing.T, b *Host, dir, bin, sock string) (*helperProc, int) {
+func daemonServer(t *testing.T, b *Host, dir, bin, sock string, env ...string) (*helperProc, int) {
 	t.Helper()
-	srv := startHelperAs(t, b, nobody, bin, "daemon-server",
-		"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET="+sock, "ONLOAD_INTERFACE="+b.Iface0().Name, "ONLOAD_LOG=info")
+	srv := startHelperAs(t, b, nobody, bin, "daemon-server", append([]string{
+		"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + b.Iface0().Name, "ONLOAD_LOG=info"}, env...)...)
 	var port int
 	if _, err := fmt.Sscanf(srv.Info, "%d", &port); err != nil {
 		t.Fatalf("server said %q", srv.Info)
@@ -429,14 +429,10 @@ func TestDaemonTwoStacks(t *testing.T) {
 	a, b := Pair(t, LinkOptions{Queues: 2})
 	dir, bin := daemonDir(t)
 	sock, _ := startDaemon(t, b, dir)
-	env := []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + b.Iface0().Name, "ONLOAD_LOG=info"}
 	srv := make([]*helperProc, 2)
 	ports := make([]int, 2)
 	for i := range srv {
-		srv[i] = startHelperAs(t, b, nobody, bin, "daemon-server", env...)
-		if _, err := fmt.Sscanf(srv[i].Info, "%d", &ports[i]); err != nil {
-			t.Fatalf("server %d said %q", i, srv[i].Info)
-		}
+		srv[i], ports[i] = daemonServer(t, b, dir, bin, sock)
 	}
 	d := dumpDaemon(t, sock)
 	if len(d.Stacks) != 2 || d.Stacks[0].Queue == d.Stacks[1].Queue {
@@ -667,5 +663,78 @@ func TestDaemonKernelTables(t *testing.T) {
 	}
 	if mss == 0 || mss > 1360 {
 		t.Errorf("after the MTU went to 1400, the kernel received segments of %d bytes (want at most 1360)", mss)
+	}
+}
+
+// TestDaemonSharedStack: two unprivileged processes that give the same
+// stack name share one stack (one image, one queue): each serves its own
+// port to curl in host a, and dials host a's kernel, at once, many times,
+// though either process's polls may take in the other's frames (they wake
+// each other's goroutines through the image). onloadd's dump shows one
+// stack with both processes.
+func TestDaemonSharedStack(t *testing.T) {
+	RequireTool(t, "curl")
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{})
+	dir, bin := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	srv := make([]*helperProc, 2)
+	ports := make([]int, 2)
+	for i := range srv {
+		srv[i], ports[i] = daemonServer(t, b, dir, bin, sock, "ONLOAD_STACK_NAME=web")
+	}
+	d := dumpDaemon(t, sock)
+	if len(d.Stacks) != 1 || len(d.Stacks[0].Clients) != 2 || d.Stacks[0].Name != "web" {
+		t.Fatalf("onloadd's stacks: %+v, want one named web with two processes", d.Stacks)
+	}
+	ln, err := a.KernelEcho(a.Iface0().Addr().String() + ":7601")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+
+	const rounds, n = 20, 1 << 20
+	errs := make(chan error, 4)
+	for i, p := range ports {
+		go func() {
+			for r := range rounds {
+				out, err := a.Run("sh", "-c", fmt.Sprintf("curl -sS --max-time 10 -D - -o %s/body%d 'http://%s:%d/big?n=%d' && sha256sum %s/body%d",
+					dir, i, b.Iface0().Addr(), p, n, dir, i))
+				switch {
+				case err != nil:
+				case !strings.Contains(out, "X-Conn: accelerated"):
+					err = fmt.Errorf("not accelerated:\n%s", out)
+				case !strings.Contains(out, streamSum(n)):
+					err = fmt.Errorf("the body is not the stream:\n%s", out)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("server %d, fetch %d: %w", i, r, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+		go func() {
+			for r := range rounds {
+				fmt.Fprintf(srv[i].In, "dial %s:7601\n", a.Iface0().Addr())
+				if l, err := srv[i].line(10 * time.Second); err != nil || l != "dial: ok" {
+					errs <- fmt.Errorf("server %d, dial %d: %q, %v", i, r, l, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	e := engineDump(t, sock)
+	if opens := counter(e, "TCPPassiveOpens"); opens != 2*rounds {
+		t.Errorf("the shared stack accepted %d connections, want %d", opens, 2*rounds)
+	}
+	if opens := counter(e, "TCPActiveOpens"); opens != 2*rounds {
+		t.Errorf("the shared stack opened %d connections, want %d", opens, 2*rounds)
 	}
 }
