@@ -293,8 +293,8 @@ func pause(rng *rand.Rand) {
 // B's arm-and-sleep sequence. A frame left in B's ring would wait for a
 // timer: B's delayed ACK is put off to 500ms, so that A's tail loss
 // probe (40ms for one segment in flight) or its retransmission timeout
-// comes first. On this clean path the test allows neither a round trip
-// over stallAfter nor any retransmission at all. (With the wake event
+// comes first. On this clean path the test allows no round trip over
+// stallAfter and at most one retransmission a minute (below). (With the wake event
 // alone and no readiness, a 30-second run saw about 260 round trips of
 // 18-38ms, rescued by B's delayed ACK timer before it was put off; with
 // readiness, none over 15ms.) A minute, 3s with -short.
@@ -361,9 +361,15 @@ func TestNoLostWakeupPingPong(t *testing.T) {
 	}
 	after, afterB := sa.Engine().Counters(), sb.Engine().Counters()
 	t.Logf("%d round trips in %v, the slowest %v; B's sleeper %+v", n, dur, worst.Round(time.Microsecond), sb.Sleeper().Stats())
-	if r := after.TCPRetransmits - before.TCPRetransmits + afterB.TCPRetransmits - beforeB.TCPRetransmits; r != 0 {
-		t.Errorf("%d segments were retransmitted on a path that loses nothing (tail loss probes %d, timeouts %d): a frame waited in a ring until a timer rescued it",
-			r, after.TCPTLPs-before.TCPTLPs+afterB.TCPTLPs-beforeB.TCPTLPs, after.TCPRTOs-before.TCPRTOs+afterB.TCPRTOs-beforeB.TCPRTOs)
+	// One retransmission a minute is allowed: this VM's scheduler alone
+	// now and then keeps a process off its CPU for longer than A's tail
+	// loss probe waits (40ms; one such run in about ten, its slowest
+	// round trip 42ms, under stallAfter). A lost wake-up gives dozens
+	// (17 in 30 seconds with the wake event alone).
+	allowed := uint64(dur / time.Minute)
+	if r := after.TCPRetransmits - before.TCPRetransmits + afterB.TCPRetransmits - beforeB.TCPRetransmits; r > allowed {
+		t.Errorf("%d segments were retransmitted on a path that loses nothing (tail loss probes %d, timeouts %d; %d allowed for the machine's own stalls): a frame waited in a ring until a timer rescued it",
+			r, after.TCPTLPs-before.TCPTLPs+afterB.TCPTLPs-beforeB.TCPTLPs, after.TCPRTOs-before.TCPRTOs+afterB.TCPRTOs-beforeB.TCPRTOs, allowed)
 	}
 	if irqs := sb.Sleeper().Stats().IRQs; irqs < uint64(n)/2 {
 		t.Errorf("B's stack was woken by its interrupt %d times in %d round trips: the test did not exercise the wake path", irqs, n)
