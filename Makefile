@@ -44,8 +44,9 @@ docs:
 # ping-pong), 256 MiB each way against the kernel through each fault of
 # the fault injector,
 # the attacks at full size (100,000 spoofed SYNs, a minute of zero window)
-# and the frame-pool pressure test. Then short runs of the two fuzzers:
-# hostile frames, and a hostile writer of the shared image.
+# and the frame-pool pressure test. Then short runs of the three fuzzers:
+# hostile frames, a hostile writer of the shared image, and hostile
+# messages to onloadd.
 #
 # test/testlog prints each run as go test would, then every test that was
 # skipped and why. With ONLOAD_REQUIRE_ALL=1 (CI sets it) a test that needs
@@ -57,6 +58,7 @@ test: deps
 	$(GO) test -json -p 1 -count=1 -timeout 25m -run 'Bulk|StackTCP|Many|HTTP|NoLostWakeup|Faults|Attack|FramePressure' ./stack ./test | bin/testlog
 	$(GO) test -run '^$$' -fuzz FuzzInput -fuzztime 20s ./stack
 	$(GO) test -run '^$$' -fuzz FuzzCorruptImage -fuzztime 20s ./stack
+	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 10s ./control
 
 # Writes test/bench/results/bench.json and prints the table the README
 # quotes.

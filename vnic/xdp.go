@@ -197,9 +197,18 @@ func (x *XDP) kickOwing() error {
 	if !x.kickOwed.Load() {
 		return nil
 	}
-	x.kickOwed.Store(false)
+	return x.kick()
+}
+
+// kick hands the TX ring to the kernel. Frames the kernel leaves there
+// (it stopped early: a full completion ring, no memory) stay owed, so
+// that the next poll, which takes completions back first, kicks again:
+// no frame waits on the ring for a send that may be long in coming.
+func (x *XDP) kick() error {
 	x.stats.TxKicks++
-	return x.sock.Kick()
+	err := x.sock.Kick()
+	x.kickOwed.Store(x.sock.TX.Pending() > 0)
+	return err
 }
 func (x *XDP) Info() Info { return x.info }
 
@@ -352,13 +361,8 @@ func (x *XDP) transmit(hs []Handle, keep bool) (int, error) {
 		if tx.NeedsWakeup() {
 			if x.holdKick {
 				x.kickOwed.Store(true)
-			} else {
-				x.stats.TxKicks++
-				if kerr := x.sock.Kick(); kerr != nil && err == nil {
-					err = kerr
-				} else {
-					x.kickOwed.Store(false)
-				}
+			} else if kerr := x.kick(); kerr != nil && err == nil {
+				err = kerr
 			}
 		}
 	}
