@@ -229,9 +229,24 @@ type StackDump struct {
 	Addr      string       `json:"addr"`
 	Clients   []ClientDump `json:"clients"`
 	Filters   []string     `json:"filters"`
+	Sockets   []SocketDump `json:"sockets"`
 	// Engine is the engine's own dump: counters and sockets, from the
 	// image (read by the daemon, which checks it like any image data).
 	Engine string `json:"engine,omitempty"`
+}
+
+// SocketDump is one socket of a stack, in netstat's terms.
+type SocketDump struct {
+	Proto    string `json:"proto"`
+	State    string `json:"state,omitempty"`
+	Local    string `json:"local"`
+	Remote   string `json:"remote"`
+	SendQ    uint32 `json:"send_q"`
+	RecvQ    uint32 `json:"recv_q"`
+	Cwnd     uint32 `json:"cwnd,omitempty"`
+	RTTus    int64  `json:"rtt_us,omitempty"`
+	RetransB uint32 `json:"retrans_bytes,omitempty"`
+	OwnerPID int    `json:"owner_pid,omitempty"`
 }
 
 // ClientDump is one process attached to a stack.

@@ -43,6 +43,15 @@ func (d *Daemon) dump() *control.Dump {
 			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s:%d (pid %d)", k.Proto, k.Addr, k.Port, f.owner.cred.Pid))
 		}
 		sort.Strings(sd.Filters)
+		sd.Sockets = []control.SocketDump{}
+		if rows, ok := s.st.TrySockets(); ok {
+			for _, r := range rows {
+				sd.Sockets = append(sd.Sockets, control.SocketDump{
+					Proto: r.Proto, State: r.State, Local: r.Local.String(), Remote: r.Remote.String(),
+					SendQ: r.SendQ, RecvQ: r.RecvQ, Cwnd: r.Cwnd, RTTus: r.RTT.Microseconds(), RetransB: r.Retrans, OwnerPID: r.Owner,
+				})
+			}
+		}
 		if text, ok := s.st.TryDump(); ok {
 			sd.Engine = text
 		} else {

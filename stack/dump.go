@@ -60,19 +60,35 @@ func (s *Stack) Dump() string {
 // next one (it polls nothing: the frames and wake-ups are the users').
 // It reports false if the lock stayed held.
 func (s *Stack) TryDump() (string, bool) {
+	var out string
+	ok := s.tryLooking(func() { out = s.dumpLocked() })
+	return out, ok
+}
+
+// TrySockets is Sockets for an inspector that must never wait (TryDump).
+func (s *Stack) TrySockets() ([]SocketRow, bool) {
+	var rows []SocketRow
+	ok := s.tryLooking(func() { rows = s.socketsLocked() })
+	return rows, ok
+}
+
+// tryLooking runs look with the lock, if it is free within a few
+// milliseconds, and lets it go leaving the work deferred to the holder
+// for the next one; false if the lock stayed held.
+func (s *Stack) tryLooking(look func()) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := 0; !s.img.hdr.lock.TryLock(); i++ {
 		if i == 100 {
-			return "", false
+			return false
 		}
 		time.Sleep(50 * time.Microsecond)
 	}
 	raceAcquire(&s.raceHB)
-	out := s.dumpLocked()
+	look()
 	raceRelease(&s.raceHB)
 	s.img.hdr.lock.UnlockLeaving()
-	return out, true
+	return true
 }
 
 func (s *Stack) dumpLocked() string {

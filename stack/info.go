@@ -1,6 +1,9 @@
 package stack
 
-import "time"
+import (
+	"net/netip"
+	"time"
+)
 
 // TCPInfo is a connection's transport state, as Linux's TCP_INFO reports
 // it: for tests, the inspector and applications that tune on it.
@@ -45,6 +48,62 @@ func (s *Stack) TCPInfo(id SockID) (TCPInfo, error) {
 	if sk.kind != kindTCP {
 		return TCPInfo{}, ErrNotSupported
 	}
+	return tcpInfoLocked(sk), nil
+}
+
+// SocketRow is one socket as the inspector lists it (netstat's columns
+// and TCP's vital signs).
+type SocketRow struct {
+	ID            SockID
+	Proto         string // "tcp" or "udp"
+	State         string // TCP's state; "" for UDP
+	Local, Remote netip.AddrPort
+	SendQ, RecvQ  uint32 // bytes queued to send (sent or not), received and not read
+	Cwnd          uint32
+	RTT           time.Duration
+	Retrans       uint32 // bytes retransmitted
+	// Owner is the pid of the process whose thread last waited on the
+	// socket, where processes share the stack; 0 if unknown.
+	Owner int
+}
+
+// Sockets lists the sockets in use.
+func (s *Stack) Sockets() []SocketRow {
+	s.lock()
+	defer s.unlock()
+	return s.socketsLocked()
+}
+
+func (s *Stack) socketsLocked() []SocketRow {
+	var rows []SocketRow
+	for i := range s.img.socks {
+		sk := &s.img.socks[i]
+		if sk.kind == kindFree {
+			continue
+		}
+		r := SocketRow{
+			ID:     makeSockID(uint32(i), sk.gen),
+			Local:  netip.AddrPortFrom(netip.AddrFrom4(sk.localAddr), sk.localPort),
+			Remote: netip.AddrPortFrom(netip.AddrFrom4(sk.remoteAddr), sk.remotePort),
+		}
+		if o := sk.owner; o != 0 && o <= maxProcs {
+			r.Owner = int(s.img.hdr.procs[o-1].pid)
+		}
+		switch sk.kind {
+		case kindTCP:
+			ti := tcpInfoLocked(sk)
+			r.Proto, r.State, r.SendQ, r.RecvQ, r.Cwnd, r.RTT, r.Retrans = "tcp", ti.State, ti.Queued, ti.Unread, ti.Cwnd, ti.RTT, ti.Retrans
+		case kindUDP:
+			r.Proto, r.RecvQ = "udp", sk.rcvBytes
+		default:
+			continue
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+func tcpInfoLocked(sk *sock) TCPInfo {
 	return TCPInfo{
 		State:      stateName(sk.state),
 		RTT:        time.Duration(sk.srtt) * time.Microsecond,
@@ -66,7 +125,7 @@ func (s *Stack) TCPInfo(id SockID) (TCPInfo, error) {
 		RcvBuf:     sk.rcvBuf, SndBuf: sk.sndBuf,
 		Timestamps: sk.tflags&tfTSOK != 0, SACK: sk.tflags&tfSackOK != 0,
 		SndWScale: wscale(sk, sk.sndWS), RcvWScale: wscale(sk, sk.rcvWS),
-	}, nil
+	}
 }
 
 // wscale is a window scale shift as TCPInfo reports it: -1 when the

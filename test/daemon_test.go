@@ -384,8 +384,20 @@ func TestDaemonUnprivileged(t *testing.T) {
 			t.Errorf("the stack's filters %q lack %q", s.Filters, w)
 		}
 	}
-	if !strings.Contains(s.Engine, "ESTABLISHED") && !strings.Contains(s.Engine, "established") {
-		t.Errorf("the engine's dump shows no established connection:\n%s", s.Engine)
+	var established, listening int
+	for _, k := range s.Sockets {
+		switch {
+		case k.Proto == "tcp" && k.State == "ESTABLISHED" && strings.HasPrefix(k.Remote, a.Iface0().Addr().String()+":") && k.Local == fmt.Sprintf("%s:%d", b.Iface0().Addr(), port+1):
+			established++
+			if k.RTTus <= 0 || k.Cwnd == 0 {
+				t.Errorf("the echo connection's row lacks its RTT or cwnd: %+v", k)
+			}
+		case k.Proto == "tcp" && k.State == "LISTEN":
+			listening++
+		}
+	}
+	if established != 1 || listening != 2 {
+		t.Errorf("the dump's sockets (%d established to the echo, %d listening; want 1 and 2): %+v", established, listening, s.Sockets)
 	}
 }
 

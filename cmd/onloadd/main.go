@@ -5,7 +5,7 @@
 // tools.
 //
 //	onloadd [serve] [-socket /run/onload/onloadd.sock] [-mode 0660] [-group G] [-interface vB] [-log info] [-json]
-//	onloadd stackdump [-socket ...] [-json]
+//	onloadd stackdump [-socket ...] [-json] [-v]
 //	onloadd capture -iface eth0 -udp 7000 -tcp 7001 [-queue 0] [-duration 10s]
 //	onloadd config [-markdown]
 //	onloadd version
@@ -27,7 +27,9 @@ commands:
   serve     run the daemon in the foreground (the default command): stacks
             for processes over the control socket; SIGTERM or SIGINT stops
             it, removing every filter and detaching the program
-  stackdump print onloadd's stacks, their processes, filters and sockets
+  stackdump print onloadd's stacks: their processes, filters and sockets
+            (netstat's columns with cwnd, RTT and retransmissions); -v adds
+            the engine's own dump, -json is for scripts
   capture   steer TCP/UDP ports on an interface into an AF_XDP socket and
             print every frame that arrives, then the steering counters
   config    print the configuration an accelerated process would use

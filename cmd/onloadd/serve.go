@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 
 	"github.com/xdp-onload/onload/control"
 	"github.com/xdp-onload/onload/daemon"
@@ -81,6 +82,7 @@ func stackdump(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("stackdump", flag.ContinueOnError)
 	sock := fs.String("socket", envOr("ONLOAD_DAEMON_SOCKET", control.DefaultSocket), "onloadd's control socket")
 	asJSON := fs.Bool("json", false, "print JSON, for scripts")
+	verbose := fs.Bool("v", false, "also print the engine's own dump: counters, neighbours and every socket's TCP state")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -113,8 +115,23 @@ func stackdump(args []string, out io.Writer) error {
 		for _, f := range s.Filters {
 			fmt.Fprintf(out, "  filter %s\n", f)
 		}
-		for _, l := range strings.Split(strings.TrimRight(s.Engine, "\n"), "\n") {
-			fmt.Fprintf(out, "  %s\n", l)
+		if len(s.Sockets) > 0 {
+			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "  proto\tstate\tlocal\tremote\tsend-q\trecv-q\tcwnd\trtt µs\tretrans B\tpid")
+			for _, k := range s.Sockets {
+				pid := "-"
+				if k.OwnerPID != 0 {
+					pid = strconv.Itoa(k.OwnerPID)
+				}
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n",
+					k.Proto, k.State, k.Local, k.Remote, k.SendQ, k.RecvQ, k.Cwnd, k.RTTus, k.RetransB, pid)
+			}
+			tw.Flush()
+		}
+		if *verbose {
+			for _, l := range strings.Split(strings.TrimRight(s.Engine, "\n"), "\n") {
+				fmt.Fprintf(out, "  %s\n", l)
+			}
 		}
 	}
 	return nil
