@@ -72,6 +72,14 @@ func (s *Stack) TrySockets() ([]SocketRow, bool) {
 	return rows, ok
 }
 
+// TryCounters is Counters for an inspector that must never wait
+// (TryDump).
+func (s *Stack) TryCounters() (Counters, bool) {
+	var c Counters
+	ok := s.tryLooking(func() { c = s.img.hdr.counters })
+	return c, ok
+}
+
 // tryLooking runs look with the lock, if it is free within a few
 // milliseconds, and lets it go leaving the work deferred to the holder
 // for the next one; false if the lock stayed held.

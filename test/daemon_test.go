@@ -2,6 +2,7 @@ package test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -18,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sys/unix"
 
 	"github.com/xdp-onload/onload/bpf"
@@ -43,6 +46,15 @@ func init() {
 		})
 		if err != nil {
 			return err
+		}
+		if addr := os.Getenv("ONLOAD_TEST_METRICS"); addr != "" {
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(d.Metrics())
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				return err
+			}
+			go http.Serve(ln, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		}
 		fmt.Println("READY")
 		go func() {
@@ -256,10 +268,10 @@ func daemonDir(t *testing.T) (dir, bin string) {
 }
 
 // startDaemon runs onloadd in host h with its control socket in dir.
-func startDaemon(t *testing.T, h *Host, dir string) (sock string, p *helperProc) {
+func startDaemon(t *testing.T, h *Host, dir string, env ...string) (sock string, p *helperProc) {
 	t.Helper()
 	sock = filepath.Join(dir, "onloadd.sock")
-	p = startHelper(t, h, "onloadd", "ONLOAD_DAEMON_SOCKET="+sock, "ONLOAD_LOG=debug")
+	p = startHelper(t, h, "onloadd", append([]string{"ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_LOG=debug"}, env...)...)
 	return sock, p
 }
 
@@ -304,7 +316,8 @@ func TestDaemonUnprivileged(t *testing.T) {
 	RequireTool(t, "sockperf")
 	a, b := Pair(t, LinkOptions{})
 	dir, bin := daemonDir(t)
-	sock, _ := startDaemon(t, b, dir)
+	metrics := b.Iface0().Addr().String() + ":9464" // served by b's kernel
+	sock, _ := startDaemon(t, b, dir, "ONLOAD_TEST_METRICS="+metrics)
 	srv, port := daemonServer(t, b, dir, bin, sock)
 	_, refusals, _ := strings.Cut(srv.Info, " ")
 	// On its own, the process is refused both.
@@ -398,6 +411,38 @@ func TestDaemonUnprivileged(t *testing.T) {
 	}
 	if established != 1 || listening != 2 {
 		t.Errorf("the dump's sockets (%d established to the echo, %d listening; want 1 and 2): %+v", established, listening, s.Sockets)
+	}
+
+	// The same counters for Prometheus: curl's, the echo's and sockperf's
+	// connections.
+	// A plain HTTP/1.0 request on a connection dialled in host a's
+	// namespace (net/http would dial from another thread, outside it).
+	var body []byte
+	if err := a.Do(func() error {
+		c, err := net.DialTimeout("tcp", metrics, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, "GET /metrics HTTP/1.0\r\n\r\n"); err != nil {
+			return err
+		}
+		body, err = io.ReadAll(c)
+		if err == nil && !bytes.HasPrefix(body, []byte("HTTP/1.0 200")) {
+			err = fmt.Errorf("metrics: %.300s", body)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	labels := fmt.Sprintf(`{interface=%q,name="",queue="0",stack="%d"}`, b.Iface0().Name, s.ID)
+	opens := -1
+	if pm := regexp.MustCompile(`(?m)^onload_tcp_passive_opens_total` + regexp.QuoteMeta(labels) + ` (\d+)$`).FindSubmatch(body); pm != nil {
+		fmt.Sscan(string(pm[1]), &opens)
+	}
+	if opens < 3 || !bytes.Contains(body, []byte("\nonload_stacks 1\n")) {
+		t.Errorf("onloadd's metrics lack the stack's accepted connections (want at least 3):\n%.2000s", body)
 	}
 }
 

@@ -4,7 +4,7 @@
 // their own (package daemon). It also carries the data path's diagnostic
 // tools.
 //
-//	onloadd [serve] [-socket /run/onload/onloadd.sock] [-mode 0660] [-group G] [-interface vB] [-log info] [-json]
+//	onloadd [serve] [-socket /run/onload/onloadd.sock] [-mode 0660] [-group G] [-interface vB] [-log info] [-json] [-metrics ADDR]
 //	onloadd stackdump [-socket ...] [-json] [-v]
 //	onloadd capture -iface eth0 -udp 7000 -tcp 7001 [-queue 0] [-duration 10s]
 //	onloadd config [-markdown]

@@ -7,12 +7,19 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/xdp-onload/onload/control"
 	"github.com/xdp-onload/onload/daemon"
@@ -27,6 +34,7 @@ func serve(args []string, stderr io.Writer) error {
 	ifaces := fs.String("interface", os.Getenv("ONLOAD_INTERFACE"), "serve only these interfaces (comma-separated; default: any a client asks for)")
 	level := fs.String("log", envOr("ONLOAD_LOG", "info"), "log level: debug, info, warn or error")
 	jsonLog := fs.Bool("json", false, "log in JSON")
+	metricsAddr := fs.String("metrics", "", "serve the stacks' counters in Prometheus's text format at http://ADDR/metrics (for example 127.0.0.1:9464)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -58,8 +66,32 @@ func serve(args []string, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if *metricsAddr != "" {
+		srv, err := serveMetrics(*metricsAddr, d)
+		if err != nil {
+			d.Close()
+			return err
+		}
+		defer srv.Close()
+		cfg.Log.Info("metrics", "url", "http://"+srv.Addr+"/metrics")
+	}
 	err = d.Serve(ctx)
 	return errorsJoin(err, d.Close())
+}
+
+// serveMetrics serves d's metrics (and Go's own) at http://addr/metrics.
+func serveMetrics(addr string, d *daemon.Daemon) (*http.Server, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(d.Metrics(), collectors.NewGoCollector())
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("serve: -metrics %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Addr: ln.Addr().String(), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	return srv, nil
 }
 
 func errorsJoin(a, b error) error {
