@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -74,8 +75,13 @@ type XDP struct {
 	inFill     uint32      // frames given to the kernel to receive into
 	holdKick   bool        // HoldKicks
 	kickOwed   atomic.Bool // frames on the TX ring wait for a kick
-	zeroCopy   bool        // the socket is bound zero-copy
-	stats      Stats
+	// The frames held since the last kick and when the first was: a hold
+	// never keeps more than maxHeld frames, or any for longer than
+	// maxHoldNs, however busy the callers stay.
+	held      uint32
+	heldSince int64
+	zeroCopy  bool // the socket is bound zero-copy
+	stats     Stats
 }
 
 // OpenXDP creates the UMEM and the socket and fills the fill ring. It must
@@ -200,12 +206,39 @@ func (x *XDP) kickOwing() error {
 	return x.kick()
 }
 
+// Bounds of a hold (HoldKicks): a batch of this size already shares
+// one system call well, and this long is a small part of a round trip.
+const (
+	maxHeld   = 64
+	maxHoldNs = 50_000
+)
+
+// holding reports whether n more frames may wait for a later kick.
+func (x *XDP) holding(n uint32) bool {
+	if !x.holdKick {
+		return false
+	}
+	now := time.Now().UnixNano()
+	if x.held == 0 {
+		if x.kickOwed.Load() {
+			return false // owed by a kick the kernel cut short: kick now
+		}
+		x.heldSince = now
+	}
+	if x.held+n > maxHeld || now-x.heldSince > maxHoldNs {
+		return false
+	}
+	x.held += n
+	return true
+}
+
 // kick hands the TX ring to the kernel. Frames the kernel leaves there
 // (it stopped early: a full completion ring, no memory) stay owed, so
 // that the next poll, which takes completions back first, kicks again:
 // no frame waits on the ring for a send that may be long in coming.
 func (x *XDP) kick() error {
 	x.stats.TxKicks++
+	x.held = 0
 	err := x.sock.Kick()
 	x.kickOwed.Store(x.sock.TX.Pending() > 0)
 	return err
@@ -274,7 +307,7 @@ func (x *XDP) reap() {
 // up) is done when the RX ring is empty or the fill ring is half drained,
 // so that a frame that has just arrived goes back to the caller at once.
 func (x *XDP) Receive(hs []Handle) int {
-	if !x.holdKick {
+	if !x.holding(0) {
 		x.kickOwing()
 	}
 	rx := &x.sock.RX
@@ -359,7 +392,7 @@ func (x *XDP) transmit(hs []Handle, keep bool) (int, error) {
 		tx.Submit()
 		x.stats.TxFrames += uint64(n)
 		if tx.NeedsWakeup() {
-			if x.holdKick {
+			if x.holding(n) {
 				x.kickOwed.Store(true)
 			} else if kerr := x.kick(); kerr != nil && err == nil {
 				err = kerr
