@@ -293,9 +293,15 @@ func TestAttackSynFlood(t *testing.T) {
 			r.sendFrom(src, pkt.TCPSegment{Seq: rng.Uint32(), Flags: header.TCPFlagSyn, Window: 65535, Options: []byte{2, 4, 5, 180}})
 		}
 	}()
-	// Let the queue fill, then connect for real, three times over.
+	// Let the queue fill, then connect for real, three times over, each
+	// once the flood has just made the stack send a cookie (its queue is
+	// full).
 	time.Sleep(200 * time.Millisecond)
 	for i := range 3 {
+		sent := a.s.Engine().Counters().TCPSynCookiesSent
+		for end := time.Now().Add(2 * time.Second); a.s.Engine().Counters().TCPSynCookiesSent == sent && time.Now().Before(end); {
+			time.Sleep(time.Millisecond)
+		}
 		if err := a.kernelEchoRun(t, 256<<10, uint64(30+i)); err != nil {
 			close(stop)
 			<-done
@@ -311,9 +317,13 @@ func TestAttackSynFlood(t *testing.T) {
 		t.Errorf("%d SYN cookies for %d spoofed SYNs", after.TCPSynCookiesSent-before.TCPSynCookiesSent, total)
 	}
 	// The spoofed SYNs never come back with an ACK: every connection made
-	// from a cookie is a real client's.
-	if ok := after.TCPSynCookiesOK - before.TCPSynCookiesOK; ok != 3 {
-		t.Errorf("%d connections made from SYN cookies, want the 3 real clients' (the SYN queue was not full when they came?)", ok)
+	// from a cookie is a real client's. Each real client met a queue that
+	// was full a moment before; a slow flooder (the race detector slows
+	// it several times over) may let an embryonic entry time out just as
+	// one arrives, and that client gets in the ordinary way. So: at least
+	// one by cookie, none that is not a real client's.
+	if ok := after.TCPSynCookiesOK - before.TCPSynCookiesOK; ok < 1 || ok > 3 {
+		t.Errorf("%d connections made from SYN cookies, want from 1 to the 3 real clients'", ok)
 	}
 	mu.Lock()
 	defer mu.Unlock()
