@@ -57,7 +57,7 @@ func roundTrip(t *testing.T, c *control.Conn, b []byte, fds ...int) *control.Rep
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	if err := sendRaw(c, b, oob); err != nil {
+	if err := c.SendRaw(b, oob); err != nil {
 		t.Fatal(err)
 	}
 	c.SetDeadline(time.Now().Add(5 * time.Second))
@@ -155,7 +155,7 @@ func TestHostileClients(t *testing.T) {
 		check("after " + tc.msg)
 	}
 	// A datagram over the limit.
-	if err := sendRaw(bad, make([]byte, control.MaxMessage+100), nil); err != nil {
+	if err := bad.SendRaw(make([]byte, control.MaxMessage+100), nil); err != nil {
 		t.Fatal(err)
 	}
 	bad.SetDeadline(time.Now().Add(5 * time.Second))
@@ -168,8 +168,8 @@ func TestHostileClients(t *testing.T) {
 	// closed before the reply.
 	for range 20 {
 		c := raw(t, sock)
-		sendRaw(c, []byte(`{"v":1,"seq":1,"op":"hello","hello":{}}`), nil)
-		sendRaw(c, []byte(`{"v":1,"seq":2,"op":"dump","dump":{}}`), nil)
+		c.SendRaw([]byte(`{"v":1,"seq":1,"op":"hello","hello":{}}`), nil)
+		c.SendRaw([]byte(`{"v":1,"seq":2,"op":"dump","dump":{}}`), nil)
 		c.Close()
 	}
 	check("after clients left mid-request")
@@ -184,5 +184,3 @@ func TestHostileClients(t *testing.T) {
 		t.Errorf("%d descriptors open, %d before the bad clients: the daemon kept some", n, before)
 	}
 }
-
-func sendRaw(c *control.Conn, b, oob []byte) error { return c.SendRaw(b, oob) }

@@ -35,10 +35,7 @@ func (s *Stack) MTU() int {
 // syncMTULocked takes the image's MTU (which another process may have
 // changed, or spoiled) into this handle and its NIC.
 func (s *Stack) syncMTULocked() {
-	m := int(s.img.hdr.mtu)
-	if m < 576 || m > s.maxMTU {
-		m = min(max(m, 576), s.maxMTU)
-	}
+	m := min(max(int(s.img.hdr.mtu), 576), s.maxMTU)
 	if m == s.mtu {
 		return
 	}

@@ -116,8 +116,8 @@ func New(nic vnic.NIC, cfg Config, opt Options) (*Stack, error) {
 	if nic.Info().MTU < cfg.MTU {
 		return nil, fmt.Errorf("stack config: MTU %d is larger than the NIC's (%d)", cfg.MTU, nic.Info().MTU)
 	}
-	if max := nic.Pool().FrameSize() - nic.Pool().Headroom(); cfg.MTU+14 > max {
-		return nil, fmt.Errorf("stack config: MTU %d does not fit the NIC's %d-byte frames", cfg.MTU, max)
+	if cfg.MTU > frameMTU(nic) {
+		return nil, fmt.Errorf("stack config: MTU %d does not fit the NIC's %d-byte frames", cfg.MTU, nic.Pool().FrameSize()-nic.Pool().Headroom())
 	}
 	img, err := newImage(&cfg, Now())
 	if err != nil {
@@ -141,6 +141,12 @@ func Attach(img *Image, nic vnic.NIC, opt Options) *Stack {
 
 var stackIDs atomic.Uint64
 
+// frameMTU is the largest MTU the NIC's frames hold (with the Ethernet
+// header), and the stack takes (9000).
+func frameMTU(nic vnic.NIC) int {
+	return min(9000, nic.Pool().FrameSize()-nic.Pool().Headroom()-14)
+}
+
 func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 	kicks, _ := nic.(vnic.KickHolder)
 	return &Stack{
@@ -149,7 +155,7 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 		reserve: max(16, nic.Pool().Count()/32),
 		img:     img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver,
 		tickNs: int64(img.hdr.tickNs), tickRecip: recip(img.hdr.tickNs), fast: newClock(), mtu: int(img.hdr.mtu),
-		maxMTU: min(9000, nic.Pool().FrameSize()-nic.Pool().Headroom()-14),
+		maxMTU: frameMTU(nic),
 		rx:     make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
 		expired: make([]timers.ID, 64), wake: opt.Wake,
 	}

@@ -304,6 +304,51 @@ func daemonServer(t *testing.T, b *Host, dir, bin, sock string, env ...string) (
 	return srv, port
 }
 
+// fetchStream has curl in host h fetch n bytes of the stream (handler's
+// /big) from url into dir/name, within maxTime seconds, and checks that
+// the server's connection was accelerated and that the body is the
+// stream, whose SHA-256 is sum.
+func fetchStream(h *Host, dir, name, url string, n int, sum string, maxTime int) error {
+	out, err := h.Run("sh", "-c", fmt.Sprintf("curl -sS --max-time %d -D - -o %s/%s '%s/big?n=%d' && sha256sum %s/%s",
+		maxTime, dir, name, url, n, dir, name))
+	switch {
+	case err != nil:
+		return err
+	case !strings.Contains(out, "X-Conn: accelerated"):
+		return fmt.Errorf("the connection was not accelerated:\n%s", out)
+	case !strings.Contains(out, sum):
+		return fmt.Errorf("the body is not the stream (want sha256 %s):\n%s", sum, out)
+	}
+	return nil
+}
+
+// rawGet sends an HTTP/1.0 GET for path to addr on a connection dialled
+// in host h's namespace (net/http would dial from another thread, outside
+// it), reads the whole answer and, if after is set, calls it on the
+// connection before closing it.
+func rawGet(h *Host, addr, path string, after func(net.Conn) error) ([]byte, error) {
+	var body []byte
+	err := h.Do(func() error {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, "GET "+path+" HTTP/1.0\r\n\r\n"); err != nil {
+			return err
+		}
+		if body, err = io.ReadAll(c); err != nil {
+			return err
+		}
+		if after != nil {
+			return after(c)
+		}
+		return nil
+	})
+	return body, err
+}
+
 // TestDaemonUnprivileged: a process of uid nobody with no capabilities,
 // which cannot load a BPF program or open an AF_XDP socket by itself,
 // serves with sockets.Listen on a stack onloadd made for it. curl and a
@@ -329,17 +374,9 @@ func TestDaemonUnprivileged(t *testing.T) {
 		t.Errorf("opening an AF_XDP socket without privilege: %s", xskErr)
 	}
 
-	url := fmt.Sprintf("http://%s:%d", b.Iface0().Addr(), port)
 	const n = 16 << 20
-	out, err := a.Run("sh", "-c", fmt.Sprintf("curl -sS --max-time 60 -D - -o %s/body '%s/big?n=%d' && sha256sum %s/body", dir, url, n, dir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(out, "X-Conn: accelerated") {
-		t.Errorf("curl's connection was not accelerated:\n%s", out)
-	}
-	if want := streamSum(n); !strings.Contains(out, want) {
-		t.Errorf("curl fetched a body that is not the stream (want sha256 %s):\n%s", want, out)
+	if err := fetchStream(a, dir, "body", fmt.Sprintf("http://%s:%d", b.Iface0().Addr(), port), n, streamSum(n), 60); err != nil {
+		t.Fatalf("curl: %v", err)
 	}
 
 	// A kernel client in host a: echoes (not a sockperf message: its
@@ -372,7 +409,7 @@ func TestDaemonUnprivileged(t *testing.T) {
 
 	// sockperf's ping-pong client: every reply matched to its request by
 	// sequence number, as many received as sent.
-	out, err = a.Run("sockperf", "ping-pong", "-i", b.Iface0().Addr().String(), "-p", fmt.Sprint(port+1), "--tcp", "-t", "2", "-m", "64")
+	out, err := a.Run("sockperf", "ping-pong", "-i", b.Iface0().Addr().String(), "-p", fmt.Sprint(port+1), "--tcp", "-t", "2", "-m", "64")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,25 +452,11 @@ func TestDaemonUnprivileged(t *testing.T) {
 
 	// The same counters for Prometheus: curl's, the echo's and sockperf's
 	// connections.
-	// A plain HTTP/1.0 request on a connection dialled in host a's
-	// namespace (net/http would dial from another thread, outside it).
-	var body []byte
-	if err := a.Do(func() error {
-		c, err := net.DialTimeout("tcp", metrics, 5*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.WriteString(c, "GET /metrics HTTP/1.0\r\n\r\n"); err != nil {
-			return err
-		}
-		body, err = io.ReadAll(c)
-		if err == nil && !bytes.HasPrefix(body, []byte("HTTP/1.0 200")) {
-			err = fmt.Errorf("metrics: %.300s", body)
-		}
-		return err
-	}); err != nil {
+	body, err := rawGet(a, metrics, "/metrics", nil)
+	if err == nil && !bytes.HasPrefix(body, []byte("HTTP/1.0 200")) {
+		err = fmt.Errorf("metrics: %.300s", body)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	labels := fmt.Sprintf(`{interface=%q,name="",queue="0",stack="%d"}`, b.Iface0().Name, s.ID)
@@ -521,19 +544,15 @@ func TestDaemonTwoStacks(t *testing.T) {
 
 	// Both at once.
 	const n = 4 << 20
+	sum := streamSum(n)
 	errs := make(chan error, 2)
 	for i, p := range ports {
 		go func() {
-			out, err := a.Run("sh", "-c", fmt.Sprintf("curl -sS --max-time 10 -D - -o %s/body%d 'http://%s:%d/big?n=%d' && sha256sum %s/body%d",
-				dir, i, b.Iface0().Addr(), p, n, dir, i))
-			switch {
-			case err != nil:
-			case !strings.Contains(out, "X-Conn: accelerated"):
-				err = fmt.Errorf("server %d: not accelerated:\n%s", i, out)
-			case !strings.Contains(out, streamSum(n)):
-				err = fmt.Errorf("server %d: the body is not the stream:\n%s", i, out)
+			if err := fetchStream(a, dir, fmt.Sprint("body", i), fmt.Sprintf("http://%s:%d", b.Iface0().Addr(), p), n, sum, 10); err != nil {
+				errs <- fmt.Errorf("server %d: %w", i, err)
+				return
 			}
-			errs <- err
+			errs <- nil
 		}()
 	}
 	for range ports {
@@ -689,20 +708,7 @@ func TestDaemonKernelTables(t *testing.T) {
 	}
 	within(t, sock, "the MTU", "mtu 1400 ")
 	var mss uint32
-	if err := a.Do(func() error {
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("%s:%d", b.Iface0().Addr(), port), 5*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.WriteString(c, "GET /big?n=1048576 HTTP/1.0\r\n\r\n"); err != nil {
-			return err
-		}
-		n, err := io.Copy(io.Discard, c)
-		if err != nil || n < 1<<20 {
-			return fmt.Errorf("read %d bytes: %v", n, err)
-		}
+	body, err := rawGet(a, fmt.Sprintf("%s:%d", b.Iface0().Addr(), port), "/big?n=1048576", func(c net.Conn) error {
 		rc, err := c.(*net.TCPConn).SyscallConn()
 		if err != nil {
 			return err
@@ -715,7 +721,11 @@ func TestDaemonKernelTables(t *testing.T) {
 			}
 		})
 		return ierr
-	}); err != nil {
+	})
+	if err == nil && len(body) < 1<<20 {
+		err = fmt.Errorf("read %d bytes", len(body))
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	if mss == 0 || mss > 1360 {
@@ -751,20 +761,12 @@ func TestDaemonSharedStack(t *testing.T) {
 	defer ln.Close()
 
 	const rounds, n = 20, 1 << 20
+	sum := streamSum(n)
 	errs := make(chan error, 4)
 	for i, p := range ports {
 		go func() {
 			for r := range rounds {
-				out, err := a.Run("sh", "-c", fmt.Sprintf("curl -sS --max-time 10 -D - -o %s/body%d 'http://%s:%d/big?n=%d' && sha256sum %s/body%d",
-					dir, i, b.Iface0().Addr(), p, n, dir, i))
-				switch {
-				case err != nil:
-				case !strings.Contains(out, "X-Conn: accelerated"):
-					err = fmt.Errorf("not accelerated:\n%s", out)
-				case !strings.Contains(out, streamSum(n)):
-					err = fmt.Errorf("the body is not the stream:\n%s", out)
-				}
-				if err != nil {
+				if err := fetchStream(a, dir, fmt.Sprint("body", i), fmt.Sprintf("http://%s:%d", b.Iface0().Addr(), p), n, sum, 10); err != nil {
 					errs <- fmt.Errorf("server %d, fetch %d: %w", i, r, err)
 					return
 				}

@@ -243,6 +243,7 @@ func (x *XDP) kick() error {
 	x.kickOwed.Store(x.sock.TX.Pending() > 0)
 	return err
 }
+
 func (x *XDP) Info() Info { return x.info }
 
 // SetMTU changes the largest frame Transmit takes (MTUSetter). It runs
