@@ -263,8 +263,8 @@ func (s *Stack) Dump() string {
 	if x, ok := s.nic.(*vnic.XDP); ok {
 		if st, err := x.Socket().Stats(); err == nil {
 			sk := x.Socket()
-			ks = fmt.Sprintf("xsk %+v rings: rx %d fill %d tx %d completion %d\n", st,
-				sk.RX.Pending(), sk.Fill.Pending(), sk.TX.Pending(), sk.Completion.Pending())
+			ks = fmt.Sprintf("xsk %+v rings: rx %d fill %d tx %d completion %d kick owed %v\n", st,
+				sk.RX.Pending(), sk.Fill.Pending(), sk.TX.Pending(), sk.Completion.Pending(), x.KickOwed())
 		}
 	}
 	s.wakes.mu.Lock()

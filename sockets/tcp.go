@@ -76,11 +76,14 @@ func (c *TCPConn) Read(b []byte) (int, error) {
 		}
 		// As in Write: what this poll sends waits for the goroutines
 		// the stack woke, whose sends kick it.
-		recv := s.st.Recv
-		if s.wakes.busy() {
+		recv, more := s.st.Recv, s.wakes.busy()
+		if more {
 			recv = s.st.RecvMore
 		}
 		n, err := recv(c.id, b, false)
+		if more {
+			s.kickIfLast()
+		}
 		s.leave()
 		switch {
 		case err == nil && n > 0:
@@ -115,12 +118,15 @@ func (c *TCPConn) Write(b []byte) (int, error) {
 		}
 		// Goroutines the stack woke are about to run, and likely to send
 		// too: the kick that hands the kernel our frames waits for them.
-		send := s.st.Send
-		if s.wakes.busy() {
+		send, more := s.st.Send, s.wakes.busy()
+		if more {
 			send = s.st.SendMore
 			s.wakes.heldSends.Add(1)
 		}
 		n, err := send(c.id, b[total:])
+		if more {
+			s.kickIfLast()
+		}
 		s.leave()
 		total += n
 		var retry time.Duration

@@ -97,3 +97,18 @@ func (w *wakes) ran(s *Stack) {
 // busy reports that goroutines the stack woke have not run yet, or wait
 // for their turn to be woken: the processors have work.
 func (w *wakes) busy() bool { return w.backlog.Load() > 0 || w.pending.Load() > 0 }
+
+// kickIfLast kicks what SendMore and RecvMore held, unless goroutines the
+// stack woke are still to run. A held kick is owed by whoever sees the
+// batch end: the holder itself, if the others ran while it sent (it
+// looks after its send, so it cannot miss one that ran before), or else
+// the last of them to run (which looks as it leaves the backlog, in
+// await). Not the operation the last one runs next: that one may send
+// nothing (data queued already, a full send buffer) and park, and an
+// armed Sleeper waits for frames that never left. Call it between enter
+// and leave.
+func (s *Stack) kickIfLast() {
+	if !s.wakes.busy() {
+		s.st.KickHeld()
+	}
+}

@@ -264,11 +264,26 @@ func (s *Stack) holdKicksLocked(more bool) bool {
 }
 
 // releaseKicksLocked ends what holdKicksLocked began. The kick owed is the
-// next send's or poll's.
+// next send's or poll's, or KickHeld's.
 func (s *Stack) releaseKicksLocked(held bool) {
 	if held {
 		s.kicks.HoldKicks(false)
 	}
+}
+
+// KickHeld hands the NIC the frames SendMore and RecvMore left waiting for
+// their kick. The caller of a More operation owes it once the others it
+// counted on are done: a goroutine that was to send may instead find
+// its data queued already, or its send buffer full, and send nothing,
+// and an armed interrupt wakes nobody for frames that never left. It
+// costs one atomic load when nothing is owed.
+func (s *Stack) KickHeld() {
+	if s.kicks == nil || !s.kicks.KickOwed() {
+		return
+	}
+	s.lock()
+	s.kicks.Kick()
+	s.unlock()
 }
 
 // Recv receives from a socket into buf. For TCP, 0 with a nil error is the

@@ -250,8 +250,11 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 					for j := range progress {
 						t.Logf("conn %d: last progress %v ago, %d bytes outstanding", j, now.Sub(time.Unix(0, progress[j].Load())).Round(time.Millisecond), written[j].Load()-moved[j].Load())
 					}
-					t.Fatalf("conn %d made no progress for %v with %d bytes outstanding (after %d echoed): a lost wake-up\na: %s\nb: %s",
-						i, idle.Round(time.Millisecond), out, moved[i].Load(), sa.Dump(), sb.Dump())
+					// The dumps first, the verdict last: a CI log's tail
+					// shows the verdict.
+					t.Logf("a: %s\nb: %s", sa.Dump(), sb.Dump())
+					t.Fatalf("conn %d made no progress for %v with %d bytes outstanding (after %d echoed): a lost wake-up (the stacks' dumps are above)",
+						i, idle.Round(time.Millisecond), out, moved[i].Load())
 				}
 			}
 			if now.After(deadline) {

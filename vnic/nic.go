@@ -67,9 +67,13 @@ type MTUSetter interface {
 // leaves the kick owed; the next transmit not held, or the next Receive,
 // kicks, and Idle is false while a kick is owed. A caller that knows more
 // frames follow in a moment (other goroutines about to send) saves a
-// system call per frame.
+// system call per frame. Whoever holds a kick must see that somebody
+// kicks: KickOwed says (lock-free) that frames wait, Kick hands them over
+// (under the stack lock, as Transmit).
 type KickHolder interface {
 	HoldKicks(hold bool)
+	KickOwed() bool
+	Kick() error
 }
 
 // Info describes a NIC.

@@ -197,6 +197,14 @@ func (x *XDP) Idle() bool {
 // itself: the next transmit or Receive does.
 func (x *XDP) HoldKicks(hold bool) { x.holdKick = hold }
 
+// KickOwed reports that frames on the TX ring wait for a kick (KickHolder).
+// It reads one shared word: any goroutine may call it.
+func (x *XDP) KickOwed() bool { return x.kickOwed.Load() }
+
+// Kick kicks the kernel for frames left on the TX ring by a held
+// transmit (KickHolder).
+func (x *XDP) Kick() error { return x.kickOwing() }
+
 // kickOwing kicks the kernel for frames left on the TX ring by a held
 // transmit.
 func (x *XDP) kickOwing() error {
