@@ -247,3 +247,47 @@ func TestDialContextCancel(t *testing.T) {
 		t.Fatalf("dial past its context's deadline: %v, want context.DeadlineExceeded", err)
 	}
 }
+
+// TestLoopbackInStack: a connection from the stack to a listener of its
+// own is carried by the stack (both ends accelerated), not by the kernel.
+func TestLoopbackInStack(t *testing.T) {
+	a, _ := memStacks(t, vnic.MemConfig{}, sockets.Config{})
+	lc := sockets.ListenConfig{Stack: a}
+	ln, err := lc.Listen(context.Background(), "tcp", addrA.Addr().String()+":8081")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+		io.Copy(c, c)
+		c.Close()
+	}()
+	d := sockets.Dialer{Stack: a, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addrA.Addr().String()+":8081")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, ours := c.(*sockets.TCPConn); !ours {
+		t.Fatalf("dial to the stack's own listener: %T, want *sockets.TCPConn", c)
+	}
+	if s := <-accepted; s == nil {
+		t.Fatal("accept failed")
+	} else if _, ours := s.(*sockets.TCPConn); !ours {
+		t.Fatalf("the listener accepted %T, want *sockets.TCPConn", s)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	msg := bytes.Repeat([]byte("within the stack "), 10000)
+	go c.Write(msg)
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("echo of %d bytes: equal %v, %v", len(msg), bytes.Equal(got, msg), err)
+	}
+}

@@ -143,7 +143,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	var first error
 	routed := false
 	for _, ip := range ips {
-		if !s.routes(ip) {
+		if !s.routes(ip) && !(proto == stack.TCP && s.loopsBack(netip.AddrPortFrom(ip, uint16(port)))) {
 			continue
 		}
 		routed = true

@@ -238,6 +238,15 @@ func (s *Stack) routes(dst netip.Addr) bool {
 	return s.st.Gateway().IsValid()
 }
 
+// loopsBack reports whether a TCP connection to dst stays in the stack:
+// dst is the stack's own address and one of its sockets (this process's
+// or, on a shared stack, another's) listens there. Any other connection
+// to the host's own addresses goes through the kernel's loopback, where
+// the kernel half of an accelerated listener answers it too.
+func (s *Stack) loopsBack(dst netip.AddrPort) bool {
+	return dst.Addr().Unmap() == s.addr.Addr() && s.st.Listening(dst)
+}
+
 func broadcast(p netip.Prefix) netip.Addr {
 	a := p.Masked().Addr().As4()
 	host := uint32(1)<<(32-p.Bits()) - 1

@@ -62,6 +62,8 @@ type Counters struct {
 	TxNoFrames    uint64 // sends refused: no free frame
 	TxNoNeighbour uint64 // sends refused: next hop's Ethernet address unknown
 	TxRingFull    uint64 // frames dropped: the NIC's transmit ring was full
+	LoopFrames    uint64 // frames to the stack's own address, taken in without the NIC
+	LoopDropped   uint64 // such frames dropped: too many waiting, or no free frame
 
 	SocketsExhausted uint64 // socket creations refused: table full
 	ImageCorrupt     uint64 // inconsistencies found in the image and stepped around

@@ -154,6 +154,7 @@ func (s *Stack) flushLocked() {
 		for _, h := range s.txKeep {
 			s.pool.SetAux(h, auxFlags, s.pool.Aux(h, auxFlags)&^afQueued)
 		}
+		s.txKeep = s.divertLocked(s.txKeep, true)
 		n, _ := s.nic.TransmitKeep(s.txKeep)
 		c.TxFrames += uint64(n)
 		for _, h := range s.txKeep[n:] {
@@ -162,6 +163,7 @@ func (s *Stack) flushLocked() {
 		}
 		s.txKeep = s.txKeep[:0]
 	}
+	s.tx = s.divertLocked(s.tx, false)
 	if len(s.tx) == 0 {
 		return
 	}

@@ -90,6 +90,9 @@ func (s *Stack) resolvedLocked(e *neighbour, mac [6]byte) {
 // address is being resolved and e is the entry to hold the frame in.
 func (s *Stack) nextHopLocked(dst [4]byte) (mac [6]byte, e *neighbour, err error) {
 	h := s.img.hdr
+	if dst == h.addr {
+		return h.mac, nil, nil // in-stack loopback (loopback.go)
+	}
 	hop := dst
 	if !netip.PrefixFrom(netip.AddrFrom4(h.addr), int(h.prefixLen)).Contains(netip.AddrFrom4(dst)) {
 		if h.gateway == [4]byte{} {

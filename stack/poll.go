@@ -72,7 +72,7 @@ func (s *Stack) timerLocked(id timers.ID) {
 // idle reports, without the lock, that a poll would find nothing to do:
 // nothing arrived, the NIC needs no care and no timer can be due.
 func (s *Stack) idle() bool {
-	return s.nic.Idle() && !s.img.wheel.MayBeDue(s.toTicks(s.fast.nowRacy()))
+	return s.nic.Idle() && s.looped.Load() == 0 && !s.img.wheel.MayBeDue(s.toTicks(s.fast.nowRacy()))
 }
 
 // PolledAt is when a thread of this process last polled the stack, or

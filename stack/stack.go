@@ -85,6 +85,9 @@ type Stack struct {
 	rx      []vnic.Handle
 	tx      []vnic.Handle // frames to give to the NIC
 	txKeep  []vnic.Handle // frames to lend it (TCP data kept for retransmission)
+	loop    []vnic.Handle // frames to our own address, to take in at unlock (loopback.go)
+	loopIn  []vnic.Handle // the batch being taken in
+	looped  atomic.Int32  // len(loop), for idle
 	expired []timers.ID
 
 	wake  func(SockID) // Options.Wake
@@ -157,6 +160,7 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 		tickNs: int64(img.hdr.tickNs), tickRecip: recip(img.hdr.tickNs), fast: newClock(), mtu: int(img.hdr.mtu),
 		maxMTU: frameMTU(nic),
 		rx:     make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
+		loop: make([]vnic.Handle, 0, maxLoop), loopIn: make([]vnic.Handle, 0, maxLoop),
 		expired: make([]timers.ID, 64), wake: opt.Wake,
 	}
 }
@@ -224,6 +228,9 @@ func (s *Stack) unlock() {
 // unlockTried lets go of a lock taken by trylock (LockOrDefer), which
 // holds the image's word only.
 func (s *Stack) unlockTried() {
+	if len(s.loop) > 0 {
+		s.loopLocked()
+	}
 	raceRelease(&s.raceHB)
 	s.img.hdr.lock.Unlock(s.deferredLocked)
 	if s.remote.Load() != 0 {
@@ -236,6 +243,7 @@ func (s *Stack) deferredLocked(d Deferred) {
 		s.pollLocked()
 	}
 	s.flushLocked()
+	s.loopLocked()
 	raceRelease(&s.raceHB)
 }
 

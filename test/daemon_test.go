@@ -119,8 +119,9 @@ func init() {
 	}
 }
 
-// dialEcho dials addr through sockets and checks that an echo comes back.
-func dialEcho(addr string) error {
+// dialEcho dials addr through sockets and checks that an echo of n
+// bytes (at least 4) comes back byte-exact, writing and reading at once.
+func dialEcho(addr string, n int) error {
 	c, err := sockets.Dial("tcp", addr)
 	if err != nil {
 		return err
@@ -129,18 +130,33 @@ func dialEcho(addr string) error {
 	if _, ok := c.(*sockets.TCPConn); !ok {
 		return fmt.Errorf("not accelerated: %T", c)
 	}
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.WriteString(c, "ping"); err != nil {
-		return err
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	n = max(n, 4)
+	werr := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(c, stream(int64(n)))
+		werr <- err
+	}()
+	want, got := stream(int64(n)), make([]byte, 64<<10)
+	exp := make([]byte, len(got))
+	for done := 0; done < n; {
+		k, err := c.Read(got[:min(len(got), n-done)])
+		io.ReadFull(want, exp[:k])
+		if !bytes.Equal(got[:k], exp[:k]) {
+			return fmt.Errorf("the echo differs from what was sent within bytes %d-%d", done, done+k)
+		}
+		done += k
+		if err != nil {
+			return fmt.Errorf("echo: %d of %d bytes came back: %w", done, n, err)
+		}
 	}
-	b := make([]byte, 4)
-	if _, err := io.ReadFull(c, b); err != nil || string(b) != "ping" {
-		return fmt.Errorf("echo %q: %v", b, err)
+	if err := <-werr; err != nil {
+		return fmt.Errorf("echo: write: %w", err)
 	}
 	return errors.New("ok")
 }
 
-// claims reads commands on standard input: "dial ADDR" (dialEcho), and
+// claims reads commands on standard input: "dial ADDR [N]" (dialEcho), and
 // "claim PORT STACK": the server
 // tries to take another's port, by listening on it and by asking onloadd
 // to steer it to stack STACK with a socket of its own, and prints each
@@ -148,8 +164,11 @@ func dialEcho(addr string) error {
 func claims() {
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
-		if addr, ok := strings.CutPrefix(sc.Text(), "dial "); ok {
-			fmt.Printf("dial: %v\n", dialEcho(addr))
+		if rest, ok := strings.CutPrefix(sc.Text(), "dial "); ok {
+			var addr string
+			n := 4
+			fmt.Sscan(rest, &addr, &n)
+			fmt.Printf("dial: %v\n", dialEcho(addr, n))
 			continue
 		}
 		var port, stk int
@@ -737,8 +756,10 @@ func TestDaemonKernelTables(t *testing.T) {
 // stack name share one stack (one image, one queue): each serves its own
 // port to curl in host a, and dials host a's kernel, at once, many times,
 // though either process's polls may take in the other's frames (they wake
-// each other's goroutines through the image). onloadd's dump shows one
-// stack with both processes.
+// each other's goroutines through the image); and each dials the other's
+// listener on the link's address, a connection the stack carries within
+// itself (its two ends are its own sockets), with data both ways. onloadd's
+// dump shows one stack with both processes.
 func TestDaemonSharedStack(t *testing.T) {
 	RequireTool(t, "curl")
 	RequireTool(t, "setpriv")
@@ -789,11 +810,37 @@ func TestDaemonSharedStack(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	e := engineDump(t, sock)
-	if opens := counter(e, "TCPPassiveOpens"); opens != 2*rounds {
-		t.Errorf("the shared stack accepted %d connections, want %d", opens, 2*rounds)
+	// Each process dials the other's echo listener (the port after its
+	// HTTP one) at the stack's own address: 4 MiB each way, byte-exact.
+	const loops, echoed = 5, 4 << 20
+	for i := range srv {
+		go func() {
+			other := ports[1-i] + 1
+			for r := range loops {
+				fmt.Fprintf(srv[i].In, "dial %s:%d %d\n", b.Iface0().Addr(), other, echoed)
+				if l, err := srv[i].line(30 * time.Second); err != nil || l != "dial: ok" {
+					errs <- fmt.Errorf("process %d dialling process %d's listener, round %d: %q, %v", i, 1-i, r, l, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
 	}
-	if opens := counter(e, "TCPActiveOpens"); opens != 2*rounds {
-		t.Errorf("the shared stack opened %d connections, want %d", opens, 2*rounds)
+	for range srv {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	e := engineDump(t, sock)
+	if opens := counter(e, "TCPPassiveOpens"); opens != 2*rounds+2*loops {
+		t.Errorf("the shared stack accepted %d connections, want %d (%d from host a, %d from its own processes)", opens, 2*rounds+2*loops, 2*rounds, 2*loops)
+	}
+	if opens := counter(e, "TCPActiveOpens"); opens != 2*rounds+2*loops {
+		t.Errorf("the shared stack opened %d connections, want %d", opens, 2*rounds+2*loops)
+	}
+	// Each connection between the processes carried 8 MiB inside the
+	// stack: thousands of frames that never reached the NIC.
+	if looped := counter(e, "LoopFrames"); looped < 2*loops*2*echoed/9000 {
+		t.Errorf("the stack took in %d frames it sent itself; the connections between its processes should have made thousands", looped)
 	}
 }
