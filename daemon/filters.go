@@ -8,6 +8,7 @@ import (
 
 	"github.com/xdp-onload/onload/bpf"
 	"github.com/xdp-onload/onload/control"
+	"github.com/xdp-onload/onload/internal/ethtool"
 )
 
 // filter is a port steered to a stack, with the kernel socket that proved
@@ -17,6 +18,7 @@ type filter struct {
 	key   bpf.Listener
 	proof int // the client's kernel socket, our descriptor for it
 	owner *client
+	rule  int // the n-tuple rule's location (steerNtuple), or -1
 }
 
 // addFilterLocked checks proof and steers req's port to stack s.
@@ -38,10 +40,21 @@ func (d *Daemon) addFilterLocked(c *client, s *dstack, req *control.FilterReques
 			return refuse(codeInUse, "%s port %d on %s belongs to %s: a port is steered to one stack", key.Proto, key.Port, s.ifc.name, f.owner)
 		}
 	}
+	rule := -1
+	if s.ifc.steering == steerNtuple {
+		loc, err := ethtool.InsertRule(s.ifc.name, ethtool.Rule{UDP: key.Proto == bpf.UDP, Addr: key.Addr.As4(), Port: key.Port, Queue: uint32(s.queue)})
+		if err != nil {
+			return refuse(codeUnavailable, "%v: the stack on queue %d would not see the port's frames", err, s.queue)
+		}
+		rule = int(loc)
+	}
 	if err := s.ifc.steer.AddListener(key, s.id); err != nil {
+		if rule >= 0 {
+			ethtool.DeleteRule(s.ifc.name, uint32(rule))
+		}
 		return fmt.Errorf("filter %s %s:%d: %w", key.Proto, key.Addr, key.Port, err)
 	}
-	f := &filter{key: key, proof: proof, owner: c}
+	f := &filter{key: key, proof: proof, owner: c, rule: rule}
 	s.ifc.filters[key] = f
 	s.filters[key] = f
 	d.log.Debug("filter added", "stack", s.id, "proto", key.Proto.String(), "local", fmt.Sprintf("%s:%d", key.Addr, key.Port), "client", c.String())
@@ -57,6 +70,11 @@ func (d *Daemon) removeFilterLocked(s *dstack, key bpf.Listener) {
 	}
 	if err := s.ifc.steer.RemoveListener(key); err != nil {
 		d.log.Warn("filter removal", "stack", s.id, "err", err)
+	}
+	if f.rule >= 0 {
+		if err := ethtool.DeleteRule(s.ifc.name, uint32(f.rule)); err != nil {
+			d.log.Warn("filter removal", "stack", s.id, "err", err)
+		}
 	}
 	unix.Close(f.proof)
 	delete(s.filters, key)

@@ -1,11 +1,17 @@
 package test
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdp-onload/onload/internal/ethtool"
 )
 
 func netnsList(t *testing.T) string {
@@ -113,5 +119,35 @@ func TestSweep(t *testing.T) {
 	n.Close()
 	if strings.Contains(netnsList(t), stale) {
 		t.Errorf("stale namespace %s not swept", stale)
+	}
+}
+
+// TestEthtoolOnVeth: the ethtool requests onloadd steers queues with,
+// on the test hosts' veth: its driver is named, its n-tuple filters are
+// off (veth has none, so onloadd relies on the sender's queue), and a
+// rule is refused by the driver with an error that names the interface
+// and the rule.
+func TestEthtoolOnVeth(t *testing.T) {
+	RequireRoot(t)
+	a, _ := Pair(t, LinkOptions{Queues: 2})
+	name := a.Iface0().Name
+	err := a.Do(func() error {
+		if d, err := ethtool.Driver(name); err != nil || d != "veth" {
+			return fmt.Errorf("driver of %s: %q, %v; want veth", name, d, err)
+		}
+		if on, err := ethtool.NtupleOn(name); err != nil || on {
+			return fmt.Errorf("n-tuple filters of %s: %v, %v; want off", name, on, err)
+		}
+		_, err := ethtool.InsertRule(name, ethtool.Rule{Port: 8080, Queue: 1})
+		if !errors.Is(err, unix.EOPNOTSUPP) || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), "tcp port 8080 to queue 1") {
+			return fmt.Errorf("an n-tuple rule on veth: %v, want EOPNOTSUPP naming %s and the rule", err, name)
+		}
+		if _, err := ethtool.Driver("no-such-if0"); err == nil || !strings.Contains(err.Error(), "no-such-if0") {
+			return fmt.Errorf("driver of a missing interface: %v", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

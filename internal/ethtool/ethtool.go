@@ -3,6 +3,7 @@
 package ethtool
 
 import (
+	"encoding/binary"
 	"fmt"
 	"unsafe"
 
@@ -59,6 +60,115 @@ func DisableTxChecksum(ifname string) error {
 	val := struct{ cmd, data uint32 }{cmd: sTxCsum, data: 0}
 	if err := do(ifname, unsafe.Pointer(&val)); err != nil {
 		return fmt.Errorf("turn off tx checksum offload on %s: %w", ifname, err)
+	}
+	return nil
+}
+
+// Driver is the name of the interface's driver (ethtool -i).
+func Driver(ifname string) (string, error) {
+	const gDrvInfo = 0x3 // ETHTOOL_GDRVINFO
+	info := struct {
+		cmd    uint32
+		driver [32]byte
+		_      [164]byte // version, firmware, bus, ... (struct ethtool_drvinfo)
+	}{cmd: gDrvInfo}
+	if err := do(ifname, unsafe.Pointer(&info)); err != nil {
+		return "", fmt.Errorf("driver of %s: %w", ifname, err)
+	}
+	return unix.ByteSliceToString(info.driver[:]), nil
+}
+
+// NtupleOn reports whether the interface's n-tuple filters are on
+// (ethtool -k: ntuple-filters), the receive flow steering Rule needs. The
+// kernel answers for every device, from its features.
+func NtupleOn(ifname string) (bool, error) {
+	const (
+		gFlags     = 0x25    // ETHTOOL_GFLAGS
+		flagNtuple = 1 << 27 // ETH_FLAG_NTUPLE
+	)
+	val := struct{ cmd, data uint32 }{cmd: gFlags}
+	if err := do(ifname, unsafe.Pointer(&val)); err != nil {
+		return false, fmt.Errorf("features of %s: %w", ifname, err)
+	}
+	return val.data&flagNtuple != 0, nil
+}
+
+// Rule is a receive flow steering rule (an n-tuple filter: ethtool -N
+// flow-type tcp4 dst-ip A dst-port P action Q): IPv4 frames of the
+// protocol to the address (any, if unspecified) and port go to the queue.
+type Rule struct {
+	UDP   bool
+	Addr  [4]byte // the destination address; zero: any
+	Port  uint16  // the destination port
+	Queue uint32
+}
+
+// rxFlowSpec is struct ethtool_rx_flow_spec; rxnfc is struct
+// ethtool_rxnfc without its trailing rule locations. Both are laid out
+// by hand as the kernel's, padding included (checked by the tests).
+type rxFlowSpec struct {
+	flowType   uint32
+	h          [52]byte // union ethtool_flow_union: the values
+	hExt       [20]byte // struct ethtool_flow_ext
+	m          [52]byte // the masks: set bits must match
+	mExt       [20]byte
+	_          [4]byte
+	ringCookie uint64 // the queue
+	location   uint32
+	_          [4]byte
+}
+
+type rxnfc struct {
+	cmd, flowType uint32
+	data          uint64
+	fs            rxFlowSpec
+	ruleCnt       uint32
+	_             [4]byte
+}
+
+const (
+	sRxClsRlDel = 0x31       // ETHTOOL_SRXCLSRLDEL
+	sRxClsRlIns = 0x32       // ETHTOOL_SRXCLSRLINS
+	tcpV4Flow   = 0x01       // TCP_V4_FLOW
+	udpV4Flow   = 0x02       // UDP_V4_FLOW
+	locAny      = 0xffffffff // RX_CLS_LOC_ANY: the driver picks the place
+)
+
+// spec is the rule as the kernel takes it: struct ethtool_tcpip4_spec
+// (ip4src, ip4dst, psrc, pdst, tos) in the value and mask unions.
+func (r Rule) spec() rxFlowSpec {
+	fs := rxFlowSpec{flowType: tcpV4Flow, ringCookie: uint64(r.Queue), location: locAny}
+	if r.UDP {
+		fs.flowType = udpV4Flow
+	}
+	if r.Addr != ([4]byte{}) {
+		copy(fs.h[4:8], r.Addr[:])
+		copy(fs.m[4:8], []byte{0xff, 0xff, 0xff, 0xff})
+	}
+	binary.BigEndian.PutUint16(fs.h[10:12], r.Port)
+	fs.m[10], fs.m[11] = 0xff, 0xff
+	return fs
+}
+
+// InsertRule adds the rule to the interface's n-tuple filters and returns
+// where the driver put it, for DeleteRule.
+func InsertRule(ifname string, r Rule) (uint32, error) {
+	req := rxnfc{cmd: sRxClsRlIns, fs: r.spec()}
+	if err := do(ifname, unsafe.Pointer(&req)); err != nil {
+		proto := "tcp"
+		if r.UDP {
+			proto = "udp"
+		}
+		return 0, fmt.Errorf("n-tuple rule on %s steering %s port %d to queue %d: %w", ifname, proto, r.Port, r.Queue, err)
+	}
+	return req.fs.location, nil
+}
+
+// DeleteRule removes the rule InsertRule put at loc.
+func DeleteRule(ifname string, loc uint32) error {
+	req := rxnfc{cmd: sRxClsRlDel, fs: rxFlowSpec{location: loc}}
+	if err := do(ifname, unsafe.Pointer(&req)); err != nil {
+		return fmt.Errorf("n-tuple rule %d on %s: %w", loc, ifname, err)
 	}
 	return nil
 }
