@@ -163,7 +163,12 @@ func (f *FilterRequest) LocalAddrPort() (netip.AddrPort, error) {
 }
 
 // DumpRequest asks for the daemon's state.
-type DumpRequest struct{}
+type DumpRequest struct {
+	// Engine asks for each stack's engine dump too (text: counters,
+	// neighbours, every socket's TCP state), which takes the stack's
+	// lock a second time.
+	Engine bool `json:"engine,omitempty"`
+}
 
 // Reply is the daemon's answer to the request with the same Seq. Error,
 // if set, is a sentence for the user, and Code says what kind of refusal

@@ -183,7 +183,7 @@ func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) 
 			return errReply(req.Seq, d.logRefusal(c, req.Op, err)), nil
 		}
 	case control.OpDump:
-		rep.Dump = d.dump()
+		rep.Dump = d.dump(req.Dump.Engine)
 	case control.OpResolve:
 		d.mu.Lock()
 		s := c.stacks[bpf.StackID(req.Resolve.Stack)]

@@ -24,9 +24,10 @@ var Version = func() string {
 	return v
 }()
 
-// dump describes every stack: its queue, its processes and filters, and
-// the engine's own dump read from the image.
-func (d *Daemon) dump() *control.Dump {
+// dump describes every stack: its queue, its processes, filters and
+// sockets, and, if engine is set, the engine's own dump read from the
+// image.
+func (d *Daemon) dump(engine bool) *control.Dump {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := &control.Dump{Daemon: Version, PID: os.Getpid(), Stacks: []control.StackDump{}}
@@ -52,10 +53,11 @@ func (d *Daemon) dump() *control.Dump {
 				})
 			}
 		}
-		if text, ok := s.st.TryDump(); ok {
-			sd.Engine = text
-		} else {
+		if engine {
 			sd.Engine = "(the stack lock is held: no engine dump)"
+			if text, ok := s.st.TryDump(); ok {
+				sd.Engine = text
+			}
 		}
 		out.Stacks = append(out.Stacks, sd)
 	}

@@ -302,7 +302,7 @@ func dumpDaemon(t *testing.T, sock string) *control.Dump {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	rep, _, err := cl.Call(control.Request{Op: control.OpDump, Dump: &control.DumpRequest{}})
+	rep, _, err := cl.Call(control.Request{Op: control.OpDump, Dump: &control.DumpRequest{Engine: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

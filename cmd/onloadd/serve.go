@@ -113,7 +113,7 @@ func envOr(name, def string) string {
 func stackdump(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("stackdump", flag.ContinueOnError)
 	sock := fs.String("socket", envOr("ONLOAD_DAEMON_SOCKET", control.DefaultSocket), "onloadd's control socket")
-	asJSON := fs.Bool("json", false, "print JSON, for scripts")
+	asJSON := fs.Bool("json", false, "print JSON, for scripts (the engine dumps too with -v)")
 	verbose := fs.Bool("v", false, "also print the engine's own dump: counters, neighbours and every socket's TCP state")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -123,7 +123,7 @@ func stackdump(args []string, out io.Writer) error {
 		return fmt.Errorf("stackdump: onloadd at %s: %w", *sock, err)
 	}
 	defer cl.Close()
-	rep, fds, err := cl.Call(control.Request{Op: control.OpDump, Dump: &control.DumpRequest{}})
+	rep, fds, err := cl.Call(control.Request{Op: control.OpDump, Dump: &control.DumpRequest{Engine: *verbose}})
 	control.CloseFDs(fds)
 	if err != nil {
 		return fmt.Errorf("stackdump: %w", err)
