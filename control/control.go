@@ -235,6 +235,12 @@ type StackDump struct {
 	Clients   []ClientDump `json:"clients"`
 	Filters   []string     `json:"filters"`
 	Sockets   []SocketDump `json:"sockets"`
+	// Takeovers is how many times onloadd polled the stack because its
+	// processes did not; StalledMs, how long the current stall has
+	// lasted (0: none); Watch, why onloadd no longer watches it, if so.
+	Takeovers uint64 `json:"takeovers"`
+	StalledMs int64  `json:"stalled_ms,omitempty"`
+	Watch     string `json:"watch,omitempty"`
 	// Engine is the engine's own dump: counters and sockets, from the
 	// image (read by the daemon, which checks it like any image data).
 	Engine string `json:"engine,omitempty"`

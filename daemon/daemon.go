@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -46,6 +47,10 @@ type Config struct {
 	Interfaces []string
 	// Log receives the daemon's structured log.
 	Log *slog.Logger
+	// Takeover is how long a stack with frames waiting or timers due may
+	// go unpolled by its processes before onloadd polls it (0:
+	// DefaultTakeover; negative: never).
+	Takeover time.Duration
 }
 
 // Daemon is a running onloadd.
@@ -79,6 +84,9 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if cfg.Takeover == 0 {
+		cfg.Takeover = DefaultTakeover
 	}
 	gid := -1
 	if cfg.Group != "" {

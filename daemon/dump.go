@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/xdp-onload/onload/control"
+	"github.com/xdp-onload/onload/stack"
 )
 
 // Version is onloadd's version: the module's, and the commit it was
@@ -44,6 +45,17 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s:%d (pid %d)", k.Proto, k.Addr, k.Port, f.owner.cred.Pid))
 		}
 		sort.Strings(sd.Filters)
+		if w := s.watch; w != nil {
+			sd.Takeovers = w.polls.Load()
+			if since := w.since.Load(); since != 0 {
+				sd.StalledMs = (int64(stack.Now()) - since) / 1e6
+			}
+			if e := w.err.Load(); e != nil {
+				sd.Watch = "stopped: " + *e
+			}
+		} else {
+			sd.Watch = "off (onloadd serve -takeover 0)"
+		}
 		sd.Sockets = []control.SocketDump{}
 		if rows, ok := s.st.TrySockets(); ok {
 			for _, r := range rows {

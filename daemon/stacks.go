@@ -32,6 +32,7 @@ type dstack struct {
 	nicCfg  vnic.XDPConfig
 	clients map[*client]struct{}
 	filters map[bpf.Listener]*filter
+	watch   *watcher // polls the stack when its processes do not (watch.go)
 }
 
 // Bounds on what a client may ask for: memory is the daemon's to give.
@@ -115,6 +116,12 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 		id: id, name: req.Name, uid: int(c.cred.Uid), ifc: ifc, queue: q, nic: nic, st: st, addr: sc.Addr,
 		nicCfg: nc, clients: map[*client]struct{}{}, filters: map[bpf.Listener]*filter{},
 	}
+	st.SetWatcher()
+	if err := d.startWatch(s); err != nil {
+		st.Image().Close()
+		nic.Close()
+		return nil, false, err
+	}
 	ifc.queues[q] = s
 	d.stacks[id] = s
 	if s.name != "" {
@@ -189,6 +196,7 @@ func (d *Daemon) releaseStackLocked(s *dstack) {
 	for k := range s.filters {
 		d.removeFilterLocked(s, k)
 	}
+	s.watch.end()
 	var errs []error
 	errs = append(errs, s.ifc.steer.ClearSocket(s.id, s.queue))
 	errs = append(errs, s.st.Image().Close(), s.nic.Close())

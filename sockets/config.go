@@ -45,8 +45,9 @@ type Config struct {
 	// Daemon says whether stacks come from onloadd: DaemonAuto (when it
 	// runs), DaemonRequire or DaemonOff (standalone only).
 	Daemon       string
-	DaemonSocket string // onloadd's control socket
-	StackName    string // share the named stack with other processes
+	DaemonSocket string        // onloadd's control socket
+	StackName    string        // share the named stack with other processes
+	Takeover     time.Duration // onloadd's: how long work may wait unpolled before it polls (0: never)
 }
 
 // The values of Config.Daemon (ONLOAD_DAEMON).
@@ -136,6 +137,9 @@ var Options = []Option{
 	{Env: "ONLOAD_STACK_NAME", Default: "",
 		Doc: "Through onloadd: processes that give the same name share one stack (one image, one queue), as Onload's EF_NAME. Empty: the process has a stack of its own.",
 		set: func(c *Config, _ int64, s string) { c.StackName = s }},
+	{Env: "ONLOAD_TAKEOVER_US", Default: "1000", Min: 0, Max: 10_000_000, Unit: "µs",
+		Doc: "onloadd's (`onloadd serve`): how long a stack with frames waiting or timers due may go unpolled by its processes (stopped, or busy elsewhere) before onloadd polls it for them: it acknowledges, retransmits, runs the timers and wakes the waiters. 0: never.",
+		set: func(c *Config, v int64, _ string) { c.Takeover = time.Duration(v) * time.Microsecond }},
 	{Env: "ONLOAD_LOG", Default: "error", Choices: []string{"debug", "info", "warn", "error"},
 		Doc: "Log level, to standard error. `debug` says which sockets are not accelerated and why; `info` reports stacks created and closed.",
 		set: func(c *Config, _ int64, s string) { c.Log = logLevel(s) }},

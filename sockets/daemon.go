@@ -122,11 +122,12 @@ func openDaemon(cfg Config) (*Stack, error) {
 	s.host, s.ifname, s.proofs = true, sr.Interface, filters
 	s.local = hostAddrs()
 	s.followKernel()
-	if sr.Name != "" {
-		if err := s.shareWakes(); err != nil {
-			s.Close()
-			return nil, err
-		}
+	// Every stack from onloadd is shared: with the other processes of a
+	// named stack, and with onloadd, which polls it when this process
+	// does not (takeover), and wakes our goroutines through the image.
+	if err := s.shareWakes(); err != nil {
+		s.Close()
+		return nil, err
 	}
 	how := "made"
 	if sr.Joined {
@@ -187,8 +188,8 @@ func (f *daemonFilters) RemoveListener(p stack.Proto, local netip.AddrPort) erro
 	return f.request(control.OpUnfilter, p, local)
 }
 
-// shareWakes lets the other processes of a shared stack wake this one's
-// goroutines: their polls may take in what ours wait for. One goroutine
+// shareWakes lets the other processes of a shared stack (and onloadd)
+// wake this one's goroutines: their polls may take in what ours wait for. One goroutine
 // waits on this process's word in the image (a futex, which holds an OS
 // thread while it waits) and wakes the goroutines whose sockets were
 // touched.

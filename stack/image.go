@@ -81,7 +81,11 @@ type header struct {
 	neighWait                    uint32 // neighbour entries being resolved
 	_                            uint32
 	poller                       uint64 // the Stack (process) that last took the lock
-	counters                     Counters
+	// appPolledAt is when a thread of a client process last polled or
+	// found nothing to poll, on the Clock: onloadd's watcher reads it
+	// (takeover.go), and its own polls do not write it.
+	appPolledAt int64
+	counters    Counters
 
 	// The processes that share the stack and wake one another's threads
 	// (JoinWakes): a socket's owner is an index here, plus one.

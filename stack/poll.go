@@ -10,6 +10,7 @@ func (s *Stack) Poll() int {
 	// A busy-poller's idle polls end here, without the lock.
 	if now := s.fast.nowRacy(); s.nic.Idle() && !s.img.wheel.MayBeDue(s.toTicks(now)) {
 		s.polledAt.Store(now)
+		s.notePolled(now)
 		return 0
 	}
 	if !s.img.hdr.lock.LockOrDefer(DeferPoll) {
@@ -25,6 +26,7 @@ func (s *Stack) pollLocked() int {
 	n := s.nic.Receive(s.rx)
 	s.setClock(s.fast.now()) // a poll always needs it: timers
 	s.polledAt.Store(s.nowNs)
+	s.notePolled(s.nowNs)
 	for _, h := range s.rx[:n] {
 		s.inputLocked(h)
 	}

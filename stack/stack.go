@@ -94,6 +94,7 @@ type Stack struct {
 	woken int          // sleepers woken since TryPoll began
 
 	polledAt atomic.Int64 // see PolledAt
+	watcher  bool         // onloadd's handle: its polls are not the process's (SetWatcher)
 	mu       sync.Mutex   // this process's goroutines queue here for the lock (see lock)
 }
 

@@ -12,10 +12,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -67,8 +69,9 @@ func init() {
 	}
 	// An unprivileged server: it first shows that it can neither load a
 	// BPF program nor open an AF_XDP socket itself, then serves HTTP
-	// (handler) with sockets.Listen on the stack onloadd gives it, and a
-	// TCP echo on the next port. READY <port> <bpf error> | <xsk error>.
+	// (handler) with sockets.Listen on the stack onloadd gives it, a TCP
+	// echo on the next port and a sink on the one after (sinkStream).
+	// READY <port> <bpf error> | <xsk error>.
 	helpers["daemon-server"] = func() error {
 		var bpfErr, xskErr error
 		if s, err := bpf.Load(); err == nil {
@@ -112,10 +115,46 @@ func init() {
 				go func() { sockperfServe(c); c.Close() }()
 			}
 		}()
+		sink, err := sockets.Listen("tcp", fmt.Sprintf(":%d", port+2))
+		if err != nil {
+			return err
+		}
+		go func() {
+			for {
+				c, err := sink.Accept()
+				if err != nil {
+					return
+				}
+				go func() { fmt.Printf("sink: %v\n", sinkStream(c)); c.Close() }()
+			}
+		}()
 		fmt.Printf("READY %d %v | %v\n", port, oneLine(bpfErr), oneLine(xskErr))
 		go claims()
 		srv := &http.Server{Handler: handler(), ConnContext: connContext}
 		return srv.Serve(ln)
+	}
+}
+
+// sinkStream reads a connection to its end, checking that it carries the
+// stream (handler's /big), and says how many bytes came: "N ok", or what
+// went wrong.
+func sinkStream(c net.Conn) string {
+	want := stream(1 << 40)
+	buf, exp := make([]byte, 64<<10), make([]byte, 64<<10)
+	var n int64
+	for {
+		k, err := c.Read(buf)
+		io.ReadFull(want, exp[:k])
+		if !bytes.Equal(buf[:k], exp[:k]) {
+			return fmt.Sprintf("the stream differs within bytes %d-%d", n, n+int64(k))
+		}
+		n += int64(k)
+		if err == io.EOF {
+			return fmt.Sprintf("%d ok", n)
+		}
+		if err != nil {
+			return fmt.Sprintf("after %d bytes: %v", n, err)
+		}
 	}
 }
 
@@ -465,8 +504,8 @@ func TestDaemonUnprivileged(t *testing.T) {
 			listening++
 		}
 	}
-	if established != 1 || listening != 2 {
-		t.Errorf("the dump's sockets (%d established to the echo, %d listening; want 1 and 2): %+v", established, listening, s.Sockets)
+	if established != 1 || listening != 3 {
+		t.Errorf("the dump's sockets (%d established to the echo, %d listening; want 1 and 3: HTTP, echo, sink): %+v", established, listening, s.Sockets)
 	}
 
 	// The same counters for Prometheus: curl's, the echo's and sockperf's
@@ -842,5 +881,91 @@ func TestDaemonSharedStack(t *testing.T) {
 	// stack: thousands of frames that never reached the NIC.
 	if looped := counter(e, "LoopFrames"); looped < 2*loops*2*echoed/9000 {
 		t.Errorf("the stack took in %d frames it sent itself; the connections between its processes should have made thousands", looped)
+	}
+}
+
+// TestDaemonTakeoverStopped: a kernel client in host a streams to an
+// unprivileged process's sink at a steady rate, and the process is
+// stopped (SIGSTOP) for 2s. onloadd polls its stack meanwhile: it
+// acknowledges everything the window allows, so the kernel sender
+// retransmits nothing during the stop (without onloadd's takeover its
+// segments would wait in the ring, unacknowledged, and time out). After
+// SIGCONT the process reads every byte, in order.
+func TestDaemonTakeoverStopped(t *testing.T) {
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{})
+	dir, bin := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	srv, port := daemonServer(t, b, dir, bin, sock)
+
+	var k *net.TCPConn
+	if err := a.Do(func() error {
+		c, err := net.Dial("tcp", netip.AddrPortFrom(b.Iface0().Addr(), uint16(port+2)).String())
+		if err == nil {
+			k = c.(*net.TCPConn)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	retrans := func() uint32 {
+		rc, _ := k.SyscallConn()
+		var n uint32
+		rc.Control(func(fd uintptr) {
+			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+				n = info.Total_retrans
+			}
+		})
+		return n
+	}
+	// 64 KiB every 5ms (about 13 MB/s) for 4s: the stop comes after 1s.
+	src := stream(1 << 40)
+	chunk := make([]byte, 64<<10)
+	var sent int64
+	wrote := make(chan error, 1)
+	go func() {
+		k.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			io.ReadFull(src, chunk)
+			n, err := k.Write(chunk)
+			atomic.AddInt64(&sent, int64(n))
+			if err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- k.CloseWrite()
+	}()
+	time.Sleep(time.Second)
+	pid := srv.cmd.Process.Pid
+	before := retrans()
+	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	during := retrans() - before
+	sentStopped := atomic.LoadInt64(&sent)
+	if err := unix.Kill(pid, unix.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("the kernel client's writes: %v", err)
+	}
+	l, err := srv.line(20 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("sink: %d ok", atomic.LoadInt64(&sent)); l != want {
+		t.Errorf("the stopped process's sink said %q, want %q", l, want)
+	}
+	if during != 0 {
+		t.Errorf("the kernel sender retransmitted %d segments while the process was stopped: nobody acknowledged them", during)
+	}
+	d := dumpDaemon(t, sock)
+	t.Logf("sent %d bytes, %d by the end of the stop; retransmissions during the stop %d, in all %d; onloadd polled the stack %d times",
+		atomic.LoadInt64(&sent), sentStopped, during, retrans(), d.Stacks[0].Takeovers)
+	if d.Stacks[0].Takeovers == 0 {
+		t.Errorf("onloadd's dump counts no takeover of the stopped process's stack")
 	}
 }

@@ -197,6 +197,10 @@ func (x *XDP) Idle() bool {
 // itself: the next transmit or Receive does.
 func (x *XDP) HoldKicks(hold bool) { x.holdKick = hold }
 
+// RxPending is how many received frames wait in the RX ring. It reads the
+// ring's shared words: any goroutine (or process) may call it.
+func (x *XDP) RxPending() uint32 { return x.sock.RX.Pending() }
+
 // KickOwed reports that frames on the TX ring wait for a kick (KickHolder).
 // It reads one shared word: any goroutine may call it.
 func (x *XDP) KickOwed() bool { return x.kickOwed.Load() }

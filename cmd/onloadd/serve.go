@@ -23,6 +23,7 @@ import (
 
 	"github.com/xdp-onload/onload/control"
 	"github.com/xdp-onload/onload/daemon"
+	"github.com/xdp-onload/onload/sockets"
 )
 
 // serve runs the daemon in the foreground until SIGTERM or SIGINT.
@@ -35,8 +36,16 @@ func serve(args []string, stderr io.Writer) error {
 	level := fs.String("log", envOr("ONLOAD_LOG", "info"), "log level: debug, info, warn or error")
 	jsonLog := fs.Bool("json", false, "log in JSON")
 	metricsAddr := fs.String("metrics", "", "serve the stacks' counters in Prometheus's text format at http://ADDR/metrics (for example 127.0.0.1:9464)")
+	env, err := sockets.ConfigFromEnv()
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	takeover := fs.Duration("takeover", env.Takeover, "how long a stack with work waiting may go unpolled by its processes before onloadd polls it for them (0: never; default ONLOAD_TAKEOVER_US)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *takeover < 0 {
+		return fmt.Errorf("serve: -takeover %v: a duration of 0 or more", *takeover)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("serve: unexpected arguments %q", fs.Args())
@@ -54,7 +63,10 @@ func serve(args []string, stderr io.Writer) error {
 	if *jsonLog {
 		h = slog.NewJSONHandler(stderr, opts)
 	}
-	cfg := daemon.Config{Socket: *sock, Mode: os.FileMode(m), Group: *group, Log: slog.New(h)}
+	cfg := daemon.Config{Socket: *sock, Mode: os.FileMode(m), Group: *group, Log: slog.New(h), Takeover: *takeover}
+	if *takeover == 0 {
+		cfg.Takeover = -1 // never
+	}
 	for _, s := range strings.Split(*ifaces, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			cfg.Interfaces = append(cfg.Interfaces, s)
@@ -143,6 +155,14 @@ func stackdump(args []string, out io.Writer) error {
 		fmt.Fprintf(out, "\nstack %d%s on %s queue %d, %s\n", s.ID, name, s.Interface, s.Queue, s.Addr)
 		for _, c := range s.Clients {
 			fmt.Fprintf(out, "  process %d (%s) uid %d\n", c.PID, c.Program, c.UID)
+		}
+		switch {
+		case s.Watch != "":
+			fmt.Fprintf(out, "  takeover %s; onloadd polled it %d times\n", s.Watch, s.Takeovers)
+		case s.StalledMs > 0:
+			fmt.Fprintf(out, "  its processes have not polled it for %d ms: onloadd polls it (%d times so far)\n", s.StalledMs, s.Takeovers)
+		default:
+			fmt.Fprintf(out, "  onloadd polled it %d times when its processes did not\n", s.Takeovers)
 		}
 		for _, f := range s.Filters {
 			fmt.Fprintf(out, "  filter %s\n", f)
