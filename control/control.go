@@ -110,6 +110,7 @@ type ImageConfig struct {
 	Sockets       int    `json:"sockets,omitempty"`
 	MinRTOMs      int    `json:"min_rto_ms,omitempty"`
 	DelayedAckMs  int    `json:"delayed_ack_ms,omitempty"`
+	TimeWaitMs    int    `json:"time_wait_ms,omitempty"`
 	SendBuffer    int    `json:"send_buffer,omitempty"`
 	RecvBuffer    int    `json:"recv_buffer,omitempty"`
 	SendBufferMax int    `json:"send_buffer_max,omitempty"`
@@ -239,6 +240,10 @@ type StackDump struct {
 	// processes did not; StalledMs, how long the current stall has
 	// lasted (0: none); Watch, why onloadd no longer watches it, if so.
 	Takeovers uint64 `json:"takeovers"`
+	// Orphan: the stack's processes are gone and onloadd finishes its
+	// connections; InUse sockets are left (closing, or in TIME-WAIT).
+	Orphan    bool   `json:"orphan,omitempty"`
+	InUse     int    `json:"in_use"`
 	StalledMs int64  `json:"stalled_ms,omitempty"`
 	Watch     string `json:"watch,omitempty"`
 	// Engine is the engine's own dump: counters and sockets, from the

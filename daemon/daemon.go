@@ -166,6 +166,13 @@ func lookupGroup(g string) (int, error) {
 func (d *Daemon) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { d.ln.Close() })
 	defer stop()
+	reaped := make(chan struct{})
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.reap(reaped)
+	}()
+	defer close(reaped)
 	for {
 		uc, err := d.ln.AcceptUnix()
 		if err != nil {

@@ -45,6 +45,7 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s:%d (pid %d)", k.Proto, k.Addr, k.Port, f.owner.cred.Pid))
 		}
 		sort.Strings(sd.Filters)
+		sd.Orphan, sd.InUse = !s.orphanSince.IsZero(), s.st.InUse()
 		if w := s.watch; w != nil {
 			sd.Takeovers = w.polls.Load()
 			if since := w.since.Load(); since != 0 {

@@ -33,6 +33,9 @@ type dstack struct {
 	clients map[*client]struct{}
 	filters map[bpf.Listener]*filter
 	watch   *watcher // polls the stack when its processes do not (watch.go)
+	// orphanSince is when the stack's last process went, if it has
+	// (orphan.go).
+	orphanSince time.Time
 }
 
 // Bounds on what a client may ask for: memory is the daemon's to give.
@@ -88,6 +91,7 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 	sc.SendBufferMax, sc.RecvBufferMax, sc.Congestion = im.SendBufferMax, im.RecvBufferMax, im.Congestion
 	sc.MinRTO = time.Duration(im.MinRTOMs) * time.Millisecond
 	sc.DelayedAck = time.Duration(im.DelayedAckMs) * time.Millisecond
+	sc.TimeWait = time.Duration(im.TimeWaitMs) * time.Millisecond
 	nc := vnic.XDPConfig{Interface: ifname, Queue: q, FrameCount: req.Frames, RingSize: req.RingSize, FillDepth: req.FillDepth}
 	nic, err := vnic.OpenXDP(nc)
 	if err != nil {
@@ -171,17 +175,19 @@ func (d *Daemon) freeIDLocked() (bpf.StackID, bool) {
 	return 0, false
 }
 
-// leaveLocked detaches c from s, removing c's filters; the last client
-// out releases the stack.
+// leaveLocked detaches c from s, removing c's filters. The last client
+// out leaves the stack an orphan, its filters in place: its connections'
+// frames must still reach it while onloadd finishes them (orphan.go).
 func (d *Daemon) leaveLocked(c *client, s *dstack) {
+	delete(s.clients, c)
+	if len(s.clients) == 0 {
+		d.orphanLocked(s)
+		return
+	}
 	for k, f := range s.filters {
 		if f.owner == c {
 			d.removeFilterLocked(s, k)
 		}
-	}
-	delete(s.clients, c)
-	if len(s.clients) == 0 {
-		d.releaseStackLocked(s)
 	}
 }
 

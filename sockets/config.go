@@ -36,8 +36,9 @@ type Config struct {
 	FillDepth  int           // frames kept in the fill ring
 	MinRTO     time.Duration
 	DelayedAck time.Duration
-	SendBuffer int // default SO_SNDBUF
-	RecvBuffer int // default SO_RCVBUF
+	TimeWait   time.Duration // how long a closed connection stays in TIME-WAIT
+	SendBuffer int           // default SO_SNDBUF
+	RecvBuffer int           // default SO_RCVBUF
 	// SendBufferMax and RecvBufferMax bound the buffers' own growth.
 	SendBufferMax, RecvBufferMax int
 	Congestion                   string // "cubic" or "reno"
@@ -109,6 +110,9 @@ var Options = []Option{
 	{Env: "ONLOAD_DELACK_MS", Default: "40", Min: 1, Max: 500, Unit: "ms",
 		Doc: "How long a TCP ACK may wait for data to ride on.",
 		set: func(c *Config, v int64, _ string) { c.DelayedAck = time.Duration(v) * time.Millisecond }},
+	{Env: "ONLOAD_TIME_WAIT_MS", Default: "60000", Min: 1, Max: 240_000, Unit: "ms",
+		Doc: "How long a connection this end closed first stays in TIME-WAIT (2 MSL; Linux's is 60 s), holding its port so that a late segment of it is not taken for a new connection's. A process's stack lives on in onloadd after the process exits until its last connection leaves TIME-WAIT.",
+		set: func(c *Config, v int64, _ string) { c.TimeWait = time.Duration(v) * time.Millisecond }},
 	{Env: "ONLOAD_SEND_BUFFER", Default: "262144", Profiles: map[Profile]string{Throughput: "1048576"},
 		Min: 2048, Max: 64 << 20, Unit: "bytes",
 		Doc: "Default send buffer of a socket (SO_SNDBUF). It should cover the path's bandwidth-delay product; beyond that a larger one only spreads the frames in use over more cache.",
@@ -259,6 +263,9 @@ func (c *Config) check() error {
 	if c.DelayedAck == 0 {
 		c.DelayedAck = def.DelayedAck
 	}
+	if c.TimeWait == 0 {
+		c.TimeWait = def.TimeWait
+	}
 	for _, f := range []struct {
 		env string
 		v   int64
@@ -270,6 +277,7 @@ func (c *Config) check() error {
 		{"ONLOAD_FILL_DEPTH", int64(c.FillDepth)},
 		{"ONLOAD_MIN_RTO_MS", int64(c.MinRTO / time.Millisecond)},
 		{"ONLOAD_DELACK_MS", int64(c.DelayedAck / time.Millisecond)},
+		{"ONLOAD_TIME_WAIT_MS", int64(c.TimeWait / time.Millisecond)},
 		{"ONLOAD_SEND_BUFFER", int64(c.SendBuffer)},
 		{"ONLOAD_RECV_BUFFER", int64(c.RecvBuffer)},
 		{"ONLOAD_SEND_BUFFER_MAX", int64(c.SendBufferMax)},

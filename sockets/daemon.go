@@ -56,6 +56,7 @@ func openDaemon(cfg Config) (*Stack, error) {
 		Frames: cfg.UmemFrames, RingSize: cfg.RingSize, FillDepth: cfg.FillDepth,
 		Image: control.ImageConfig{
 			Sockets: cfg.Sockets, MinRTOMs: int(cfg.MinRTO / time.Millisecond), DelayedAckMs: int(cfg.DelayedAck / time.Millisecond),
+			TimeWaitMs: int(cfg.TimeWait / time.Millisecond),
 			SendBuffer: cfg.SendBuffer, RecvBuffer: cfg.RecvBuffer, SendBufferMax: cfg.SendBufferMax, RecvBufferMax: cfg.RecvBufferMax,
 			Congestion: cfg.Congestion,
 		},

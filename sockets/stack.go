@@ -74,6 +74,9 @@ func newStack(nic vnic.NIC, irq interrupts.Source, sc stack.Config, cfg Config, 
 	if sc.DelayedAck == 0 {
 		sc.DelayedAck = cfg.DelayedAck
 	}
+	if sc.TimeWait == 0 {
+		sc.TimeWait = cfg.TimeWait
+	}
 	if sc.SendBuffer == 0 {
 		sc.SendBuffer = cfg.SendBuffer
 	}

@@ -1,6 +1,9 @@
 package stack
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Takeover. onloadd maps every stack it makes and watches it: when the
 // process stops polling (stopped, descheduled, busy elsewhere) while
@@ -35,3 +38,46 @@ func (s *Stack) Waiting() bool {
 	}
 	return s.img.wheel.MayBeDue(s.toTicks(s.fast.nowRacy()))
 }
+
+// CloseAbandoned closes every socket the stack's processes left open, as
+// the kernel closes the descriptors of a process that exits: a
+// connection sends what was written and then FIN (RST instead if data
+// came that was never read, or with SO_LINGER 0), a listener resets the
+// connections nobody accepted, a UDP socket goes. Sockets already closed
+// and finishing (FIN-WAIT, TIME-WAIT) go on as they were. onloadd calls it
+// when the last process of a stack is gone, and polls the stack until
+// InUse is 0. It takes the lock by trylock, for at most wait, and
+// reports false if the lock stayed held (its holder may have died with
+// it: nothing is closed then).
+func (s *Stack) CloseAbandoned(wait time.Duration) (closed int, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for end := time.Now().Add(wait); !s.img.hdr.lock.TryLock(); {
+		if time.Now().After(end) {
+			return 0, false
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	s.lockedLocked()
+	s.setClock(s.fast.now())
+	for i := range s.img.socks {
+		sk := &s.img.socks[i]
+		switch {
+		case sk.kind == kindFree:
+		case sk.kind == kindTCP && sk.tflags&tfOrphan != 0:
+			// Closed by the application already.
+		case sk.kind == kindTCP && sk.tflags&tfPassive != 0 && sk.tflags&tfAccepted == 0:
+			// Never accepted: its listener's close resets it.
+		default:
+			s.closeLocked(sk)
+			closed++
+		}
+	}
+	s.flushLocked()
+	s.unlockTried()
+	return closed, true
+}
+
+// InUse is how many sockets are open or still closing (TIME-WAIT
+// included). Lock-free: a hint for onloadd's reaper of orphan stacks.
+func (s *Stack) InUse() int { return int(atomic.LoadUint32(&s.img.hdr.sockInUse)) }

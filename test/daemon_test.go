@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -158,6 +159,28 @@ func sinkStream(c net.Conn) string {
 	}
 }
 
+// sendStream dials addr through sockets, with a send buffer of n bytes,
+// and writes n bytes of the stream; it says "wrote N" once they are all
+// queued, and leaves the connection open: the test kills the process.
+func sendStream(addr string, n int) string {
+	c, err := sockets.Dial("tcp", addr)
+	if err != nil {
+		return err.Error()
+	}
+	tc, ok := c.(*sockets.TCPConn)
+	if !ok {
+		return fmt.Sprintf("not accelerated: %T", c)
+	}
+	if err := tc.SetWriteBuffer(n); err != nil {
+		return err.Error()
+	}
+	k, err := io.Copy(c, stream(int64(n)))
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("wrote %d", k)
+}
+
 // dialEcho dials addr through sockets and checks that an echo of n
 // bytes (at least 4) comes back byte-exact, writing and reading at once.
 func dialEcho(addr string, n int) error {
@@ -195,7 +218,8 @@ func dialEcho(addr string, n int) error {
 	return errors.New("ok")
 }
 
-// claims reads commands on standard input: "dial ADDR [N]" (dialEcho), and
+// claims reads commands on standard input: "dial ADDR [N]" (dialEcho),
+// "send ADDR N" (sendStream), and
 // "claim PORT STACK": the server
 // tries to take another's port, by listening on it and by asking onloadd
 // to steer it to stack STACK with a socket of its own, and prints each
@@ -203,6 +227,13 @@ func dialEcho(addr string, n int) error {
 func claims() {
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "send "); ok {
+			var addr string
+			var n int
+			fmt.Sscan(rest, &addr, &n)
+			go func() { fmt.Printf("send: %v\n", sendStream(addr, n)) }()
+			continue
+		}
 		if rest, ok := strings.CutPrefix(sc.Text(), "dial "); ok {
 			var addr string
 			n := 4
@@ -968,4 +999,102 @@ func TestDaemonTakeoverStopped(t *testing.T) {
 	if d.Stacks[0].Takeovers == 0 {
 		t.Errorf("onloadd's dump counts no takeover of the stopped process's stack")
 	}
+}
+
+// TestDaemonOrphan: an unprivileged process writes 16 MiB to a kernel
+// peer that reads slowly and is killed (SIGKILL) with most of it still
+// queued in its stack. onloadd adopts the stack: the peer receives all
+// 16 MiB byte-exact and then the end of the stream; then the stack is
+// gone from onloadd's dump (its connection's TIME-WAIT, shortened for the
+// test, honoured first), and the queue serves the next process.
+func TestDaemonOrphan(t *testing.T) {
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{})
+	dir, bin := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	srv, _ := daemonServer(t, b, dir, bin, sock, "ONLOAD_UMEM_FRAMES=65536", "ONLOAD_TIME_WAIT_MS=500")
+
+	const n = 16 << 20
+	var ln net.Listener
+	if err := a.Do(func() (err error) {
+		lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+			// A small receive buffer: the sender's data waits in its stack.
+			return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 64<<10) })
+		}}
+		ln, err = lc.Listen(context.Background(), "tcp4", a.Iface0().Addr().String()+":7700")
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	fmt.Fprintf(srv.In, "send %s:7700 %d\n", a.Iface0().Addr(), n)
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+	k, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	if l, err := srv.line(20 * time.Second); err != nil || l != fmt.Sprintf("send: wrote %d", n) {
+		t.Fatalf("the sender said %q, %v", l, err)
+	}
+	srv.cmd.Process.Kill()
+	killed := time.Now()
+
+	// Read slowly: 64 KiB every 5ms, about 13 MB/s.
+	k.SetReadDeadline(time.Now().Add(30 * time.Second))
+	want, buf, exp := stream(n), make([]byte, 64<<10), make([]byte, 64<<10)
+	var got int
+	var rerr error
+	for rerr == nil {
+		var m int
+		m, rerr = io.ReadFull(k, buf)
+		io.ReadFull(want, exp[:m])
+		if !bytes.Equal(buf[:m], exp[:m]) {
+			t.Fatalf("the stream differs within bytes %d-%d", got, got+m)
+		}
+		got += m
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got != n || (rerr != io.EOF && rerr != io.ErrUnexpectedEOF) {
+		t.Fatalf("the peer received %d of %d bytes, then %v (want the end of the stream)", got, n, rerr)
+	}
+	t.Logf("after the kill the peer read for %v", time.Since(killed).Round(time.Millisecond))
+	k.Close()
+
+	// The orphan finishes (TIME-WAIT of 500ms) and goes.
+	deadline := time.Now().Add(5 * time.Second)
+	for len(dumpDaemon(t, sock).Stacks) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("onloadd still has the dead process's stack 5s after its connection ended: %+v", dumpDaemon(t, sock).Stacks)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The queue is free: the next process gets it and serves.
+	next, port := daemonServer(t, b, dir, bin, sock)
+	defer next.In.Close()
+	if d := dumpDaemon(t, sock); len(d.Stacks) != 1 || d.Stacks[0].Queue != 0 {
+		t.Fatalf("the next process's stack: %+v", d.Stacks)
+	}
+	if err := a.Do(func() error { return dialAndEcho(netip.AddrPortFrom(b.Iface0().Addr(), uint16(port+1)).String()) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dialAndEcho dials addr with the kernel and checks an echo.
+func dialAndEcho(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	msg := []byte("the next process")
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	back := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, back); err != nil || !bytes.Equal(back, msg) {
+		return fmt.Errorf("echo %q, %v", back, err)
+	}
+	return nil
 }

@@ -156,6 +156,9 @@ func stackdump(args []string, out io.Writer) error {
 		for _, c := range s.Clients {
 			fmt.Fprintf(out, "  process %d (%s) uid %d\n", c.PID, c.Program, c.UID)
 		}
+		if s.Orphan {
+			fmt.Fprintf(out, "  orphan: its processes are gone; onloadd finishes its %d sockets (closing, or in TIME-WAIT)\n", s.InUse)
+		}
 		switch {
 		case s.Watch != "":
 			fmt.Fprintf(out, "  takeover %s; onloadd polled it %d times\n", s.Watch, s.Takeovers)
