@@ -59,6 +59,10 @@ const (
 	// one of the client's stacks (an ARP request: the kernel lets only
 	// privileged processes ask for one).
 	OpResolve Op = "resolve"
+	// OpKill ends an orphan stack (its processes are gone): its
+	// connections are reset and it is released at once. Root, or the
+	// stack's user, may ask.
+	OpKill Op = "kill"
 )
 
 // Request is one message from a client. Exactly the field its Op names is
@@ -72,6 +76,12 @@ type Request struct {
 	Filter  *FilterRequest  `json:"filter,omitempty"`
 	Dump    *DumpRequest    `json:"dump,omitempty"`
 	Resolve *ResolveRequest `json:"resolve,omitempty"`
+	Kill    *KillRequest    `json:"kill,omitempty"`
+}
+
+// KillRequest names the orphan stack to end.
+type KillRequest struct {
+	Stack uint32 `json:"stack"`
 }
 
 // ResolveRequest names a neighbour of a stack to resolve.
@@ -182,6 +192,12 @@ type Reply struct {
 	Hello *HelloReply `json:"hello,omitempty"`
 	Stack *StackReply `json:"stack,omitempty"`
 	Dump  *Dump       `json:"dump,omitempty"`
+	Kill  *KillReply  `json:"kill,omitempty"`
+}
+
+// KillReply says what ending an orphan stack did.
+type KillReply struct {
+	Reset int `json:"reset"` // sockets reset (connections, listeners, UDP)
 }
 
 // HelloReply is the daemon's side of the hello.
@@ -283,7 +299,7 @@ func ParseRequest(b []byte) (*Request, error) {
 		return &r, fmt.Errorf("protocol version %d: this onloadd speaks version %d (the client and onloadd come from different builds)", r.V, Version)
 	}
 	set := 0
-	for _, p := range []bool{r.Hello != nil, r.Stack != nil, r.Filter != nil, r.Dump != nil, r.Resolve != nil} {
+	for _, p := range []bool{r.Hello != nil, r.Stack != nil, r.Filter != nil, r.Dump != nil, r.Resolve != nil, r.Kill != nil} {
 		if p {
 			set++
 		}
@@ -300,6 +316,8 @@ func ParseRequest(b []byte) (*Request, error) {
 		want = r.Dump != nil
 	case OpResolve:
 		want = r.Resolve != nil
+	case OpKill:
+		want = r.Kill != nil
 	default:
 		return &r, fmt.Errorf("unknown request %q", r.Op)
 	}

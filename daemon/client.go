@@ -196,6 +196,13 @@ func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) 
 		if err != nil {
 			return errReply(req.Seq, d.logRefusal(c, req.Op, err)), nil
 		}
+	case control.OpKill:
+		d.mu.Lock()
+		rep.Kill, err = d.killLocked(c, bpf.StackID(req.Kill.Stack))
+		d.mu.Unlock()
+		if err != nil {
+			return errReply(req.Seq, d.logRefusal(c, req.Op, err)), nil
+		}
 	}
 	return rep, rfds
 }

@@ -2,6 +2,9 @@ package daemon
 
 import (
 	"time"
+
+	"github.com/xdp-onload/onload/bpf"
+	"github.com/xdp-onload/onload/control"
 )
 
 // Orphan stacks. When the last process of a stack is gone (it exited,
@@ -42,6 +45,24 @@ func (d *Daemon) orphanLocked(s *dstack) {
 		delete(d.named, s.name) // a new process with the name gets a new stack
 	}
 	d.log.Info("stack orphaned: its processes are gone; onloadd finishes its connections", "stack", s.id, "closed", closed, "in_use", s.st.InUse())
+}
+
+// killLocked ends orphan stack id for client c: its connections are
+// reset and it is released.
+func (d *Daemon) killLocked(c *client, id bpf.StackID) (*control.KillReply, error) {
+	s := d.stacks[id]
+	switch {
+	case s == nil:
+		return nil, refuse(codeInvalid, "no stack %d", id)
+	case c.cred.Uid != 0 && int(c.cred.Uid) != s.uid:
+		return nil, refuse(codeDenied, "stack %d belongs to uid %d; only it and root may end it", id, s.uid)
+	case s.orphanSince.IsZero():
+		return nil, refuse(codeInUse, "stack %d has processes (%s): it ends when they do", id, s.clientNames())
+	}
+	reset, ok := s.st.ResetAll(100 * time.Millisecond)
+	d.log.Info("orphan stack ended", "stack", id, "by", c.String(), "reset", reset, "lock", map[bool]string{true: "taken", false: "held by a process that is gone"}[ok])
+	d.releaseStackLocked(s)
+	return &control.KillReply{Reset: reset}, nil
 }
 
 // reap releases the orphan stacks whose sockets are all gone, until done

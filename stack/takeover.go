@@ -50,6 +50,22 @@ func (s *Stack) Waiting() bool {
 // reports false if the lock stayed held (its holder may have died with
 // it: nothing is closed then).
 func (s *Stack) CloseAbandoned(wait time.Duration) (closed int, ok bool) {
+	return s.closeEvery(wait, func(sk *sock) bool {
+		switch {
+		case sk.kind == kindTCP && sk.tflags&tfOrphan != 0:
+			return false // closed by the application already
+		case sk.kind == kindTCP && sk.tflags&tfPassive != 0 && sk.tflags&tfAccepted == 0:
+			return false // never accepted: its listener's close resets it
+		}
+		s.closeLocked(sk)
+		return true
+	})
+}
+
+// closeEvery takes the lock by trylock, trying for at most wait, and
+// calls close on every socket in use (which may free it); it returns how
+// many close reported closed, and false if the lock stayed held.
+func (s *Stack) closeEvery(wait time.Duration, close func(*sock) bool) (n int, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for end := time.Now().Add(wait); !s.img.hdr.lock.TryLock(); {
@@ -61,21 +77,31 @@ func (s *Stack) CloseAbandoned(wait time.Duration) (closed int, ok bool) {
 	s.lockedLocked()
 	s.setClock(s.fast.now())
 	for i := range s.img.socks {
-		sk := &s.img.socks[i]
-		switch {
-		case sk.kind == kindFree:
-		case sk.kind == kindTCP && sk.tflags&tfOrphan != 0:
-			// Closed by the application already.
-		case sk.kind == kindTCP && sk.tflags&tfPassive != 0 && sk.tflags&tfAccepted == 0:
-			// Never accepted: its listener's close resets it.
-		default:
-			s.closeLocked(sk)
-			closed++
+		if sk := &s.img.socks[i]; sk.kind != kindFree && close(sk) {
+			n++
 		}
 	}
 	s.flushLocked()
 	s.unlockTried()
-	return closed, true
+	return n, true
+}
+
+// ResetAll aborts every socket: a connection sends RST and goes at once
+// (no FIN, no TIME-WAIT), as onloadd's stackdump kill ends an orphan. The
+// lock is taken as by CloseAbandoned; false if it stayed held.
+func (s *Stack) ResetAll(wait time.Duration) (reset int, ok bool) {
+	return s.closeEvery(wait, func(sk *sock) bool {
+		if sk.kind == kindTCP && sk.state != tcpListen && sk.state != tcpTimeWait && synchronized(sk.state) {
+			s.controlLocked(sk, flagRST, sk.sndNxt)
+		}
+		if sk.kind == kindTCP {
+			sk.tflags |= tfOrphan
+			s.tcpCloseFinalLocked(sk)
+		} else {
+			s.closeLocked(sk)
+		}
+		return true
+	})
 }
 
 // InUse is how many sockets are open or still closing (TIME-WAIT

@@ -1015,28 +1015,8 @@ func TestDaemonOrphan(t *testing.T) {
 	srv, _ := daemonServer(t, b, dir, bin, sock, "ONLOAD_UMEM_FRAMES=65536", "ONLOAD_TIME_WAIT_MS=500")
 
 	const n = 16 << 20
-	var ln net.Listener
-	if err := a.Do(func() (err error) {
-		lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-			// A small receive buffer: the sender's data waits in its stack.
-			return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 64<<10) })
-		}}
-		ln, err = lc.Listen(context.Background(), "tcp4", a.Iface0().Addr().String()+":7700")
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	fmt.Fprintf(srv.In, "send %s:7700 %d\n", a.Iface0().Addr(), n)
-	ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
-	k, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Close()
-	if l, err := srv.line(20 * time.Second); err != nil || l != fmt.Sprintf("send: wrote %d", n) {
-		t.Fatalf("the sender said %q, %v", l, err)
-	}
+	// A small receive buffer: the sender's data waits in its stack.
+	k := sendToKernel(t, a, srv, 7700, n, 64<<10)
 	srv.cmd.Process.Kill()
 	killed := time.Now()
 
@@ -1080,6 +1060,39 @@ func TestDaemonOrphan(t *testing.T) {
 	}
 }
 
+// sendToKernel has the daemon-server srv send n bytes of the stream to a
+// kernel listener on port of host a (with a receive buffer of rcvbuf
+// bytes, if not 0), and returns the kernel's end once srv has queued all
+// of it.
+func sendToKernel(t *testing.T, a *Host, srv *helperProc, port, n, rcvbuf int) net.Conn {
+	t.Helper()
+	var ln net.Listener
+	if err := a.Do(func() (err error) {
+		lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+			if rcvbuf == 0 {
+				return nil
+			}
+			return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, rcvbuf) })
+		}}
+		ln, err = lc.Listen(context.Background(), "tcp4", netip.AddrPortFrom(a.Iface0().Addr(), uint16(port)).String())
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	fmt.Fprintf(srv.In, "send %s %d\n", netip.AddrPortFrom(a.Iface0().Addr(), uint16(port)), n)
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+	k, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	if l, err := srv.line(20 * time.Second); err != nil || l != fmt.Sprintf("send: wrote %d", n) {
+		t.Fatalf("the sender said %q, %v", l, err)
+	}
+	return k
+}
+
 // dialAndEcho dials addr with the kernel and checks an echo.
 func dialAndEcho(addr string) error {
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
@@ -1097,4 +1110,61 @@ func dialAndEcho(addr string) error {
 		return fmt.Errorf("echo %q, %v", back, err)
 	}
 	return nil
+}
+
+// TestDaemonOrphanKill: an orphan whose peer never reads would wait for
+// ever (up to onloadd's limit); stackdump shows it as an orphan with its
+// socket, and "stackdump kill" ends it: the peer gets a reset, and the
+// stack is gone. A stack whose process lives cannot be killed so.
+func TestDaemonOrphanKill(t *testing.T) {
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{})
+	dir, bin := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	srv, _ := daemonServer(t, b, dir, bin, sock, "ONLOAD_UMEM_FRAMES=65536")
+	const n = 8 << 20
+	k := sendToKernel(t, a, srv, 7701, n, 0)
+	kill := func() (*control.Reply, error) {
+		cl, err := control.Dial(sock, "test")
+		if err != nil {
+			return nil, err
+		}
+		defer cl.Close()
+		rep, _, err := cl.Call(control.Request{Op: control.OpKill, Kill: &control.KillRequest{Stack: dumpDaemon(t, sock).Stacks[0].ID}})
+		return rep, err
+	}
+	if _, err := kill(); err == nil || !strings.Contains(err.Error(), "has processes") {
+		t.Errorf("killing a stack whose process lives: %v, want a refusal", err)
+	}
+	srv.cmd.Process.Kill()
+	var d *control.Dump
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if d = dumpDaemon(t, sock); len(d.Stacks) == 1 && d.Stacks[0].Orphan {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("no orphan stack in onloadd's dump after the kill: %+v", d.Stacks)
+		}
+	}
+	if s := d.Stacks[0]; s.InUse < 1 || len(s.Sockets) < 1 || s.Sockets[0].SendQ == 0 {
+		t.Errorf("the orphan's dump does not show its connection and the data it still has to send: %+v", s)
+	}
+	rep, err := kill()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The connection, reset by onloadd (the process's three listeners
+	// were closed when it died).
+	if rep.Kill == nil || rep.Kill.Reset != 1 {
+		t.Errorf("stackdump kill reset %+v sockets, want the 1 connection", rep.Kill)
+	}
+	if d := dumpDaemon(t, sock); len(d.Stacks) != 0 {
+		t.Errorf("after stackdump kill: %+v", d.Stacks)
+	}
+	// The peer sees the reset.
+	k.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.Copy(io.Discard, k)
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("the peer's read after the kill: %v, want a reset", err)
+	}
 }

@@ -4,8 +4,9 @@
 // their own (package daemon). It also carries the data path's diagnostic
 // tools.
 //
-//	onloadd [serve] [-socket /run/onload/onloadd.sock] [-mode 0660] [-group G] [-interface vB] [-log info] [-json] [-metrics ADDR]
+//	onloadd [serve] [-socket /run/onload/onloadd.sock] [-mode 0660] [-group G] [-interface vB] [-log info] [-json] [-metrics ADDR] [-takeover 1ms]
 //	onloadd stackdump [-socket ...] [-json] [-v]
+//	onloadd stackdump [-socket ...] kill STACK
 //	onloadd capture -iface eth0 -udp 7000 -tcp 7001 [-queue 0] [-duration 10s]
 //	onloadd config [-markdown]
 //	onloadd version
@@ -29,7 +30,9 @@ commands:
             it, removing every filter and detaching the program
   stackdump print onloadd's stacks: their processes, filters and sockets
             (netstat's columns with cwnd, RTT and retransmissions); -v adds
-            the engine's own dump, -json is for scripts
+            the engine's own dump, -json is for scripts; "stackdump kill
+            STACK" ends an orphan stack (its processes are gone), resetting
+            its connections
   capture   steer TCP/UDP ports on an interface into an AF_XDP socket and
             print every frame that arrives, then the steering counters
   config    print the configuration an accelerated process would use

@@ -130,11 +130,35 @@ func stackdump(args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	var kill uint64
+	switch {
+	case fs.NArg() == 0:
+	case fs.NArg() == 2 && fs.Arg(0) == "kill":
+		n, err := strconv.ParseUint(fs.Arg(1), 10, 32)
+		if err != nil {
+			return fmt.Errorf("stackdump kill %q: a stack number, as stackdump lists them", fs.Arg(1))
+		}
+		kill = n
+	default:
+		return fmt.Errorf("stackdump: unexpected arguments %q (stackdump [-json] [-v], or stackdump kill STACK)", fs.Args())
+	}
 	cl, err := control.Dial(*sock, "stackdump")
 	if err != nil {
 		return fmt.Errorf("stackdump: onloadd at %s: %w", *sock, err)
 	}
 	defer cl.Close()
+	if fs.NArg() > 0 {
+		rep, fds, err := cl.Call(control.Request{Op: control.OpKill, Kill: &control.KillRequest{Stack: uint32(kill)}})
+		control.CloseFDs(fds)
+		if err != nil {
+			return fmt.Errorf("stackdump kill %d: %w", kill, err)
+		}
+		if rep.Kill == nil {
+			return fmt.Errorf("stackdump kill %d: onloadd's reply says nothing of the kill", kill)
+		}
+		fmt.Fprintf(out, "stack %d ended: %d sockets reset\n", kill, rep.Kill.Reset)
+		return nil
+	}
 	rep, fds, err := cl.Call(control.Request{Op: control.OpDump, Dump: &control.DumpRequest{Engine: *verbose}})
 	control.CloseFDs(fds)
 	if err != nil {
