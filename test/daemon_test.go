@@ -16,7 +16,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -159,6 +161,28 @@ func sinkStream(c net.Conn) string {
 	}
 }
 
+// busy computes on every processor for d, calling into no stack.
+func busy(d time.Duration) {
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x := uint64(1)
+			for time.Now().Before(end) {
+				for range 1000 {
+					x = x*6364136223846793005 + 1442695040888963407
+				}
+			}
+			spin.Add(x)
+		}()
+	}
+	wg.Wait()
+}
+
+var spin atomic.Uint64 // keeps busy's work from being optimised away
+
 // sendStream dials addr through sockets, with a send buffer of n bytes,
 // and writes n bytes of the stream; it says "wrote N" once they are all
 // queued, and leaves the connection open: the test kills the process.
@@ -219,7 +243,7 @@ func dialEcho(addr string, n int) error {
 }
 
 // claims reads commands on standard input: "dial ADDR [N]" (dialEcho),
-// "send ADDR N" (sendStream), and
+// "send ADDR N" (sendStream), "busy MS" (busy), and
 // "claim PORT STACK": the server
 // tries to take another's port, by listening on it and by asking onloadd
 // to steer it to stack STACK with a socket of its own, and prints each
@@ -227,6 +251,13 @@ func dialEcho(addr string, n int) error {
 func claims() {
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "busy "); ok {
+			var ms int
+			fmt.Sscan(rest, &ms)
+			busy(time.Duration(ms) * time.Millisecond)
+			fmt.Println("busy: done")
+			continue
+		}
 		if rest, ok := strings.CutPrefix(sc.Text(), "send "); ok {
 			var addr string
 			var n int
@@ -916,19 +947,48 @@ func TestDaemonSharedStack(t *testing.T) {
 }
 
 // TestDaemonTakeoverStopped: a kernel client in host a streams to an
-// unprivileged process's sink at a steady rate, and the process is
-// stopped (SIGSTOP) for 2s. onloadd polls its stack meanwhile: it
-// acknowledges everything the window allows, so the kernel sender
-// retransmits nothing during the stop (without onloadd's takeover its
-// segments would wait in the ring, unacknowledged, and time out). After
-// SIGCONT the process reads every byte, in order.
+// unprivileged process's sink at a steady rate, and the process stops
+// calling into its stack for 2s: stopped by SIGSTOP, or busy computing
+// on every processor. onloadd polls its stack meanwhile (if the process
+// does not): it acknowledges everything the window allows, so the kernel
+// sender retransmits nothing during the stall (without onloadd's
+// takeover a stopped process's segments wait in the ring,
+// unacknowledged, and time out). Afterwards the process reads every
+// byte, in order.
 func TestDaemonTakeoverStopped(t *testing.T) {
 	RequireTool(t, "setpriv")
+	t.Run("SIGSTOP", func(t *testing.T) {
+		polls := streamThroughStall(t, func(srv *helperProc) func() {
+			pid := srv.cmd.Process.Pid
+			if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Second)
+			return func() { unix.Kill(pid, unix.SIGCONT) }
+		})
+		if polls == 0 {
+			t.Errorf("onloadd's dump counts no takeover of the stopped process's stack")
+		}
+	})
+	t.Run("busy", func(t *testing.T) {
+		streamThroughStall(t, func(srv *helperProc) func() {
+			fmt.Fprintf(srv.In, "busy 2000\n")
+			if l, err := srv.line(10 * time.Second); err != nil || l != "busy: done" {
+				t.Errorf("the busy process said %q, %v", l, err)
+			}
+			return func() {}
+		})
+	})
+}
+
+// streamThroughStall runs TestDaemonTakeoverStopped's stream, with stall
+// making the process stall for 2s (returning once it has, with what ends
+// the stall). It returns how many times onloadd polled the stack.
+func streamThroughStall(t *testing.T, stall func(*helperProc) func()) uint64 {
 	a, b := Pair(t, LinkOptions{})
 	dir, bin := daemonDir(t)
 	sock, _ := startDaemon(t, b, dir)
 	srv, port := daemonServer(t, b, dir, bin, sock)
-
 	var k *net.TCPConn
 	if err := a.Do(func() error {
 		c, err := net.Dial("tcp", netip.AddrPortFrom(b.Iface0().Addr(), uint16(port+2)).String())
@@ -969,17 +1029,11 @@ func TestDaemonTakeoverStopped(t *testing.T) {
 		wrote <- k.CloseWrite()
 	}()
 	time.Sleep(time.Second)
-	pid := srv.cmd.Process.Pid
 	before := retrans()
-	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(2 * time.Second)
+	resume := stall(srv)
 	during := retrans() - before
 	sentStopped := atomic.LoadInt64(&sent)
-	if err := unix.Kill(pid, unix.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
+	resume()
 	if err := <-wrote; err != nil {
 		t.Fatalf("the kernel client's writes: %v", err)
 	}
@@ -988,17 +1042,15 @@ func TestDaemonTakeoverStopped(t *testing.T) {
 		t.Fatal(err)
 	}
 	if want := fmt.Sprintf("sink: %d ok", atomic.LoadInt64(&sent)); l != want {
-		t.Errorf("the stopped process's sink said %q, want %q", l, want)
+		t.Errorf("the stalled process's sink said %q, want %q", l, want)
 	}
 	if during != 0 {
-		t.Errorf("the kernel sender retransmitted %d segments while the process was stopped: nobody acknowledged them", during)
+		t.Errorf("the kernel sender retransmitted %d segments while the process stalled: nobody acknowledged them", during)
 	}
 	d := dumpDaemon(t, sock)
-	t.Logf("sent %d bytes, %d by the end of the stop; retransmissions during the stop %d, in all %d; onloadd polled the stack %d times",
+	t.Logf("sent %d bytes, %d by the end of the stall; retransmissions during the stall %d, in all %d; onloadd polled the stack %d times",
 		atomic.LoadInt64(&sent), sentStopped, during, retrans(), d.Stacks[0].Takeovers)
-	if d.Stacks[0].Takeovers == 0 {
-		t.Errorf("onloadd's dump counts no takeover of the stopped process's stack")
-	}
+	return d.Stacks[0].Takeovers
 }
 
 // TestDaemonOrphan: an unprivileged process writes 16 MiB to a kernel
@@ -1167,4 +1219,39 @@ func TestDaemonOrphanKill(t *testing.T) {
 	if !errors.Is(err, syscall.ECONNRESET) {
 		t.Errorf("the peer's read after the kill: %v, want a reset", err)
 	}
+}
+
+// TestDaemonTakeoverStoppedSender: a process queues 8 MiB for a kernel
+// peer and is stopped (SIGSTOP) at once, with nearly all of it unsent.
+// onloadd's polls take the peer's ACKs in and send the rest: the peer
+// reads all 8 MiB, byte-exact, while the process is still stopped.
+func TestDaemonTakeoverStoppedSender(t *testing.T) {
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{})
+	dir, bin := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	srv, _ := daemonServer(t, b, dir, bin, sock, "ONLOAD_UMEM_FRAMES=65536")
+	const n = 8 << 20
+	k := sendToKernel(t, a, srv, 7702, n, 0)
+	pid := srv.cmd.Process.Pid
+	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Kill(pid, unix.SIGCONT)
+	stopped := time.Now()
+	k.SetReadDeadline(time.Now().Add(5 * time.Second))
+	want, buf, exp := stream(n), make([]byte, 64<<10), make([]byte, 64<<10)
+	for got := 0; got < n; {
+		m, err := k.Read(buf[:min(len(buf), n-got)])
+		io.ReadFull(want, exp[:m])
+		if !bytes.Equal(buf[:m], exp[:m]) {
+			t.Fatalf("the stream differs within bytes %d-%d", got, got+m)
+		}
+		got += m
+		if err != nil {
+			t.Fatalf("the peer read %d of %d bytes while the sender was stopped, then %v (%v after the stop)", got, n, err, time.Since(stopped).Round(time.Millisecond))
+		}
+	}
+	d := dumpDaemon(t, sock)
+	t.Logf("the peer read %d bytes in %v while the sender was stopped; onloadd polled its stack %d times", n, time.Since(stopped).Round(time.Millisecond), d.Stacks[0].Takeovers)
 }
