@@ -1112,6 +1112,19 @@ func TestDaemonOrphan(t *testing.T) {
 	}
 }
 
+// daemonSender starts onloadd and an unprivileged daemon-server in host
+// b, and has the server send n bytes to a kernel listener in host a
+// (sendToKernel), whose end it returns with the rest.
+func daemonSender(t *testing.T, n int) (sock string, srv *helperProc, k net.Conn) {
+	t.Helper()
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{})
+	dir, bin := daemonDir(t)
+	sock, _ = startDaemon(t, b, dir)
+	srv, _ = daemonServer(t, b, dir, bin, sock, "ONLOAD_UMEM_FRAMES=65536")
+	return sock, srv, sendToKernel(t, a, srv, 7701, n, 0)
+}
+
 // sendToKernel has the daemon-server srv send n bytes of the stream to a
 // kernel listener on port of host a (with a receive buffer of rcvbuf
 // bytes, if not 0), and returns the kernel's end once srv has queued all
@@ -1169,13 +1182,7 @@ func dialAndEcho(addr string) error {
 // socket, and "stackdump kill" ends it: the peer gets a reset, and the
 // stack is gone. A stack whose process lives cannot be killed so.
 func TestDaemonOrphanKill(t *testing.T) {
-	RequireTool(t, "setpriv")
-	a, b := Pair(t, LinkOptions{})
-	dir, bin := daemonDir(t)
-	sock, _ := startDaemon(t, b, dir)
-	srv, _ := daemonServer(t, b, dir, bin, sock, "ONLOAD_UMEM_FRAMES=65536")
-	const n = 8 << 20
-	k := sendToKernel(t, a, srv, 7701, n, 0)
+	sock, srv, k := daemonSender(t, 8<<20)
 	kill := func() (*control.Reply, error) {
 		cl, err := control.Dial(sock, "test")
 		if err != nil {
@@ -1226,13 +1233,8 @@ func TestDaemonOrphanKill(t *testing.T) {
 // onloadd's polls take the peer's ACKs in and send the rest: the peer
 // reads all 8 MiB, byte-exact, while the process is still stopped.
 func TestDaemonTakeoverStoppedSender(t *testing.T) {
-	RequireTool(t, "setpriv")
-	a, b := Pair(t, LinkOptions{})
-	dir, bin := daemonDir(t)
-	sock, _ := startDaemon(t, b, dir)
-	srv, _ := daemonServer(t, b, dir, bin, sock, "ONLOAD_UMEM_FRAMES=65536")
 	const n = 8 << 20
-	k := sendToKernel(t, a, srv, 7702, n, 0)
+	sock, srv, k := daemonSender(t, n)
 	pid := srv.cmd.Process.Pid
 	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
 		t.Fatal(err)
