@@ -256,12 +256,15 @@ type StackDump struct {
 	// processes did not; StalledMs, how long the current stall has
 	// lasted (0: none); Watch, why onloadd no longer watches it, if so.
 	Takeovers uint64 `json:"takeovers"`
-	// Orphan: the stack's processes are gone and onloadd finishes its
-	// connections; InUse sockets are left (closing, or in TIME-WAIT).
-	Orphan    bool   `json:"orphan,omitempty"`
-	InUse     int    `json:"in_use"`
 	StalledMs int64  `json:"stalled_ms,omitempty"`
 	Watch     string `json:"watch,omitempty"`
+	// Orphan: the stack's processes are gone and onloadd finishes its
+	// connections; InUse sockets are left (closing, or in TIME-WAIT).
+	Orphan bool `json:"orphan,omitempty"`
+	InUse  int  `json:"in_use"`
+	// Quarantined says why onloadd cut the stack off (its image was
+	// found corrupt), if it did.
+	Quarantined string `json:"quarantined,omitempty"`
 	// Engine is the engine's own dump: counters and sockets, from the
 	// image (read by the daemon, which checks it like any image data).
 	Engine string `json:"engine,omitempty"`

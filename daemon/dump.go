@@ -45,7 +45,7 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s:%d (pid %d)", k.Proto, k.Addr, k.Port, f.owner.cred.Pid))
 		}
 		sort.Strings(sd.Filters)
-		sd.Orphan, sd.InUse = !s.orphanSince.IsZero(), s.st.InUse()
+		sd.Orphan, sd.InUse, sd.Quarantined = !s.orphanSince.IsZero(), s.st.InUse(), s.quarantined
 		if w := s.watch; w != nil {
 			sd.Takeovers = w.polls.Load()
 			if since := w.since.Load(); since != 0 {
@@ -58,7 +58,23 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 			sd.Watch = "off (onloadd serve -takeover 0)"
 		}
 		sd.Sockets = []control.SocketDump{}
-		if rows, ok := s.st.TrySockets(); ok {
+		var rows []stack.SocketRow
+		var text string
+		var okRows, okText bool
+		if s.quarantined == "" {
+			err := guard(func() {
+				rows, okRows = s.st.TrySockets()
+				if engine {
+					text, okText = s.st.TryDump()
+				}
+			})
+			if err != nil {
+				d.quarantineLocked(s, err.Error())
+				sd.Quarantined = s.quarantined
+				okRows, okText = false, false
+			}
+		}
+		if okRows {
 			for _, r := range rows {
 				sd.Sockets = append(sd.Sockets, control.SocketDump{
 					Proto: r.Proto, State: r.State, Local: r.Local.String(), Remote: r.Remote.String(),
@@ -67,8 +83,8 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 			}
 		}
 		if engine {
-			sd.Engine = "(the stack lock is held: no engine dump)"
-			if text, ok := s.st.TryDump(); ok {
+			sd.Engine = "(the stack lock is held, or its image is quarantined: no engine dump)"
+			if okText {
 				sd.Engine = text
 			}
 		}

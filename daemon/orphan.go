@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/xdp-onload/onload/bpf"
@@ -26,11 +27,16 @@ const reapEvery = 100 * time.Millisecond
 // orphanLocked adopts s, whose last process has gone, or releases it if
 // nothing is left to finish or nobody can finish it.
 func (d *Daemon) orphanLocked(s *dstack) {
-	if d.closed || s.watch == nil || s.watch.err.Load() != nil {
+	if d.closed || s.quarantined != "" || s.watch == nil || s.watch.err.Load() != nil {
 		d.releaseStackLocked(s)
 		return
 	}
-	closed, ok := s.st.CloseAbandoned(100 * time.Millisecond)
+	closed, ok, err := closeAbandoned(s)
+	if err != nil {
+		d.log.Error("the stack's image is corrupt; its connections cannot be finished", "stack", s.id, "err", err)
+		d.releaseStackLocked(s)
+		return
+	}
 	if !ok {
 		d.log.Warn("the stack's lock is held by a process that is gone; its connections cannot be finished", "stack", s.id)
 		d.releaseStackLocked(s)
@@ -65,8 +71,48 @@ func (d *Daemon) killLocked(c *client, id bpf.StackID) (*control.KillReply, erro
 	return &control.KillReply{Reset: reset}, nil
 }
 
-// reap releases the orphan stacks whose sockets are all gone, until done
-// is closed.
+// closeAbandoned is stack.CloseAbandoned on an image its processes may
+// have broken: a panic is an error.
+func closeAbandoned(s *dstack) (closed int, ok bool, err error) {
+	err = guard(func() { closed, ok = s.st.CloseAbandoned(100 * time.Millisecond) })
+	return
+}
+
+// guard runs f, which reads a client's image, and turns a panic into an
+// error: an image the engine's checks let through must not take the
+// daemon down.
+func guard(f func()) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("reading the image: %v", r)
+		}
+	}()
+	f()
+	return nil
+}
+
+// quarantineLocked cuts stack s off after its image was found corrupt:
+// its filters and its socket leave the steering maps (no frame reaches
+// it; its ports are free again), nobody polls it, and the event is
+// logged. Its processes keep their mappings until they go.
+func (d *Daemon) quarantineLocked(s *dstack, why string) {
+	if s.quarantined != "" {
+		return
+	}
+	s.quarantined = why
+	s.watch.end()
+	for k := range s.filters {
+		d.removeFilterLocked(s, k)
+	}
+	if err := s.ifc.steer.ClearSocket(s.id, s.queue); err != nil {
+		d.log.Warn("quarantine", "stack", s.id, "err", err)
+	}
+	d.log.Error("stack quarantined: its image is corrupt", "stack", s.id, "why", why, "processes", s.clientNames())
+}
+
+// reap releases the orphan stacks whose sockets are all gone, and
+// quarantines the stacks whose watcher found their image corrupt, until
+// done is closed.
 func (d *Daemon) reap(done <-chan struct{}) {
 	t := time.NewTicker(reapEvery)
 	defer t.Stop()
@@ -78,6 +124,16 @@ func (d *Daemon) reap(done <-chan struct{}) {
 		}
 		d.mu.Lock()
 		for _, s := range d.stacks {
+			if w := s.watch; w != nil && s.quarantined == "" {
+				if e := w.err.Load(); e != nil {
+					if !s.orphanSince.IsZero() {
+						d.log.Error("orphan stack released: its image is corrupt", "stack", s.id, "why", *e)
+						d.releaseStackLocked(s)
+						continue
+					}
+					d.quarantineLocked(s, *e)
+				}
+			}
 			if s.orphanSince.IsZero() {
 				continue
 			}

@@ -36,6 +36,8 @@ type dstack struct {
 	// orphanSince is when the stack's last process went, if it has
 	// (orphan.go).
 	orphanSince time.Time
+	// quarantined says why the stack was cut off, if it was (orphan.go).
+	quarantined string
 }
 
 // Bounds on what a client may ask for: memory is the daemon's to give.

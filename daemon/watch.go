@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +40,8 @@ type watcher struct {
 	stop  int // eventfd: written to end the watch
 	done  chan struct{}
 
+	ended sync.Once
+
 	polls atomic.Uint64 // polls the watcher made for the process
 	since atomic.Int64  // when the current stall began (Clock), 0 if none
 	err   atomic.Pointer[string]
@@ -64,10 +67,12 @@ func (w *watcher) end() {
 	if w == nil {
 		return
 	}
-	var one = [8]byte{1}
-	unix.Write(w.stop, one[:])
-	<-w.done
-	unix.Close(w.stop)
+	w.ended.Do(func() {
+		var one = [8]byte{1}
+		unix.Write(w.stop, one[:])
+		<-w.done
+		unix.Close(w.stop)
+	})
 }
 
 func (w *watcher) run(d *Daemon) {
@@ -121,8 +126,15 @@ func (w *watcher) poll(d *Daemon) (ok bool) {
 			ok = false
 		}
 	}()
+	before := w.s.st.CorruptSeen()
 	if polled, _, _ := w.s.st.TryPoll(); polled {
 		w.polls.Add(1)
+	}
+	if after := w.s.st.CorruptSeen(); after != before {
+		msg := fmt.Sprintf("the engine found %d inconsistencies in the image while onloadd polled it", after-before)
+		w.err.Store(&msg)
+		d.log.Error("stack watcher stopped: its image is corrupt", "stack", w.s.id, "what", msg)
+		return false
 	}
 	return true
 }

@@ -107,3 +107,8 @@ func (s *Stack) ResetAll(wait time.Duration) (reset int, ok bool) {
 // InUse is how many sockets are open or still closing (TIME-WAIT
 // included). Lock-free: a hint for onloadd's reaper of orphan stacks.
 func (s *Stack) InUse() int { return int(atomic.LoadUint32(&s.img.hdr.sockInUse)) }
+
+// CorruptSeen is the image's count of inconsistencies the engine found
+// and stepped around (Counters.ImageCorrupt), read without the lock: the
+// watcher quarantines a stack whose count grows under its polls.
+func (s *Stack) CorruptSeen() uint64 { return atomic.LoadUint64(&s.img.hdr.counters.ImageCorrupt) }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -617,6 +618,39 @@ func counter(dump, name string) int {
 	return n
 }
 
+// steerPorts makes host a's frames to each of ports (served by onloadd's
+// stacks in d, on a veth with several queues) leave on the transmit queue
+// numbered as the stack's receive queue (QueueSteer), so that they arrive
+// on it; it returns the stack that has each port.
+func steerPorts(t *testing.T, a *Host, d *control.Dump, ports ...int) []uint32 {
+	t.Helper()
+	stackOf := make([]uint32, len(ports))
+	queueOf := make([]int, len(ports))
+	found := 0
+	for _, st := range d.Stacks {
+		for i, p := range ports {
+			if strings.Contains(strings.Join(st.Filters, " "), fmt.Sprintf(":%d ", p)) {
+				queueOf[i], stackOf[i] = st.Queue, st.ID
+				found++
+			}
+		}
+	}
+	if found != len(ports) {
+		t.Fatalf("filters %+v do not name ports %v", d.Stacks, ports)
+	}
+	qs, err := NewQueueSteer(a, a.Iface0().Name)
+	if err != nil {
+		Missing(t, "cannot steer host a's frames to a queue here (TCX egress): %v", err)
+	}
+	t.Cleanup(func() { qs.Close() })
+	for i, p := range ports {
+		if err := qs.Port(uint16(p), queueOf[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return stackOf
+}
+
 // TestDaemonTwoStacks: two unprivileged processes, each with a stack of
 // its own on one queue of a two-queue veth, serve different ports at
 // once (the other host's frames steered to each port's queue by its
@@ -638,29 +672,7 @@ func TestDaemonTwoStacks(t *testing.T) {
 	if len(d.Stacks) != 2 || d.Stacks[0].Queue == d.Stacks[1].Queue {
 		t.Fatalf("onloadd's stacks: %+v, want two on queues 0 and 1", d.Stacks)
 	}
-	// Which stack (and queue) serves which port, from the filters.
-	queueOf := map[int]int{}
-	stackOf := map[int]uint32{}
-	for _, st := range d.Stacks {
-		for i, p := range ports {
-			if strings.Contains(strings.Join(st.Filters, " "), fmt.Sprintf(":%d ", p)) {
-				queueOf[i], stackOf[i] = st.Queue, st.ID
-			}
-		}
-	}
-	if len(queueOf) != 2 {
-		t.Fatalf("filters %+v do not name ports %v", d.Stacks, ports)
-	}
-	qs, err := NewQueueSteer(a, a.Iface0().Name)
-	if err != nil {
-		Missing(t, "cannot steer host a's frames to a queue here (TCX egress): %v", err)
-	}
-	defer qs.Close()
-	for i, p := range ports {
-		if err := qs.Port(uint16(p), queueOf[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
+	stackOf := steerPorts(t, a, d, ports...)
 
 	// Both at once.
 	const n = 4 << 20
@@ -1256,4 +1268,184 @@ func TestDaemonTakeoverStoppedSender(t *testing.T) {
 	}
 	d := dumpDaemon(t, sock)
 	t.Logf("the peer read %d bytes in %v while the sender was stopped; onloadd polled its stack %d times", n, time.Since(stopped).Round(time.Millisecond), d.Stacks[0].Takeovers)
+}
+
+// TestDaemonHostileImage: an image written over at random while onloadd
+// polls it cannot hurt onloadd. Two unprivileged processes have a stack
+// each, on the two queues of a veth. The first is stopped (so that
+// onloadd polls its stack for it: a kernel client keeps streaming to it)
+// and its image is overwritten with random bytes, 64 at a time at random
+// places past its header page, a thousand times a second (the header
+// holds the lock word: a process that holds the lock for ever is a
+// stopped holder, which onloadd already never waits for). Meanwhile curl
+// fetches 64 MiB from the second process again and again, byte-exact,
+// and the test reads onloadd's dump every 100ms. onloadd never crashes
+// or hangs, and quarantines the first stack.
+func TestDaemonHostileImage(t *testing.T) {
+	RequireTool(t, "curl")
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{Queues: 2})
+	dir, bin := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	victim, vport := daemonServer(t, b, dir, bin, sock)
+	good, gport := daemonServer(t, b, dir, bin, sock)
+	defer good.In.Close()
+	d := dumpDaemon(t, sock)
+	if len(d.Stacks) != 2 {
+		t.Fatalf("onloadd's stacks: %+v", d.Stacks)
+	}
+	stackOf := steerPorts(t, a, d, vport+2, gport)
+
+	// Stopped while it does not hold its stack's lock (a holder stopped
+	// keeps it, and onloadd would never poll the stack).
+	pid := victim.cmd.Process.Pid
+	img := mapImageOf(t, pid)
+	defer unix.Kill(pid, unix.SIGKILL)
+	for i := 0; ; i++ {
+		if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+		if lockFree(t, sock, stackOf[0]) {
+			break
+		}
+		if i == 100 {
+			t.Fatal("the stopped process holds its stack's lock, a hundred times over")
+		}
+		unix.Kill(pid, unix.SIGCONT)
+		time.Sleep(time.Millisecond)
+	}
+
+	// The kernel client streams to the victim's sink until the end.
+	var k net.Conn
+	if err := a.Do(func() (err error) {
+		k, err = net.Dial("tcp4", netip.AddrPortFrom(b.Iface0().Addr(), uint16(vport+2)).String())
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	stop := make(chan struct{})
+	go func() {
+		buf := make([]byte, 16<<10)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			k.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			k.Write(buf)
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	defer close(stop)
+
+	dur := stressDuration(time.Minute, 10*time.Second)
+	scribbled := make(chan int)
+	go func() {
+		rng := rand.New(rand.NewPCG(13, 13))
+		n := 0
+		for end := time.Now().Add(dur); time.Now().Before(end); n++ {
+			off := 4096 + rng.IntN(len(img)-4096-64)
+			for i := range 64 {
+				img[off+i] = byte(rng.Uint32())
+			}
+			time.Sleep(time.Millisecond)
+		}
+		scribbled <- n
+	}()
+	const n = 64 << 20
+	sum := streamSum(n)
+	fetched := 0
+	dumps := time.NewTicker(100 * time.Millisecond)
+	defer dumps.Stop()
+	fetches := make(chan error, 1)
+	go func() {
+		fetches <- fetchStream(a, dir, "body", fmt.Sprintf("http://%s:%d", b.Iface0().Addr(), gport), n, sum, 20)
+	}()
+	var writes int
+	for writes == 0 {
+		select {
+		case err := <-fetches:
+			if err != nil {
+				t.Fatalf("fetch %d from the other process: %v", fetched, err)
+			}
+			fetched++
+			go func() {
+				fetches <- fetchStream(a, dir, "body", fmt.Sprintf("http://%s:%d", b.Iface0().Addr(), gport), n, sum, 20)
+			}()
+		case <-dumps.C:
+			dumpDaemon(t, sock)
+		case writes = <-scribbled:
+		}
+	}
+	if err := <-fetches; err != nil {
+		t.Fatalf("the last fetch from the other process: %v", err)
+	}
+	fetched++
+	d = dumpDaemon(t, sock)
+	var q string
+	for _, st := range d.Stacks {
+		if st.ID == stackOf[0] {
+			q = st.Quarantined
+		}
+	}
+	t.Logf("%d writes of 64 random bytes into the image over %v; %d fetches of 64 MiB from the other stack; the victim's stack: %q", writes, dur, fetched, q)
+	if q == "" {
+		t.Errorf("onloadd did not quarantine the stack whose image was overwritten: %+v", d.Stacks)
+	}
+	// onloadd still serves: the dumps above, and a new process gets the
+	// quarantined stack's queue once that process is gone.
+	unix.Kill(pid, unix.SIGKILL)
+	for end := time.Now().Add(5 * time.Second); len(dumpDaemon(t, sock).Stacks) != 1; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the quarantined stack outlived its process: %+v", dumpDaemon(t, sock).Stacks)
+		}
+	}
+	next, _ := daemonServer(t, b, dir, bin, sock)
+	next.In.Close()
+}
+
+// lockFree reports whether onloadd could take stack id's lock for its
+// dump.
+func lockFree(t *testing.T, sock string, id uint32) bool {
+	for _, st := range dumpDaemon(t, sock).Stacks {
+		if st.ID == id {
+			return !strings.HasPrefix(st.Engine, "(the stack lock is held")
+		}
+	}
+	return false
+}
+
+// mapImageOf maps, read-write, the stack image of process pid (root may
+// open another process's memfd through /proc).
+func mapImageOf(t *testing.T, pid int) []byte {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if l, _ := os.Readlink(filepath.Join(dir, e.Name())); strings.Contains(l, "memfd:onload-stack") {
+			f, err := os.OpenFile(filepath.Join(dir, e.Name()), os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			st, err := f.Stat()
+			if err != nil {
+				t.Fatal(err)
+			}
+			mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Munmap(mem) })
+			return mem
+		}
+	}
+	t.Fatalf("process %d has no stack image open", pid)
+	return nil
 }

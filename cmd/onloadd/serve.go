@@ -180,6 +180,9 @@ func stackdump(args []string, out io.Writer) error {
 		for _, c := range s.Clients {
 			fmt.Fprintf(out, "  process %d (%s) uid %d\n", c.PID, c.Program, c.UID)
 		}
+		if s.Quarantined != "" {
+			fmt.Fprintf(out, "  quarantined: %s; no frame reaches it\n", s.Quarantined)
+		}
 		if s.Orphan {
 			fmt.Fprintf(out, "  orphan: its processes are gone; onloadd finishes its %d sockets (closing, or in TIME-WAIT)\n", s.InUse)
 		}
