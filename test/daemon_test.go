@@ -970,7 +970,7 @@ func TestDaemonSharedStack(t *testing.T) {
 func TestDaemonTakeoverStopped(t *testing.T) {
 	RequireTool(t, "setpriv")
 	t.Run("SIGSTOP", func(t *testing.T) {
-		polls := streamThroughStall(t, func(srv *helperProc) func() {
+		polls := streamThroughStall(t, 0, func(srv *helperProc) func() {
 			pid := srv.cmd.Process.Pid
 			if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
 				t.Fatal(err)
@@ -983,7 +983,13 @@ func TestDaemonTakeoverStopped(t *testing.T) {
 		}
 	})
 	t.Run("busy", func(t *testing.T) {
-		streamThroughStall(t, func(srv *helperProc) func() {
+		// A busy process can be descheduled in the middle of its stack,
+		// holding the lock, which onloadd never waits for: under the
+		// race detector, whose scheduler is several times slower, such
+		// a pause now and then outlasts the kernel's tail loss probe
+		// (about 10ms here), which counts as a retransmission.
+		allowed := map[bool]uint32{false: 0, true: 3}[raceEnabled]
+		streamThroughStall(t, allowed, func(srv *helperProc) func() {
 			fmt.Fprintf(srv.In, "busy 2000\n")
 			if l, err := srv.line(10 * time.Second); err != nil || l != "busy: done" {
 				t.Errorf("the busy process said %q, %v", l, err)
@@ -996,7 +1002,10 @@ func TestDaemonTakeoverStopped(t *testing.T) {
 // streamThroughStall runs TestDaemonTakeoverStopped's stream, with stall
 // making the process stall for 2s (returning once it has, with what ends
 // the stall). It returns how many times onloadd polled the stack.
-func streamThroughStall(t *testing.T, stall func(*helperProc) func()) uint64 {
+//
+// allowed is how many retransmissions the kernel sender may make during
+// the stall.
+func streamThroughStall(t *testing.T, allowed uint32, stall func(*helperProc) func()) uint64 {
 	a, b := Pair(t, LinkOptions{})
 	dir, bin := daemonDir(t)
 	sock, _ := startDaemon(t, b, dir)
@@ -1056,8 +1065,8 @@ func streamThroughStall(t *testing.T, stall func(*helperProc) func()) uint64 {
 	if want := fmt.Sprintf("sink: %d ok", atomic.LoadInt64(&sent)); l != want {
 		t.Errorf("the stalled process's sink said %q, want %q", l, want)
 	}
-	if during != 0 {
-		t.Errorf("the kernel sender retransmitted %d segments while the process stalled: nobody acknowledged them", during)
+	if during > allowed {
+		t.Errorf("the kernel sender retransmitted %d segments while the process stalled (%d allowed): nobody acknowledged them", during, allowed)
 	}
 	d := dumpDaemon(t, sock)
 	t.Logf("sent %d bytes, %d by the end of the stall; retransmissions during the stall %d, in all %d; onloadd polled the stack %d times",
@@ -1448,4 +1457,67 @@ func mapImageOf(t *testing.T, pid int) []byte {
 	}
 	t.Fatalf("process %d has no stack image open", pid)
 	return nil
+}
+
+// TestDaemonIdleCPU: onloadd watching a process's stack with 100 idle
+// connections (every goroutine blocked in Read) costs it no CPU: its
+// watcher sleeps on the stack's readiness and its next timer. Measured
+// from /proc over 3 seconds: at most one clock tick (10ms), under 0.4% of
+// a core.
+func TestDaemonIdleCPU(t *testing.T) {
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{})
+	dir, bin := daemonDir(t)
+	sock, daemon := startDaemon(t, b, dir)
+	srv, port := daemonServer(t, b, dir, bin, sock)
+	defer srv.In.Close()
+	addr := netip.AddrPortFrom(b.Iface0().Addr(), uint16(port+1)).String()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	if err := a.Do(func() error {
+		for range 100 {
+			c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
+			if err != nil {
+				return err
+			}
+			conns = append(conns, c)
+			// One echo each, so that every connection is established
+			// and has been served.
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			msg := []byte("an idle connection")
+			if _, err := c.Write(msg); err != nil {
+				return err
+			}
+			if _, err := io.ReadFull(c, make([]byte, len(msg))); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if d := dumpDaemon(t, sock); len(d.Stacks) != 1 || d.Stacks[0].InUse < 100 {
+		t.Fatalf("onloadd's stacks: %+v", d.Stacks)
+	}
+	time.Sleep(500 * time.Millisecond) // the spin period and the last ACKs
+	pid := daemon.cmd.Process.Pid
+	before, err := cpuTicks(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appBefore, _ := cpuTicks(srv.cmd.Process.Pid)
+	time.Sleep(3 * time.Second)
+	after, _ := cpuTicks(pid)
+	appAfter, _ := cpuTicks(srv.cmd.Process.Pid)
+	t.Logf("over 3s: onloadd used %d clock ticks, the process with 100 idle connections %d", after-before, appAfter-appBefore)
+	// The race detector's runtime does some work of its own: its build
+	// gets a few ticks more.
+	allowed := map[bool]int64{false: 1, true: 5}[raceEnabled]
+	if after-before > allowed {
+		t.Errorf("onloadd used %d ms of CPU in 3s watching an idle stack, want none (at most %d ticks)", (after-before)*1000/clockTicks, allowed)
+	}
 }
