@@ -32,6 +32,21 @@ func (d *Daemon) orphanLocked(s *dstack) {
 		return
 	}
 	closed, ok, err := closeAbandoned(s)
+	if err == nil && !ok && s.st.LockHeld() {
+		// Every process of the stack is gone, and one died holding its
+		// lock (its control connection closes only once none of its
+		// threads runs): nobody but onloadd can let it go. Then the
+		// image is read with care: a panic or an inconsistency in what
+		// the holder left half-done, and the stack is released (its
+		// peers' next segments are answered with resets by the kernel).
+		corrupt := s.st.CorruptSeen()
+		s.st.BreakLock()
+		d.log.Warn("stack lock recovered: a process died holding it", "stack", s.id)
+		closed, ok, err = closeAbandoned(s)
+		if n := s.st.CorruptSeen() - corrupt; err == nil && n != 0 {
+			err = fmt.Errorf("the engine found %d inconsistencies in what the dead holder left", n)
+		}
+	}
 	if err != nil {
 		d.log.Error("the stack's image is corrupt; its connections cannot be finished", "stack", s.id, "err", err)
 		d.releaseStackLocked(s)

@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"math"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -141,6 +142,27 @@ func (l *Lock) UnlockLeaving() {
 				futexWake(&l.word, 1)
 			}
 			return
+		}
+	}
+}
+
+// Break lets go a lock whose holder is dead, keeping the work deferred
+// to it for the next holder, and wakes every waiter; false if the lock
+// was free. Only a caller that knows no thread that could hold the lock
+// is still running may call it: onloadd, once every process of the stack
+// is gone (a thread killed in its critical section leaves the lock held
+// for ever otherwise).
+func (l *Lock) Break() bool {
+	for {
+		v := atomic.LoadUint32(&l.word)
+		if v&lockHeld == 0 {
+			return false
+		}
+		if atomic.CompareAndSwapUint32(&l.word, v, v&^uint32(lockHeld|lockWaiters)) {
+			if v&lockWaiters != 0 {
+				futexWake(&l.word, math.MaxInt32)
+			}
+			return true
 		}
 	}
 }

@@ -104,6 +104,24 @@ func (s *Stack) ResetAll(wait time.Duration) (reset int, ok bool) {
 	})
 }
 
+// LockHeld reports, without waiting, whether a thread (of any process)
+// holds the stack lock.
+func (s *Stack) LockHeld() bool { return s.img.hdr.lock.Held() }
+
+// BreakLock lets go the stack lock a dead process held (Lock.Break), for
+// onloadd once every process of the stack is gone. What the holder left
+// half-done is then read as any image data is: checked at every step,
+// what does not add up counted in ImageCorrupt.
+func (s *Stack) BreakLock() bool { return s.img.hdr.lock.Break() }
+
+// HoldLock takes the stack lock and keeps it until release is called:
+// for a caller that must freeze the stack (a test of a process that dies
+// inside it).
+func (s *Stack) HoldLock() (release func()) {
+	s.lock()
+	return s.unlock
+}
+
 // InUse is how many sockets are open or still closing (TIME-WAIT
 // included). Lock-free: a hint for onloadd's reaper of orphan stacks.
 func (s *Stack) InUse() int { return int(atomic.LoadUint32(&s.img.hdr.sockInUse)) }

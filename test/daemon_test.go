@@ -70,6 +70,44 @@ func init() {
 		}()
 		return d.Serve(context.Background())
 	}
+	// A process that dies inside its stack: on a stack of its own from
+	// onloadd, told "send ADDR N", it sends (sendStream) from the port
+	// after its listener's; told "die", it takes the stack's lock and
+	// kills itself (SIGKILL) holding it. READY <its listener's port>.
+	helpers["daemon-locker"] = func() error {
+		cfg, err := sockets.ConfigFromEnv()
+		if err != nil {
+			return err
+		}
+		s, err := sockets.Open(cfg)
+		if err != nil {
+			return err
+		}
+		// The listener only names the stack's queue to the test, by its
+		// filter; connections leave from the port after it.
+		lc := sockets.ListenConfig{Stack: s}
+		ln, err := lc.Listen(context.Background(), "tcp", ":0")
+		if err != nil {
+			return err
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		fmt.Printf("READY %d\n", port)
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), "send "); ok {
+				var addr string
+				var n int
+				fmt.Sscan(rest, &addr, &n)
+				d := sockets.Dialer{Stack: s, LocalAddr: &net.TCPAddr{Port: port + 1}}
+				fmt.Printf("send: %v\n", sendStream(d, addr, n))
+			}
+			if sc.Text() == "die" {
+				s.Engine().HoldLock()
+				unix.Kill(os.Getpid(), unix.SIGKILL)
+			}
+		}
+		return nil
+	}
 	// An unprivileged server: it first shows that it can neither load a
 	// BPF program nor open an AF_XDP socket itself, then serves HTTP
 	// (handler) with sockets.Listen on the stack onloadd gives it, a TCP
@@ -176,11 +214,11 @@ func busy(d time.Duration) {
 
 var spin atomic.Uint64 // keeps busy's work from being optimised away
 
-// sendStream dials addr through sockets, with a send buffer of n bytes,
-// and writes n bytes of the stream; it says "wrote N" once they are all
+// sendStream dials addr with d, with a send buffer of n bytes, and
+// writes n bytes of the stream; it says "wrote N" once they are all
 // queued, and leaves the connection open: the test kills the process.
-func sendStream(addr string, n int) string {
-	c, err := sockets.Dial("tcp", addr)
+func sendStream(d sockets.Dialer, addr string, n int) string {
+	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		return err.Error()
 	}
@@ -255,7 +293,7 @@ func claims() {
 			var addr string
 			var n int
 			fmt.Sscan(rest, &addr, &n)
-			go func() { fmt.Printf("send: %v\n", sendStream(addr, n)) }()
+			go func() { fmt.Printf("send: %v\n", sendStream(sockets.Dialer{}, addr, n)) }()
 			continue
 		}
 		if rest, ok := strings.CutPrefix(sc.Text(), "dial "); ok {
@@ -613,8 +651,9 @@ func counter(dump, name string) int {
 // steerPorts makes host a's frames to each of ports (served by onloadd's
 // stacks in d, on a veth with several queues) leave on the transmit queue
 // numbered as the stack's receive queue (QueueSteer), so that they arrive
-// on it; it returns the stack that has each port.
-func steerPorts(t *testing.T, a *Host, d *control.Dump, ports ...int) []uint32 {
+// on it; it returns the stack that has each port, and the steering, for
+// more ports.
+func steerPorts(t *testing.T, a *Host, d *control.Dump, ports ...int) ([]uint32, *portSteer) {
 	t.Helper()
 	stackOf := make([]uint32, len(ports))
 	queueOf := make([]int, len(ports))
@@ -640,7 +679,28 @@ func steerPorts(t *testing.T, a *Host, d *control.Dump, ports ...int) []uint32 {
 			t.Fatal(err)
 		}
 	}
-	return stackOf
+	return stackOf, &portSteer{qs, ports, queueOf}
+}
+
+// portSteer is steerPorts' steering.
+type portSteer struct {
+	qs      *QueueSteer
+	ports   []int
+	queueOf []int
+}
+
+// like steers port to the queue of steerPorts' port other.
+func (p *portSteer) like(t *testing.T, port, other int) {
+	t.Helper()
+	for i, q := range p.ports {
+		if q == other {
+			if err := p.qs.Port(uint16(port), p.queueOf[i]); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("port %d is not steered", other)
 }
 
 // TestDaemonTwoStacks: two unprivileged processes, each with a stack of
@@ -664,7 +724,7 @@ func TestDaemonTwoStacks(t *testing.T) {
 	if len(d.Stacks) != 2 || d.Stacks[0].Queue == d.Stacks[1].Queue {
 		t.Fatalf("onloadd's stacks: %+v, want two on queues 0 and 1", d.Stacks)
 	}
-	stackOf := steerPorts(t, a, d, ports...)
+	stackOf, _ := steerPorts(t, a, d, ports...)
 
 	// Both at once.
 	const n = 4 << 20
@@ -1293,7 +1353,7 @@ func TestDaemonHostileImage(t *testing.T) {
 	if len(d.Stacks) != 2 {
 		t.Fatalf("onloadd's stacks: %+v", d.Stacks)
 	}
-	stackOf := steerPorts(t, a, d, vport+2, gport)
+	stackOf, _ := steerPorts(t, a, d, vport+2, gport)
 
 	pid := victim.cmd.Process.Pid
 	img := mapImageOf(t, pid)
@@ -1516,5 +1576,83 @@ func TestDaemonIdleCPU(t *testing.T) {
 	allowed := map[bool]int64{false: 1, true: 5}[raceEnabled]
 	if after-before > allowed {
 		t.Errorf("onloadd used %d ms of CPU in 3s watching an idle stack, want none (at most %d ticks)", (after-before)*1000/clockTicks, allowed)
+	}
+}
+
+// TestDaemonDiesHoldingLock: a process queues 8 MiB for a kernel peer
+// and is killed (SIGKILL) inside its stack, holding the lock. onloadd
+// recovers the lock once the process is gone, finds the image sound and
+// adopts the stack: the peer receives all 8 MiB, byte-exact, and the end
+// of the stream (without the recovery the stack could only be dropped,
+// and the peer reset). A second process's stack, on the other queue,
+// serves a 64 MiB download byte-exact throughout.
+func TestDaemonDiesHoldingLock(t *testing.T) {
+	RequireTool(t, "curl")
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{Queues: 2})
+	dir, bin := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	good, gport := daemonServer(t, b, dir, bin, sock)
+	defer good.In.Close()
+	locker := startHelperAs(t, b, nobody, bin, "daemon-locker", "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET="+sock,
+		"ONLOAD_INTERFACE="+b.Iface0().Name, "ONLOAD_LOG=info", "ONLOAD_UMEM_FRAMES=65536", "ONLOAD_TIME_WAIT_MS=500")
+	var lport int
+	if _, err := fmt.Sscanf(locker.Info, "%d", &lport); err != nil {
+		t.Fatalf("the locker said %q", locker.Info)
+	}
+	_, steer := steerPorts(t, a, dumpDaemon(t, sock), gport, lport)
+	// The locker's connection leaves from the port after its listener's:
+	// host a's frames to it go to the locker's queue too.
+	steer.like(t, lport+1, lport)
+	fetched := make(chan error, 1)
+	go func() {
+		fetched <- fetchStream(a, dir, "body", fmt.Sprintf("http://%s:%d", b.Iface0().Addr(), gport), 64<<20, streamSum(64<<20), 20)
+	}()
+	const n = 8 << 20
+	var ln net.Listener
+	if err := a.Do(func() (err error) {
+		ln, err = net.Listen("tcp4", a.Iface0().Addr().String()+":7703")
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	fmt.Fprintf(locker.In, "send %s:7703 %d\n", a.Iface0().Addr(), n)
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+	k, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	if l, err := locker.line(20 * time.Second); err != nil || l != fmt.Sprintf("send: wrote %d", n) {
+		t.Fatalf("the locker said %q, %v", l, err)
+	}
+	fmt.Fprintln(locker.In, "die")
+	killed := time.Now()
+	k.SetReadDeadline(time.Now().Add(10 * time.Second))
+	want, buf, exp := stream(n), make([]byte, 64<<10), make([]byte, 64<<10)
+	got := 0
+	var rerr error
+	for rerr == nil {
+		var m int
+		m, rerr = k.Read(buf)
+		io.ReadFull(want, exp[:m])
+		if !bytes.Equal(buf[:m], exp[:m]) {
+			t.Fatalf("the stream differs within bytes %d-%d", got, got+m)
+		}
+		got += m
+	}
+	if got != n || rerr != io.EOF {
+		t.Fatalf("the peer of the process that died holding its lock received %d of %d bytes, then %v (want the end of the stream)", got, n, rerr)
+	}
+	t.Logf("the peer had all %d bytes and the end of the stream %v after the kill", n, time.Since(killed).Round(time.Millisecond))
+	k.Close() // the orphan's last connection goes, after its TIME-WAIT
+	for end := time.Now().Add(5 * time.Second); len(dumpDaemon(t, sock).Stacks) != 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the dead process's stack is still there: %+v", dumpDaemon(t, sock).Stacks)
+		}
+	}
+	if err := <-fetched; err != nil {
+		t.Errorf("the other process's download: %v", err)
 	}
 }
