@@ -324,3 +324,26 @@ func (c Control) Armed() bool { return atomic.LoadUint32(&c.ctl.Armed) != 0 }
 func (c Control) Wakeups() uint32 { return atomic.LoadUint32(&c.ctl.Wakeups) }
 
 func nativeU32(b []byte) uint32 { return binary.NativeEndian.Uint32(b) }
+
+// Entries counts the listener and flow entries in the steering maps (for
+// inspection: what a program would steer now).
+func (s *Steering) Entries() (listeners, flows int, err error) {
+	var lk steerListenerKey
+	var fk steerFlowKey
+	var v uint32
+	it := s.objs.Listeners.Iterate()
+	for it.Next(&lk, &v) {
+		listeners++
+	}
+	if err := it.Err(); err != nil {
+		return 0, 0, fmt.Errorf("listeners map: %w", err)
+	}
+	it = s.objs.Flows.Iterate()
+	for it.Next(&fk, &v) {
+		flows++
+	}
+	if err := it.Err(); err != nil {
+		return 0, 0, fmt.Errorf("flows map: %w", err)
+	}
+	return listeners, flows, nil
+}

@@ -237,9 +237,21 @@ func (r *Reply) Err() error {
 
 // Dump is the daemon's state.
 type Dump struct {
-	Daemon string      `json:"daemon"`
-	PID    int         `json:"pid"`
-	Stacks []StackDump `json:"stacks"`
+	Daemon     string          `json:"daemon"`
+	PID        int             `json:"pid"`
+	Stacks     []StackDump     `json:"stacks"`
+	Interfaces []InterfaceDump `json:"interfaces"`
+}
+
+// InterfaceDump is an interface onloadd serves: how it is steered, and
+// the entries in its steering program's maps (read from the kernel).
+type InterfaceDump struct {
+	Name      string `json:"name"`
+	Queues    int    `json:"queues"`
+	Steering  string `json:"steering"`
+	Listeners int    `json:"listeners"` // port entries
+	Flows     int    `json:"flows"`     // connection entries
+	Error     string `json:"error,omitempty"`
 }
 
 // StackDump is one stack in a Dump.

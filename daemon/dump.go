@@ -91,5 +91,15 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 		out.Stacks = append(out.Stacks, sd)
 	}
 	sort.Slice(out.Stacks, func(i, j int) bool { return out.Stacks[i].ID < out.Stacks[j].ID })
+	out.Interfaces = []control.InterfaceDump{}
+	for _, ifc := range d.ifaces {
+		id := control.InterfaceDump{Name: ifc.name, Queues: len(ifc.queues), Steering: ifc.steering.String()}
+		var err error
+		if id.Listeners, id.Flows, err = ifc.steer.Entries(); err != nil {
+			id.Error = err.Error()
+		}
+		out.Interfaces = append(out.Interfaces, id)
+	}
+	sort.Slice(out.Interfaces, func(i, j int) bool { return out.Interfaces[i].Name < out.Interfaces[j].Name })
 	return out
 }

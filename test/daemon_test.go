@@ -1142,6 +1142,10 @@ func TestDaemonOrphan(t *testing.T) {
 	const n = 16 << 20
 	// A small receive buffer: the sender's data waits in its stack.
 	k := sendToKernel(t, a, srv, 7700, n, 64<<10)
+	// The process's three listeners and its connection's port.
+	if ifs := dumpDaemon(t, sock).Interfaces; len(ifs) != 1 || ifs[0].Listeners != 4 {
+		t.Errorf("the steering maps while the process lives: %+v, want 4 port entries", ifs)
+	}
 	srv.cmd.Process.Kill()
 	killed := time.Now()
 
@@ -1166,13 +1170,17 @@ func TestDaemonOrphan(t *testing.T) {
 	t.Logf("after the kill the peer read for %v", time.Since(killed).Round(time.Millisecond))
 	k.Close()
 
-	// The orphan finishes (TIME-WAIT of 500ms) and goes.
+	// The orphan finishes (TIME-WAIT of 500ms) and goes, with every
+	// entry it had in the steering maps.
 	deadline := time.Now().Add(5 * time.Second)
 	for len(dumpDaemon(t, sock).Stacks) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("onloadd still has the dead process's stack 5s after its connection ended: %+v", dumpDaemon(t, sock).Stacks)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if ifs := dumpDaemon(t, sock).Interfaces; len(ifs) != 1 || ifs[0].Listeners != 0 || ifs[0].Flows != 0 || ifs[0].Error != "" {
+		t.Errorf("the steering maps after the orphan went: %+v, want no entry", ifs)
 	}
 	// The queue is free: the next process gets it and serves.
 	next, port := daemonServer(t, b, dir, bin, sock)

@@ -90,6 +90,15 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 	var serverRead sync.Map                 // client address -> *atomic.Int64, bytes the server read
 	written := make([]atomic.Int64, conns)  // bytes each connection's writer has sent
 	progress := make([]atomic.Int64, conns) // UnixNano of each connection's last progress
+	// The process's own stalls: how late, in all, the heartbeat's 1ms
+	// sleeps have woken (below), and that figure at each connection's
+	// last progress.
+	var stalled atomic.Int64
+	stalledAt := make([]atomic.Int64, conns)
+	noteProgress := func(i int) {
+		stalledAt[i].Store(stalled.Load())
+		progress[i].Store(time.Now().UnixNano())
+	}
 	moved := make([]atomic.Int64, conns)
 	var wg sync.WaitGroup
 	errs := make(chan error, 4*conns)
@@ -138,7 +147,7 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 		if err := a.Do(func() (err error) { c, err = d.Dial("tcp", ln.Addr().String()); return }); err != nil {
 			t.Fatal(err)
 		}
-		progress[i].Store(time.Now().UnixNano())
+		noteProgress(i)
 		seed := [32]byte{byte(i)}
 		wdone := make(chan struct{})
 		wg.Add(2)
@@ -156,7 +165,7 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 					return
 				}
 				written[i].Add(int64(n))
-				progress[i].Store(time.Now().UnixNano())
+				noteProgress(i)
 				pause(rng)
 			}
 			c.(interface{ CloseWrite() error }).CloseWrite()
@@ -179,7 +188,7 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 					}
 					total += int64(n)
 					moved[i].Store(total)
-					progress[i].Store(time.Now().UnixNano())
+					noteProgress(i)
 				}
 				if errors.Is(err, io.EOF) {
 					<-wdone
@@ -202,7 +211,11 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 	}
 
 	// The heartbeat: how late a 1ms sleep wakes, the process's own
-	// stalls, for the diagnosis of a failure.
+	// stalls. A lost wake-up leaves the process idle, with nothing to
+	// keep it from waking on time; a process kept off its processors (a
+	// VM's, or a scheduler with more runnable goroutines than it can
+	// run) wakes late, and its connections' pauses over that time are
+	// the machine's, not a wake-up's: the watchdog does not count them.
 	var beatGaps [4]atomic.Int64
 	go func() {
 		last := time.Now().UnixNano()
@@ -211,6 +224,9 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 			now := time.Now().UnixNano()
 			gap := now - last
 			last = now
+			if late := gap - int64(2*time.Millisecond); late > 0 {
+				stalled.Add(late)
+			}
 			for k := range beatGaps {
 				if gap > int64(time.Duration(5<<(2*k))*time.Millisecond) {
 					beatGaps[k].Add(1)
@@ -233,7 +249,8 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 			for i := range moved {
 				sum += moved[i].Load()
 			}
-			t.Logf("%d connections for %v: %d MiB echoed; sleeper a %+v, b %+v", conns, dur, sum>>20, sa.Sleeper().Stats(), sb.Sleeper().Stats())
+			t.Logf("%d connections for %v: %d MiB echoed; the process's own stalls %v in all; sleeper a %+v, b %+v",
+				conns, dur, sum>>20, time.Duration(stalled.Load()).Round(time.Millisecond), sa.Sleeper().Stats(), sb.Sleeper().Stats())
 			return
 		case now := <-tick.C:
 			for i := range progress {
@@ -241,7 +258,9 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 				// came back just now is not taken for one waiting.
 				last := progress[i].Load()
 				out := written[i].Load() - moved[i].Load()
-				if idle := now.Sub(time.Unix(0, last)); out > 0 && idle > stallAfter {
+				idle := now.Sub(time.Unix(0, last))
+				own := time.Duration(stalled.Load() - stalledAt[i].Load())
+				if out > 0 && idle-own > stallAfter {
 					// Whether the others moved meanwhile, and how late a 1ms
 					// sleep has woken: a stall of the whole process (the
 					// machine's) shows in both.
@@ -253,8 +272,8 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 					// The dumps first, the verdict last: a CI log's tail
 					// shows the verdict.
 					t.Logf("a: %s\nb: %s", sa.Dump(), sb.Dump())
-					t.Fatalf("conn %d made no progress for %v with %d bytes outstanding (after %d echoed): a lost wake-up (the stacks' dumps are above)",
-						i, idle.Round(time.Millisecond), out, moved[i].Load())
+					t.Fatalf("conn %d made no progress for %v (%v of it the process's own stalls) with %d bytes outstanding (after %d echoed): a lost wake-up (the stacks' dumps are above)",
+						i, idle.Round(time.Millisecond), own.Round(time.Millisecond), out, moved[i].Load())
 				}
 			}
 			if now.After(deadline) {

@@ -171,6 +171,10 @@ func stackdump(args []string, out io.Writer) error {
 	}
 	d := rep.Dump
 	fmt.Fprintf(out, "onloadd %s, pid %d: %d stacks\n", d.Daemon, d.PID, len(d.Stacks))
+	for _, i := range d.Interfaces {
+		fmt.Fprintf(out, "interface %s: %d queues, steered by %s; %d port and %d connection entries in its maps%s\n",
+			i.Name, i.Queues, i.Steering, i.Listeners, i.Flows, map[bool]string{true: " (" + i.Error + ")", false: ""}[i.Error != ""])
+	}
 	for _, s := range d.Stacks {
 		name := ""
 		if s.Name != "" {
