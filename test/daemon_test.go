@@ -1022,7 +1022,7 @@ func TestDaemonSharedStack(t *testing.T) {
 func TestDaemonTakeoverStopped(t *testing.T) {
 	RequireTool(t, "setpriv")
 	t.Run("SIGSTOP", func(t *testing.T) {
-		polls := streamThroughStall(t, 0, func(srv *helperProc, sock string) func() {
+		polls := streamThroughStall(t, raceAllowance, func(srv *helperProc, sock string) func() {
 			pid := srv.cmd.Process.Pid
 			stopUnlocked(t, sock, pid, dumpDaemon(t, sock).Stacks[0].ID)
 			time.Sleep(2 * time.Second)
@@ -1033,15 +1033,7 @@ func TestDaemonTakeoverStopped(t *testing.T) {
 		}
 	})
 	t.Run("busy", func(t *testing.T) {
-		// Under the race detector, several times slower and beside other
-		// packages' tests, a thread of the process descheduled while it
-		// holds its stack's lock (onloadd never waits for it) now and
-		// then delays an ACK past the kernel's tail loss probe (about
-		// 10ms here), which counts as a retransmission. The figure
-		// counts in make test's second phase, one test at a time
-		// without the race detector.
-		allowed := map[bool]uint32{false: 0, true: math.MaxUint32}[raceEnabled]
-		streamThroughStall(t, allowed, func(srv *helperProc, _ string) func() {
+		streamThroughStall(t, raceAllowance, func(srv *helperProc, _ string) func() {
 			fmt.Fprintf(srv.In, "busy 2000\n")
 			if l, err := srv.line(10 * time.Second); err != nil || l != "busy: done" {
 				t.Errorf("the busy process said %q, %v", l, err)
@@ -1050,6 +1042,15 @@ func TestDaemonTakeoverStopped(t *testing.T) {
 		})
 	})
 }
+
+// raceAllowance is how many retransmissions TestDaemonTakeoverStopped
+// allows during the stall: none, except under the race detector. There
+// everything (onloadd's watcher too) runs several times slower, beside
+// other packages' tests on the same two processors, and now and then an
+// ACK comes later than the kernel's tail loss probe (about 10ms here),
+// which counts as a retransmission. The figure counts in make test's
+// second phase, one test at a time without the race detector.
+var raceAllowance = map[bool]uint32{false: 0, true: math.MaxUint32}[raceEnabled]
 
 // streamThroughStall runs TestDaemonTakeoverStopped's stream, with stall
 // making the process stall for 2s (returning once it has, with what ends
