@@ -247,7 +247,9 @@ func dialEcho(addr string, n int) error {
 	if _, ok := c.(*sockets.TCPConn); !ok {
 		return fmt.Errorf("not accelerated: %T", c)
 	}
-	c.SetDeadline(time.Now().Add(20 * time.Second))
+	// Under the tests' waits for the answer (10s, 30s), so that a dial
+	// that fails says so before the next command.
+	c.SetDeadline(time.Now().Add(8 * time.Second))
 	n = max(n, 4)
 	werr := make(chan error, 1)
 	go func() {
