@@ -139,7 +139,7 @@ func (w *watcher) poll(d *Daemon) (ok bool) {
 	return true
 }
 
-// sleep waits for d (forever if negative), and also for the AF_XDP
+// sleep waits for d (not at all if it is negative), and also for the AF_XDP
 // socket's readiness if ready is set; it reports whether the watch was
 // stopped.
 func (w *watcher) sleep(d time.Duration, ready bool) bool {

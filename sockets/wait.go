@@ -216,9 +216,6 @@ func (c *sock) await(sp *spin, want stack.Events, dl *deadline, retry time.Durat
 	s.sl.Unpark()
 	if c.wq.leave(ch) {
 		s.wakes.ran(s)
-		if s.enter() {
-			s.kickIfLast()
-			s.leave()
-		}
+		s.kickIfLast()
 	}
 }

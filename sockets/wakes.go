@@ -105,10 +105,12 @@ func (w *wakes) busy() bool { return w.backlog.Load() > 0 || w.pending.Load() > 
 // the last of them to run (which looks as it leaves the backlog, in
 // await). Not the operation the last one runs next: that one may send
 // nothing (data queued already, a full send buffer) and park, and an
-// armed Sleeper waits for frames that never left. Call it between enter
-// and leave.
+// armed Sleeper waits for frames that never left. It enters the engine
+// only when a kick is owed: a woken goroutine pays two atomic loads.
 func (s *Stack) kickIfLast() {
-	if !s.wakes.busy() {
-		s.st.KickHeld()
+	if s.wakes.busy() || !s.st.KickOwed() || !s.enter() {
+		return
 	}
+	s.st.KickHeld()
+	s.leave()
 }

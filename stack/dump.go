@@ -86,16 +86,26 @@ func (s *Stack) TryCounters() (Counters, bool) {
 func (s *Stack) tryLooking(look func()) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i := 0; !s.img.hdr.lock.TryLock(); i++ {
-		if i == 100 {
-			return false
-		}
-		time.Sleep(50 * time.Microsecond)
+	if !s.tryLockWithin(5 * time.Millisecond) {
+		return false
 	}
 	raceAcquire(&s.raceHB)
 	look()
 	raceRelease(&s.raceHB)
 	s.img.hdr.lock.UnlockLeaving()
+	return true
+}
+
+// tryLockWithin takes the image's lock word by trylock, trying every 50µs
+// for at most wait: for a caller that must never wait on a holder that
+// may be stopped or dead. The caller holds s.mu.
+func (s *Stack) tryLockWithin(wait time.Duration) bool {
+	for end := time.Now().Add(wait); !s.img.hdr.lock.TryLock(); {
+		if time.Now().After(end) {
+			return false
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
 	return true
 }
 

@@ -271,6 +271,10 @@ func (s *Stack) releaseKicksLocked(held bool) {
 	}
 }
 
+// KickOwed reports, without the lock, that frames SendMore or RecvMore
+// left on the NIC's ring wait for their kick (KickHeld).
+func (s *Stack) KickOwed() bool { return s.kicks != nil && s.kicks.KickOwed() }
+
 // KickHeld hands the NIC the frames SendMore and RecvMore left waiting for
 // their kick. The caller of a More operation owes it once the others it
 // counted on are done: a goroutine that was to send may instead find
@@ -278,7 +282,7 @@ func (s *Stack) releaseKicksLocked(held bool) {
 // and an armed interrupt wakes nobody for frames that never left. It
 // costs one atomic load when nothing is owed.
 func (s *Stack) KickHeld() {
-	if s.kicks == nil || !s.kicks.KickOwed() {
+	if !s.KickOwed() {
 		return
 	}
 	s.lock()

@@ -68,11 +68,8 @@ func (s *Stack) CloseAbandoned(wait time.Duration) (closed int, ok bool) {
 func (s *Stack) closeEvery(wait time.Duration, close func(*sock) bool) (n int, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for end := time.Now().Add(wait); !s.img.hdr.lock.TryLock(); {
-		if time.Now().After(end) {
-			return 0, false
-		}
-		time.Sleep(100 * time.Microsecond)
+	if !s.tryLockWithin(wait) {
+		return 0, false
 	}
 	s.lockedLocked()
 	s.setClock(s.fast.now())
@@ -91,15 +88,15 @@ func (s *Stack) closeEvery(wait time.Duration, close func(*sock) bool) (n int, o
 // lock is taken as by CloseAbandoned; false if it stayed held.
 func (s *Stack) ResetAll(wait time.Duration) (reset int, ok bool) {
 	return s.closeEvery(wait, func(sk *sock) bool {
-		if sk.kind == kindTCP && sk.state != tcpListen && sk.state != tcpTimeWait && synchronized(sk.state) {
+		if sk.kind != kindTCP {
+			s.closeLocked(sk)
+			return true
+		}
+		if synchronized(sk.state) && sk.state != tcpTimeWait {
 			s.controlLocked(sk, flagRST, sk.sndNxt)
 		}
-		if sk.kind == kindTCP {
-			sk.tflags |= tfOrphan
-			s.tcpCloseFinalLocked(sk)
-		} else {
-			s.closeLocked(sk)
-		}
+		sk.tflags |= tfOrphan
+		s.tcpCloseFinalLocked(sk)
 		return true
 	})
 }

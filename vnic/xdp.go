@@ -206,12 +206,8 @@ func (x *XDP) RxPending() uint32 { return x.sock.RX.Pending() }
 func (x *XDP) KickOwed() bool { return x.kickOwed.Load() }
 
 // Kick kicks the kernel for frames left on the TX ring by a held
-// transmit (KickHolder).
-func (x *XDP) Kick() error { return x.kickOwing() }
-
-// kickOwing kicks the kernel for frames left on the TX ring by a held
-// transmit.
-func (x *XDP) kickOwing() error {
+// transmit (KickHolder); nothing if none are owed.
+func (x *XDP) Kick() error {
 	if !x.kickOwed.Load() {
 		return nil
 	}
@@ -321,7 +317,7 @@ func (x *XDP) reap() {
 // so that a frame that has just arrived goes back to the caller at once.
 func (x *XDP) Receive(hs []Handle) int {
 	if !x.holding(0) {
-		x.kickOwing()
+		x.Kick()
 	}
 	rx := &x.sock.RX
 	idx, got := rx.Peek(uint32(len(hs)))
