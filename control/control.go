@@ -277,6 +277,11 @@ type StackDump struct {
 	// Quarantined says why onloadd cut the stack off (its image was
 	// found corrupt), if it did.
 	Quarantined string `json:"quarantined,omitempty"`
+	// LockBreaks counts the stack locks onloadd broke, of processes that
+	// died holding them; LockHolder is the process id (as it sees itself)
+	// that holds the lock now, 0 if it is free.
+	LockBreaks uint64 `json:"lock_breaks,omitempty"`
+	LockHolder int    `json:"lock_holder,omitempty"`
 	// Engine is the engine's own dump: counters and sockets, from the
 	// image (read by the daemon, which checks it like any image data).
 	Engine string `json:"engine,omitempty"`

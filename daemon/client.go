@@ -25,6 +25,11 @@ type client struct {
 	// netnsErr, if set, is why the client cannot be served: it lives in
 	// another network namespace, whose interfaces are not ours.
 	netnsErr error
+	// pidfd refers to the client's process (-1 if the kernel could not
+	// give one); selfPid is its id as it sees itself (getpid, in its own
+	// pid namespace): what it writes in a stack lock it holds.
+	pidfd   int
+	selfPid int
 }
 
 func (c *client) String() string {
@@ -45,8 +50,9 @@ func (d *Daemon) newClient(uc *net.UnixConn) (*client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &client{d: d, conn: conn, cred: *cred, stacks: map[bpf.StackID]*dstack{}}
+	c := &client{d: d, conn: conn, cred: *cred, stacks: map[bpf.StackID]*dstack{}, pidfd: -1}
 	c.netnsErr = clientNetns(uc, int(cred.Pid))
+	c.pidfd, c.selfPid = clientProcess(int(cred.Pid))
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -68,6 +74,9 @@ func (c *client) serve() {
 		delete(d.clients, c)
 		d.mu.Unlock()
 		c.conn.Close()
+		if c.pidfd >= 0 {
+			unix.Close(c.pidfd)
+		}
 		if c.hello {
 			d.log.Debug("client gone", "client", c.String())
 		}

@@ -51,6 +51,10 @@ type Config struct {
 	// go unpolled by its processes before onloadd polls it (0:
 	// DefaultTakeover; negative: never).
 	Takeover time.Duration
+	// TakeoverPriority is the SCHED_FIFO priority of the threads that
+	// watch stacks and poll them (0: DefaultTakeoverPriority; negative:
+	// normal scheduling).
+	TakeoverPriority int
 }
 
 // Daemon is a running onloadd.
@@ -68,6 +72,8 @@ type Daemon struct {
 	nextID  bpf.StackID
 	closed  bool
 	wg      sync.WaitGroup
+
+	prioWarned sync.Once // the watchers' priority could not be set
 }
 
 // ErrRunning is returned by New when another onloadd holds the socket.
@@ -87,6 +93,9 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	if cfg.Takeover == 0 {
 		cfg.Takeover = DefaultTakeover
+	}
+	if cfg.TakeoverPriority == 0 {
+		cfg.TakeoverPriority = DefaultTakeoverPriority
 	}
 	gid := -1
 	if cfg.Group != "" {

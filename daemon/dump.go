@@ -42,10 +42,15 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 		}
 		sort.Slice(sd.Clients, func(i, j int) bool { return sd.Clients[i].PID < sd.Clients[j].PID })
 		for k, f := range s.filters {
-			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s:%d (pid %d)", k.Proto, k.Addr, k.Port, f.owner.cred.Pid))
+			gone := ""
+			if f.gone {
+				gone = ", gone: kept while its sockets finish"
+			}
+			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s:%d (pid %d%s)", k.Proto, k.Addr, k.Port, f.owner.cred.Pid, gone))
 		}
 		sort.Strings(sd.Filters)
 		sd.Orphan, sd.InUse, sd.Quarantined = !s.orphanSince.IsZero(), s.st.InUse(), s.quarantined
+		sd.LockBreaks, sd.LockHolder = s.lockBreaks, s.st.LockHolder()
 		if w := s.watch; w != nil {
 			sd.Takeovers = w.polls.Load()
 			if since := w.since.Load(); since != 0 {

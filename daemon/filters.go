@@ -19,6 +19,10 @@ type filter struct {
 	proof int // the client's kernel socket, our descriptor for it
 	owner *client
 	rule  int // the n-tuple rule's location (steerNtuple), or -1
+	// gone: the owner's process is gone; the filter stays while the
+	// stack's sockets use the port (its connections finishing), then the
+	// reaper removes it (dropUnusedFiltersLocked).
+	gone bool
 }
 
 // addFilterLocked checks proof and steers req's port to stack s.
@@ -36,6 +40,9 @@ func (d *Daemon) addFilterLocked(c *client, s *dstack, req *control.FilterReques
 		if k.Proto == key.Proto && k.Port == key.Port && (k.Addr == key.Addr || k.Addr.IsUnspecified() || key.Addr.IsUnspecified()) {
 			if f.owner == c && k == key {
 				return refuse(codeInUse, "%s %s:%d is already steered to your stack", key.Proto, key.Addr, key.Port)
+			}
+			if f.gone {
+				return refuse(codeInUse, "%s port %d on %s belongs to the connections %s left, which onloadd finishes: a port is steered to one stack; the port is free once they end", key.Proto, key.Port, s.ifc.name, f.owner)
 			}
 			return refuse(codeInUse, "%s port %d on %s belongs to %s: a port is steered to one stack", key.Proto, key.Port, s.ifc.name, f.owner)
 		}

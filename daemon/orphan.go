@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/xdp-onload/onload/bpf"
 	"github.com/xdp-onload/onload/control"
+	"github.com/xdp-onload/onload/stack"
 )
 
 // Orphan stacks. When the last process of a stack is gone (it exited,
@@ -32,7 +34,7 @@ func (d *Daemon) orphanLocked(s *dstack) {
 		return
 	}
 	closed, ok, err := closeAbandoned(s)
-	if err == nil && !ok && s.st.LockHeld() {
+	if h := s.st.LockHolder(); err == nil && !ok && h != 0 && h != os.Getpid() && s.st.BreakLock(h) {
 		// Every process of the stack is gone, and one died holding its
 		// lock (its control connection closes only once none of its
 		// threads runs): nobody but onloadd can let it go. Then the
@@ -40,8 +42,8 @@ func (d *Daemon) orphanLocked(s *dstack) {
 		// the holder left half-done, and the stack is released (its
 		// peers' next segments are answered with resets by the kernel).
 		corrupt := s.st.CorruptSeen()
-		s.st.BreakLock()
-		d.log.Warn("stack lock recovered: a process died holding it", "stack", s.id)
+		s.lockBreaks++
+		d.log.Warn("stack lock recovered: a process died holding it", "stack", s.id, "pid", h)
 		closed, ok, err = closeAbandoned(s)
 		if n := s.st.CorruptSeen() - corrupt; err == nil && n != 0 {
 			err = fmt.Errorf("the engine found %d inconsistencies in what the dead holder left", n)
@@ -62,6 +64,9 @@ func (d *Daemon) orphanLocked(s *dstack) {
 		return
 	}
 	s.orphanSince = time.Now()
+	for _, f := range s.filters {
+		f.gone = true
+	}
 	if s.name != "" && d.named[s.name] == s {
 		delete(d.named, s.name) // a new process with the name gets a new stack
 	}
@@ -91,6 +96,47 @@ func (d *Daemon) killLocked(c *client, id bpf.StackID) (*control.KillReply, erro
 func closeAbandoned(s *dstack) (closed int, ok bool, err error) {
 	err = guard(func() { closed, ok = s.st.CloseAbandoned(100 * time.Millisecond) })
 	return
+}
+
+// closeAbandonedBy is stack.CloseAbandonedBy for client c's process,
+// guarded as closeAbandoned is.
+func closeAbandonedBy(s *dstack, c *client) (closed int, ok bool, err error) {
+	err = guard(func() { closed, ok = s.st.CloseAbandonedBy(c.selfPid, 100*time.Millisecond) })
+	return
+}
+
+// dropUnusedFiltersLocked removes the filters of s whose owner is gone
+// and whose port none of s's sockets uses any more: the port is the
+// kernel's (or a new process's) again.
+func (d *Daemon) dropUnusedFiltersLocked(s *dstack) {
+	var gone []bpf.Listener
+	for k, f := range s.filters {
+		if f.gone {
+			gone = append(gone, k)
+		}
+	}
+	if len(gone) == 0 || s.quarantined != "" {
+		return
+	}
+	var rows []stack.SocketRow
+	var ok bool
+	if err := guard(func() { rows, ok = s.st.TrySockets() }); err != nil || !ok {
+		return // the watcher's checks judge the image; look again later
+	}
+	used := map[bpf.Listener]bool{}
+	for _, r := range rows {
+		p := bpf.TCP
+		if r.Proto == "udp" {
+			p = bpf.UDP
+		}
+		used[bpf.Listener{Proto: p, Port: r.Local.Port()}] = true
+	}
+	for _, k := range gone {
+		if !used[bpf.Listener{Proto: k.Proto, Port: k.Port}] {
+			d.log.Debug("filter of a process that went removed: no socket uses its port", "stack", s.id, "proto", k.Proto.String(), "port", k.Port)
+			d.removeFilterLocked(s, k)
+		}
+	}
 }
 
 // guard runs f, which reads a client's image, and turns a panic into an
@@ -149,6 +195,7 @@ func (d *Daemon) reap(done <-chan struct{}) {
 					d.quarantineLocked(s, *e)
 				}
 			}
+			d.dropUnusedFiltersLocked(s)
 			if s.orphanSince.IsZero() {
 				continue
 			}

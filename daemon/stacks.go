@@ -38,6 +38,9 @@ type dstack struct {
 	orphanSince time.Time
 	// quarantined says why the stack was cut off, if it was (orphan.go).
 	quarantined string
+	// lockBreaks counts the locks onloadd broke, of processes that died
+	// holding the stack's (lockrecover.go).
+	lockBreaks uint64
 }
 
 // Bounds on what a client may ask for: memory is the daemon's to give.
@@ -186,9 +189,27 @@ func (d *Daemon) leaveLocked(c *client, s *dstack) {
 		d.orphanLocked(s)
 		return
 	}
+	d.recoverLockLocked(s, c)
+	if s.quarantined == "" {
+		// The sockets c's process opened close as its descriptors
+		// would; its filters stay while they finish.
+		closed, ok, err := closeAbandonedBy(s, c)
+		switch {
+		case err != nil:
+			d.quarantineLocked(s, "closing the sockets of a process that went: "+err.Error())
+		case !ok:
+			d.log.Warn("a process of a shared stack went; its sockets stay open until the stack's lock is free and its last process goes", "stack", s.id, "process", c.String())
+		case closed > 0:
+			d.log.Info("a process of a shared stack went; onloadd finishes its connections", "stack", s.id, "process", c.String(), "closed", closed)
+		}
+	}
 	for k, f := range s.filters {
 		if f.owner == c {
-			d.removeFilterLocked(s, k)
+			if s.quarantined != "" {
+				d.removeFilterLocked(s, k)
+			} else {
+				f.gone = true
+			}
 		}
 	}
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,17 @@ import (
 // DefaultTakeover is how long a stack with work waiting may go unpolled
 // by its processes before onloadd polls it (Config.Takeover).
 const DefaultTakeover = time.Millisecond
+
+// DefaultTakeoverPriority is the SCHED_FIFO priority of the watchers'
+// threads (Config.TakeoverPriority): the lowest real-time one, above
+// every normally scheduled thread (the applications among them) and
+// below the kernel's own real-time threads.
+const DefaultTakeoverPriority = 1
+
+// minTakeover is the shortest grace period a watcher gives: it sleeps at
+// least a quarter of it between polls, so that a real-time watcher
+// never takes a processor for long.
+const minTakeover = 100 * time.Microsecond
 
 // maxIdleWait bounds one wait of the watcher of an idle stack, so that
 // it looks at the stack's timers again now and then.
@@ -34,6 +46,15 @@ const maxIdleWait = time.Second
 // deferred flags and looks again. When the stack is idle (nothing
 // waiting, nobody polling), it sleeps on the AF_XDP socket's readiness
 // and the next timer, costing nothing until a frame comes.
+//
+// The watcher runs on a thread of its own at a real-time priority
+// (Config.TakeoverPriority), as the kernel's interrupt handling runs
+// ahead of applications: a process busy on every processor it has, or
+// many processes on few processors, would otherwise keep the watcher
+// from polling for longer than the peer's tail loss probe waits (10ms
+// or so), and the peer would retransmit. It never spins: it sleeps at
+// least a quarter of the grace period between polls, and a poll's work
+// is bounded.
 type watcher struct {
 	s     *dstack
 	grace time.Duration
@@ -56,7 +77,7 @@ func (d *Daemon) startWatch(s *dstack) error {
 	if err != nil {
 		return fmt.Errorf("watcher of stack %d: %w", s.id, err)
 	}
-	w := &watcher{s: s, grace: d.cfg.Takeover, stop: efd, done: make(chan struct{})}
+	w := &watcher{s: s, grace: max(d.cfg.Takeover, minTakeover), stop: efd, done: make(chan struct{})}
 	s.watch = w
 	go w.run(d)
 	return nil
@@ -77,6 +98,17 @@ func (w *watcher) end() {
 
 func (w *watcher) run(d *Daemon) {
 	defer close(w.done)
+	// The thread is never unlocked: it ends with the goroutine, and its
+	// priority with it.
+	runtime.LockOSThread()
+	if p := d.cfg.TakeoverPriority; p > 0 {
+		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: uint32(p)}, 0); err != nil {
+			d.prioWarned.Do(func() {
+				d.log.Warn("onloadd polls stacks for their processes at normal priority: a busy machine may delay a takeover; give onloadd CAP_SYS_NICE, or -takeover-priority 0 to choose normal priority",
+					"priority", p, "err", err)
+			})
+		}
+	}
 	st := w.s.st
 	grace := int64(w.grace)
 	for {

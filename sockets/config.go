@@ -49,6 +49,7 @@ type Config struct {
 	DaemonSocket string        // onloadd's control socket
 	StackName    string        // share the named stack with other processes
 	Takeover     time.Duration // onloadd's: how long work may wait unpolled before it polls (0: never)
+	TakeoverPrio int           // onloadd's: its watchers' SCHED_FIFO priority (0: normal scheduling)
 }
 
 // The values of Config.Daemon (ONLOAD_DAEMON).
@@ -142,8 +143,11 @@ var Options = []Option{
 		Doc: "Through onloadd: processes that give the same name share one stack (one image, one queue), as Onload's EF_NAME. Empty: the process has a stack of its own.",
 		set: func(c *Config, _ int64, s string) { c.StackName = s }},
 	{Env: "ONLOAD_TAKEOVER_US", Default: "1000", Min: 0, Max: 10_000_000, Unit: "µs",
-		Doc: "onloadd's (`onloadd serve`): how long a stack with frames waiting or timers due may go unpolled by its processes (stopped, or busy elsewhere) before onloadd polls it for them: it acknowledges, retransmits, runs the timers and wakes the waiters. 0: never.",
+		Doc: "onloadd's (`onloadd serve`): how long a stack with frames waiting or timers due may go unpolled by its processes (stopped, or busy elsewhere) before onloadd polls it for them: it acknowledges, retransmits, runs the timers and wakes the waiters. 0: never; below 100 µs counts as 100 µs.",
 		set: func(c *Config, v int64, _ string) { c.Takeover = time.Duration(v) * time.Microsecond }},
+	{Env: "ONLOAD_TAKEOVER_PRIORITY", Default: "1", Min: 0, Max: 99,
+		Doc: "onloadd's (`onloadd serve`): the real-time priority (SCHED_FIFO) of the threads that watch stacks and poll them for their processes, so that a takeover runs when it is due, ahead of the applications on the same processors, as the kernel's interrupt handling does for its own TCP. A watcher sleeps between polls and each poll's work is bounded. 0: normal scheduling. Needs CAP_SYS_NICE; without it onloadd says so once and runs them at normal priority.",
+		set: func(c *Config, v int64, _ string) { c.TakeoverPrio = int(v) }},
 	{Env: "ONLOAD_LOG", Default: "error", Choices: []string{"debug", "info", "warn", "error"},
 		Doc: "Log level, to standard error. `debug` says which sockets are not accelerated and why; `info` reports stacks created and closed.",
 		set: func(c *Config, _ int64, s string) { c.Log = logLevel(s) }},

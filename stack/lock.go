@@ -2,6 +2,7 @@ package stack
 
 import (
 	"math"
+	"os"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -23,18 +24,31 @@ const (
 	// DeferTransmit: sockets have queued data; push it out.
 	DeferTransmit
 
-	deferMask = ^Deferred(0) &^ (lockHeld | lockWaiters)
+	deferMask Deferred = 0xff << 2 // bits 2-9: room for more
 )
 
 const (
 	lockHeld    = 1 << 0 // someone holds the lock
 	lockWaiters = 1 << 1 // someone may sleep in futex_wait on the word
+
+	// The holder's process id, as it sees itself (getpid), takes bits
+	// 10-31 while the lock is held: 22 bits, the kernel's largest
+	// pid_max (PID_MAX_LIMIT, 4194304).
+	holderShift = 10
+	holderMask  = uint32(1<<32 - 1<<holderShift)
 )
+
+// lockPid is this process's id in the lock word. A Go program does not
+// fork without exec, so it stays true.
+var lockPid = uint32(os.Getpid()) << holderShift
 
 // Lock is the stack lock: one word in the stack image, shared by every
 // process that maps the image (the application's threads, onloadd). The
-// word holds the held bit, a bit saying someone sleeps on it, and the
-// deferred-work flags.
+// word holds the held bit, a bit saying someone sleeps on it, the
+// deferred-work flags and, while it is held, the holder's process id, set
+// in the same atomic step that takes it (as a robust mutex names its
+// owner): onloadd, told that a process of a stack has died, knows whether
+// the dead process held the lock (Holder) and can break it (Break).
 //
 // Contended waiters sleep on the word with a futex (not a private one:
 // the word is in shared memory), so a lock held by another process wakes
@@ -46,7 +60,7 @@ type Lock struct {
 // TryLock takes the lock if it is free, without waiting.
 func (l *Lock) TryLock() bool {
 	v := atomic.LoadUint32(&l.word)
-	return v&lockHeld == 0 && atomic.CompareAndSwapUint32(&l.word, v, v|lockHeld)
+	return v&lockHeld == 0 && atomic.CompareAndSwapUint32(&l.word, v, v|lockHeld|lockPid)
 }
 
 // lockSpins is how many times Lock retries before it sleeps: the lock is
@@ -67,7 +81,7 @@ func (l *Lock) Lock() {
 		if v&lockHeld == 0 {
 			// Having slept, we cannot know whether others sleep too:
 			// keep the waiters bit so that our Unlock wakes one.
-			nv := v | lockHeld
+			nv := v | lockHeld | lockPid
 			if slept {
 				nv |= lockWaiters
 			}
@@ -95,7 +109,7 @@ func (l *Lock) LockOrDefer(work Deferred) bool {
 	for {
 		v := atomic.LoadUint32(&l.word)
 		if v&lockHeld == 0 {
-			if atomic.CompareAndSwapUint32(&l.word, v, v|lockHeld) {
+			if atomic.CompareAndSwapUint32(&l.word, v, v|lockHeld|lockPid) {
 				return true
 			}
 			continue
@@ -137,7 +151,7 @@ func (l *Lock) Unlock(do func(Deferred)) {
 func (l *Lock) UnlockLeaving() {
 	for {
 		v := atomic.LoadUint32(&l.word)
-		if atomic.CompareAndSwapUint32(&l.word, v, v&^uint32(lockHeld|lockWaiters)) {
+		if atomic.CompareAndSwapUint32(&l.word, v, v&^(lockHeld|lockWaiters|holderMask)) {
 			if v&lockWaiters != 0 {
 				futexWake(&l.word, 1)
 			}
@@ -148,17 +162,18 @@ func (l *Lock) UnlockLeaving() {
 
 // Break lets go a lock whose holder is dead, keeping the work deferred
 // to it for the next holder, and wakes every waiter; false if the lock
-// was free. Only a caller that knows no thread that could hold the lock
-// is still running may call it: onloadd, once every process of the stack
-// is gone (a thread killed in its critical section leaves the lock held
-// for ever otherwise).
-func (l *Lock) Break() bool {
+// was free or is held by another process than holder (0: any). Only a
+// caller that knows the holder is gone, none of its threads running, may
+// call it: onloadd, once the process's control connection has closed (a
+// thread killed in its critical section leaves the lock held for ever
+// otherwise).
+func (l *Lock) Break(holder int) bool {
 	for {
 		v := atomic.LoadUint32(&l.word)
-		if v&lockHeld == 0 {
+		if v&lockHeld == 0 || (holder != 0 && v>>holderShift != uint32(holder)) {
 			return false
 		}
-		if atomic.CompareAndSwapUint32(&l.word, v, v&^uint32(lockHeld|lockWaiters)) {
+		if atomic.CompareAndSwapUint32(&l.word, v, v&^(lockHeld|lockWaiters|holderMask)) {
 			if v&lockWaiters != 0 {
 				futexWake(&l.word, math.MaxInt32)
 			}
@@ -170,6 +185,16 @@ func (l *Lock) Break() bool {
 // Held reports whether someone holds the lock (for diagnostics: the
 // answer may be stale at once).
 func (l *Lock) Held() bool { return atomic.LoadUint32(&l.word)&lockHeld != 0 }
+
+// Holder is the process id (as that process sees itself) of the lock's
+// holder, 0 if the lock is free. The answer may be stale at once.
+func (l *Lock) Holder() int {
+	v := atomic.LoadUint32(&l.word)
+	if v&lockHeld == 0 {
+		return 0
+	}
+	return int(v >> holderShift)
+}
 
 // Pending reports the deferred work waiting for the holder.
 func (l *Lock) Pending() Deferred { return Deferred(atomic.LoadUint32(&l.word)) & deferMask }

@@ -272,7 +272,68 @@ func TestLockAcrossProcesses(t *testing.T) {
 	}
 }
 
-// TestLockHelperProcess is the child of TestLockAcrossProcesses.
+// TestLockHolder: the lock word names the process that holds it, so that
+// a lock whose holder died can be told from one a live process holds,
+// and broken: a child takes the lock, leaves work deferred, and exits
+// holding it; the parent's waiter, blocked in Lock, gets it once the
+// lock is broken in the dead child's name (and not in another's), with
+// the deferred work still to do.
+func TestLockHolder(t *testing.T) {
+	s, f := sharedMemory(t)
+	if !s.lock.TryLock() {
+		t.Fatal("TryLock on a free lock failed")
+	}
+	if h := s.lock.Holder(); h != os.Getpid() {
+		t.Errorf("Holder() = %d while this process (%d) holds the lock", h, os.Getpid())
+	}
+	s.lock.Unlock(nil)
+	if h := s.lock.Holder(); h != 0 {
+		t.Errorf("Holder() = %d with the lock free", h)
+	}
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLockHelperProcess$")
+	cmd.Env = append(os.Environ(), "LOCK_HELPER=die")
+	cmd.ExtraFiles = []*os.File{f}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	child := cmd.Process.Pid
+	if h := s.lock.Holder(); h != child {
+		t.Fatalf("Holder() = %d after child %d exited holding the lock", h, child)
+	}
+	if s.lock.Pending() != DeferTransmit {
+		t.Errorf("deferred work %b, want the child's DeferTransmit", s.lock.Pending())
+	}
+	got := make(chan Deferred, 1)
+	go func() {
+		s.lock.Lock()
+		var did Deferred
+		s.lock.Unlock(func(w Deferred) { did |= w })
+		got <- did
+	}()
+	time.Sleep(300 * time.Millisecond) // the waiter spins, then sleeps in futex_wait
+	if s.lock.Break(child + 1) {
+		t.Fatal("Break in another process's name broke the dead child's lock")
+	}
+	if !s.lock.Break(child) {
+		t.Fatal("Break in the dead child's name failed")
+	}
+	select {
+	case did := <-got:
+		if did != DeferTransmit {
+			t.Errorf("the next holder did %b, want the dead child's deferred DeferTransmit", did)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter blocked in Lock was not woken by Break")
+	}
+	if s.lock.Held() || s.lock.Break(0) {
+		t.Error("the lock is held after the waiter let it go")
+	}
+}
+
+// TestLockHelperProcess is the child of TestLockAcrossProcesses and
+// TestLockHolder.
 func TestLockHelperProcess(t *testing.T) {
 	mode := os.Getenv("LOCK_HELPER")
 	if mode == "" {
@@ -294,6 +355,9 @@ func TestLockHelperProcess(t *testing.T) {
 		s.lock.Lock()
 		s.critical(3)
 		s.lock.Unlock(nil)
+	case "die":
+		s.lock.Lock()
+		s.lock.LockOrDefer(DeferTransmit)
 	}
 	os.Exit(0)
 }

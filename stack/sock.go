@@ -68,7 +68,12 @@ type sock struct {
 	localAddr, remoteAddr [4]byte
 	localPort, remotePort uint16
 	remoteMAC             [6]byte
-	_                     [2]byte
+	// opener is the process that opened (or accepted) the socket: a
+	// procs index plus one, 0 for a handle that shares no wakes. When
+	// that process dies, its sockets close as its descriptors would
+	// (CloseAbandonedBy).
+	opener uint8
+	_      [1]byte
 
 	err uint32 // pending error, an errno, reported once
 
@@ -149,7 +154,7 @@ func (s *Stack) allocSockLocked(kind uint8) (*sock, SockID, error) {
 	sk := &s.img.socks[idx]
 	h.sockFree = sk.next
 	gen := sk.gen
-	*sk = sock{kind: kind, gen: gen, next: noSlot, rcvBuf: h.recvBuffer, sndBuf: h.sendBuffer}
+	*sk = sock{kind: kind, gen: gen, next: noSlot, rcvBuf: h.recvBuffer, sndBuf: h.sendBuffer, opener: s.proc}
 	sk.ccAlgo = uint8(min(h.ccAlgo, ccReno))
 	sk.tcb.acceptHead, sk.tcb.acceptTail, sk.tcb.acceptNext, sk.tcb.parent = noSlot, noSlot, noSlot, noSlot
 	sk.keepIdle, sk.keepIntvl, sk.keepCnt = keepIdleDefault, keepIntvlDefault, keepCntDefault

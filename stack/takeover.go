@@ -50,16 +50,42 @@ func (s *Stack) Waiting() bool {
 // reports false if the lock stayed held (its holder may have died with
 // it: nothing is closed then).
 func (s *Stack) CloseAbandoned(wait time.Duration) (closed int, ok bool) {
-	return s.closeEvery(wait, func(sk *sock) bool {
-		switch {
-		case sk.kind == kindTCP && sk.tflags&tfOrphan != 0:
-			return false // closed by the application already
-		case sk.kind == kindTCP && sk.tflags&tfPassive != 0 && sk.tflags&tfAccepted == 0:
-			return false // never accepted: its listener's close resets it
+	return s.closeEvery(wait, func(sk *sock) bool { return s.closeAbandonedLocked(sk) })
+}
+
+// CloseAbandonedBy closes, as CloseAbandoned does, the sockets that
+// process pid (as it sees itself) opened or accepted, and gives its slot
+// among the stack's sharers back: onloadd calls it when a process of a
+// shared stack dies while others stay. It reports false if the lock
+// stayed held, and true with nothing closed if pid has no slot.
+func (s *Stack) CloseAbandonedBy(pid int, wait time.Duration) (closed int, ok bool) {
+	proc := uint8(0)
+	for i := range s.img.hdr.procs {
+		if p := &s.img.hdr.procs[i]; pid > 0 && atomic.LoadUint32(&p.pid) == uint32(pid) {
+			proc = uint8(i + 1)
 		}
-		s.closeLocked(sk)
-		return true
-	})
+	}
+	if proc == 0 {
+		return 0, true
+	}
+	closed, ok = s.closeEvery(wait, func(sk *sock) bool { return sk.opener == proc && s.closeAbandonedLocked(sk) })
+	if ok {
+		atomic.CompareAndSwapUint32(&s.img.hdr.procs[proc-1].pid, uint32(pid), 0)
+	}
+	return closed, ok
+}
+
+// closeAbandonedLocked closes sk, left open by a process that is gone,
+// unless it is closing already or waits in a listener's accept queue.
+func (s *Stack) closeAbandonedLocked(sk *sock) bool {
+	switch {
+	case sk.kind == kindTCP && sk.tflags&tfOrphan != 0:
+		return false // closed by the application already
+	case sk.kind == kindTCP && sk.tflags&tfPassive != 0 && sk.tflags&tfAccepted == 0:
+		return false // never accepted: its listener's close resets it
+	}
+	s.closeLocked(sk)
+	return true
 }
 
 // closeEvery takes the lock by trylock, trying for at most wait, and
@@ -105,11 +131,16 @@ func (s *Stack) ResetAll(wait time.Duration) (reset int, ok bool) {
 // holds the stack lock.
 func (s *Stack) LockHeld() bool { return s.img.hdr.lock.Held() }
 
-// BreakLock lets go the stack lock a dead process held (Lock.Break), for
-// onloadd once every process of the stack is gone. What the holder left
-// half-done is then read as any image data is: checked at every step,
-// what does not add up counted in ImageCorrupt.
-func (s *Stack) BreakLock() bool { return s.img.hdr.lock.Break() }
+// LockHolder is the process id (as that process sees itself) of the
+// stack lock's holder, 0 if the lock is free (Lock.Holder).
+func (s *Stack) LockHolder() int { return s.img.hdr.lock.Holder() }
+
+// BreakLock lets go the stack lock that process holder (0: whoever)
+// held and died holding (Lock.Break), for onloadd once that process is
+// gone. What the holder left half-done is then read as any image data
+// is: checked at every step, what does not add up counted in
+// ImageCorrupt.
+func (s *Stack) BreakLock(holder int) bool { return s.img.hdr.lock.Break(holder) }
 
 // HoldLock takes the stack lock and keeps it until release is called:
 // for a caller that must freeze the stack (a test of a process that dies

@@ -229,6 +229,7 @@ func (s *Stack) Accept(id SockID) (SockID, error) {
 	child.acceptNext, child.parent = noSlot, noSlot
 	child.tflags &^= tfInAcceptQ | tfOrphan
 	child.tflags |= tfAccepted
+	child.opener = s.proc
 	return s.idOf(child), nil
 }
 

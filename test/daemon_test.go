@@ -18,7 +18,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -46,9 +48,21 @@ func init() {
 	// onloadd, serving the control socket ONLOAD_DAEMON_SOCKET to group
 	// nobody.
 	helpers["onloadd"] = func() error {
-		d, err := daemon.New(daemon.Config{
-			Socket: os.Getenv("ONLOAD_DAEMON_SOCKET"), Group: fmt.Sprint(nobody), Mode: 0o660,
-		})
+		// ONLOAD_TAKEOVER_US and ONLOAD_TAKEOVER_PRIORITY as onloadd serve
+		// takes them (0: never; normal scheduling).
+		env, err := sockets.ConfigFromEnv()
+		if err != nil {
+			return err
+		}
+		cfg := daemon.Config{Socket: os.Getenv("ONLOAD_DAEMON_SOCKET"), Group: fmt.Sprint(nobody), Mode: 0o660,
+			Takeover: env.Takeover, TakeoverPriority: env.TakeoverPrio}
+		if env.Takeover == 0 {
+			cfg.Takeover = -1
+		}
+		if env.TakeoverPrio == 0 {
+			cfg.TakeoverPriority = -1
+		}
+		d, err := daemon.New(cfg)
 		if err != nil {
 			return err
 		}
@@ -184,6 +198,12 @@ func sinkStream(c net.Conn) string {
 	buf, exp := make([]byte, 64<<10), make([]byte, 64<<10)
 	var n int64
 	for {
+		select {
+		case d := <-sinkBusy:
+			busyAll(d)
+			fmt.Println("busy: done")
+		default:
+		}
 		k, err := c.Read(buf)
 		io.ReadFull(want, exp[:k])
 		if !bytes.Equal(buf[:k], exp[:k]) {
@@ -199,8 +219,12 @@ func sinkStream(c net.Conn) string {
 	}
 }
 
-// busy computes for d on the goroutine that reads the commands (the
-// application's main loop, in a long computation), calling into no stack.
+// sinkBusy carries "busy MS" to a sink (sinkStream), which computes
+// for that long before its next read.
+var sinkBusy = make(chan time.Duration, 1)
+
+// busy computes for d, calling into no stack: the application's loop in
+// a long computation.
 func busy(d time.Duration) {
 	end := time.Now().Add(d)
 	x := uint64(1)
@@ -213,6 +237,19 @@ func busy(d time.Duration) {
 }
 
 var spin atomic.Uint64 // keeps busy's work from being optimised away
+
+// busyAll computes for d on as many goroutines as the process has
+// processors (GOMAXPROCS), this one among them: the process is runnable
+// throughout, but its goroutines that would poll the stack wait for the
+// Go scheduler to preempt a computing one (every 10ms or so).
+func busyAll(d time.Duration) {
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) - 1 {
+		wg.Go(func() { busy(d) })
+	}
+	busy(d)
+	wg.Wait()
+}
 
 // sendStream dials addr with d, with a send buffer of n bytes, and
 // writes n bytes of the stream; it says "wrote N" once they are all
@@ -276,7 +313,8 @@ func dialEcho(addr string, n int) error {
 }
 
 // claims reads commands on standard input: "dial ADDR [N]" (dialEcho),
-// "send ADDR N" (sendStream), "busy MS" (busy), and
+// "send ADDR N" (sendStream), "busy MS" (the sink computes for MS
+// before its next read, sinkStream), and
 // "claim PORT STACK": the server
 // tries to take another's port, by listening on it and by asking onloadd
 // to steer it to stack STACK with a socket of its own, and prints each
@@ -287,8 +325,7 @@ func claims() {
 		if rest, ok := strings.CutPrefix(sc.Text(), "busy "); ok {
 			var ms int
 			fmt.Sscan(rest, &ms)
-			busy(time.Duration(ms) * time.Millisecond)
-			fmt.Println("busy: done")
+			sinkBusy <- time.Duration(ms) * time.Millisecond
 			continue
 		}
 		if rest, ok := strings.CutPrefix(sc.Text(), "send "); ok {
@@ -1014,8 +1051,9 @@ func TestDaemonSharedStack(t *testing.T) {
 
 // TestDaemonTakeoverStopped: a kernel client in host a streams to an
 // unprivileged process's sink at a steady rate, and the process stops
-// calling into its stack for 2s: stopped by SIGSTOP, or with its main
-// goroutine busy computing. onloadd polls its stack meanwhile (if the process
+// calling into its stack for 2s: stopped by SIGSTOP, or with the
+// goroutine that reads the stream busy computing (the process's other
+// goroutines wait in the stack, as a server's do). onloadd polls its stack meanwhile (if the process
 // does not): it acknowledges everything the window allows, so the kernel
 // sender retransmits nothing during the stall (without onloadd's
 // takeover a stopped process's segments wait in the ring,
@@ -1027,7 +1065,6 @@ func TestDaemonTakeoverStopped(t *testing.T) {
 		polls := streamThroughStall(t, raceAllowance, func(srv *helperProc, sock string) func() {
 			pid := srv.cmd.Process.Pid
 			stopUnlocked(t, sock, pid, dumpDaemon(t, sock).Stacks[0].ID)
-			time.Sleep(2 * time.Second)
 			return func() { unix.Kill(pid, unix.SIGCONT) }
 		})
 		if polls == 0 {
@@ -1036,14 +1073,18 @@ func TestDaemonTakeoverStopped(t *testing.T) {
 	})
 	t.Run("busy", func(t *testing.T) {
 		streamThroughStall(t, raceAllowance, func(srv *helperProc, _ string) func() {
-			fmt.Fprintf(srv.In, "busy 2000\n")
-			if l, err := srv.line(10 * time.Second); err != nil || l != "busy: done" {
-				t.Errorf("the busy process said %q, %v", l, err)
+			fmt.Fprintf(srv.In, "busy %d\n", stallFor.Milliseconds())
+			return func() {
+				if l, err := srv.line(10 * time.Second); err != nil || l != "busy: done" {
+					t.Errorf("the busy process said %q, %v", l, err)
+				}
 			}
-			return func() {}
 		})
 	})
 }
+
+// stallFor is how long TestDaemonTakeoverStopped's process stalls.
+const stallFor = 2 * time.Second
 
 // raceAllowance is how many retransmissions TestDaemonTakeoverStopped
 // allows during the stall: none, except under the race detector. There
@@ -1055,8 +1096,9 @@ func TestDaemonTakeoverStopped(t *testing.T) {
 var raceAllowance = map[bool]uint32{false: 0, true: math.MaxUint32}[raceEnabled]
 
 // streamThroughStall runs TestDaemonTakeoverStopped's stream, with stall
-// making the process stall for 2s (returning once it has, with what ends
-// the stall). It returns how many times onloadd polled the stack.
+// making the process stall (returning at once, with what ends the stall,
+// which streamThroughStall calls stallFor later). It returns how many
+// times onloadd polled the stack.
 //
 // allowed is how many retransmissions the kernel sender may make during
 // the stall.
@@ -1076,16 +1118,7 @@ func streamThroughStall(t *testing.T, allowed uint32, stall func(srv *helperProc
 		t.Fatal(err)
 	}
 	defer k.Close()
-	retrans := func() uint32 {
-		rc, _ := k.SyscallConn()
-		var n uint32
-		rc.Control(func(fd uintptr) {
-			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
-				n = info.Total_retrans
-			}
-		})
-		return n
-	}
+	retrans := func() uint32 { return tcpInfo(t, k).Total_retrans }
 	// 64 KiB every 5ms (about 13 MB/s) for 4s: the stop comes after 1s.
 	src := stream(1 << 40)
 	chunk := make([]byte, 64<<10)
@@ -1105,9 +1138,12 @@ func streamThroughStall(t *testing.T, allowed uint32, stall func(srv *helperProc
 		wrote <- k.CloseWrite()
 	}()
 	time.Sleep(time.Second)
-	before := retrans()
+	before, countersBefore := retrans(), tcpCounters(t, a)
 	resume := stall(srv, sock)
-	during := retrans() - before
+	// Just before the stall ends: onloadd has acknowledged everything the
+	// window let the sender send, so nothing is in flight.
+	time.Sleep(stallFor - stallFor/20)
+	during, countersAfter, late := retrans()-before, tcpCounters(t, a), tcpInfo(t, k)
 	sentStopped := atomic.LoadInt64(&sent)
 	resume()
 	if err := <-wrote; err != nil {
@@ -1120,13 +1156,71 @@ func streamThroughStall(t *testing.T, allowed uint32, stall func(srv *helperProc
 	if want := fmt.Sprintf("sink: %d ok", atomic.LoadInt64(&sent)); l != want {
 		t.Errorf("the stalled process's sink said %q, want %q", l, want)
 	}
+	if late.Unacked != 0 {
+		t.Errorf("near the end of the stall the kernel sender had %d segments unacknowledged (window %d bytes): nobody acknowledged them", late.Unacked, late.Snd_wnd)
+	}
 	if during > allowed {
-		t.Errorf("the kernel sender retransmitted %d segments while the process stalled (%d allowed): nobody acknowledged them", during, allowed)
+		t.Errorf("the kernel sender retransmitted %d segments while the process stalled (%d allowed): nobody acknowledged them in time; its host's counters moved: %s",
+			during, allowed, CounterDelta(countersBefore, countersAfter))
 	}
 	d := dumpDaemon(t, sock)
 	t.Logf("sent %d bytes, %d by the end of the stall; retransmissions during the stall %d, in all %d; onloadd polled the stack %d times",
 		atomic.LoadInt64(&sent), sentStopped, during, retrans(), d.Stacks[0].Takeovers)
 	return d.Stacks[0].Takeovers
+}
+
+// readStream reads r to its end (or its first error), checking that it
+// carries the stream (stream's bytes from the start), waiting pace
+// between reads (a slow reader); atN is called once n bytes have come.
+// It returns how many bytes came and the error that ended the reading
+// (io.EOF at the end of the stream), or one that says where the stream
+// differed.
+func readStream(r io.Reader, n int, pace time.Duration, atN func()) (int, error) {
+	want, buf, exp := stream(1<<40), make([]byte, 64<<10), make([]byte, 64<<10)
+	got := 0
+	for {
+		m, err := r.Read(buf)
+		io.ReadFull(want, exp[:m])
+		if !bytes.Equal(buf[:m], exp[:m]) {
+			return got, fmt.Errorf("the stream differs within bytes %d-%d", got, got+m)
+		}
+		if got += m; got == n && m > 0 && atN != nil {
+			atN()
+		}
+		if err != nil {
+			return got, err
+		}
+		time.Sleep(pace)
+	}
+}
+
+// tcpInfo reads c's TCP_INFO.
+func tcpInfo(t *testing.T, c *net.TCPConn) *unix.TCPInfo {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info *unix.TCPInfo
+	if cerr := rc.Control(func(fd uintptr) {
+		info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	}); cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatalf("TCP_INFO: %v", err)
+	}
+	return info
+}
+
+// tcpCounters reads h's TCP counters (Host.TCPCounters).
+func tcpCounters(t *testing.T, h *Host) map[string]int64 {
+	t.Helper()
+	m, err := h.TCPCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // TestDaemonOrphan: an unprivileged process writes 16 MiB to a kernel
@@ -1152,28 +1246,26 @@ func TestDaemonOrphan(t *testing.T) {
 	srv.cmd.Process.Kill()
 	killed := time.Now()
 
-	// Read slowly: 64 KiB every 5ms, about 13 MB/s.
+	// Read slowly: at most 64 KiB every 5ms, about 13 MB/s.
 	k.SetReadDeadline(time.Now().Add(30 * time.Second))
-	want, buf, exp := stream(n), make([]byte, 64<<10), make([]byte, 64<<10)
-	var got int
-	var rerr error
-	for rerr == nil {
-		var m int
-		m, rerr = io.ReadFull(k, buf)
-		io.ReadFull(want, exp[:m])
-		if !bytes.Equal(buf[:m], exp[:m]) {
-			t.Fatalf("the stream differs within bytes %d-%d", got, got+m)
-		}
-		got += m
-		time.Sleep(5 * time.Millisecond)
-	}
-	if got != n || (rerr != io.EOF && rerr != io.ErrUnexpectedEOF) {
+	got, rerr := readStream(k, n, 5*time.Millisecond, nil)
+	if got != n || rerr != io.EOF {
 		t.Fatalf("the peer received %d of %d bytes, then %v (want the end of the stream)", got, n, rerr)
 	}
 	t.Logf("after the kill the peer read for %v", time.Since(killed).Round(time.Millisecond))
+	// Data for the dead process is refused with RST, as the kernel
+	// refuses data for a socket whose process closed it.
+	// The peer's writes succeed until the reset has come.
+	var werr error
+	for end := time.Now().Add(5 * time.Second); werr == nil && time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		_, werr = k.Write([]byte("too late"))
+	}
+	if !errors.Is(werr, syscall.ECONNRESET) && !errors.Is(werr, syscall.EPIPE) {
+		t.Errorf("the peer's writes to the dead process: %v, want a reset (ECONNRESET or EPIPE)", werr)
+	}
 	k.Close()
 
-	// The orphan finishes (TIME-WAIT of 500ms) and goes, with every
+	// The orphan finishes (its connection reset) and goes, with every
 	// entry it had in the steering maps.
 	deadline := time.Now().Add(5 * time.Second)
 	for len(dumpDaemon(t, sock).Stacks) != 0 {
@@ -1641,18 +1733,7 @@ func TestDaemonDiesHoldingLock(t *testing.T) {
 	fmt.Fprintln(locker.In, "die")
 	killed := time.Now()
 	k.SetReadDeadline(time.Now().Add(10 * time.Second))
-	want, buf, exp := stream(n), make([]byte, 64<<10), make([]byte, 64<<10)
-	got := 0
-	var rerr error
-	for rerr == nil {
-		var m int
-		m, rerr = k.Read(buf)
-		io.ReadFull(want, exp[:m])
-		if !bytes.Equal(buf[:m], exp[:m]) {
-			t.Fatalf("the stream differs within bytes %d-%d", got, got+m)
-		}
-		got += m
-	}
+	got, rerr := readStream(k, n, 0, nil)
 	if got != n || rerr != io.EOF {
 		t.Fatalf("the peer of the process that died holding its lock received %d of %d bytes, then %v (want the end of the stream)", got, n, rerr)
 	}
@@ -1666,4 +1747,93 @@ func TestDaemonDiesHoldingLock(t *testing.T) {
 	if err := <-fetched; err != nil {
 		t.Errorf("the other process's download: %v", err)
 	}
+}
+
+// TestDaemonSharedStackHolderDies: two unprivileged processes share a
+// stack; one queues 8 MiB to a kernel peer and dies (SIGKILL) holding
+// the stack's lock. The other, whose next operation waits for that lock,
+// goes on within a second: onloadd saw the dead process named in the
+// lock word and broke the lock. It sends 8 MiB of its own, byte-exact;
+// when it exits, both kernel peers have every byte and the end of their
+// stream (the stack, orphaned, finishes them).
+func TestDaemonSharedStackHolderDies(t *testing.T) {
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{})
+	dir, bin := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	lockers := make([]*helperProc, 2)
+	for i := range lockers {
+		lockers[i] = startHelperAs(t, b, nobody, bin, "daemon-locker", "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET="+sock,
+			"ONLOAD_INTERFACE="+b.Iface0().Name, "ONLOAD_LOG=info", "ONLOAD_UMEM_FRAMES=65536", "ONLOAD_TIME_WAIT_MS=500",
+			"ONLOAD_STACK_NAME=shared")
+	}
+	if d := dumpDaemon(t, sock); len(d.Stacks) != 1 || len(d.Stacks[0].Clients) != 2 {
+		t.Fatalf("onloadd's stacks: %+v, want one with two processes", d.Stacks)
+	}
+	const n = 8 << 20
+	// Each process sends n bytes to a kernel listener of its own.
+	peers := make([]net.Conn, 2)
+	for i, l := range lockers {
+		var ln net.Listener
+		if err := a.Do(func() (err error) {
+			ln, err = net.Listen("tcp4", fmt.Sprintf("%s:%d", a.Iface0().Addr(), 7710+i))
+			return
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		fmt.Fprintf(l.In, "send %s:%d %d\n", a.Iface0().Addr(), 7710+i, n)
+		if i == 1 {
+			// The survivor's first operation after the death takes the
+			// lock: it waits until onloadd has broken it.
+			fmt.Fprintln(lockers[0].In, "die")
+		}
+		ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+		k, err := ln.Accept()
+		if err != nil {
+			t.Fatalf("process %d's connection: %v", i, err)
+		}
+		defer k.Close()
+		peers[i] = k
+		if i == 0 {
+			if l, err := l.line(20 * time.Second); err != nil || l != fmt.Sprintf("send: wrote %d", n) {
+				t.Fatalf("the first process said %q, %v", l, err)
+			}
+		}
+	}
+	killed := time.Now()
+	if l, err := lockers[1].line(10 * time.Second); err != nil || l != fmt.Sprintf("send: wrote %d", n) {
+		t.Fatalf("the surviving process said %q, %v (onloadd: %+v)", l, err, dumpDaemon(t, sock).Stacks)
+	}
+	t.Logf("the survivor had queued its %d bytes %v after the other died holding the lock", n, time.Since(killed).Round(time.Millisecond))
+	d := dumpDaemon(t, sock)
+	if len(d.Stacks) != 1 || len(d.Stacks[0].Clients) != 1 || d.Stacks[0].LockBreaks != 1 || d.Stacks[0].Quarantined != "" {
+		t.Errorf("onloadd's stacks after the death: %+v, want one with one process and one lock broken", d.Stacks)
+	}
+	// The dead process's connection closes as its descriptor would: the
+	// peer has every byte, then the end of the stream, while the
+	// survivor lives; then its filters go (after its TIME-WAIT).
+	readAll := func(i int, k net.Conn, atN func()) {
+		k.SetReadDeadline(time.Now().Add(30 * time.Second))
+		if got, err := readStream(k, n, 0, atN); got != n || err != io.EOF {
+			t.Fatalf("process %d's peer received %d of %d bytes, then %v (want the end of the stream; onloadd: %+v)", i, got, n, err, dumpDaemon(t, sock).Stacks)
+		}
+	}
+	readAll(0, peers[0], nil)
+	t.Logf("the dead process's peer had every byte and the end of its stream %v after the kill", time.Since(killed).Round(time.Millisecond))
+	peers[0].Close()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		d := dumpDaemon(t, sock)
+		if len(d.Stacks) != 1 || len(d.Stacks[0].Clients) != 1 {
+			t.Fatalf("onloadd's stacks while the survivor lives: %+v", d.Stacks)
+		}
+		if !strings.Contains(strings.Join(d.Stacks[0].Filters, ";"), "gone") {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the dead process's filters are still there 5s after its connection ended: %q", d.Stacks[0].Filters)
+		}
+	}
+	// The survivor's stream ends when it exits.
+	readAll(1, peers[1], func() { lockers[1].In.Close() })
 }

@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -403,4 +404,47 @@ func (h *Host) KernelEcho(addr string) (net.Listener, error) {
 		}
 	}()
 	return ln, nil
+}
+
+// TCPCounters reads the host's TCP counters (the Tcp and TcpExt lines of
+// /proc/net/snmp and /proc/net/netstat, as nstat shows them: "TCPLossProbes",
+// "RetransSegs"), for a test to say which of the kernel's mechanisms
+// acted.
+func (h *Host) TCPCounters() (map[string]int64, error) {
+	m := map[string]int64{}
+	err := h.Do(func() error {
+		for _, f := range []string{"/proc/thread-self/net/snmp", "/proc/thread-self/net/netstat"} {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return err
+			}
+			lines := strings.Split(string(b), "\n")
+			for i := 0; i+1 < len(lines); i += 2 {
+				names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+				if len(names) != len(values) || len(names) == 0 || (names[0] != "Tcp:" && names[0] != "TcpExt:") {
+					continue
+				}
+				for j := 1; j < len(names); j++ {
+					if v, err := strconv.ParseInt(values[j], 10, 64); err == nil {
+						m[names[j]] = v
+					}
+				}
+			}
+		}
+		return nil
+	})
+	return m, err
+}
+
+// CounterDelta says which counters moved from before to after: "name +n"
+// for each, sorted by name.
+func CounterDelta(before, after map[string]int64) string {
+	var moved []string
+	for k, v := range after {
+		if d := v - before[k]; d != 0 {
+			moved = append(moved, fmt.Sprintf("%s %+d", k, d))
+		}
+	}
+	sort.Strings(moved)
+	return strings.Join(moved, ", ")
 }

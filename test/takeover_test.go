@@ -76,7 +76,7 @@ func TestTakeover(t *testing.T) {
 		read <- err
 	}()
 	time.Sleep(50 * time.Millisecond)
-	if unacked(t, k) == 0 {
+	if tcpInfo(t, k).Unacked == 0 {
 		t.Fatal("the kernel's data was acknowledged while nobody polled")
 	}
 
@@ -112,7 +112,7 @@ func TestTakeover(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the kernel did not get the second process's mebibyte")
 	}
-	if n := unacked(t, k); n != 0 {
+	if n := tcpInfo(t, k).Unacked; n != 0 {
 		t.Fatalf("after the second process, the kernel still has %d unacknowledged segments", n)
 	}
 
@@ -140,20 +140,6 @@ func TestTakeover(t *testing.T) {
 	if string(got) != "and back" {
 		t.Fatalf("owner read %q after the takeover, want %q (%s)", got, "and back", s.DumpSocket(id))
 	}
-}
-
-// unacked is the number of segments the kernel's connection has in flight.
-func unacked(t *testing.T, k *net.TCPConn) uint32 {
-	raw, err := k.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var info *unix.TCPInfo
-	raw.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info.Unacked
 }
 
 // TestTakeoverHelper is the second process of TestTakeover: it maps the

@@ -41,11 +41,15 @@ func serve(args []string, stderr io.Writer) error {
 		return fmt.Errorf("serve: %w", err)
 	}
 	takeover := fs.Duration("takeover", env.Takeover, "how long a stack with work waiting may go unpolled by its processes before onloadd polls it for them (0: never; default ONLOAD_TAKEOVER_US)")
+	prio := fs.Int("takeover-priority", env.TakeoverPrio, "the SCHED_FIFO priority (1-99) of the threads that poll stacks for their processes (0: normal scheduling; default ONLOAD_TAKEOVER_PRIORITY)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *takeover < 0 {
 		return fmt.Errorf("serve: -takeover %v: a duration of 0 or more", *takeover)
+	}
+	if *prio < 0 || *prio > 99 {
+		return fmt.Errorf("serve: -takeover-priority %d: a real-time priority from 1 to 99, or 0 for normal scheduling", *prio)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("serve: unexpected arguments %q", fs.Args())
@@ -66,6 +70,9 @@ func serve(args []string, stderr io.Writer) error {
 	cfg := daemon.Config{Socket: *sock, Mode: os.FileMode(m), Group: *group, Log: slog.New(h), Takeover: *takeover}
 	if *takeover == 0 {
 		cfg.Takeover = -1 // never
+	}
+	if cfg.TakeoverPriority = *prio; *prio == 0 {
+		cfg.TakeoverPriority = -1 // normal scheduling
 	}
 	for _, s := range strings.Split(*ifaces, ",") {
 		if s = strings.TrimSpace(s); s != "" {
@@ -186,6 +193,9 @@ func stackdump(args []string, out io.Writer) error {
 		}
 		if s.Quarantined != "" {
 			fmt.Fprintf(out, "  quarantined: %s; no frame reaches it\n", s.Quarantined)
+		}
+		if s.LockBreaks > 0 {
+			fmt.Fprintf(out, "  onloadd broke its lock %d times: a process died holding it\n", s.LockBreaks)
 		}
 		if s.Orphan {
 			fmt.Fprintf(out, "  orphan: its processes are gone; onloadd finishes its %d sockets (closing, or in TIME-WAIT)\n", s.InUse)

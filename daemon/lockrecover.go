@@ -1,0 +1,107 @@
+package daemon
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Locks of dead processes. The stack lock's word names its holder's
+// process (stack.Lock.Holder), set in the step that takes it. When a
+// process of a shared stack goes while others stay, onloadd looks at the
+// lock: if the process that went holds it, and is dead (its pidfd says
+// it exited: a process that merely closed its control connection, or is
+// stopped, keeps its lock), onloadd breaks the lock so that the others
+// go on, then polls the stack itself with the engine's checks watched.
+// What the dead holder left half-done is read as any image data is:
+// checked at every step. If the poll finds what does not add up (or
+// panics), the stack is quarantined: its filters go, and its processes'
+// connections see no more frames.
+//
+// When the last process of a stack goes, orphanLocked breaks a lock it
+// left held in the same way.
+
+// exitWait bounds how long onloadd waits for a process whose control
+// connection closed to be seen to exit: the kernel closes a dying
+// process's descriptors a moment before it reports the exit.
+const exitWait = time.Second
+
+// recoverLockLocked breaks s's lock if c, which has just left s, died
+// holding it.
+func (d *Daemon) recoverLockLocked(s *dstack, c *client) {
+	h := s.st.LockHolder()
+	if h == 0 || h != c.selfPid || s.quarantined != "" {
+		return
+	}
+	for o := range s.clients {
+		if o.selfPid == h {
+			// Processes in different pid namespaces may see themselves
+			// with the same id: the lock may be the other's.
+			d.log.Warn("stack lock held by a process id two of its processes have; left alone", "stack", s.id, "pid", h)
+			return
+		}
+	}
+	if !c.exited(exitWait) {
+		d.log.Warn("a process left a stack holding its lock and still runs; its other processes wait for it", "stack", s.id, "process", c.String())
+		return
+	}
+	corrupt := s.st.CorruptSeen()
+	if !s.st.BreakLock(h) {
+		return // let go meanwhile (it was not dead after all when it took it)
+	}
+	s.lockBreaks++
+	d.log.Warn("stack lock recovered: a process died holding it", "stack", s.id, "process", c.String(), "others", s.clientNames())
+	err := guard(func() { s.st.TryPoll() })
+	if n := s.st.CorruptSeen() - corrupt; err == nil && n != 0 {
+		err = fmt.Errorf("the engine found %d inconsistencies in what the dead holder left", n)
+	}
+	if err != nil {
+		d.quarantineLocked(s, "a process died holding the stack lock: "+err.Error())
+	}
+}
+
+// exited reports whether c's process has exited, waiting up to wait for
+// it; false if the kernel gave no pidfd for it.
+func (c *client) exited(wait time.Duration) bool {
+	if c.pidfd < 0 {
+		return false
+	}
+	fds := []unix.PollFd{{Fd: int32(c.pidfd), Events: unix.POLLIN}}
+	ts := unix.NsecToTimespec(int64(wait))
+	for {
+		n, err := unix.Ppoll(fds, &ts, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		return err == nil && n == 1
+	}
+}
+
+// clientProcess opens a pidfd for the process pid (as onloadd sees it)
+// and reads the id that process has in its own pid namespace (the last
+// of /proc/PID/status's NSpid); pidfd is -1 if the kernel gives none.
+func clientProcess(pid int) (pidfd, selfPid int) {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		pidfd = -1
+	}
+	selfPid = pid
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return pidfd, selfPid
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			if f := strings.Fields(rest); len(f) > 0 {
+				if p, err := strconv.Atoi(f[len(f)-1]); err == nil && p > 0 {
+					selfPid = p
+				}
+			}
+		}
+	}
+	return pidfd, selfPid
+}
