@@ -337,7 +337,7 @@ func TestLockHolder(t *testing.T) {
 func TestLockHelperProcess(t *testing.T) {
 	mode := os.Getenv("LOCK_HELPER")
 	if mode == "" {
-		t.Skip("helper process for TestLockAcrossProcesses")
+		t.Skip("helper process for TestLockAcrossProcesses and TestLockHolder")
 	}
 	s := mapShared(t, 3)
 	switch mode {
