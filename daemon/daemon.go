@@ -74,6 +74,8 @@ type Daemon struct {
 	wg      sync.WaitGroup
 
 	prioWarned sync.Once // the watchers' priority could not be set
+
+	reapKick chan struct{} // wakes the reaper (kickReaper)
 }
 
 // ErrRunning is returned by New when another onloadd holds the socket.
@@ -110,7 +112,7 @@ func New(cfg Config) (*Daemon, error) {
 	d := &Daemon{
 		cfg: cfg, log: cfg.Log,
 		ifaces: map[string]*iface{}, stacks: map[bpf.StackID]*dstack{}, named: map[string]*dstack{},
-		clients: map[*client]struct{}{}, nextID: 1,
+		clients: map[*client]struct{}{}, nextID: 1, reapKick: make(chan struct{}, 1),
 	}
 	lockPath := cfg.Socket + ".lock"
 	f, err := os.OpenFile(lockPath, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o644)

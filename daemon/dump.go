@@ -48,6 +48,9 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 			}
 			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s:%d (pid %d%s)", k.Proto, k.Addr, k.Port, f.owner.cred.Pid, gone))
 		}
+		for f := range s.flows {
+			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s -> %s (flow: a connection of a process that went)", f.Proto, f.Local, f.Remote))
+		}
 		sort.Strings(sd.Filters)
 		sd.Orphan, sd.InUse, sd.Quarantined = !s.orphanSince.IsZero(), s.st.InUse(), s.quarantined
 		sd.LockBreaks, sd.LockHolder = s.lockBreaks, s.st.LockHolder()

@@ -21,7 +21,7 @@ type filter struct {
 	rule  int // the n-tuple rule's location (steerNtuple), or -1
 	// gone: the owner's process is gone; the filter stays while the
 	// stack's sockets use the port (its connections finishing), then the
-	// reaper removes it (dropUnusedFiltersLocked).
+	// reaper removes it (settleGoneFiltersLocked).
 	gone bool
 }
 

@@ -7,7 +7,6 @@ import (
 
 	"github.com/xdp-onload/onload/bpf"
 	"github.com/xdp-onload/onload/control"
-	"github.com/xdp-onload/onload/stack"
 )
 
 // Orphan stacks. When the last process of a stack is gone (it exited,
@@ -33,6 +32,7 @@ func (d *Daemon) orphanLocked(s *dstack) {
 		d.releaseStackLocked(s)
 		return
 	}
+	s.abandoned = nil // all of them now
 	closed, ok, err := closeAbandoned(s)
 	if h := s.st.LockHolder(); err == nil && !ok && h != 0 && h != os.Getpid() && s.st.BreakLock(h) {
 		// Every process of the stack is gone, and one died holding its
@@ -67,10 +67,25 @@ func (d *Daemon) orphanLocked(s *dstack) {
 	for _, f := range s.filters {
 		f.gone = true
 	}
+	d.settleGoneFiltersLocked(s)
 	if s.name != "" && d.named[s.name] == s {
 		delete(d.named, s.name) // a new process with the name gets a new stack
 	}
 	d.log.Info("stack orphaned: its processes are gone; onloadd finishes its connections", "stack", s.id, "closed", closed, "in_use", s.st.InUse())
+}
+
+// adoptableLocked finds an orphan stack on ifc that client c may take as
+// its own when no queue is free: one of c's user (or any, for root),
+// named name (or unnamed if name is ""), whose watch found nothing wrong.
+func (d *Daemon) adoptableLocked(c *client, ifc *iface, name string) *dstack {
+	for _, s := range d.stacks {
+		if s.ifc != ifc || s.orphanSince.IsZero() || s.quarantined != "" || s.name != name ||
+			s.watch == nil || s.watch.err.Load() != nil || (c.cred.Uid != 0 && int(c.cred.Uid) != s.uid) {
+			continue
+		}
+		return s
+	}
+	return nil
 }
 
 // killLocked ends orphan stack id for client c: its connections are
@@ -98,45 +113,30 @@ func closeAbandoned(s *dstack) (closed int, ok bool, err error) {
 	return
 }
 
-// closeAbandonedBy is stack.CloseAbandonedBy for client c's process,
-// guarded as closeAbandoned is.
-func closeAbandonedBy(s *dstack, c *client) (closed int, ok bool, err error) {
-	err = guard(func() { closed, ok = s.st.CloseAbandonedBy(c.selfPid, 100*time.Millisecond) })
-	return
-}
-
-// dropUnusedFiltersLocked removes the filters of s whose owner is gone
-// and whose port none of s's sockets uses any more: the port is the
-// kernel's (or a new process's) again.
-func (d *Daemon) dropUnusedFiltersLocked(s *dstack) {
-	var gone []bpf.Listener
-	for k, f := range s.filters {
-		if f.gone {
-			gone = append(gone, k)
+// closeGoneLocked closes the sockets of the processes of s that went
+// while others stayed (s.abandoned), as their descriptors would close
+// (stack.CloseAbandonedBy, guarded as closeAbandoned is), waiting at most
+// wait for the stack's lock for each; those whose lock stayed busy wait
+// for the reaper's next round.
+func (d *Daemon) closeGoneLocked(s *dstack, wait time.Duration) {
+	left := s.abandoned[:0]
+	for _, pid := range s.abandoned {
+		var closed int
+		var ok bool
+		if err := guard(func() { closed, ok = s.st.CloseAbandonedBy(pid, wait) }); err != nil {
+			d.quarantineLocked(s, "closing the sockets of a process that went: "+err.Error())
+			s.abandoned = nil
+			return
+		}
+		if !ok {
+			left = append(left, pid)
+			continue
+		}
+		if closed > 0 {
+			d.log.Info("a process of a shared stack went; onloadd finishes its connections", "stack", s.id, "pid", pid, "closed", closed)
 		}
 	}
-	if len(gone) == 0 || s.quarantined != "" {
-		return
-	}
-	var rows []stack.SocketRow
-	var ok bool
-	if err := guard(func() { rows, ok = s.st.TrySockets() }); err != nil || !ok {
-		return // the watcher's checks judge the image; look again later
-	}
-	used := map[bpf.Listener]bool{}
-	for _, r := range rows {
-		p := bpf.TCP
-		if r.Proto == "udp" {
-			p = bpf.UDP
-		}
-		used[bpf.Listener{Proto: p, Port: r.Local.Port()}] = true
-	}
-	for _, k := range gone {
-		if !used[bpf.Listener{Proto: k.Proto, Port: k.Port}] {
-			d.log.Debug("filter of a process that went removed: no socket uses its port", "stack", s.id, "proto", k.Proto.String(), "port", k.Port)
-			d.removeFilterLocked(s, k)
-		}
-	}
+	s.abandoned = left
 }
 
 // guard runs f, which reads a client's image, and turns a panic into an
@@ -165,15 +165,21 @@ func (d *Daemon) quarantineLocked(s *dstack, why string) {
 	for k := range s.filters {
 		d.removeFilterLocked(s, k)
 	}
+	for f := range s.flows {
+		d.removeFlowLocked(s, f)
+	}
 	if err := s.ifc.steer.ClearSocket(s.id, s.queue); err != nil {
 		d.log.Warn("quarantine", "stack", s.id, "err", err)
 	}
 	d.log.Error("stack quarantined: its image is corrupt", "stack", s.id, "why", why, "processes", s.clientNames())
 }
 
-// reap releases the orphan stacks whose sockets are all gone, and
+// reap releases the orphan stacks whose sockets are all gone, closes
+// the sockets and settles the ports of processes that went, and
 // quarantines the stacks whose watcher found their image corrupt, until
-// done is closed.
+// done is closed. It looks every reapEvery while any stack needs it
+// (reapable), and sleeps otherwise until kickReaper: a daemon whose
+// stacks are all alive and well does nothing.
 func (d *Daemon) reap(done <-chan struct{}) {
 	t := time.NewTicker(reapEvery)
 	defer t.Stop()
@@ -182,32 +188,76 @@ func (d *Daemon) reap(done <-chan struct{}) {
 		case <-done:
 			return
 		case <-t.C:
+		case <-d.reapKick:
 		}
 		d.mu.Lock()
+		d.reapLocked()
+		busy := false
 		for _, s := range d.stacks {
-			if w := s.watch; w != nil && s.quarantined == "" {
-				if e := w.err.Load(); e != nil {
-					if !s.orphanSince.IsZero() {
-						d.log.Error("orphan stack released: its image is corrupt", "stack", s.id, "why", *e)
-						d.releaseStackLocked(s)
-						continue
-					}
-					d.quarantineLocked(s, *e)
-				}
-			}
-			d.dropUnusedFiltersLocked(s)
-			if s.orphanSince.IsZero() {
-				continue
-			}
-			switch {
-			case s.st.InUse() == 0:
-				d.log.Info("orphan stack finished", "stack", s.id, "after", time.Since(s.orphanSince).Round(time.Millisecond).String())
-				d.releaseStackLocked(s)
-			case time.Since(s.orphanSince) > orphanMax:
-				d.log.Warn("orphan stack given up: its connections did not finish", "stack", s.id, "in_use", s.st.InUse(), "after", orphanMax.String())
-				d.releaseStackLocked(s)
-			}
+			busy = busy || s.reapable()
 		}
 		d.mu.Unlock()
+		if busy {
+			t.Reset(reapEvery)
+		} else {
+			t.Stop()
+		}
+	}
+}
+
+// kickReaper makes the reaper look now, and then every reapEvery while
+// there is something for it to do.
+func (d *Daemon) kickReaper() {
+	select {
+	case d.reapKick <- struct{}{}:
+	default:
+	}
+}
+
+// reapable reports whether s needs the reaper: an orphan, sockets or
+// ports of processes that went, or a watch that found the image corrupt.
+func (s *dstack) reapable() bool {
+	if !s.orphanSince.IsZero() || len(s.abandoned) > 0 || len(s.flows) > 0 {
+		return true
+	}
+	if w := s.watch; w != nil && s.quarantined == "" && w.err.Load() != nil {
+		return true
+	}
+	for _, f := range s.filters {
+		if f.gone {
+			return true
+		}
+	}
+	return false
+}
+
+// reapLocked is one round of the reaper.
+func (d *Daemon) reapLocked() {
+	for _, s := range d.stacks {
+		if w := s.watch; w != nil && s.quarantined == "" {
+			if e := w.err.Load(); e != nil {
+				if !s.orphanSince.IsZero() {
+					d.log.Error("orphan stack released: its image is corrupt", "stack", s.id, "why", *e)
+					d.releaseStackLocked(s)
+					continue
+				}
+				d.quarantineLocked(s, *e)
+			}
+		}
+		if len(s.abandoned) > 0 && s.quarantined == "" {
+			d.closeGoneLocked(s, 10*time.Millisecond)
+		}
+		d.settleGoneFiltersLocked(s)
+		if s.orphanSince.IsZero() {
+			continue
+		}
+		switch {
+		case s.st.InUse() == 0:
+			d.log.Info("orphan stack finished", "stack", s.id, "after", time.Since(s.orphanSince).Round(time.Millisecond).String())
+			d.releaseStackLocked(s)
+		case time.Since(s.orphanSince) > orphanMax:
+			d.log.Warn("orphan stack given up: its connections did not finish", "stack", s.id, "in_use", s.st.InUse(), "after", orphanMax.String())
+			d.releaseStackLocked(s)
+		}
 	}
 }

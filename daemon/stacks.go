@@ -32,7 +32,10 @@ type dstack struct {
 	nicCfg  vnic.XDPConfig
 	clients map[*client]struct{}
 	filters map[bpf.Listener]*filter
-	watch   *watcher // polls the stack when its processes do not (watch.go)
+	// flows are the connections steered to the stack one by one, whose
+	// port's filter went with their process (ports.go).
+	flows map[bpf.Flow]struct{}
+	watch *watcher // polls the stack when its processes do not (watch.go)
 	// orphanSince is when the stack's last process went, if it has
 	// (orphan.go).
 	orphanSince time.Time
@@ -41,6 +44,10 @@ type dstack struct {
 	// lockBreaks counts the locks onloadd broke, of processes that died
 	// holding the stack's (lockrecover.go).
 	lockBreaks uint64
+	// abandoned are the processes (their ids as they see themselves)
+	// that went while others stayed, whose sockets are still to close:
+	// the stack's lock was busy when they went (closeGoneLocked).
+	abandoned []int
 }
 
 // Bounds on what a client may ask for: memory is the daemon's to give.
@@ -81,6 +88,18 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 	}
 	q := ifc.freeQueue()
 	if q < 0 {
+		if s := d.adoptableLocked(c, ifc, req.Name); s != nil {
+			// The queue's stack is an orphan of the same user: the new
+			// process joins it, as a process joins a shared stack, and
+			// its connections finish beside the new process's (a
+			// server restarted at once on a NIC with one queue).
+			s.orphanSince = time.Time{}
+			if s.name != "" {
+				d.named[s.name] = s
+			}
+			d.log.Info("orphan stack adopted: no queue was free, and a process of its user asked for a stack", "stack", s.id, "client", c.String())
+			return s, true, nil
+		}
 		return nil, false, refuse(codeExhausted, "every queue of %s has a stack (%s): share one with ONLOAD_STACK_NAME, or give the interface more queues (ethtool -L)", ifc.name, ifc.holders())
 	}
 	id, ok := d.freeIDLocked()
@@ -123,7 +142,7 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 	}
 	s := &dstack{
 		id: id, name: req.Name, uid: int(c.cred.Uid), ifc: ifc, queue: q, nic: nic, st: st, addr: sc.Addr,
-		nicCfg: nc, clients: map[*client]struct{}{}, filters: map[bpf.Listener]*filter{},
+		nicCfg: nc, clients: map[*client]struct{}{}, filters: map[bpf.Listener]*filter{}, flows: map[bpf.Flow]struct{}{},
 	}
 	st.SetWatcher()
 	if err := d.startWatch(s); err != nil {
@@ -184,6 +203,7 @@ func (d *Daemon) freeIDLocked() (bpf.StackID, bool) {
 // out leaves the stack an orphan, its filters in place: its connections'
 // frames must still reach it while onloadd finishes them (orphan.go).
 func (d *Daemon) leaveLocked(c *client, s *dstack) {
+	defer d.kickReaper()
 	delete(s.clients, c)
 	if len(s.clients) == 0 {
 		d.orphanLocked(s)
@@ -193,15 +213,8 @@ func (d *Daemon) leaveLocked(c *client, s *dstack) {
 	if s.quarantined == "" {
 		// The sockets c's process opened close as its descriptors
 		// would; its filters stay while they finish.
-		closed, ok, err := closeAbandonedBy(s, c)
-		switch {
-		case err != nil:
-			d.quarantineLocked(s, "closing the sockets of a process that went: "+err.Error())
-		case !ok:
-			d.log.Warn("a process of a shared stack went; its sockets stay open until the stack's lock is free and its last process goes", "stack", s.id, "process", c.String())
-		case closed > 0:
-			d.log.Info("a process of a shared stack went; onloadd finishes its connections", "stack", s.id, "process", c.String(), "closed", closed)
-		}
+		s.abandoned = append(s.abandoned, c.selfPid)
+		d.closeGoneLocked(s, 100*time.Millisecond)
 	}
 	for k, f := range s.filters {
 		if f.owner == c {
@@ -212,6 +225,7 @@ func (d *Daemon) leaveLocked(c *client, s *dstack) {
 			}
 		}
 	}
+	d.settleGoneFiltersLocked(s)
 }
 
 // releaseStackLocked removes the stack's filters and socket from the
@@ -224,6 +238,9 @@ func (d *Daemon) releaseStackLocked(s *dstack) {
 	}
 	for k := range s.filters {
 		d.removeFilterLocked(s, k)
+	}
+	for f := range s.flows {
+		d.removeFlowLocked(s, f)
 	}
 	s.watch.end()
 	var errs []error

@@ -154,6 +154,7 @@ func (w *watcher) poll(d *Daemon) (ok bool) {
 		if r := recover(); r != nil {
 			msg := fmt.Sprintf("%v", r)
 			w.err.Store(&msg)
+			d.kickReaper()
 			d.log.Error("stack watcher stopped: polling the stack's image failed", "stack", w.s.id, "panic", msg, "stack_trace", string(debug.Stack()))
 			ok = false
 		}
@@ -165,6 +166,7 @@ func (w *watcher) poll(d *Daemon) (ok bool) {
 	if after := w.s.st.CorruptSeen(); after != before {
 		msg := fmt.Sprintf("the engine found %d inconsistencies in the image while onloadd polled it", after-before)
 		w.err.Store(&msg)
+		d.kickReaper()
 		d.log.Error("stack watcher stopped: its image is corrupt", "stack", w.s.id, "what", msg)
 		return false
 	}

@@ -276,7 +276,8 @@ func (s *Stack) findLocked(kind uint8, laddr [4]byte, lport uint16, raddr [4]byt
 // addr, or on any address if addr is the wildcard (and, bound to the
 // wildcard, clashes with every address).
 //
-// With reuse (SO_REUSEADDR), connections in TIME-WAIT do not count.
+// With reuse (SO_REUSEADDR), connections in TIME-WAIT, and connections
+// that have SO_REUSEADDR too, do not count.
 func (s *Stack) portInUseLocked(kind uint8, addr [4]byte, port uint16, reuse bool) bool {
 	var zero [4]byte
 	for i := range s.img.socks {
@@ -284,7 +285,13 @@ func (s *Stack) portInUseLocked(kind uint8, addr [4]byte, port uint16, reuse boo
 		if sk.kind != kind || sk.flags&sfBound == 0 || sk.localPort != port {
 			continue
 		}
-		if reuse && sk.kind == kindTCP && sk.state == tcpTimeWait {
+		// SO_REUSEADDR on both (a connection accepted from a listener
+		// that had it has it too) lets a socket bind beside TCP
+		// connections: a server restarted while its predecessor's
+		// connections finish (as Linux's inet_csk_bind_conflict lets
+		// it). TIME-WAIT never holds the port against it. A listener,
+		// or a socket only bound, always does.
+		if reuse && sk.kind == kindTCP && (sk.state == tcpTimeWait || sk.state != tcpListen && sk.flags&sfConnected != 0 && sk.tflags&tfReuseAddr != 0) {
 			continue
 		}
 		if addr == zero || sk.localAddr == zero || sk.localAddr == addr {

@@ -280,6 +280,53 @@ func TestTCPReuseAddr(t *testing.T) {
 	}
 }
 
+// TestTCPReuseAddrRestart: a server restarted while a connection its
+// predecessor accepted lives on binds and listens on the port again with
+// SO_REUSEADDR (the listener had it, so the connection has it too), as
+// on Linux; without it, or beside a listener, the port is taken. The old
+// connection still carries data.
+func TestTCPReuseAddrRestart(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	open := func(reuse int) stack.SockID {
+		l, err := b.Open(stack.TCP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.SetOption(l, stack.ReuseAddr, reuse); err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	any80 := netip.AddrPortFrom(netip.Addr{}, 80)
+	l := open(1)
+	if err := b.Bind(l, any80); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Listen(l, 0); err != nil {
+		t.Fatal(err)
+	}
+	listeners[b] = l
+	c, s := connectPair(t, a, b, poll)
+	if err := b.Bind(open(1), any80); !errors.Is(err, syscall.EADDRINUSE) {
+		t.Errorf("bind beside a listener, with SO_REUSEADDR: %v, want EADDRINUSE", err)
+	}
+	b.Close(l) // the old server goes; its connection stays
+	if err := b.Bind(open(0), any80); !errors.Is(err, syscall.EADDRINUSE) {
+		t.Errorf("bind beside a connection without SO_REUSEADDR: %v, want EADDRINUSE", err)
+	}
+	l2 := open(1)
+	if err := b.Bind(l2, any80); err != nil {
+		t.Fatalf("bind beside a connection with SO_REUSEADDR: %v", err)
+	}
+	if err := b.Listen(l2, 0); err != nil {
+		t.Fatalf("listen beside a connection: %v", err)
+	}
+	if got := transfer(t, a, c, b, s, []byte("still here"), poll, 5*time.Second); string(got) != "still here" {
+		t.Errorf("the old connection carried %q after the new listener came", got)
+	}
+}
+
 // TestTCPHalfClosedKeepalive keeps a half-closed connection (the client
 // shut down writing and sits in FIN-WAIT-2, still reading) open past its
 // keepalive time: the keepalive timer must probe it, not end it as if it

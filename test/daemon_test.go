@@ -3,6 +3,7 @@ package test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -147,7 +148,8 @@ func init() {
 			}
 			u.Close()
 		}
-		ln, err := sockets.Listen("tcp", ":0")
+		// ONLOAD_TEST_PORT: the port to serve HTTP on (default: any).
+		ln, err := sockets.Listen("tcp", ":"+cmp.Or(os.Getenv("ONLOAD_TEST_PORT"), "0"))
 		if err != nil {
 			return err
 		}
@@ -1385,6 +1387,82 @@ func dialAndEcho(addr string) error {
 	return nil
 }
 
+// TestDaemonOrphanRestart: a server killed mid-response is restarted at
+// once on the same port, as a kernel server can be (SO_REUSEADDR). The
+// interface has one queue, which the dead server's orphan stack holds:
+// the new process, of the same user, adopts that stack. It listens on
+// the port and serves, while the dead one's connection finishes beside
+// it, steered by a flow entry of its own (the port's filter went with
+// the listener). The old client reads what the dead server had written,
+// byte-exact, and then the end of the stream; then the flow entry goes.
+func TestDaemonOrphanRestart(t *testing.T) {
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{})
+	dir, bin := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	const port = 7730
+	srv1, _ := daemonServer(t, b, dir, bin, sock, fmt.Sprintf("ONLOAD_TEST_PORT=%d", port), "ONLOAD_TIME_WAIT_MS=500")
+	addr := netip.AddrPortFrom(b.Iface0().Addr(), port).String()
+	// A slow download: the server is in the middle of writing 64 MiB.
+	var old net.Conn
+	if err := a.Do(func() error {
+		d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+			return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 64<<10) })
+		}}
+		c, err := d.Dial("tcp4", addr)
+		old = c
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	old.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.WriteString(old, "GET /big?n=67108864 HTTP/1.0\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	head := make([]byte, 256<<10)
+	if _, err := io.ReadFull(old, head); err != nil {
+		t.Fatal(err)
+	}
+	srv1.cmd.Process.Kill()
+	killed := time.Now()
+	srv2, _ := daemonServer(t, b, dir, bin, sock, fmt.Sprintf("ONLOAD_TEST_PORT=%d", port))
+	defer srv2.In.Close()
+	t.Logf("the new server listened on port %d %v after the old one was killed", port, time.Since(killed).Round(time.Millisecond))
+	d := dumpDaemon(t, sock)
+	if len(d.Stacks) != 1 || d.Stacks[0].Orphan || len(d.Stacks[0].Clients) != 1 || len(d.Interfaces) != 1 || d.Interfaces[0].Flows != 1 {
+		t.Errorf("onloadd after the restart: stacks %+v, interfaces %+v; want the orphan adopted by the new server, and the old connection's flow entry", d.Stacks, d.Interfaces)
+	}
+	resp, err := rawGet(a, addr, "/big?n=1048576", nil)
+	if _, body, _ := bytes.Cut(resp, []byte("\r\n\r\n")); err != nil || !bytes.Equal(body, streamBytes(1<<20)) {
+		t.Fatalf("the new server's answer: %d bytes, %v", len(resp), err)
+	}
+	// The old download: what the dead server had written, then the end.
+	rest, err := io.ReadAll(old)
+	if err != nil {
+		t.Fatalf("the old download after %d bytes: %v, want the end of the stream", len(head)+len(rest), err)
+	}
+	_, body, _ := bytes.Cut(append(head, rest...), []byte("\r\n\r\n"))
+	if len(body) == 0 || len(body) >= 64<<20 || !bytes.Equal(body, streamBytes(len(body))) {
+		t.Fatalf("the old download's body: %d bytes, want a byte-exact part of the 64 MiB", len(body))
+	}
+	t.Logf("the old download ended after %d bytes, %v after the kill", len(body), time.Since(killed).Round(time.Millisecond))
+	old.Close()
+	// After its TIME-WAIT (500ms) the old connection's flow entry goes.
+	for end := time.Now().Add(5 * time.Second); dumpDaemon(t, sock).Interfaces[0].Flows != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the old connection's flow entry is still there 5s after it ended: %+v", dumpDaemon(t, sock).Stacks)
+		}
+	}
+}
+
+// streamBytes is the first n bytes of stream.
+func streamBytes(n int) []byte {
+	b := make([]byte, n)
+	io.ReadFull(stream(int64(n)), b)
+	return b
+}
+
 // TestDaemonOrphanKill: an orphan whose peer never reads would wait for
 // ever (up to onloadd's limit); stackdump shows it as an orphan with its
 // socket, and "stackdump kill" ends it: the peer gets a reset, and the
@@ -1782,20 +1860,31 @@ func TestDaemonIdleCPU(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond) // the spin period and the last ACKs
 	pid := daemon.cmd.Process.Pid
+	polls0 := dumpDaemon(t, sock).Stacks[0].Takeovers
+	time.Sleep(100 * time.Millisecond) // the dump's own work done
 	before, err := cpuTicks(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
+	run0, n0, _ := cpuUse(pid)
 	appBefore, _ := cpuTicks(srv.cmd.Process.Pid)
 	time.Sleep(3 * time.Second)
 	after, _ := cpuTicks(pid)
+	run1, n1, _ := cpuUse(pid)
 	appAfter, _ := cpuTicks(srv.cmd.Process.Pid)
-	t.Logf("over 3s: onloadd used %d clock ticks, the process with 100 idle connections %d", after-before, appAfter-appBefore)
-	// The race detector's runtime does some work of its own: its build
-	// gets a few ticks more.
-	allowed := map[bool]int64{false: 1, true: 5}[raceEnabled]
-	if after-before > allowed {
-		t.Errorf("onloadd used %d ms of CPU in 3s watching an idle stack, want none (at most %d ticks)", (after-before)*1000/clockTicks, allowed)
+	polls1 := dumpDaemon(t, sock).Stacks[0].Takeovers
+	t.Logf("over 3s: onloadd used %d clock ticks (it ran %v, %d times; it polled the stack %d times), the process with 100 idle connections %d",
+		after-before, run1-run0, n1-n0, polls1-polls0, appAfter-appBefore)
+	// Nothing to do costs next to nothing: onloadd's threads sleep (its
+	// watcher in ppoll for up to a second at a time, its reaper until
+	// there is something to reap), and wake a few times a second: 2-3 ms
+	// of CPU and 20-70 wake-ups in 3 s here, the Go runtime's own
+	// included (it was 11 ms and 300 with a reaper that looked every
+	// 100 ms). The bound is 6 ms and 150. The race detector's runtime
+	// does some work of its own: its build gets four times that.
+	scale := map[bool]int64{false: 1, true: 4}[raceEnabled]
+	if run := run1 - run0; run > time.Duration(scale)*6*time.Millisecond || n1-n0 > scale*150 {
+		t.Errorf("onloadd ran %v, %d times, in 3s watching an idle stack (%d clock ticks), want next to nothing", run, n1-n0, after-before)
 	}
 }
 
