@@ -7,9 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime/metrics"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -64,6 +67,54 @@ func listenOurs(t *testing.T, h *Host, s *sockets.Stack) net.Listener {
 	}
 	t.Cleanup(func() { ln.Close() })
 	return ln
+}
+
+// schedWaits follows the Go scheduler's record of how long runnable
+// goroutines waited for a processor (runtime/metrics'
+// /sched/latencies:seconds), sampled by the watchdog: for each sample,
+// a lower bound of the longest wait that ended since the one before.
+type schedWaits struct {
+	m       []metrics.Sample
+	counts  []uint64
+	samples []schedSample // the last few seconds'
+}
+
+type schedSample struct {
+	at      int64         // UnixNano
+	longest time.Duration // the longest wait that ended since the sample before
+}
+
+func (s *schedWaits) sample(now time.Time) {
+	if s.m == nil {
+		s.m = []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	}
+	metrics.Read(s.m)
+	if s.m[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return
+	}
+	h := s.m[0].Value.Float64Histogram()
+	var longest time.Duration
+	for i, c := range h.Counts {
+		if i < len(s.counts) && c > s.counts[i] && !math.IsInf(h.Buckets[i], 0) {
+			longest = max(longest, time.Duration(h.Buckets[i]*float64(time.Second)))
+		}
+	}
+	s.counts = append(s.counts[:0], h.Counts...)
+	s.samples = append(s.samples, schedSample{now.UnixNano(), longest})
+	if len(s.samples) > 1000 {
+		s.samples = append(s.samples[:0], s.samples[len(s.samples)-500:]...)
+	}
+}
+
+// longest is the longest wait that ended after since (UnixNano).
+func (s *schedWaits) longest(since int64) time.Duration {
+	var d time.Duration
+	for _, x := range s.samples {
+		if x.at > since {
+			d = max(d, x.longest)
+		}
+	}
+	return d
 }
 
 // stallAfter is how long a connection with data outstanding may go
@@ -234,12 +285,26 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 			}
 		}
 	}()
-	// The watchdog.
+	// The watchdog. A stall longer than stallAfter (beyond the process's
+	// own stalls) is a suspect until its connection moves again, or for
+	// at most a second: a goroutine that was runnable all along, in a Go
+	// scheduler with more runnable goroutines than processors, is only
+	// known to have waited once it runs (the runtime's
+	// /sched/latencies:seconds records how long it waited, then). A stall
+	// the scheduler's longest wait in it explains is the machine's; a
+	// lost wake-up leaves the goroutine parked, not runnable, waiting for
+	// a timer to rescue it, and the scheduler's waits do not explain it.
 	finished := make(chan struct{})
 	go func() { wg.Wait(); close(finished) }()
 	tick := time.NewTicker(stallAfter / 5)
 	defer tick.Stop()
 	deadline := stop.Add(time.Minute)
+	var sched schedWaits
+	suspect := make([]struct {
+		last  int64         // the stalled connection's last progress before it
+		own   time.Duration // the process's own stalls in it, at its detection
+		dumps string        // the stacks then
+	}, conns)
 	for {
 		select {
 		case err := <-errs:
@@ -253,6 +318,7 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 				conns, dur, sum>>20, time.Duration(stalled.Load()).Round(time.Millisecond), sa.Sleeper().Stats(), sb.Sleeper().Stats())
 			return
 		case now := <-tick.C:
+			sched.sample(now)
 			for i := range progress {
 				// Read moved after progress: a connection whose last byte
 				// came back just now is not taken for one waiting.
@@ -260,18 +326,40 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 				out := written[i].Load() - moved[i].Load()
 				idle := now.Sub(time.Unix(0, last))
 				own := time.Duration(stalled.Load() - stalledAt[i].Load())
-				if out > 0 && idle-own > stallAfter {
+				sus := &suspect[i]
+				if sus.last != 0 && sus.last != last {
+					// The suspect stall ended: judge it whole.
+					stall := time.Duration(last - sus.last)
+					waited := sched.longest(sus.last)
+					if stall-max(sus.own, waited) > stallAfter {
+						t.Logf("%s", sus.dumps)
+						t.Fatalf("conn %d made no progress for %v (%v of it the process's own stalls; the longest wait of a runnable goroutine in it %v): a lost wake-up (the stacks' dumps are above)",
+							i, stall.Round(time.Millisecond), sus.own.Round(time.Millisecond), waited.Round(time.Millisecond))
+					}
+					t.Logf("conn %d waited %v for the Go scheduler (a goroutine runnable for %v): not a lost wake-up", i, stall.Round(time.Millisecond), waited.Round(time.Millisecond))
+					sus.last = 0
+				}
+				if out > 0 && idle-own > stallAfter && sus.last == 0 {
 					// Whether the others moved meanwhile, and how late a 1ms
 					// sleep has woken: a stall of the whole process (the
 					// machine's) shows in both.
-					t.Logf("the process's own stalls (1ms sleeps woken late): over 5ms %d, over 20ms %d, over 80ms %d, over 320ms %d",
-						beatGaps[0].Load(), beatGaps[1].Load(), beatGaps[2].Load(), beatGaps[3].Load())
+					var b strings.Builder
+					fmt.Fprintf(&b, "conn %d stalled with %d bytes outstanding (after %d echoed); the process's own stalls (1ms sleeps woken late): over 5ms %d, over 20ms %d, over 80ms %d, over 320ms %d\n",
+						i, out, moved[i].Load(), beatGaps[0].Load(), beatGaps[1].Load(), beatGaps[2].Load(), beatGaps[3].Load())
 					for j := range progress {
-						t.Logf("conn %d: last progress %v ago, %d bytes outstanding", j, now.Sub(time.Unix(0, progress[j].Load())).Round(time.Millisecond), written[j].Load()-moved[j].Load())
+						fmt.Fprintf(&b, "conn %d: last progress %v ago, %d bytes outstanding\n", j, now.Sub(time.Unix(0, progress[j].Load())).Round(time.Millisecond), written[j].Load()-moved[j].Load())
 					}
+					fmt.Fprintf(&b, "a: %s\nb: %s", sa.Dump(), sb.Dump())
+					*sus = struct {
+						last  int64
+						own   time.Duration
+						dumps string
+					}{last, own, b.String()}
+				}
+				if sus.last != 0 && idle > time.Second {
 					// The dumps first, the verdict last: a CI log's tail
 					// shows the verdict.
-					t.Logf("a: %s\nb: %s", sa.Dump(), sb.Dump())
+					t.Logf("%s", sus.dumps)
 					t.Fatalf("conn %d made no progress for %v (%v of it the process's own stalls) with %d bytes outstanding (after %d echoed): a lost wake-up (the stacks' dumps are above)",
 						i, idle.Round(time.Millisecond), own.Round(time.Millisecond), out, moved[i].Load())
 				}
