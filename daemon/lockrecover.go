@@ -25,16 +25,32 @@ import (
 // When the last process of a stack goes, orphanLocked breaks a lock it
 // left held in the same way.
 
-// exitWait bounds how long onloadd waits for a process whose control
-// connection closed to be seen to exit: the kernel closes a dying
-// process's descriptors a moment before it reports the exit.
-const exitWait = time.Second
+// exitWait bounds how long onloadd waits, with its own lock held, for a
+// process whose control connection closed to be seen to exit (the kernel
+// closes a dying process's descriptors a moment before it reports the
+// exit); after that the reaper looks again each round, for up to
+// exitGiveUp, so that a process that closed its connection holding the
+// lock and runs on cannot hold the daemon up.
+const (
+	exitWait   = 20 * time.Millisecond
+	exitGiveUp = 10 * time.Second
+)
+
+// deadHolder is a process that left a stack holding its lock, not yet
+// seen to exit.
+type deadHolder struct {
+	pid   int // as it sees itself: what the lock word holds
+	pidfd int // onloadd's own, closed when the entry goes
+	since time.Time
+	who   string
+}
 
 // recoverLockLocked breaks s's lock if c, which has just left s, died
-// holding it.
+// holding it (now, or in a later round of the reaper once its exit
+// shows).
 func (d *Daemon) recoverLockLocked(s *dstack, c *client) {
 	h := s.st.LockHolder()
-	if h == 0 || h != c.selfPid || s.quarantined != "" {
+	if h == 0 || h != c.selfPid || s.quarantined != "" || c.pidfd < 0 {
 		return
 	}
 	for o := range s.clients {
@@ -45,32 +61,63 @@ func (d *Daemon) recoverLockLocked(s *dstack, c *client) {
 			return
 		}
 	}
-	if !c.exited(exitWait) {
-		d.log.Warn("a process left a stack holding its lock and still runs; its other processes wait for it", "stack", s.id, "process", c.String())
+	pidfd, err := unix.FcntlInt(uintptr(c.pidfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		d.log.Warn("a process left a stack holding its lock; onloadd cannot watch it", "stack", s.id, "process", c.String(), "err", err)
 		return
 	}
-	corrupt := s.st.CorruptSeen()
-	if !s.st.BreakLock(h) {
-		return // let go meanwhile (it was not dead after all when it took it)
-	}
-	s.lockBreaks++
-	d.log.Warn("stack lock recovered: a process died holding it", "stack", s.id, "process", c.String(), "others", s.clientNames())
-	err := guard(func() { s.st.TryPoll() })
-	if n := s.st.CorruptSeen() - corrupt; err == nil && n != 0 {
-		err = fmt.Errorf("the engine found %d inconsistencies in what the dead holder left", n)
-	}
-	if err != nil {
-		d.quarantineLocked(s, "a process died holding the stack lock: "+err.Error())
-	}
+	s.holders = append(s.holders, deadHolder{pid: h, pidfd: pidfd, since: time.Now(), who: c.String()})
+	d.breakDeadHoldersLocked(s, exitWait)
 }
 
-// exited reports whether c's process has exited, waiting up to wait for
-// it; false if the kernel gave no pidfd for it.
-func (c *client) exited(wait time.Duration) bool {
-	if c.pidfd < 0 {
-		return false
+// breakDeadHoldersLocked breaks s's lock for each process in s.holders
+// that has exited (waiting up to wait for the first to show it) and still
+// holds it, then reads the image as any image is read: a poll under
+// recover with the engine's inconsistencies watched; quarantine if what
+// the holder left does not add up.
+func (d *Daemon) breakDeadHoldersLocked(s *dstack, wait time.Duration) {
+	left := s.holders[:0]
+	for _, dh := range s.holders {
+		if !exited(dh.pidfd, wait) {
+			if time.Since(dh.since) < exitGiveUp {
+				left = append(left, dh)
+				continue
+			}
+			d.log.Warn("a process left a stack holding its lock and still runs; its other processes wait for it", "stack", s.id, "process", dh.who)
+			unix.Close(dh.pidfd)
+			continue
+		}
+		wait = 0
+		unix.Close(dh.pidfd)
+		corrupt := s.st.CorruptSeen()
+		if s.quarantined != "" || !s.st.BreakLock(dh.pid) {
+			continue // let go meanwhile (it was not dead when it took it)
+		}
+		s.lockBreaks++
+		d.log.Warn("stack lock recovered: a process died holding it", "stack", s.id, "process", dh.who, "others", s.clientNames())
+		err := guard(func() { s.st.TryPoll() })
+		if n := s.st.CorruptSeen() - corrupt; err == nil && n != 0 {
+			err = fmt.Errorf("the engine found %d inconsistencies in what the dead holder left", n)
+		}
+		if err != nil {
+			d.quarantineLocked(s, "a process died holding the stack lock: "+err.Error())
+		}
 	}
-	fds := []unix.PollFd{{Fd: int32(c.pidfd), Events: unix.POLLIN}}
+	s.holders = left
+}
+
+// dropHoldersLocked forgets s's dead holders (the stack goes).
+func dropHoldersLocked(s *dstack) {
+	for _, dh := range s.holders {
+		unix.Close(dh.pidfd)
+	}
+	s.holders = nil
+}
+
+// exited reports whether the process pidfd refers to has exited, waiting
+// up to wait for it.
+func exited(pidfd int, wait time.Duration) bool {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
 	ts := unix.NsecToTimespec(int64(wait))
 	for {
 		n, err := unix.Ppoll(fds, &ts, nil)

@@ -33,6 +33,7 @@ func (d *Daemon) orphanLocked(s *dstack) {
 		return
 	}
 	s.abandoned = nil // all of them now
+	dropHoldersLocked(s)
 	closed, ok, err := closeAbandoned(s)
 	if h := s.st.LockHolder(); err == nil && !ok && h != 0 && h != os.Getpid() && s.st.BreakLock(h) {
 		// Every process of the stack is gone, and one died holding its
@@ -217,7 +218,7 @@ func (d *Daemon) kickReaper() {
 // reapable reports whether s needs the reaper: an orphan, sockets or
 // ports of processes that went, or a watch that found the image corrupt.
 func (s *dstack) reapable() bool {
-	if !s.orphanSince.IsZero() || len(s.abandoned) > 0 || len(s.flows) > 0 {
+	if !s.orphanSince.IsZero() || len(s.holders) > 0 || len(s.abandoned) > 0 || len(s.flows) > 0 {
 		return true
 	}
 	if w := s.watch; w != nil && s.quarantined == "" && w.err.Load() != nil {
@@ -243,6 +244,9 @@ func (d *Daemon) reapLocked() {
 				}
 				d.quarantineLocked(s, *e)
 			}
+		}
+		if len(s.holders) > 0 {
+			d.breakDeadHoldersLocked(s, 0)
 		}
 		if len(s.abandoned) > 0 && s.quarantined == "" {
 			d.closeGoneLocked(s, 10*time.Millisecond)

@@ -44,6 +44,9 @@ type dstack struct {
 	// lockBreaks counts the locks onloadd broke, of processes that died
 	// holding the stack's (lockrecover.go).
 	lockBreaks uint64
+	// holders are processes that left the stack holding its lock, not yet
+	// seen to exit (lockrecover.go).
+	holders []deadHolder
 	// abandoned are the processes (their ids as they see themselves)
 	// that went while others stayed, whose sockets are still to close:
 	// the stack's lock was busy when they went (closeGoneLocked).
@@ -242,6 +245,7 @@ func (d *Daemon) releaseStackLocked(s *dstack) {
 	for f := range s.flows {
 		d.removeFlowLocked(s, f)
 	}
+	dropHoldersLocked(s)
 	s.watch.end()
 	var errs []error
 	errs = append(errs, s.ifc.steer.ClearSocket(s.id, s.queue))
