@@ -89,21 +89,37 @@ func (d *Daemon) breakDeadHoldersLocked(s *dstack, wait time.Duration) {
 		}
 		wait = 0
 		unix.Close(dh.pidfd)
-		corrupt := s.st.CorruptSeen()
-		if s.quarantined != "" || !s.st.BreakLock(dh.pid) {
-			continue // let go meanwhile (it was not dead when it took it)
+		if s.quarantined != "" {
+			continue
 		}
-		s.lockBreaks++
-		d.log.Warn("stack lock recovered: a process died holding it", "stack", s.id, "process", dh.who, "others", s.clientNames())
-		err := guard(func() { s.st.TryPoll() })
-		if n := s.st.CorruptSeen() - corrupt; err == nil && n != 0 {
-			err = fmt.Errorf("the engine found %d inconsistencies in what the dead holder left", n)
-		}
+		// A lock let go meanwhile is not broken: its holder was not dead
+		// when it took it.
+		_, err := d.breakLockLocked(s, dh.pid, dh.who, func() error { return guard(func() { s.st.TryPoll() }) })
 		if err != nil {
 			d.quarantineLocked(s, "a process died holding the stack lock: "+err.Error())
 		}
 	}
 	s.holders = left
+}
+
+// breakLockLocked breaks s's lock in the name of process pid (who names
+// it in the log), if pid holds it, and runs read, which reads what the
+// holder left half-done, with the engine's count of inconsistencies
+// watched: err says what did not add up (read's error, or the
+// inconsistencies counted meanwhile). broken is false, and read is not
+// run, if pid did not hold the lock.
+func (d *Daemon) breakLockLocked(s *dstack, pid int, who string, read func() error) (broken bool, err error) {
+	corrupt := s.st.CorruptSeen()
+	if !s.st.BreakLock(pid) {
+		return false, nil
+	}
+	s.lockBreaks++
+	d.log.Warn("stack lock recovered: a process died holding it", "stack", s.id, "process", who, "others", s.clientNames())
+	err = read()
+	if n := s.st.CorruptSeen() - corrupt; err == nil && n != 0 {
+		err = fmt.Errorf("the engine found %d inconsistencies in what the dead holder left", n)
+	}
+	return true, err
 }
 
 // dropHoldersLocked forgets s's dead holders (the stack goes).

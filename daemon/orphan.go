@@ -35,20 +35,17 @@ func (d *Daemon) orphanLocked(s *dstack) {
 	s.abandoned = nil // all of them now
 	dropHoldersLocked(s)
 	closed, ok, err := closeAbandoned(s)
-	if h := s.st.LockHolder(); err == nil && !ok && h != 0 && h != os.Getpid() && s.st.BreakLock(h) {
+	if h := s.st.LockHolder(); err == nil && !ok && h != 0 && h != os.Getpid() {
 		// Every process of the stack is gone, and one died holding its
 		// lock (its control connection closes only once none of its
 		// threads runs): nobody but onloadd can let it go. Then the
 		// image is read with care: a panic or an inconsistency in what
 		// the holder left half-done, and the stack is released (its
 		// peers' next segments are answered with resets by the kernel).
-		corrupt := s.st.CorruptSeen()
-		s.lockBreaks++
-		d.log.Warn("stack lock recovered: a process died holding it", "stack", s.id, "pid", h)
-		closed, ok, err = closeAbandoned(s)
-		if n := s.st.CorruptSeen() - corrupt; err == nil && n != 0 {
-			err = fmt.Errorf("the engine found %d inconsistencies in what the dead holder left", n)
-		}
+		_, err = d.breakLockLocked(s, h, fmt.Sprintf("pid %d", h), func() (err error) {
+			closed, ok, err = closeAbandoned(s)
+			return err
+		})
 	}
 	if err != nil {
 		d.log.Error("the stack's image is corrupt; its connections cannot be finished", "stack", s.id, "err", err)
@@ -163,13 +160,7 @@ func (d *Daemon) quarantineLocked(s *dstack, why string) {
 	}
 	s.quarantined = why
 	s.watch.end()
-	for k := range s.filters {
-		d.removeFilterLocked(s, k)
-	}
-	for f := range s.flows {
-		d.removeFlowLocked(s, f)
-	}
-	if err := s.ifc.steer.ClearSocket(s.id, s.queue); err != nil {
+	if err := d.unsteerLocked(s); err != nil {
 		d.log.Warn("quarantine", "stack", s.id, "err", err)
 	}
 	d.log.Error("stack quarantined: its image is corrupt", "stack", s.id, "why", why, "processes", s.clientNames())

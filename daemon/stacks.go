@@ -239,16 +239,10 @@ func (d *Daemon) releaseStackLocked(s *dstack) {
 	if d.stacks[s.id] != s {
 		return
 	}
-	for k := range s.filters {
-		d.removeFilterLocked(s, k)
-	}
-	for f := range s.flows {
-		d.removeFlowLocked(s, f)
-	}
 	dropHoldersLocked(s)
 	s.watch.end()
 	var errs []error
-	errs = append(errs, s.ifc.steer.ClearSocket(s.id, s.queue))
+	errs = append(errs, d.unsteerLocked(s))
 	errs = append(errs, s.st.Image().Close(), s.nic.Close())
 	s.ifc.queues[s.queue] = nil
 	delete(d.stacks, s.id)
@@ -260,6 +254,18 @@ func (d *Daemon) releaseStackLocked(s *dstack) {
 	} else {
 		d.log.Info("stack released", "stack", s.id, "name", s.name)
 	}
+}
+
+// unsteerLocked takes s out of the steering maps: its filters, its flow
+// entries and its AF_XDP socket. No frame reaches it afterwards.
+func (d *Daemon) unsteerLocked(s *dstack) error {
+	for k := range s.filters {
+		d.removeFilterLocked(s, k)
+	}
+	for f := range s.flows {
+		d.removeFlowLocked(s, f)
+	}
+	return s.ifc.steer.ClearSocket(s.id, s.queue)
 }
 
 func (s *dstack) clientNames() string {

@@ -127,10 +127,6 @@ func (s *Stack) ResetAll(wait time.Duration) (reset int, ok bool) {
 	})
 }
 
-// LockHeld reports, without waiting, whether a thread (of any process)
-// holds the stack lock.
-func (s *Stack) LockHeld() bool { return s.img.hdr.lock.Held() }
-
 // LockHolder is the process id (as that process sees itself) of the
 // stack lock's holder, 0 if the lock is free (Lock.Holder).
 func (s *Stack) LockHolder() int { return s.img.hdr.lock.Holder() }
