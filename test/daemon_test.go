@@ -1341,6 +1341,20 @@ func daemonSender(t *testing.T, n int) (sock string, srv *helperProc, k net.Conn
 // of it.
 func sendToKernel(t *testing.T, a *Host, srv *helperProc, port, n, rcvbuf int) net.Conn {
 	t.Helper()
+	k := acceptDial(t, a, port, rcvbuf, func(addr string) { fmt.Fprintf(srv.In, "send %s %d\n", addr, n) })
+	if l, err := srv.line(20 * time.Second); err != nil || l != fmt.Sprintf("send: wrote %d", n) {
+		t.Fatalf("the sender said %q, %v", l, err)
+	}
+	return k
+}
+
+// acceptDial listens on port of host a's kernel (with a receive buffer
+// of rcvbuf bytes, if not 0), calls dial with the listener's address (to
+// have a helper dial it), and returns the kernel's end of the connection
+// that comes, closed when the test ends.
+func acceptDial(t *testing.T, a *Host, port, rcvbuf int, dial func(addr string)) net.Conn {
+	t.Helper()
+	addr := netip.AddrPortFrom(a.Iface0().Addr(), uint16(port)).String()
 	var ln net.Listener
 	if err := a.Do(func() (err error) {
 		lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
@@ -1349,22 +1363,19 @@ func sendToKernel(t *testing.T, a *Host, srv *helperProc, port, n, rcvbuf int) n
 			}
 			return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, rcvbuf) })
 		}}
-		ln, err = lc.Listen(context.Background(), "tcp4", netip.AddrPortFrom(a.Iface0().Addr(), uint16(port)).String())
+		ln, err = lc.Listen(context.Background(), "tcp4", addr)
 		return
 	}); err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	fmt.Fprintf(srv.In, "send %s %d\n", netip.AddrPortFrom(a.Iface0().Addr(), uint16(port)), n)
+	dial(addr)
 	ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
 	k, err := ln.Accept()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the connection to %s: %v", addr, err)
 	}
 	t.Cleanup(func() { k.Close() })
-	if l, err := srv.line(20 * time.Second); err != nil || l != fmt.Sprintf("send: wrote %d", n) {
-		t.Fatalf("the sender said %q, %v", l, err)
-	}
 	return k
 }
 
@@ -1555,21 +1566,7 @@ func TestDaemonTakeoverStoppedSender(t *testing.T) {
 		dir, bin := daemonDir(t)
 		sock, _ := startDaemon(t, b, dir)
 		srv, _ := daemonServer(t, b, dir, bin, sock)
-		var ln net.Listener
-		if err := a.Do(func() (err error) {
-			ln, err = net.Listen("tcp4", a.Iface0().Addr().String()+":7720")
-			return
-		}); err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		fmt.Fprintf(srv.In, "keepalive %s:7720\n", a.Iface0().Addr())
-		ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
-		k, err := ln.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer k.Close()
+		k := acceptDial(t, a, 7720, 0, func(addr string) { fmt.Fprintf(srv.In, "keepalive %s\n", addr) })
 		if l, err := srv.line(10 * time.Second); err != nil || l != "keepalive: ok" {
 			t.Fatalf("the process said %q, %v", l, err)
 		}
@@ -1918,24 +1915,7 @@ func TestDaemonDiesHoldingLock(t *testing.T) {
 		fetched <- fetchStream(a, dir, "body", fmt.Sprintf("http://%s:%d", b.Iface0().Addr(), gport), 64<<20, streamSum(64<<20), 20)
 	}()
 	const n = 8 << 20
-	var ln net.Listener
-	if err := a.Do(func() (err error) {
-		ln, err = net.Listen("tcp4", a.Iface0().Addr().String()+":7703")
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	fmt.Fprintf(locker.In, "send %s:7703 %d\n", a.Iface0().Addr(), n)
-	ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
-	k, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Close()
-	if l, err := locker.line(20 * time.Second); err != nil || l != fmt.Sprintf("send: wrote %d", n) {
-		t.Fatalf("the locker said %q, %v", l, err)
-	}
+	k := sendToKernel(t, a, locker, 7703, n, 0)
 	fmt.Fprintln(locker.In, "die")
 	killed := time.Now()
 	k.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -1977,36 +1957,15 @@ func TestDaemonSharedStackHolderDies(t *testing.T) {
 		t.Fatalf("onloadd's stacks: %+v, want one with two processes", d.Stacks)
 	}
 	const n = 8 << 20
-	// Each process sends n bytes to a kernel listener of its own.
-	peers := make([]net.Conn, 2)
-	for i, l := range lockers {
-		var ln net.Listener
-		if err := a.Do(func() (err error) {
-			ln, err = net.Listen("tcp4", fmt.Sprintf("%s:%d", a.Iface0().Addr(), 7710+i))
-			return
-		}); err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		fmt.Fprintf(l.In, "send %s:%d %d\n", a.Iface0().Addr(), 7710+i, n)
-		if i == 1 {
-			// The survivor's first operation after the death takes the
-			// lock: it waits until onloadd has broken it.
-			fmt.Fprintln(lockers[0].In, "die")
-		}
-		ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
-		k, err := ln.Accept()
-		if err != nil {
-			t.Fatalf("process %d's connection: %v", i, err)
-		}
-		defer k.Close()
-		peers[i] = k
-		if i == 0 {
-			if l, err := l.line(20 * time.Second); err != nil || l != fmt.Sprintf("send: wrote %d", n) {
-				t.Fatalf("the first process said %q, %v", l, err)
-			}
-		}
-	}
+	// Each process sends n bytes to a kernel listener of its own; the
+	// first dies holding the lock once it has queued them, and the
+	// survivor's first operation after the death takes the lock: it
+	// waits until onloadd has broken it.
+	peers := []net.Conn{sendToKernel(t, a, lockers[0], 7710, n, 0), nil}
+	peers[1] = acceptDial(t, a, 7711, 0, func(addr string) {
+		fmt.Fprintf(lockers[1].In, "send %s %d\n", addr, n)
+		fmt.Fprintln(lockers[0].In, "die")
+	})
 	killed := time.Now()
 	if l, err := lockers[1].line(10 * time.Second); err != nil || l != fmt.Sprintf("send: wrote %d", n) {
 		t.Fatalf("the surviving process said %q, %v (onloadd: %+v)", l, err, dumpDaemon(t, sock).Stacks)

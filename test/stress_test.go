@@ -69,6 +69,14 @@ func listenOurs(t *testing.T, h *Host, s *sockets.Stack) net.Listener {
 	return ln
 }
 
+// suspectStall is a connection's stall past stallAfter that the watchdog
+// has yet to judge.
+type suspectStall struct {
+	last  int64         // the connection's last progress before it (0: no suspect)
+	own   time.Duration // the process's own stalls in it, at its detection
+	dumps string        // the stacks then
+}
+
 // schedWaits follows the Go scheduler's record of how long runnable
 // goroutines waited for a processor (runtime/metrics'
 // /sched/latencies:seconds), sampled by the watchdog: for each sample,
@@ -300,11 +308,7 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 	defer tick.Stop()
 	deadline := stop.Add(time.Minute)
 	var sched schedWaits
-	suspect := make([]struct {
-		last  int64         // the stalled connection's last progress before it
-		own   time.Duration // the process's own stalls in it, at its detection
-		dumps string        // the stacks then
-	}, conns)
+	suspect := make([]suspectStall, conns)
 	for {
 		select {
 		case err := <-errs:
@@ -350,11 +354,7 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 						fmt.Fprintf(&b, "conn %d: last progress %v ago, %d bytes outstanding\n", j, now.Sub(time.Unix(0, progress[j].Load())).Round(time.Millisecond), written[j].Load()-moved[j].Load())
 					}
 					fmt.Fprintf(&b, "a: %s\nb: %s", sa.Dump(), sb.Dump())
-					*sus = struct {
-						last  int64
-						own   time.Duration
-						dumps string
-					}{last, own, b.String()}
+					*sus = suspectStall{last, own, b.String()}
 				}
 				if sus.last != 0 && idle > time.Second {
 					// The dumps first, the verdict last: a CI log's tail
