@@ -1322,13 +1322,20 @@ func TestDaemonOrphan(t *testing.T) {
 	}
 }
 
-// daemonSender starts onloadd and an unprivileged daemon-server in host
-// b, and has the server send n bytes to a kernel listener in host a
-// (sendToKernel), whose end it returns with the rest.
+// daemonSender makes a pair of test hosts and runs daemonSenderOn on
+// them.
 func daemonSender(t *testing.T, n int) (sock string, srv *helperProc, k net.Conn) {
 	t.Helper()
 	RequireTool(t, "setpriv")
 	a, b := Pair(t, LinkOptions{})
+	return daemonSenderOn(t, a, b, n)
+}
+
+// daemonSenderOn starts onloadd and an unprivileged daemon-server in host
+// b, and has the server send n bytes to a kernel listener in host a
+// (sendToKernel), whose end it returns with the rest.
+func daemonSenderOn(t *testing.T, a, b *Host, n int) (sock string, srv *helperProc, k net.Conn) {
+	t.Helper()
 	dir, bin := daemonDir(t)
 	sock, _ = startDaemon(t, b, dir)
 	srv, _ = daemonServer(t, b, dir, bin, sock, "ONLOAD_UMEM_FRAMES=65536")
@@ -1601,10 +1608,7 @@ func TestDaemonTakeoverStoppedSender(t *testing.T) {
 // retransmitted during the stop.
 func stoppedSender(t *testing.T, a, b *Host, n int, impair func()) int {
 	t.Helper()
-	dir, bin := daemonDir(t)
-	sock, _ := startDaemon(t, b, dir)
-	srv, _ := daemonServer(t, b, dir, bin, sock, "ONLOAD_UMEM_FRAMES=65536")
-	k := sendToKernel(t, a, srv, 7701, n, 0)
+	sock, srv, k := daemonSenderOn(t, a, b, n)
 	if impair != nil {
 		impair()
 	}
