@@ -3,6 +3,10 @@
 
 export PATH := /usr/local/go/bin:$(PATH)
 GO ?= go
+# The C compiler for the LD_PRELOAD shim and cgo (its Go core): clang,
+# which make deps installs, or the system's cc.
+export CC := $(shell command -v clang 2>/dev/null || echo cc)
+SHIM_CFLAGS ?= -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden
 # pipefail: a test run's status survives its summary (test/testlog).
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -23,6 +27,9 @@ deps:
 
 build:
 	$(GO) build -o bin/onloadd ./cmd/onloadd
+	$(GO) build -buildmode=c-shared -o bin/libonload-core.so ./shim/core
+	rm -f bin/libonload-core.h
+	$(CC) $(SHIM_CFLAGS) -o bin/libonload.so shim/preload.c -ldl -lpthread
 	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o bin/onload-bench ./test/bench
 	$(GO) build -o bin/onload-demo ./test/demo
 
@@ -53,7 +60,7 @@ docs:
 # test/testlog prints each run as go test would, then every test that was
 # skipped and why. With ONLOAD_REQUIRE_ALL=1 (CI sets it) a test that needs
 # root, a tool or a kernel feature fails instead of skipping.
-test: deps
+test: deps build
 	$(GO) vet ./...
 	$(GO) build -o bin/testlog ./test/testlog
 	$(GO) test -json -race -short -count=1 -timeout 20m ./... | bin/testlog

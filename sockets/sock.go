@@ -148,6 +148,11 @@ func (c *sock) addrs() (la, ra netip.AddrPort, err error) {
 // as net sets on listeners). kern, if not nil, is the kernel socket that
 // holds the port: the proof onloadd asks for.
 func (s *Stack) openAt(p stack.Proto, ap netip.AddrPort, listen bool, kern syscall.Conn) (stack.SockID, error) {
+	return s.openAtFD(p, ap, listen, connFD(kern))
+}
+
+// openAtFD is openAt with the kernel socket's descriptor (-1: none).
+func (s *Stack) openAtFD(p stack.Proto, ap netip.AddrPort, listen bool, proof int) (stack.SockID, error) {
 	if !s.enter() {
 		return stack.NullSock, net.ErrClosed
 	}
@@ -159,7 +164,7 @@ func (s *Stack) openAt(p stack.Proto, ap netip.AddrPort, listen bool, kern sysca
 	if listen {
 		s.st.SetOption(id, stack.ReuseAddr, 1)
 	}
-	if err = s.bind(p, id, ap, connFD(kern)); err != nil {
+	if err = s.bind(p, id, ap, proof); err != nil {
 		err = sysErr("bind", err)
 	} else if listen {
 		if err = s.st.Listen(id, 4096); err != nil {

@@ -1,9 +1,12 @@
 package sockets
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/xdp-onload/onload/stack"
 )
@@ -17,6 +20,10 @@ type waitq struct {
 	mu sync.Mutex
 	ch chan struct{}
 	n  int32 // goroutines asleep on ch
+	// efds are the eventfds of threads that block outside Go (the
+	// LD_PRELOAD shim's, in poll, select and epoll): the next wake writes
+	// each once and forgets them (Desc.Arm).
+	efds []int32
 }
 
 // prepare returns the channel the next wake closes. Take it before asking
@@ -63,8 +70,36 @@ func (w *waitq) wake() int32 {
 		close(w.ch)
 		w.ch, w.n = nil, 0
 	}
+	for _, fd := range w.efds {
+		signalEventfd(int(fd))
+	}
+	w.efds = w.efds[:0]
 	w.mu.Unlock()
 	return n
+}
+
+// watch adds eventfd efd to those the next wake writes.
+func (w *waitq) watch(efd int32) {
+	w.mu.Lock()
+	if !slices.Contains(w.efds, efd) {
+		w.efds = append(w.efds, efd)
+	}
+	w.mu.Unlock()
+}
+
+// unwatch takes efd off, if no wake has yet.
+func (w *waitq) unwatch(efd int32) {
+	w.mu.Lock()
+	if i := slices.Index(w.efds, efd); i >= 0 {
+		w.efds = slices.Delete(w.efds, i, i+1)
+	}
+	w.mu.Unlock()
+}
+
+// signalEventfd adds 1 to eventfd fd: a thread blocked on it wakes.
+func signalEventfd(fd int) {
+	one := [8]byte{1}
+	unix.Write(fd, one[:])
 }
 
 // deadline is one direction's deadline (SetReadDeadline and the like):

@@ -14,10 +14,11 @@ import (
 type Events uint32
 
 const (
-	Readable Events = 1 << iota // a receive would not block
-	Writable                    // a send would not block
-	Error                       // an error is pending
-	Hangup                      // the peer is gone (TCP)
+	Readable   Events = 1 << iota // a receive would not block
+	Writable                      // a send would not block
+	Error                         // an error is pending
+	Hangup                        // the peer is gone (TCP)
+	ReadHangup                    // the peer has sent FIN: reads end (TCP; poll's POLLRDHUP)
 )
 
 // Ephemeral ports, as Linux's default ip_local_port_range.
@@ -471,6 +472,9 @@ func (s *Stack) tcpEventsLocked(sk *sock) Events {
 	if sk.rcvHead != 0 || sk.tflags&(tfRcvFin|tfShutRd) != 0 || sk.err != 0 {
 		ev |= Readable
 	}
+	if sk.tflags&tfRcvFin != 0 {
+		ev |= ReadHangup
+	}
 	switch sk.state {
 	case tcpEstablished, tcpCloseWait:
 		if sk.tflags&tfFinQueued == 0 && sk.sndBytes < sk.sndBuf && s.pool.Available() > 0 {
@@ -478,7 +482,7 @@ func (s *Stack) tcpEventsLocked(sk *sock) Events {
 		}
 	case tcpClosed:
 		if sk.flags&sfConnected != 0 {
-			ev |= Readable | Writable | Hangup
+			ev |= Readable | Writable | Hangup | ReadHangup
 		}
 	}
 	if sk.tflags&tfRcvFin != 0 && sk.tflags&tfFinQueued != 0 {

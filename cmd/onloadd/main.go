@@ -7,6 +7,7 @@
 //	onloadd [serve] [-socket /run/onload/onloadd.sock] [-mode 0660] [-group G] [-interface vB] [-log info] [-json] [-metrics ADDR] [-takeover 1ms]
 //	onloadd stackdump [-socket ...] [-json] [-v]
 //	onloadd stackdump [-socket ...] kill STACK
+//	onloadd run [-p latency|balanced|throughput] [--] CMD ARGS...
 //	onloadd capture -iface eth0 -udp 7000 -tcp 7001 [-queue 0] [-duration 10s]
 //	onloadd config [-markdown]
 //	onloadd version
@@ -33,6 +34,8 @@ commands:
             the engine's own dump, -json is for scripts; "stackdump kill
             STACK" ends an orphan stack (its processes are gone), resetting
             its connections
+  run       run a program with the LD_PRELOAD shim: "onloadd run -- redis-server"
+            accelerates its TCP sockets, unmodified
   capture   steer TCP/UDP ports on an interface into an AF_XDP socket and
             print every frame that arrives, then the steering counters
   config    print the configuration an accelerated process would use
@@ -53,6 +56,8 @@ func main() {
 		err = serve(args[1:], os.Stderr)
 	case "stackdump":
 		err = stackdump(args[1:], os.Stdout)
+	case "run":
+		err = run(args[1:])
 	case "capture":
 		err = capture(args[1:], os.Stdout)
 	case "config":

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/xdp-onload/onload/sockets"
+)
+
+// The shim's two libraries, which make build puts beside onloadd: the C
+// interposer the program preloads, and the Go core it loads on first use.
+const (
+	shimLib = "libonload.so"
+	coreLib = "libonload-core.so"
+)
+
+// run execs a program with the shim preloaded: its TCP sockets go
+// through the stack, everything else through the kernel as before.
+func run(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	profile := fs.String("p", "", "profile: latency, balanced or throughput (ONLOAD_PROFILE)")
+	lib := fs.String("lib", "", "the directory of "+shimLib+" and "+coreLib+" (default: onloadd's own)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: onloadd run [-p latency|balanced|throughput] [-lib DIR] [--] CMD ARGS...\n\n"+
+			"Runs CMD with the LD_PRELOAD shim: its TCP/IPv4 sockets on the stack's interface\n"+
+			"are accelerated; the rest stay the kernel's (ONLOAD_LOG=debug says what and why).\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cmd := fs.Args()
+	if len(cmd) == 0 {
+		fs.Usage()
+		return errors.New("run: no command to run")
+	}
+	env := os.Environ()
+	if *profile != "" {
+		if _, err := sockets.DefaultConfig(sockets.Profile(*profile)); err != nil {
+			return fmt.Errorf("run: -p %s: %w", *profile, err)
+		}
+		env = setEnv(env, "ONLOAD_PROFILE", *profile)
+	}
+	if _, err := sockets.ConfigFromEnv(); err != nil && *profile == "" {
+		return fmt.Errorf("run: %w", err)
+	}
+	dir := *lib
+	if dir == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("run: finding the shim: %w", err)
+		}
+		dir = filepath.Dir(self)
+	}
+	shim, core := filepath.Join(dir, shimLib), filepath.Join(dir, coreLib)
+	for _, f := range []string{shim, core} {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("run: %s is missing (make build puts it beside onloadd; or pass -lib DIR): %w", f, err)
+		}
+	}
+	pre := shim
+	if old := os.Getenv("LD_PRELOAD"); old != "" {
+		pre = shim + " " + old
+	}
+	env = setEnv(env, "LD_PRELOAD", pre)
+	env = setEnv(env, "ONLOAD_CORE", core)
+	path, err := exec.LookPath(cmd[0])
+	if err != nil {
+		return fmt.Errorf("run: %w", err)
+	}
+	return syscall.Exec(path, cmd, env)
+}
+
+func setEnv(env []string, k, v string) []string {
+	for i, kv := range env {
+		if strings.HasPrefix(kv, k+"=") {
+			env[i] = k + "=" + v
+			return env
+		}
+	}
+	return append(env, k+"="+v)
+}

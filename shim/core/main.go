@@ -1,0 +1,422 @@
+// Command core is the LD_PRELOAD shim's Go core, built with
+// -buildmode=c-shared (bin/libonload-core.so). The C interposer
+// (shim/preload.c) loads it at a process's first socket operation that
+// needs a stack and calls the functions exported here, which drive
+// package sockets' descriptor API (sockets.Desc). shim/onload.h is the
+// interface: every call is non-blocking, returns a value >= 0 or a
+// negated errno, and names a socket by a handle (0: none).
+package main
+
+/*
+#include <stdint.h>
+#include "../onload.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"github.com/xdp-onload/onload/sockets"
+	"github.com/xdp-onload/onload/stack"
+)
+
+func main() {}
+
+// maxHandles bounds the handle table: the sockets a process may have
+// accelerated at once.
+const maxHandles = 1 << 17
+
+// The handle table: lock-free lookups, a free list under mu.
+var (
+	descs [maxHandles]atomic.Pointer[sockets.Desc]
+	mu    sync.Mutex
+	free  []int32
+	next  int32 = 1
+
+	stk     *sockets.Stack // the process's stack, held for its life
+	stkErr  error
+	stkOnce sync.Once
+)
+
+func theStack() (*sockets.Stack, error) {
+	stkOnce.Do(func() { stk, stkErr = sockets.DefaultStack() })
+	return stk, stkErr
+}
+
+func put(d *sockets.Desc) C.int {
+	mu.Lock()
+	defer mu.Unlock()
+	var h int32
+	if n := len(free); n > 0 {
+		h, free = free[n-1], free[:n-1]
+	} else if next < maxHandles {
+		h = next
+		next++
+	} else {
+		d.Close()
+		return -C.int(syscall.EMFILE)
+	}
+	descs[h].Store(d)
+	return C.int(h)
+}
+
+func get(h C.int) *sockets.Desc {
+	if h <= 0 || h >= maxHandles {
+		return nil
+	}
+	return descs[h].Load()
+}
+
+func errno(err error) C.int { return -C.int(sockets.Errno(err)) }
+
+var errBadHandle = errors.New("bad handle")
+
+func ip4(a C.uint32_t) netip.Addr {
+	// In network byte order, as in a sockaddr_in.
+	v := uint32(a)
+	return netip.AddrFrom4([4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)})
+}
+
+func fromIP4(a netip.Addr) C.uint32_t {
+	b := a.As4()
+	return C.uint32_t(uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24)
+}
+
+func port(p C.uint16_t) uint16 { return uint16(p)>>8 | uint16(p)<<8 }
+
+func toPort(p uint16) C.uint16_t { return C.uint16_t(p>>8 | p<<8) }
+
+// onl_listen accelerates kfd, a kernel TCP socket listening on ip (the
+// wildcard or an address; network byte order): a handle, 0 if the stack
+// does not serve ip or there is no stack (the kernel keeps the
+// socket), or a negated errno.
+//
+//export onl_listen
+func onl_listen(kfd C.int, ip C.uint32_t) C.int {
+	s, err := theStack()
+	if err != nil {
+		sockets.LogFallback("listen", ip4(ip).String(), err.Error())
+		return 0
+	}
+	if !s.ServesLocal(ip4(ip)) {
+		sockets.LogFallback("listen", ip4(ip).String(), "not the stack's address")
+		return 0
+	}
+	d, err := s.ListenDesc(int(kfd), ip4(ip))
+	if err != nil {
+		sockets.LogFallback("listen", ip4(ip).String(), err.Error())
+		return 0
+	}
+	return put(d)
+}
+
+// onl_connect connects kfd's socket to ip:port through the stack: a
+// handle (the handshake has begun), 0 if the stack does not reach the
+// address (the kernel connects kfd), or a negated errno.
+//
+//export onl_connect
+func onl_connect(kfd C.int, ip C.uint32_t, p C.uint16_t) C.int {
+	dst := netip.AddrPortFrom(ip4(ip), port(p))
+	s, err := theStack()
+	if err != nil {
+		sockets.LogFallback("connect", dst.String(), err.Error())
+		return 0
+	}
+	if !s.Reaches(dst) {
+		sockets.LogFallback("connect", dst.String(), "not reached through the stack's interface")
+		return 0
+	}
+	d, err := s.ConnectDesc(int(kfd), dst)
+	if err != nil {
+		return errno(err)
+	}
+	return put(d)
+}
+
+//export onl_accept
+func onl_accept(h, kfd C.int) C.int {
+	d := get(h)
+	if d == nil {
+		return errno(errBadHandle)
+	}
+	c, err := d.Accept(int(kfd))
+	if err != nil {
+		return errno(err)
+	}
+	return put(c)
+}
+
+//export onl_recv
+func onl_recv(h C.int, buf unsafe.Pointer, n C.size_t, peek C.int) C.long {
+	d := get(h)
+	if d == nil {
+		return C.long(errno(errBadHandle))
+	}
+	if n == 0 {
+		return 0
+	}
+	r, err := d.Recv(unsafe.Slice((*byte)(buf), int(n)), peek != 0)
+	if err != nil {
+		return C.long(errno(err))
+	}
+	return C.long(r)
+}
+
+//export onl_send
+func onl_send(h C.int, buf unsafe.Pointer, n C.size_t) C.long {
+	d := get(h)
+	if d == nil {
+		return C.long(errno(errBadHandle))
+	}
+	if n == 0 {
+		return 0
+	}
+	r, err := d.Send(unsafe.Slice((*byte)(buf), int(n)))
+	if r > 0 || err == nil {
+		return C.long(r)
+	}
+	return C.long(errno(err))
+}
+
+// onl_events reports the readiness of n sockets (hs) into evs, after
+// polling the stack once if poll is set (a spinner).
+//
+//export onl_events
+func onl_events(hs *C.int, evs *C.int, n C.int, poll C.int) {
+	if poll != 0 && stk != nil {
+		stk.Poll()
+	}
+	h := unsafe.Slice(hs, int(n))
+	ev := unsafe.Slice(evs, int(n))
+	for i := range h {
+		if d := get(h[i]); d != nil {
+			ev[i] = C.int(d.Events())
+		} else {
+			ev[i] = C.ONL_ERROR | C.ONL_HANGUP
+		}
+	}
+}
+
+// onl_arm arms n sockets (hs, each for the events in want) to write
+// eventfd efd at their next change, and returns how many are ready for
+// what they want now (their events in evs): if any is, none stays armed.
+//
+//export onl_arm
+func onl_arm(hs, want, evs *C.int, n C.int, efd C.int) C.int {
+	h := unsafe.Slice(hs, int(n))
+	w := unsafe.Slice(want, int(n))
+	ev := unsafe.Slice(evs, int(n))
+	ready := 0
+	for i := range h {
+		d := get(h[i])
+		if d == nil {
+			ev[i] = C.ONL_ERROR | C.ONL_HANGUP
+			ready++
+			continue
+		}
+		e := d.Arm(int32(efd), stack.Events(w[i]))
+		ev[i] = C.int(e)
+		if e != 0 {
+			ready++
+		}
+	}
+	if ready > 0 {
+		onl_disarm(hs, n, efd)
+	}
+	return C.int(ready)
+}
+
+//export onl_disarm
+func onl_disarm(hs *C.int, n C.int, efd C.int) {
+	for _, h := range unsafe.Slice(hs, int(n)) {
+		if d := get(h); d != nil {
+			d.Disarm(int32(efd))
+		}
+	}
+}
+
+// onl_spin_ns is how long a waiter spins before it blocks (0: no
+// stack, or no spinning).
+//
+//export onl_spin_ns
+func onl_spin_ns() C.long {
+	if stk == nil {
+		return 0
+	}
+	return C.long(stk.SpinTime())
+}
+
+//export onl_try_spin
+func onl_try_spin() C.int {
+	if stk == nil || !stk.TrySpin() {
+		return 0
+	}
+	return 1
+}
+
+//export onl_end_spin
+func onl_end_spin() {
+	if stk != nil {
+		stk.EndSpin()
+	}
+}
+
+//export onl_park
+func onl_park() {
+	if stk != nil {
+		stk.Park()
+	}
+}
+
+//export onl_unpark
+func onl_unpark() {
+	if stk != nil {
+		stk.Unpark()
+	}
+}
+
+// onl_close closes the socket (the caller closes its kernel fd).
+//
+//export onl_close
+func onl_close(h C.int) {
+	d := get(h)
+	if d == nil {
+		return
+	}
+	descs[h].Store(nil)
+	d.Close()
+	mu.Lock()
+	free = append(free, int32(h))
+	mu.Unlock()
+}
+
+//export onl_shutdown
+func onl_shutdown(h, how C.int) C.int {
+	d := get(h)
+	if d == nil {
+		return errno(errBadHandle)
+	}
+	return errno(d.Shutdown(int(how)))
+}
+
+//export onl_setopt
+func onl_setopt(h, opt, v C.int) C.int {
+	d := get(h)
+	if d == nil {
+		return errno(errBadHandle)
+	}
+	return errno(d.SetOption(stack.Option(opt), int(v)))
+}
+
+//export onl_addrs
+func onl_addrs(h C.int, lip *C.uint32_t, lport *C.uint16_t, rip *C.uint32_t, rport *C.uint16_t) C.int {
+	d := get(h)
+	if d == nil {
+		return errno(errBadHandle)
+	}
+	la, ra, err := d.Addrs()
+	if err != nil {
+		return errno(err)
+	}
+	*lip, *lport = fromIP4(la.Addr()), toPort(la.Port())
+	if ra.IsValid() {
+		*rip, *rport = fromIP4(ra.Addr()), toPort(ra.Port())
+	} else {
+		*rip, *rport = 0, 0
+	}
+	return 0
+}
+
+// onl_sockerr takes the socket's pending error: an errno, 0 if none.
+//
+//export onl_sockerr
+func onl_sockerr(h C.int) C.int {
+	d := get(h)
+	if d == nil {
+		return C.int(syscall.EBADF)
+	}
+	return C.int(sockets.Errno(d.SockError()))
+}
+
+// onl_unread is how many bytes a read would return now (FIONREAD).
+//
+//export onl_unread
+func onl_unread(h C.int) C.int {
+	ti, e := tcpInfo(h)
+	if e != 0 {
+		return e
+	}
+	return C.int(ti.Unread)
+}
+
+func tcpInfo(h C.int) (stack.TCPInfo, C.int) {
+	d := get(h)
+	if d == nil {
+		return stack.TCPInfo{}, errno(errBadHandle)
+	}
+	ti, err := d.TCPInfo()
+	if err != nil {
+		return ti, errno(err)
+	}
+	return ti, 0
+}
+
+// Linux's TCP states, as TCP_INFO reports them.
+var linuxState = map[string]uint32{
+	"ESTABLISHED": 1, "SYN-SENT": 2, "SYN-RECEIVED": 3, "FIN-WAIT-1": 4,
+	"FIN-WAIT-2": 5, "TIME-WAIT": 6, "CLOSED": 7, "CLOSE-WAIT": 8,
+	"LAST-ACK": 9, "LISTEN": 10, "CLOSING": 11,
+}
+
+//export onl_tcpinfo
+func onl_tcpinfo(h C.int, out *C.struct_onl_tcpinfo) C.int {
+	ti, e := tcpInfo(h)
+	if e != 0 {
+		return e
+	}
+	mss := uint32(max(ti.MSS, 1))
+	us := func(v interface{ Microseconds() int64 }) C.uint32_t { return C.uint32_t(v.Microseconds()) }
+	*out = C.struct_onl_tcpinfo{
+		state:  C.uint32_t(linuxState[ti.State]),
+		rto_us: us(ti.RTO), rtt_us: us(ti.RTT), rttvar_us: us(ti.RTTVar),
+		snd_mss: C.uint32_t(mss), rcv_mss: C.uint32_t(mss),
+		snd_cwnd: C.uint32_t(ti.Cwnd / mss), snd_ssthresh: C.uint32_t(ti.Ssthresh / mss),
+		unacked: C.uint32_t((ti.Unacked + mss - 1) / mss), lost: C.uint32_t(ti.Lost / mss),
+		retrans: C.uint32_t(ti.Retrans / mss), sacked: C.uint32_t(ti.Sacked / mss),
+		backoff: C.uint32_t(ti.Backoff), snd_wnd: C.uint32_t(ti.SndWnd),
+		notsent: C.uint32_t(ti.Queued - min(ti.Queued, ti.Unacked)),
+	}
+	if ti.Timestamps {
+		out.options |= 1 // TCPI_OPT_TIMESTAMPS
+	}
+	if ti.SACK {
+		out.options |= 2 // TCPI_OPT_SACK
+	}
+	if ti.SndWScale >= 0 {
+		out.options |= 4 // TCPI_OPT_WSCALE
+		out.snd_wscale, out.rcv_wscale = C.uint32_t(ti.SndWScale), C.uint32_t(ti.RcvWScale)
+	}
+	return 0
+}
+
+// onl_dump describes socket h (or the stack, for h 0) into buf, for
+// ONLOAD_LOG=debug; it returns the length written.
+//
+//export onl_dump
+func onl_dump(h C.int, buf *C.char, n C.int) C.int {
+	var s string
+	if d := get(h); d != nil {
+		s = d.Dump()
+	} else if stk != nil {
+		s = stk.Dump()
+	} else {
+		s = fmt.Sprint("no stack: ", stkErr)
+	}
+	return C.int(copy(unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n)), s))
+}

@@ -1,0 +1,45 @@
+/*
+ * The interface between the shim's C interposer (preload.c) and its Go
+ * core (core/, built with -buildmode=c-shared and loaded by the
+ * interposer at the first socket operation that needs a stack).
+ *
+ * Every core call is non-blocking. Calls return a value >= 0 or a
+ * negated errno. A handle (h) names one accelerated socket; 0 is none.
+ */
+#ifndef ONLOAD_SHIM_H
+#define ONLOAD_SHIM_H
+
+#include <stdint.h>
+
+/* Readiness bits, as package stack's Events. */
+#define ONL_READABLE 1
+#define ONL_WRITABLE 2
+#define ONL_ERROR 4
+#define ONL_HANGUP 8
+#define ONL_RDHUP 16
+
+/* Options, as package stack's Option. */
+#define ONL_OPT_NODELAY 1
+#define ONL_OPT_KEEPALIVE 2
+#define ONL_OPT_KEEPIDLE 3
+#define ONL_OPT_KEEPINTVL 4
+#define ONL_OPT_KEEPCNT 5
+#define ONL_OPT_LINGER 6
+#define ONL_OPT_RCVBUF 7
+#define ONL_OPT_SNDBUF 8
+#define ONL_OPT_REUSEADDR 9
+#define ONL_OPT_USER_TIMEOUT 11
+
+/* What TCP_INFO reports, from the engine. */
+struct onl_tcpinfo {
+	uint32_t state; /* Linux's TCP_ESTABLISHED and the rest */
+	uint32_t rto_us, rtt_us, rttvar_us;
+	uint32_t snd_mss, rcv_mss;
+	uint32_t snd_cwnd, snd_ssthresh; /* segments */
+	uint32_t unacked, lost, retrans, sacked; /* segments */
+	uint32_t backoff;
+	uint32_t snd_wnd, rcv_wnd, notsent;
+	uint32_t options, snd_wscale, rcv_wscale;
+};
+
+#endif

@@ -1,0 +1,1689 @@
+/*
+ * libonload.so: the LD_PRELOAD interposer. `onloadd run -- CMD` preloads
+ * it into an unmodified program.
+ *
+ * It keeps a table of the program's file descriptors that are TCP/IPv4
+ * sockets. Every call on any other descriptor goes straight to libc (its
+ * function found once with dlsym(RTLD_NEXT)) after one table lookup.
+ * socket(), bind() and listen() stay in the kernel. The Go core
+ * (libonload-core.so, shim/core) is loaded at the first operation that
+ * needs a stack: a connect(), or the first accept, poll or epoll_ctl on a
+ * listening socket. So a pre-fork master that only binds and listens
+ * leaves its workers free to load it. The core then decides: a socket it
+ * does not accelerate (another interface, loopback, no stack) stays the
+ * kernel's, with ONLOAD_LOG=debug saying why.
+ *
+ * An accelerated socket stands on its kernel socket, whose fd number the
+ * program holds: it holds the port, and fstat, fcntl and /proc/self/fd
+ * see a socket. Its data goes through the core.
+ *
+ * Waiting (blocking calls, poll, select, epoll) spins on the stack for
+ * the profile's spin time, then arms the sockets with the thread's
+ * eventfd and blocks in the kernel on it beside the program's own fds.
+ *
+ * The Go runtime cannot run in a child forked after it loaded: there an
+ * accelerated socket fails with EOPNOTSUPP (logged once), and close()
+ * closes only the child's fd.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/select.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "onload.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- libc's functions ---------------------------------------------- */
+
+#define REAL(ret, name, ...) static ret (*real_##name)(__VA_ARGS__)
+REAL(int, socket, int, int, int);
+REAL(int, bind, int, const struct sockaddr *, socklen_t);
+REAL(int, listen, int, int);
+REAL(int, accept, int, struct sockaddr *, socklen_t *);
+REAL(int, accept4, int, struct sockaddr *, socklen_t *, int);
+REAL(int, connect, int, const struct sockaddr *, socklen_t);
+REAL(ssize_t, read, int, void *, size_t);
+REAL(ssize_t, write, int, const void *, size_t);
+REAL(ssize_t, readv, int, const struct iovec *, int);
+REAL(ssize_t, writev, int, const struct iovec *, int);
+REAL(ssize_t, recv, int, void *, size_t, int);
+REAL(ssize_t, recvfrom, int, void *, size_t, int, struct sockaddr *, socklen_t *);
+REAL(ssize_t, recvmsg, int, struct msghdr *, int);
+REAL(int, recvmmsg, int, struct mmsghdr *, unsigned int, int, struct timespec *);
+REAL(ssize_t, send, int, const void *, size_t, int);
+REAL(ssize_t, sendto, int, const void *, size_t, int, const struct sockaddr *, socklen_t);
+REAL(ssize_t, sendmsg, int, const struct msghdr *, int);
+REAL(int, sendmmsg, int, struct mmsghdr *, unsigned int, int);
+REAL(ssize_t, sendfile, int, int, off_t *, size_t);
+REAL(int, close, int);
+REAL(int, shutdown, int, int);
+REAL(int, getsockopt, int, int, int, void *, socklen_t *);
+REAL(int, setsockopt, int, int, int, const void *, socklen_t);
+REAL(int, getsockname, int, struct sockaddr *, socklen_t *);
+REAL(int, getpeername, int, struct sockaddr *, socklen_t *);
+REAL(int, fcntl, int, int, ...);
+REAL(int, ioctl, int, unsigned long, ...);
+REAL(int, dup, int);
+REAL(int, dup2, int, int);
+REAL(int, dup3, int, int, int);
+REAL(int, poll, struct pollfd *, nfds_t, int);
+REAL(int, ppoll, struct pollfd *, nfds_t, const struct timespec *, const sigset_t *);
+REAL(int, select, int, fd_set *, fd_set *, fd_set *, struct timeval *);
+REAL(int, pselect, int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *);
+REAL(int, epoll_create, int);
+REAL(int, epoll_create1, int);
+REAL(int, epoll_ctl, int, int, int, struct epoll_event *);
+REAL(int, epoll_wait, int, struct epoll_event *, int, int);
+REAL(int, epoll_pwait, int, struct epoll_event *, int, int, const sigset_t *);
+REAL(int, epoll_pwait2, int, struct epoll_event *, int, const struct timespec *, const sigset_t *);
+REAL(pid_t, fork, void);
+REAL(int, sigaction, int, const struct sigaction *, struct sigaction *);
+
+/* ---- the Go core ----------------------------------------------------- */
+
+static struct {
+	int (*listen)(int, uint32_t);
+	int (*connect)(int, uint32_t, uint16_t);
+	int (*accept)(int, int);
+	long (*recv)(int, void *, size_t, int);
+	long (*send)(int, const void *, size_t);
+	void (*events)(int *, int *, int, int);
+	int (*arm)(int *, int *, int *, int, int);
+	void (*disarm)(int *, int, int);
+	long (*spin_ns)(void);
+	int (*try_spin)(void);
+	void (*end_spin)(void);
+	void (*park)(void);
+	void (*unpark)(void);
+	void (*close)(int);
+	int (*shutdown)(int, int);
+	int (*setopt)(int, int, int);
+	int (*addrs)(int, uint32_t *, uint16_t *, uint32_t *, uint16_t *);
+	int (*sockerr)(int);
+	int (*unread)(int);
+	int (*tcpinfo)(int, struct onl_tcpinfo *);
+} core;
+
+static int core_state;	      /* 0 not loaded, 1 loaded, -1 failed */
+static int after_fork;	      /* a child forked after the core loaded */
+static int log_debug;	      /* ONLOAD_LOG=debug */
+static long spin_ns;	      /* the profile's spin time */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;	     /* the table */
+static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER; /* loading the core */
+static __thread int in_core;  /* this thread is in the Go core */
+
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...)
+{
+	char buf[512];
+	int n = snprintf(buf, sizeof buf, "onload[%d]: ", getpid());
+	va_list ap;
+	va_start(ap, fmt);
+	n += vsnprintf(buf + n, sizeof buf - n, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof buf - 2)
+		n = sizeof buf - 2;
+	buf[n++] = '\n';
+	real_write(2, buf, n);
+}
+#define debugf(...) do { if (log_debug) logf_(__VA_ARGS__); } while (0)
+
+static int load_core(void)
+{
+	if (core_state)
+		return core_state;
+	pthread_mutex_lock(&load_mu);
+	if (core_state) {
+		pthread_mutex_unlock(&load_mu);
+		return core_state;
+	}
+	const char *path = getenv("ONLOAD_CORE");
+	char buf[PATH_MAX];
+	if (!path || !*path) {
+		/* Beside this library. */
+		Dl_info di;
+		if (dladdr((void *)load_core, &di) && di.dli_fname) {
+			snprintf(buf, sizeof buf, "%s", di.dli_fname);
+			char *slash = strrchr(buf, '/');
+			if (slash)
+				snprintf(slash + 1, sizeof buf - (slash + 1 - buf), "libonload-core.so");
+			else
+				snprintf(buf, sizeof buf, "libonload-core.so");
+			path = buf;
+		} else {
+			path = "libonload-core.so";
+		}
+	}
+	in_core = 1;
+	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	int ok = lib != NULL;
+#define SYM(name) do { if (ok && !(*(void **)&core.name = dlsym(lib, "onl_" #name))) ok = 0; } while (0)
+	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send);
+	SYM(events); SYM(arm); SYM(disarm); SYM(spin_ns); SYM(try_spin);
+	SYM(end_spin); SYM(park); SYM(unpark); SYM(close); SYM(shutdown);
+	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
+#undef SYM
+	in_core = 0;
+	if (!ok) {
+		logf_("cannot load the core %s (%s): sockets use the kernel; set ONLOAD_CORE to its path",
+		      path, lib ? "missing symbols" : dlerror());
+		core_state = -1;
+	} else {
+		core_state = 1;
+	}
+	pthread_mutex_unlock(&load_mu);
+	return core_state;
+}
+
+/* Calls into the core mark the thread, so that a signal handler that
+ * runs meanwhile and touches a socket does not re-enter Go. */
+#define CORE(call) ({ in_core = 1; __typeof__(call) r_ = (call); in_core = 0; r_; })
+#define CORE_VOID(call) do { in_core = 1; call; in_core = 0; } while (0)
+
+/* ---- the descriptor table ------------------------------------------ */
+
+enum {
+	K_NONE,	   /* not ours: libc */
+	K_TCP,	   /* a TCP/IPv4 socket the core has not seen */
+	K_OURS,	   /* accelerated */
+	K_EPOLL,   /* an epoll instance */
+};
+
+struct ep;
+
+struct fdent {
+	uint8_t kind;
+	uint8_t nonblock;   /* O_NONBLOCK as the program set it (K_OURS) */
+	uint8_t listening;  /* listens (also in the kernel) */
+	uint8_t tried;	    /* the core declined it */
+	int h;		    /* the core's handle (K_OURS) */
+	uint32_t rd_eagain, wr_eagain; /* reads/writes that found nothing: EPOLLET */
+	struct ep *ep;	    /* K_EPOLL */
+};
+
+static struct fdent *fdt;
+static int nfdt;
+static int *hrefs;	    /* by handle: descriptors naming it (dup) */
+#define MAX_HANDLES (1 << 17)
+
+static inline struct fdent *ent(int fd)
+{
+	return (unsigned)fd < (unsigned)nfdt ? &fdt[fd] : NULL;
+}
+
+static inline struct fdent *ours(int fd)
+{
+	struct fdent *e = ent(fd);
+	return e && e->kind == K_OURS ? e : NULL;
+}
+
+static int refuse_after_fork(void)
+{
+	static int logged;
+	if (!logged) {
+		logged = 1;
+		logf_("an accelerated socket was used in a child forked after the stack loaded: "
+		      "it cannot be served here (handover to the kernel is not done yet); "
+		      "the call fails with EOPNOTSUPP");
+	}
+	errno = EOPNOTSUPP;
+	return -1;
+}
+
+/* A call on an accelerated socket: the core must be usable from here. */
+#define CHECK_USABLE() do { \
+	if (after_fork) return refuse_after_fork(); \
+	if (in_core) { errno = EINTR; return -1; } \
+} while (0)
+
+static void set_ours(int fd, int h, int nonblock, int listening)
+{
+	struct fdent *e = ent(fd);
+	if (!e)
+		return;
+	memset(e, 0, sizeof *e);
+	e->kind = K_OURS;
+	e->h = h;
+	e->nonblock = nonblock;
+	e->listening = listening;
+	if ((unsigned)h < MAX_HANDLES)
+		__atomic_add_fetch(&hrefs[h], 1, __ATOMIC_RELAXED);
+	/* The kernel socket never blocks: we do the waiting. */
+	int fl = real_fcntl(fd, F_GETFL);
+	if (fl >= 0 && !(fl & O_NONBLOCK))
+		real_fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+static void epoll_forget(int fd);
+
+/* drop forgets fd's entry; the core's socket closes with its last fd. */
+static void drop(int fd)
+{
+	struct fdent *e = ent(fd);
+	if (!e || e->kind == K_NONE)
+		return;
+	if (e->kind == K_OURS) {
+		epoll_forget(fd);
+		int h = e->h;
+		e->kind = K_NONE;
+		if (!after_fork && (unsigned)h < MAX_HANDLES &&
+		    __atomic_sub_fetch(&hrefs[h], 1, __ATOMIC_RELAXED) == 0)
+			CORE_VOID(core.close(h));
+	} else if (e->kind == K_EPOLL) {
+		free(e->ep);
+	}
+	memset(e, 0, sizeof *e);
+}
+
+/* ---- waiting ---------------------------------------------------------- */
+
+static pthread_key_t efd_key;
+static __thread int t_efd = -1;
+
+static void efd_close(void *p)
+{
+	(void)p;
+	if (t_efd >= 0)
+		real_close(t_efd);
+	t_efd = -1;
+}
+
+static int thread_efd(void)
+{
+	if (t_efd < 0) {
+		t_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		pthread_setspecific(efd_key, (void *)1);
+	}
+	return t_efd;
+}
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static short to_poll(int ev)
+{
+	short r = 0;
+	if (ev & ONL_READABLE) r |= POLLIN | POLLRDNORM;
+	if (ev & ONL_WRITABLE) r |= POLLOUT | POLLWRNORM;
+	if (ev & ONL_ERROR) r |= POLLERR;
+	if (ev & ONL_HANGUP) r |= POLLHUP;
+	if (ev & ONL_RDHUP) r |= POLLRDHUP;
+	return r;
+}
+
+static int from_poll(short ev)
+{
+	int r = 0;
+	if (ev & (POLLIN | POLLRDNORM | POLLRDHUP)) r |= ONL_READABLE;
+	if (ev & (POLLOUT | POLLWRNORM)) r |= ONL_WRITABLE;
+	if (ev & POLLRDHUP) r |= ONL_RDHUP;
+	return r;
+}
+
+/* Whether a system call interrupted by a signal restarts (SA_RESTART):
+ * we cannot tell which signal it was, so only if every handler the
+ * program set restarts. */
+static int no_restart;
+
+/*
+ * A wait: spin on the stack for the profile's spin time (one thread at a
+ * time: its polls serve every socket), then arm the sockets with the
+ * thread's eventfd and block in the kernel on it beside the program's
+ * own fds.
+ */
+struct wait {
+	int64_t deadline; /* -1: none */
+	int64_t spin_end;
+	int spinning;
+};
+
+static void wait_begin(struct wait *w, int64_t timeout_ns)
+{
+	w->deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
+	w->spinning = 0;
+	if (timeout_ns != 0 && spin_ns > 0 && CORE(core.try_spin())) {
+		w->spinning = 1;
+		w->spin_end = now_ns() + spin_ns;
+	}
+}
+
+static void wait_end(struct wait *w)
+{
+	if (w->spinning)
+		CORE_VOID(core.end_spin());
+	w->spinning = 0;
+}
+
+/* wait_over reports, after a check that found nothing, that the time is
+ * up; *now is the time, where wait_block needs it. */
+static int wait_over(struct wait *w, int64_t *now)
+{
+	*now = w->deadline >= 0 || w->spinning ? now_ns() : 0;
+	return w->deadline >= 0 && *now >= w->deadline;
+}
+
+/* wait_block spins on (returns at once) or blocks: it arms the k
+ * sockets hs for want and polls p[0..np-1] with the thread's eventfd in
+ * p[np] until either side is ready, the deadline or a signal. 0: check
+ * again; -1 with errno. */
+static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, int k,
+		      struct pollfd *p, int np, const sigset_t *mask)
+{
+	if (w->spinning && now < w->spin_end)
+		return 0;
+	wait_end(w);
+	int efd = thread_efd();
+	if (CORE(core.arm(hs, want, evs, k, efd)) > 0)
+		return 0;
+	p[np] = (struct pollfd){.fd = efd, .events = POLLIN};
+	struct timespec ts, *tsp = NULL;
+	if (w->deadline >= 0) {
+		int64_t left = w->deadline - now;
+		ts.tv_sec = left / 1000000000LL;
+		ts.tv_nsec = left % 1000000000LL;
+		tsp = &ts;
+	}
+	CORE_VOID(core.park());
+	int r = real_ppoll(p, np + 1, tsp, mask);
+	int saved = errno;
+	CORE_VOID(core.unpark());
+	CORE_VOID(core.disarm(hs, k, efd));
+	uint64_t v;
+	while (real_read(efd, &v, sizeof v) == sizeof v)
+		;
+	errno = saved;
+	return r < 0 ? -1 : 0;
+}
+
+/*
+ * wait_poll is poll() over fds where some are ours. Ours are checked
+ * through the core (a listener also in the kernel: it serves clients
+ * that come through loopback); the rest with the kernel. timeout_ns < 0
+ * waits for ever.
+ */
+static int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask)
+{
+	int hs_buf[64], want_buf[64], ev_buf[64], idx_buf[64];
+	struct pollfd tmp_buf[65];
+	int *hs = hs_buf, *want = want_buf, *evs = ev_buf, *idx = idx_buf;
+	struct pollfd *tmp = tmp_buf;
+	void *heap = NULL;
+	if (n >= 64) {
+		heap = malloc((n + 1) * (4 * sizeof(int) + sizeof(struct pollfd)));
+		if (!heap) {
+			errno = ENOMEM;
+			return -1;
+		}
+		hs = heap; want = hs + n; evs = want + n; idx = evs + n;
+		tmp = (struct pollfd *)(idx + n + 4);
+	}
+	int k = 0, nkernel = 0;
+	for (nfds_t i = 0; i < n; i++) {
+		tmp[i] = fds[i];
+		tmp[i].revents = 0;
+		struct fdent *e = ours(fds[i].fd);
+		if (e) {
+			hs[k] = e->h;
+			want[k] = from_poll(fds[i].events);
+			idx[k++] = i;
+			if (!e->listening)
+				tmp[i].fd = -1;
+			else
+				nkernel++;
+		} else if (fds[i].fd >= 0) {
+			nkernel++;
+		}
+	}
+	struct wait w;
+	wait_begin(&w, timeout_ns);
+	int ret;
+	for (;;) {
+		int ready = 0;
+		CORE_VOID(core.events(hs, evs, k, w.spinning));
+		if (nkernel > 0 && real_poll(tmp, n, 0) < 0) {
+			ret = -1;
+			break;
+		}
+		for (nfds_t i = 0; i < n; i++)
+			fds[i].revents = tmp[i].revents;
+		for (int j = 0; j < k; j++) {
+			struct pollfd *p = &fds[idx[j]];
+			p->revents |= to_poll(evs[j]) & (p->events | POLLERR | POLLHUP);
+		}
+		for (nfds_t i = 0; i < n; i++)
+			ready += fds[i].revents != 0;
+		int64_t now;
+		if (ready > 0 || wait_over(&w, &now)) {
+			ret = ready;
+			break;
+		}
+		if (wait_block(&w, now, hs, want, evs, k, tmp, n, mask) < 0) {
+			ret = -1;
+			break;
+		}
+		for (nfds_t i = 0; i < n; i++)
+			tmp[i].revents = 0;
+	}
+	wait_end(&w);
+	free(heap);
+	return ret;
+}
+
+/* wait_one waits for fd (ours) to be ready for events; 0, or -1 with
+ * errno (EINTR: a signal whose handler does not restart). */
+static int wait_one(int fd, short events)
+{
+	for (;;) {
+		struct pollfd p = {.fd = fd, .events = events};
+		int r = wait_poll(&p, 1, -1, NULL);
+		if (r > 0)
+			return 0;
+		if (r < 0 && errno == EINTR && !no_restart)
+			continue;
+		return -1;
+	}
+}
+
+/* blocked: a call on fd found nothing to do (EAGAIN). It counts that
+ * for EPOLLET, and waits for ev unless the call must not block. 1: try
+ * again; 0: the call ends, with errno (EAGAIN, EINTR) if it did nothing. */
+static int blocked(struct fdent *e, int fd, int flags, short ev)
+{
+	if (ev == POLLIN)
+		e->rd_eagain++;
+	else
+		e->wr_eagain++;
+	if (e->nonblock || (flags & MSG_DONTWAIT)) {
+		errno = EAGAIN;
+		return 0;
+	}
+	return wait_one(fd, ev) == 0;
+}
+
+/* ---- the calls ------------------------------------------------------- */
+
+__attribute__((constructor)) static void init(void)
+{
+#define LOAD(name) *(void **)&real_##name = dlsym(RTLD_NEXT, #name)
+	LOAD(socket); LOAD(bind); LOAD(listen); LOAD(accept); LOAD(accept4);
+	LOAD(connect); LOAD(read); LOAD(write); LOAD(readv); LOAD(writev);
+	LOAD(recv); LOAD(recvfrom); LOAD(recvmsg); LOAD(recvmmsg); LOAD(send);
+	LOAD(sendto); LOAD(sendmsg); LOAD(sendmmsg); LOAD(sendfile);
+	LOAD(close); LOAD(shutdown); LOAD(getsockopt); LOAD(setsockopt);
+	LOAD(getsockname); LOAD(getpeername); LOAD(fcntl); LOAD(ioctl);
+	LOAD(dup); LOAD(dup2); LOAD(dup3); LOAD(poll); LOAD(ppoll);
+	LOAD(select); LOAD(pselect); LOAD(epoll_create); LOAD(epoll_create1);
+	LOAD(epoll_ctl); LOAD(epoll_wait); LOAD(epoll_pwait); LOAD(epoll_pwait2);
+	LOAD(fork); LOAD(sigaction);
+#undef LOAD
+	const char *lv = getenv("ONLOAD_LOG");
+	log_debug = lv && strcmp(lv, "debug") == 0;
+	const char *dis = getenv("ONLOAD_DISABLE");
+	if (dis && strcmp(dis, "1") == 0)
+		return; /* an empty table: everything goes to libc */
+	struct rlimit rl;
+	nfdt = 65536;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max != RLIM_INFINITY && rl.rlim_max > (rlim_t)nfdt)
+		nfdt = rl.rlim_max > (1 << 20) ? (1 << 20) : (int)rl.rlim_max;
+	fdt = calloc(nfdt, sizeof *fdt);
+	hrefs = calloc(MAX_HANDLES, sizeof *hrefs);
+	if (!fdt || !hrefs) {
+		free(fdt);
+		fdt = NULL;
+		nfdt = 0;
+		return;
+	}
+	pthread_key_create(&efd_key, efd_close);
+}
+
+static void child_after_fork(void)
+{
+	if (core_state == 1)
+		after_fork = 1;
+	t_efd = -1; /* the parent thread's eventfd is shared: make our own */
+}
+
+EXPORT pid_t fork(void)
+{
+	pid_t p = real_fork();
+	if (p == 0)
+		child_after_fork();
+	return p;
+}
+
+/* vfork's child shares our memory and runs no fork handlers: a close()
+ * there would close the parent's socket. Like Onload's default, it is a
+ * fork. */
+EXPORT pid_t vfork(void) { return fork(); }
+
+EXPORT int socket(int domain, int type, int protocol)
+{
+	int fd = real_socket(domain, type, protocol);
+	struct fdent *e = ent(fd);
+	if (e && domain == AF_INET && (type & 0xf) == SOCK_STREAM &&
+	    (protocol == 0 || protocol == IPPROTO_TCP)) {
+		memset(e, 0, sizeof *e);
+		e->kind = K_TCP;
+	}
+	return fd;
+}
+
+/* The options the program set on the kernel socket before the core saw
+ * it, for the engine's socket. */
+static void copy_options(int fd, int h)
+{
+	static const struct { int level, name, opt; } opts[] = {
+		{IPPROTO_TCP, TCP_NODELAY, ONL_OPT_NODELAY},
+		{SOL_SOCKET, SO_KEEPALIVE, ONL_OPT_KEEPALIVE},
+		{IPPROTO_TCP, TCP_KEEPIDLE, ONL_OPT_KEEPIDLE},
+		{IPPROTO_TCP, TCP_KEEPINTVL, ONL_OPT_KEEPINTVL},
+		{IPPROTO_TCP, TCP_KEEPCNT, ONL_OPT_KEEPCNT},
+		{IPPROTO_TCP, TCP_USER_TIMEOUT, ONL_OPT_USER_TIMEOUT},
+	};
+	for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+		int v = 0;
+		socklen_t l = sizeof v;
+		if (real_getsockopt(fd, opts[i].level, opts[i].name, &v, &l) == 0 && v)
+			CORE(core.setopt(h, opts[i].opt, v));
+	}
+	struct linger lg;
+	socklen_t l = sizeof lg;
+	if (real_getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &l) == 0 && lg.l_onoff)
+		CORE(core.setopt(h, ONL_OPT_LINGER, lg.l_linger));
+}
+
+static int nonblocking(int fd)
+{
+	int fl = real_fcntl(fd, F_GETFL);
+	return fl >= 0 && (fl & O_NONBLOCK);
+}
+
+/* accel_listener hands a listening socket to the core, once, if it will
+ * have it; the entry is K_OURS after, or not ours. */
+static void accel_listener(int fd, struct fdent *e)
+{
+	if (e->kind != K_TCP || !e->listening || after_fork)
+		return;
+	pthread_mutex_lock(&mu);
+	if (e->kind == K_TCP && !e->tried && load_core() == 1) {
+		struct sockaddr_in sa;
+		socklen_t l = sizeof sa;
+		int h = 0;
+		if (real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && sa.sin_family == AF_INET)
+			h = CORE(core.listen(fd, sa.sin_addr.s_addr));
+		if (h > 0) {
+			int nb = nonblocking(fd);
+			set_ours(fd, h, nb, 1);
+			copy_options(fd, h);
+			spin_ns = CORE(core.spin_ns());
+			debugf("fd %d: listening, accelerated", fd);
+		} else {
+			e->tried = 1;
+			debugf("fd %d: listening in the kernel", fd);
+		}
+	}
+	pthread_mutex_unlock(&mu);
+}
+
+static inline struct fdent *ours_or_listener(int fd)
+{
+	struct fdent *e = ent(fd);
+	if (e && e->kind == K_TCP && e->listening && !e->tried)
+		accel_listener(fd, e);
+	return e && e->kind == K_OURS ? e : NULL;
+}
+
+EXPORT int listen(int fd, int backlog)
+{
+	struct fdent *e = ent(fd);
+	if (e && e->kind == K_OURS) {
+		errno = EINVAL; /* connected */
+		return -1;
+	}
+	int r = real_listen(fd, backlog);
+	if (r == 0 && e && e->kind == K_TCP)
+		e->listening = 1;
+	return r;
+}
+
+EXPORT int bind(int fd, const struct sockaddr *a, socklen_t l)
+{
+	return real_bind(fd, a, l);
+}
+
+EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
+{
+	struct fdent *e = ent(fd);
+	if (e && e->kind == K_OURS) {
+		CHECK_USABLE();
+		int ev;
+		CORE_VOID(core.events(&e->h, &ev, 1, 0));
+		errno = ev & ONL_WRITABLE ? EISCONN : EALREADY;
+		return -1;
+	}
+	if (!e || e->kind != K_TCP || e->listening || !a || l < sizeof(struct sockaddr_in) ||
+	    a->sa_family != AF_INET || after_fork || load_core() != 1)
+		return real_connect(fd, a, l);
+	const struct sockaddr_in *sin = (const struct sockaddr_in *)a;
+	int nb = nonblocking(fd);
+	int h = CORE(core.connect(fd, sin->sin_addr.s_addr, sin->sin_port));
+	if (h == 0) {
+		e->kind = K_NONE;
+		return real_connect(fd, a, l);
+	}
+	if (h < 0) {
+		errno = -h;
+		return -1;
+	}
+	pthread_mutex_lock(&mu);
+	set_ours(fd, h, nb, 0);
+	pthread_mutex_unlock(&mu);
+	copy_options(fd, h);
+	spin_ns = CORE(core.spin_ns());
+	debugf("fd %d: connecting, accelerated", fd);
+	if (nb) {
+		errno = EINPROGRESS;
+		return -1;
+	}
+	if (wait_one(fd, POLLOUT) < 0)
+		return -1;
+	int err = CORE(core.sockerr(h));
+	if (err) {
+		errno = err;
+		return -1;
+	}
+	return 0;
+}
+
+static void fill_addr(struct sockaddr *a, socklen_t *l, uint32_t ip, uint16_t port)
+{
+	if (!a || !l)
+		return;
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = port, .sin_addr.s_addr = ip};
+	memcpy(a, &sin, *l < sizeof sin ? *l : sizeof sin);
+	*l = sizeof sin;
+}
+
+EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
+{
+	struct fdent *e = ours_or_listener(fd);
+	if (!e || !e->listening)
+		return real_accept4(fd, a, l, flags);
+	CHECK_USABLE();
+	for (;;) {
+		int ev;
+		CORE_VOID(core.events(&e->h, &ev, 1, 0));
+		if (ev & ONL_READABLE) {
+			int kfd = real_socket(AF_INET, SOCK_STREAM | (flags & SOCK_CLOEXEC), 0);
+			if (kfd < 0)
+				return -1;
+			int h = CORE(core.accept(e->h, kfd));
+			if (h > 0) {
+				pthread_mutex_lock(&mu);
+				set_ours(kfd, h, !!(flags & SOCK_NONBLOCK), 0);
+				pthread_mutex_unlock(&mu);
+				uint32_t lip, rip;
+				uint16_t lp, rp;
+				if (CORE(core.addrs(h, &lip, &lp, &rip, &rp)) == 0)
+					fill_addr(a, l, rip, rp);
+				return kfd;
+			}
+			real_close(kfd);
+			if (h != -EAGAIN) {
+				errno = -h;
+				return -1;
+			}
+		}
+		/* Clients through loopback reach the kernel's half. */
+		int k = real_accept4(fd, a, l, flags);
+		if (k >= 0 || errno != EAGAIN)
+			return k;
+		if (!blocked(e, fd, 0, POLLIN))
+			return -1;
+	}
+}
+
+EXPORT int accept(int fd, struct sockaddr *a, socklen_t *l) { return accept4(fd, a, l, 0); }
+
+static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags)
+{
+	CHECK_USABLE();
+	if (e->listening) {
+		errno = ENOTCONN;
+		return -1;
+	}
+	size_t got = 0;
+	for (;;) {
+		long r = CORE(core.recv(e->h, (char *)buf + got, n - got, flags & MSG_PEEK));
+		if (r > 0) {
+			got += r;
+			if (!(flags & MSG_WAITALL) || got == n || (flags & MSG_PEEK))
+				return got;
+			continue;
+		}
+		if (r == 0)
+			return got;
+		if (r != -EAGAIN) {
+			if (got)
+				return got;
+			errno = -r;
+			return -1;
+		}
+		if (!blocked(e, fd, flags, POLLIN))
+			return got ? (ssize_t)got : -1;
+	}
+}
+
+/* ours_send queues all of buf (blocking) or what fits (non-blocking). */
+static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int flags)
+{
+	CHECK_USABLE();
+	size_t done = 0;
+	for (;;) {
+		long r = CORE(core.send(e->h, (const char *)buf + done, n - done));
+		if (r > 0) {
+			done += r;
+			if (done == n)
+				return done;
+			continue;
+		}
+		if (r == 0 && n == 0)
+			return 0;
+		if (r < 0 && r != -EAGAIN) {
+			if (done)
+				return done;
+			if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
+				raise(SIGPIPE);
+			errno = -r;
+			return -1;
+		}
+		if (!blocked(e, fd, flags, POLLOUT))
+			return done ? (ssize_t)done : -1;
+	}
+}
+
+EXPORT ssize_t read(int fd, void *b, size_t n)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_recv(e, fd, b, n, 0) : real_read(fd, b, n);
+}
+
+EXPORT ssize_t write(int fd, const void *b, size_t n)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_send(e, fd, b, n, 0) : real_write(fd, b, n);
+}
+
+EXPORT ssize_t recv(int fd, void *b, size_t n, int flags)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_recv(e, fd, b, n, flags) : real_recv(fd, b, n, flags);
+}
+
+EXPORT ssize_t recvfrom(int fd, void *b, size_t n, int flags, struct sockaddr *a, socklen_t *l)
+{
+	struct fdent *e = ours(fd);
+	if (!e)
+		return real_recvfrom(fd, b, n, flags, a, l);
+	ssize_t r = ours_recv(e, fd, b, n, flags);
+	if (r >= 0 && a && l)
+		*l = 0; /* TCP: no address, as the kernel */
+	return r;
+}
+
+EXPORT ssize_t send(int fd, const void *b, size_t n, int flags)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_send(e, fd, b, n, flags) : real_send(fd, b, n, flags);
+}
+
+EXPORT ssize_t sendto(int fd, const void *b, size_t n, int flags, const struct sockaddr *a, socklen_t l)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_send(e, fd, b, n, flags) : real_sendto(fd, b, n, flags, a, l);
+}
+
+/* Small gathers go out as one send (one segment, as the kernel would
+ * coalesce them); big ones an iovec at a time. */
+#define GATHER 65536
+static __thread char *t_gather;
+
+static ssize_t ours_sendv(struct fdent *e, int fd, const struct iovec *iov, int cnt, int flags)
+{
+	size_t total = 0;
+	for (int i = 0; i < cnt; i++)
+		total += iov[i].iov_len;
+	if (cnt == 1)
+		return ours_send(e, fd, iov[0].iov_base, iov[0].iov_len, flags);
+	if (total <= GATHER && (t_gather || (t_gather = malloc(GATHER)))) {
+		size_t off = 0;
+		for (int i = 0; i < cnt; i++) {
+			memcpy(t_gather + off, iov[i].iov_base, iov[i].iov_len);
+			off += iov[i].iov_len;
+		}
+		return ours_send(e, fd, t_gather, total, flags);
+	}
+	ssize_t done = 0;
+	for (int i = 0; i < cnt; i++) {
+		ssize_t r = ours_send(e, fd, iov[i].iov_base, iov[i].iov_len, flags);
+		if (r < 0)
+			return done ? done : -1;
+		done += r;
+		if ((size_t)r < iov[i].iov_len)
+			break;
+	}
+	return done;
+}
+
+static ssize_t ours_recvv(struct fdent *e, int fd, const struct iovec *iov, int cnt, int flags)
+{
+	ssize_t done = 0;
+	for (int i = 0; i < cnt; i++) {
+		if (iov[i].iov_len == 0)
+			continue;
+		ssize_t r = ours_recv(e, fd, iov[i].iov_base, iov[i].iov_len, done ? flags | MSG_DONTWAIT : flags);
+		if (r < 0)
+			return done ? done : -1;
+		done += r;
+		if ((size_t)r < iov[i].iov_len)
+			break;
+	}
+	return done;
+}
+
+EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_recvv(e, fd, iov, cnt, 0) : real_readv(fd, iov, cnt);
+}
+
+EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_sendv(e, fd, iov, cnt, 0) : real_writev(fd, iov, cnt);
+}
+
+EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
+{
+	struct fdent *e = ours(fd);
+	if (!e)
+		return real_recvmsg(fd, m, flags);
+	ssize_t r = ours_recvv(e, fd, m->msg_iov, m->msg_iovlen, flags);
+	if (r >= 0) {
+		m->msg_namelen = 0;
+		m->msg_controllen = 0;
+		m->msg_flags = 0;
+	}
+	return r;
+}
+
+EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_sendv(e, fd, m->msg_iov, m->msg_iovlen, flags) : real_sendmsg(fd, m, flags);
+}
+
+EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct timespec *t)
+{
+	struct fdent *e = ours(fd);
+	if (!e)
+		return real_recvmmsg(fd, v, n, flags, t);
+	unsigned int i;
+	for (i = 0; i < n; i++) {
+		int f = flags & ~MSG_WAITFORONE;
+		if (i > 0 && (flags & MSG_WAITFORONE))
+			f |= MSG_DONTWAIT;
+		ssize_t r = recvmsg(fd, &v[i].msg_hdr, f);
+		if (r < 0)
+			return i ? (int)i : -1;
+		v[i].msg_len = r;
+		if (r == 0)
+			return i + 1;
+	}
+	return i;
+}
+
+EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
+{
+	struct fdent *e = ours(fd);
+	if (!e)
+		return real_sendmmsg(fd, v, n, flags);
+	unsigned int i;
+	for (i = 0; i < n; i++) {
+		ssize_t r = sendmsg(fd, &v[i].msg_hdr, flags);
+		if (r < 0)
+			return i ? (int)i : -1;
+		v[i].msg_len = r;
+	}
+	return i;
+}
+
+/* sendfile on an accelerated socket reads the file and sends what it
+ * read. */
+EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n)
+{
+	struct fdent *e = ours(out);
+	if (!e)
+		return real_sendfile(out, in, off, n);
+	char buf[16384];
+	size_t done = 0;
+	while (done < n) {
+		size_t want = n - done < sizeof buf ? n - done : sizeof buf;
+		ssize_t r = off ? pread(in, buf, want, *off) : real_read(in, buf, want);
+		if (r <= 0) {
+			if (r < 0 && !done)
+				return -1;
+			break;
+		}
+		/* Blocking: all of it; non-blocking: what fits, and the file's
+		 * offset goes back by what did not. */
+		ssize_t s = ours_send(e, out, buf, r, 0);
+		if (s < 0) {
+			if (!off)
+				lseek(in, -r, SEEK_CUR);
+			if (!done)
+				return -1;
+			break;
+		}
+		done += s;
+		if (off)
+			*off += s;
+		else if (s < r)
+			lseek(in, s - r, SEEK_CUR);
+		if (s < r)
+			break;
+	}
+	return done;
+}
+
+EXPORT ssize_t sendfile64(int out, int in, off_t *off, size_t n) { return sendfile(out, in, off, n); }
+
+/* The fortified versions (_FORTIFY_SOURCE) that programs built with it
+ * call instead. */
+EXPORT ssize_t __read_chk(int fd, void *b, size_t n, size_t blen)
+{
+	(void)blen;
+	return read(fd, b, n);
+}
+
+EXPORT ssize_t __recv_chk(int fd, void *b, size_t n, size_t blen, int flags)
+{
+	(void)blen;
+	return recv(fd, b, n, flags);
+}
+
+EXPORT ssize_t __recvfrom_chk(int fd, void *b, size_t n, size_t blen, int flags, struct sockaddr *a, socklen_t *l)
+{
+	(void)blen;
+	return recvfrom(fd, b, n, flags, a, l);
+}
+
+EXPORT int close(int fd)
+{
+	struct fdent *e = ent(fd);
+	if (e && e->kind != K_NONE) {
+		pthread_mutex_lock(&mu);
+		drop(fd);
+		pthread_mutex_unlock(&mu);
+	}
+	return real_close(fd);
+}
+
+EXPORT int shutdown(int fd, int how)
+{
+	struct fdent *e = ours(fd);
+	if (!e || e->listening)
+		return real_shutdown(fd, how);
+	CHECK_USABLE();
+	int r = CORE(core.shutdown(e->h, how));
+	if (r < 0) {
+		errno = -r;
+		return -1;
+	}
+	return 0;
+}
+
+EXPORT int getsockopt(int fd, int level, int name, void *v, socklen_t *l)
+{
+	struct fdent *e = ours(fd);
+	if (!e || e->listening || after_fork)
+		return real_getsockopt(fd, level, name, v, l);
+	if (level == SOL_SOCKET && name == SO_ERROR && v && l && *l >= sizeof(int)) {
+		*(int *)v = CORE(core.sockerr(e->h));
+		*l = sizeof(int);
+		return 0;
+	}
+	if (level == IPPROTO_TCP && name == TCP_INFO && v && l) {
+		struct onl_tcpinfo ti;
+		int r = CORE(core.tcpinfo(e->h, &ti));
+		if (r < 0) {
+			errno = -r;
+			return -1;
+		}
+		struct tcp_info k;
+		memset(&k, 0, sizeof k);
+		k.tcpi_state = ti.state;
+		k.tcpi_rto = ti.rto_us;
+		k.tcpi_rtt = ti.rtt_us;
+		k.tcpi_rttvar = ti.rttvar_us;
+		k.tcpi_snd_mss = ti.snd_mss;
+		k.tcpi_rcv_mss = ti.rcv_mss;
+		k.tcpi_snd_cwnd = ti.snd_cwnd;
+		k.tcpi_snd_ssthresh = ti.snd_ssthresh;
+		k.tcpi_unacked = ti.unacked;
+		k.tcpi_lost = ti.lost;
+		k.tcpi_retrans = ti.retrans;
+		k.tcpi_sacked = ti.sacked;
+		k.tcpi_backoff = ti.backoff;
+		k.tcpi_options = ti.options;
+		k.tcpi_snd_wscale = ti.snd_wscale;
+		k.tcpi_rcv_wscale = ti.rcv_wscale;
+		socklen_t n = *l < sizeof k ? *l : sizeof k;
+		memcpy(v, &k, n);
+		*l = n;
+		return 0;
+	}
+	/* The rest as the kernel socket has them: setsockopt sets both. */
+	return real_getsockopt(fd, level, name, v, l);
+}
+
+EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
+{
+	struct fdent *e = ours(fd);
+	int r = real_setsockopt(fd, level, name, v, l);
+	if (!e || e->listening || r < 0 || after_fork || !v || l < sizeof(int))
+		return r;
+	int opt = 0, val = *(const int *)v;
+	if (level == IPPROTO_TCP) {
+		switch (name) {
+		case TCP_NODELAY: opt = ONL_OPT_NODELAY; break;
+		case TCP_KEEPIDLE: opt = ONL_OPT_KEEPIDLE; break;
+		case TCP_KEEPINTVL: opt = ONL_OPT_KEEPINTVL; break;
+		case TCP_KEEPCNT: opt = ONL_OPT_KEEPCNT; break;
+		case TCP_USER_TIMEOUT: opt = ONL_OPT_USER_TIMEOUT; break;
+		}
+	} else if (level == SOL_SOCKET) {
+		switch (name) {
+		case SO_KEEPALIVE: opt = ONL_OPT_KEEPALIVE; break;
+		case SO_RCVBUF: opt = ONL_OPT_RCVBUF; break;
+		case SO_SNDBUF: opt = ONL_OPT_SNDBUF; break;
+		case SO_LINGER:
+			if (l >= sizeof(struct linger)) {
+				const struct linger *lg = v;
+				opt = ONL_OPT_LINGER;
+				val = lg->l_onoff ? lg->l_linger : -1;
+			}
+			break;
+		}
+	}
+	if (opt) {
+		if (opt == ONL_OPT_NODELAY || opt == ONL_OPT_KEEPALIVE)
+			val = !!val;
+		int rr = CORE(core.setopt(e->h, opt, val));
+		if (rr < 0)
+			debugf("fd %d: option %d=%d not taken by the stack: %s", fd, opt, val, strerror(-rr));
+	}
+	return r;
+}
+
+/* name fills a with the socket's local (peer 0) or remote address. */
+static int name(int fd, struct sockaddr *a, socklen_t *l, int peer)
+{
+	struct fdent *e = ours(fd);
+	if (!e || e->listening || after_fork)
+		return peer ? real_getpeername(fd, a, l) : real_getsockname(fd, a, l);
+	uint32_t ip[2];
+	uint16_t port[2];
+	int r = CORE(core.addrs(e->h, &ip[0], &port[0], &ip[1], &port[1]));
+	if (r < 0) {
+		errno = -r;
+		return -1;
+	}
+	if (peer && !ip[1]) {
+		errno = ENOTCONN;
+		return -1;
+	}
+	fill_addr(a, l, ip[peer], port[peer]);
+	return 0;
+}
+
+EXPORT int getsockname(int fd, struct sockaddr *a, socklen_t *l) { return name(fd, a, l, 0); }
+EXPORT int getpeername(int fd, struct sockaddr *a, socklen_t *l) { return name(fd, a, l, 1); }
+
+/* dup_to makes newfd name what oldfd names, after the kernel did. */
+static void dup_to(int oldfd, int newfd)
+{
+	struct fdent *o = ent(oldfd), *n = ent(newfd);
+	if (!o || !n || oldfd == newfd)
+		return;
+	pthread_mutex_lock(&mu);
+	drop(newfd);
+	if (o->kind == K_TCP || o->kind == K_OURS) {
+		*n = *o;
+		n->ep = NULL;
+		if (o->kind == K_OURS && (unsigned)o->h < MAX_HANDLES)
+			__atomic_add_fetch(&hrefs[o->h], 1, __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&mu);
+}
+
+EXPORT int dup(int fd)
+{
+	int r = real_dup(fd);
+	if (r >= 0)
+		dup_to(fd, r);
+	return r;
+}
+
+EXPORT int dup2(int fd, int fd2)
+{
+	int r = real_dup2(fd, fd2);
+	if (r >= 0)
+		dup_to(fd, r);
+	return r;
+}
+
+EXPORT int dup3(int fd, int fd2, int flags)
+{
+	int r = real_dup3(fd, fd2, flags);
+	if (r >= 0)
+		dup_to(fd, r);
+	return r;
+}
+
+static int do_fcntl(int fd, int cmd, long arg)
+{
+	struct fdent *e = ours(fd);
+	switch (cmd) {
+	case F_DUPFD:
+	case F_DUPFD_CLOEXEC: {
+		int r = real_fcntl(fd, cmd, arg);
+		if (r >= 0)
+			dup_to(fd, r);
+		return r;
+	}
+	case F_GETFL: {
+		int r = real_fcntl(fd, cmd);
+		if (e && r >= 0)
+			r = e->nonblock ? r | O_NONBLOCK : r & ~O_NONBLOCK;
+		return r;
+	}
+	case F_SETFL:
+		if (e) {
+			e->nonblock = !!(arg & O_NONBLOCK);
+			arg |= O_NONBLOCK;
+		}
+		return real_fcntl(fd, cmd, arg);
+	}
+	return real_fcntl(fd, cmd, arg);
+}
+
+EXPORT int fcntl(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	long arg = va_arg(ap, long);
+	va_end(ap);
+	return do_fcntl(fd, cmd, arg);
+}
+
+/* With _FILE_OFFSET_BITS=64, glibc's fcntl is fcntl64. */
+EXPORT int fcntl64(int fd, int cmd, ...) __attribute__((alias("fcntl")));
+
+EXPORT int ioctl(int fd, unsigned long req, ...)
+{
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	struct fdent *e = ours(fd);
+	if (e && req == FIONBIO && arg) {
+		e->nonblock = !!*(int *)arg;
+		return 0;
+	}
+	if (e && req == FIONREAD && arg && !e->listening) {
+		CHECK_USABLE();
+		int r = CORE(core.unread(e->h));
+		if (r < 0) {
+			errno = -r;
+			return -1;
+		}
+		*(int *)arg = r;
+		return 0;
+	}
+	return real_ioctl(fd, req, arg);
+}
+
+/* ---- poll and select ----------------------------------------------- */
+
+static int64_t ts_ns(const struct timespec *t)
+{
+	return t ? t->tv_sec * 1000000000LL + t->tv_nsec : -1;
+}
+
+static int any_ours(struct pollfd *fds, nfds_t n)
+{
+	if (!fdt)
+		return 0;
+	int any = 0;
+	for (nfds_t i = 0; i < n; i++)
+		if (ours_or_listener(fds[i].fd))
+			any = 1;
+	return any && !after_fork && !in_core;
+}
+
+EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
+{
+	if (!any_ours(fds, n))
+		return real_poll(fds, n, timeout);
+	return wait_poll(fds, n, timeout < 0 ? -1 : timeout * 1000000LL, NULL);
+}
+
+EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *t, const sigset_t *mask)
+{
+	if (!any_ours(fds, n))
+		return real_ppoll(fds, n, t, mask);
+	return wait_poll(fds, n, ts_ns(t), mask);
+}
+
+EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int timeout, size_t len)
+{
+	(void)len;
+	return poll(fds, n, timeout);
+}
+
+EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *t, const sigset_t *mask, size_t len)
+{
+	(void)len;
+	return ppoll(fds, n, t, mask);
+}
+
+static int select_ours(int n, fd_set *r, fd_set *w, fd_set *x)
+{
+	if (!fdt || after_fork || in_core)
+		return 0;
+	for (int fd = 0; fd < n && fd < nfdt; fd++)
+		if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (x && FD_ISSET(fd, x))) && ours_or_listener(fd))
+			return 1;
+	return 0;
+}
+
+/* do_select is select() as poll() over the fds in the sets. */
+static int do_select(int n, fd_set *r, fd_set *w, fd_set *x, int64_t timeout_ns, const sigset_t *mask)
+{
+	struct pollfd *p = malloc(sizeof *p * (n > 0 ? n : 1));
+	if (!p) {
+		errno = ENOMEM;
+		return -1;
+	}
+	int k = 0;
+	for (int fd = 0; fd < n; fd++) {
+		short ev = 0;
+		if (r && FD_ISSET(fd, r)) ev |= POLLIN;
+		if (w && FD_ISSET(fd, w)) ev |= POLLOUT;
+		if (x && FD_ISSET(fd, x)) ev |= POLLPRI;
+		if (ev)
+			p[k++] = (struct pollfd){.fd = fd, .events = ev};
+	}
+	int rc = wait_poll(p, k, timeout_ns, mask);
+	if (rc < 0) {
+		free(p);
+		return -1;
+	}
+	for (int i = 0; i < k; i++)
+		if (p[i].revents & POLLNVAL) {
+			free(p);
+			errno = EBADF;
+			return -1;
+		}
+	if (r) FD_ZERO(r);
+	if (w) FD_ZERO(w);
+	if (x) FD_ZERO(x);
+	int count = 0;
+	for (int i = 0; i < k; i++) {
+		short re = p[i].revents;
+		if (r && (re & (POLLIN | POLLHUP | POLLERR)) && (p[i].events & POLLIN)) { FD_SET(p[i].fd, r); count++; }
+		if (w && (re & (POLLOUT | POLLERR)) && (p[i].events & POLLOUT)) { FD_SET(p[i].fd, w); count++; }
+		if (x && (re & POLLPRI) && (p[i].events & POLLPRI)) { FD_SET(p[i].fd, x); count++; }
+	}
+	free(p);
+	return count;
+}
+
+EXPORT int select(int n, fd_set *r, fd_set *w, fd_set *x, struct timeval *t)
+{
+	if (!select_ours(n, r, w, x))
+		return real_select(n, r, w, x, t);
+	return do_select(n, r, w, x, t ? t->tv_sec * 1000000000LL + t->tv_usec * 1000LL : -1, NULL);
+}
+
+EXPORT int pselect(int n, fd_set *r, fd_set *w, fd_set *x, const struct timespec *t, const sigset_t *mask)
+{
+	if (!select_ours(n, r, w, x))
+		return real_pselect(n, r, w, x, t, mask);
+	return do_select(n, r, w, x, ts_ns(t), mask);
+}
+
+/* ---- epoll ------------------------------------------------------------- */
+
+/* An epoll instance's accelerated members, which the kernel's epoll does
+ * not see (a listener is in both: the kernel's half serves loopback). */
+struct epi {
+	int fd, h;
+	uint32_t events;
+	epoll_data_t data;
+	uint8_t disabled;	      /* EPOLLONESHOT, reported */
+	uint32_t rd_seen, wr_seen;    /* EPOLLET: the EAGAIN counts when last reported */
+};
+
+struct ep {
+	int n, cap, next;
+	struct epi items[];
+};
+
+static struct ep *ep_of(int epfd)
+{
+	struct fdent *e = ent(epfd);
+	if (!e)
+		return NULL;
+	if (e->kind != K_EPOLL) {
+		memset(e, 0, sizeof *e);
+		e->kind = K_EPOLL;
+	}
+	return e->ep;
+}
+
+static void epoll_forget(int fd)
+{
+	for (int i = 0; i < nfdt; i++) {
+		struct ep *ep = fdt[i].kind == K_EPOLL ? fdt[i].ep : NULL;
+		if (!ep)
+			continue;
+		for (int j = 0; j < ep->n; j++)
+			if (ep->items[j].fd == fd) {
+				ep->items[j] = ep->items[--ep->n];
+				break;
+			}
+	}
+}
+
+static int note_epoll(int r)
+{
+	struct fdent *e = ent(r);
+	if (e) {
+		pthread_mutex_lock(&mu);
+		memset(e, 0, sizeof *e);
+		e->kind = K_EPOLL;
+		pthread_mutex_unlock(&mu);
+	}
+	return r;
+}
+
+EXPORT int epoll_create(int size) { return note_epoll(real_epoll_create(size)); }
+EXPORT int epoll_create1(int flags) { return note_epoll(real_epoll_create1(flags)); }
+
+EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+	struct fdent *fe = ours_or_listener(fd);
+	struct fdent *ee = ent(epfd);
+	if (!fe || !ee || after_fork)
+		return real_epoll_ctl(epfd, op, fd, ev);
+	if (fe->listening) {
+		/* The kernel's half too. */
+		int r = real_epoll_ctl(epfd, op, fd, ev);
+		if (r < 0)
+			return r;
+	}
+	pthread_mutex_lock(&mu);
+	struct ep *ep = ep_of(epfd);
+	int i = 0;
+	while (ep && i < ep->n && ep->items[i].fd != fd)
+		i++;
+	int found = ep && i < ep->n;
+	int r = 0;
+	switch (op) {
+	case EPOLL_CTL_ADD:
+		if (found) {
+			errno = EEXIST;
+			r = -1;
+			break;
+		}
+		if (!ep || ep->n == ep->cap) {
+			int cap = ep ? ep->cap * 2 : 8;
+			struct ep *n = realloc(ep, sizeof *ep + cap * sizeof(struct epi));
+			if (!n) {
+				errno = ENOMEM;
+				r = -1;
+				break;
+			}
+			if (!ep)
+				n->n = n->next = 0;
+			n->cap = cap;
+			ee->ep = ep = n;
+		}
+		i = ep->n++;
+		/* fallthrough */
+	case EPOLL_CTL_MOD:
+		if (!found && op == EPOLL_CTL_MOD) {
+			errno = ENOENT;
+			r = -1;
+			break;
+		}
+		if (!ev) {
+			errno = EFAULT;
+			r = -1;
+			break;
+		}
+		ep->items[i] = (struct epi){
+			.fd = fd, .h = fe->h, .events = ev->events, .data = ev->data,
+			.rd_seen = fe->rd_eagain - 1, .wr_seen = fe->wr_eagain - 1,
+		};
+		break;
+	case EPOLL_CTL_DEL:
+		if (!found) {
+			errno = ENOENT;
+			r = -1;
+			break;
+		}
+		ep->items[i] = ep->items[--ep->n];
+		break;
+	default:
+		errno = EINVAL;
+		r = -1;
+	}
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
+/* epoll's bits are poll's. */
+_Static_assert(EPOLLIN == POLLIN && EPOLLOUT == POLLOUT && EPOLLERR == POLLERR && EPOLLHUP == POLLHUP &&
+	       EPOLLRDHUP == POLLRDHUP && EPOLLRDNORM == POLLRDNORM && EPOLLWRNORM == POLLWRNORM,
+	       "epoll and poll bits differ");
+#define to_epoll(ev) ((uint32_t)(uint16_t)to_poll(ev))
+#define from_epoll(ev) from_poll((short)((ev) & 0xffff))
+
+/* ep_collect reports ready accelerated members into out, up to max. */
+static int ep_collect(struct ep *ep, struct epoll_event *out, int max, int *hs, int *evs, int poll)
+{
+	int n = ep->n;
+	for (int j = 0; j < n; j++)
+		hs[j] = ep->items[j].disabled ? 0 : ep->items[j].h;
+	CORE_VOID(core.events(hs, evs, n, poll));
+	int k = 0;
+	for (int c = 0; c < n && k < max; c++) {
+		int j = (ep->next + c) % n;
+		struct epi *it = &ep->items[j];
+		if (it->disabled)
+			continue;
+		uint32_t got = to_epoll(evs[j]) & (it->events | EPOLLERR | EPOLLHUP);
+		if (it->events & EPOLLET) {
+			struct fdent *fe = ent(it->fd);
+			/* An edge: readiness not yet reported since the program
+			 * last found the socket empty (or full). */
+			if (fe && fe->rd_eagain == it->rd_seen)
+				got &= ~(EPOLLIN | EPOLLRDNORM | EPOLLRDHUP);
+			if (fe && fe->wr_eagain == it->wr_seen)
+				got &= ~(EPOLLOUT | EPOLLWRNORM);
+			if (fe && (got & (EPOLLIN | EPOLLRDNORM | EPOLLRDHUP)))
+				it->rd_seen = fe->rd_eagain;
+			if (fe && (got & (EPOLLOUT | EPOLLWRNORM)))
+				it->wr_seen = fe->wr_eagain;
+		}
+		if (!got)
+			continue;
+		out[k].events = got;
+		out[k].data = it->data;
+		k++;
+		if (it->events & EPOLLONESHOT)
+			it->disabled = 1;
+	}
+	ep->next = n ? (ep->next + 1) % n : 0;
+	return k;
+}
+
+static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns, const sigset_t *mask)
+{
+	struct fdent *ee = ent(epfd);
+	struct ep *ep = ee && ee->kind == K_EPOLL ? ee->ep : NULL;
+	if (max <= 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	struct wait w;
+	wait_begin(&w, timeout_ns);
+	int ret;
+	for (;;) {
+		pthread_mutex_lock(&mu);
+		int n = ep->n;
+		int *hs = malloc(sizeof(int) * 3 * (n + 1));
+		if (!hs) {
+			pthread_mutex_unlock(&mu);
+			errno = ENOMEM;
+			ret = -1;
+			break;
+		}
+		int *evs = hs + n + 1, *want = evs + n + 1;
+		int k = ep_collect(ep, out, max, hs, evs, w.spinning);
+		for (int j = 0; j < n; j++)
+			want[j] = hs[j] ? from_epoll(ep->items[j].events) : 0;
+		pthread_mutex_unlock(&mu);
+		if (k < max) {
+			int r = real_epoll_wait(epfd, out + k, max - k, 0);
+			if (r < 0) {
+				free(hs);
+				ret = -1;
+				break;
+			}
+			/* A listener's two halves report once. */
+			for (int a = k; a < k + r; a++) {
+				int dup = -1;
+				for (int b = 0; b < k; b++)
+					if (out[b].data.u64 == out[a].data.u64)
+						dup = b;
+				if (dup >= 0) {
+					out[dup].events |= out[a].events;
+					out[a--] = out[k + --r];
+				}
+			}
+			k += r;
+		}
+		int64_t now;
+		if (k > 0 || wait_over(&w, &now)) {
+			free(hs);
+			ret = k;
+			break;
+		}
+		struct pollfd p[2] = {{.fd = epfd, .events = POLLIN}};
+		int r = wait_block(&w, now, hs, want, evs, n, p, 1, mask);
+		free(hs);
+		if (r < 0) {
+			ret = -1;
+			break;
+		}
+	}
+	wait_end(&w);
+	return ret;
+}
+
+static int ep_has_ours(int epfd)
+{
+	struct fdent *e = ent(epfd);
+	return e && e->kind == K_EPOLL && e->ep && e->ep->n > 0 && !after_fork && !in_core;
+}
+
+EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
+{
+	if (!ep_has_ours(epfd))
+		return real_epoll_wait(epfd, ev, max, timeout);
+	return do_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : timeout * 1000000LL, NULL);
+}
+
+EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask)
+{
+	if (!ep_has_ours(epfd))
+		return real_epoll_pwait(epfd, ev, max, timeout, mask);
+	return do_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : timeout * 1000000LL, mask);
+}
+
+EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const struct timespec *t, const sigset_t *mask)
+{
+	if (!ep_has_ours(epfd))
+		return real_epoll_pwait2(epfd, ev, max, t, mask);
+	return do_epoll_wait(epfd, ev, max, ts_ns(t), mask);
+}
+
+/* ---- signals ------------------------------------------------------------ */
+
+/* sigaction: the program's handlers run on the thread's alternate stack
+ * where there is one (a thread in the Go core has Go's), and whether
+ * they restart interrupted calls is noted for our blocking calls. */
+EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+	if (!act || act->sa_handler == SIG_DFL || act->sa_handler == SIG_IGN)
+		return real_sigaction(sig, act, old);
+	struct sigaction a = *act;
+	a.sa_flags |= SA_ONSTACK;
+	if (!(a.sa_flags & SA_RESTART))
+		no_restart = 1;
+	return real_sigaction(sig, &a, old);
+}
+
+/* signal: glibc's, BSD semantics (SA_RESTART), through ours. */
+EXPORT sighandler_t signal(int sig, sighandler_t h)
+{
+	struct sigaction a, old;
+	memset(&a, 0, sizeof a);
+	a.sa_handler = h;
+	a.sa_flags = SA_RESTART;
+	sigemptyset(&a.sa_mask);
+	sigaddset(&a.sa_mask, sig);
+	if (sigaction(sig, &a, &old) < 0)
+		return SIG_ERR;
+	return old.sa_handler;
+}

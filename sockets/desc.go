@@ -1,0 +1,336 @@
+package sockets
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdp-onload/onload/stack"
+)
+
+// Desc is an accelerated TCP socket for a caller that keeps its own file
+// descriptors and does its own blocking: the LD_PRELOAD shim's core
+// (shim/core). Each Desc stands on a kernel socket of the caller's, kfd,
+// which names it in the caller's descriptor table, holds its port (the
+// proof onloadd asks for) and is the caller's to close: a Desc never
+// closes it.
+//
+// Every call is non-blocking: what would wait fails with an error whose
+// errno (Errno) is EAGAIN. A caller that must wait arms the socket with
+// an eventfd (Arm) and blocks in the kernel on it, beside its other
+// descriptors; the next poll that changes the socket writes the eventfd.
+type Desc struct {
+	sock
+	kfd      int
+	listener bool
+}
+
+// DefaultStack returns the process's default stack (made on first use
+// from the ONLOAD_* variables, as Dial and Listen do), held: the caller
+// gives it back with Release. The error says why there is none; the
+// caller's sockets then use the kernel.
+func DefaultStack() (*Stack, error) {
+	s, why := acquire(nil)
+	if s == nil {
+		return nil, errors.New(why)
+	}
+	return s, nil
+}
+
+// Release gives back a stack that DefaultStack returned.
+func (s *Stack) Release() { s.release() }
+
+// SpinTime is how long a caller with nothing to do polls the stack before
+// it blocks (the profile's ONLOAD_SPIN).
+func (s *Stack) SpinTime() time.Duration { return s.spin }
+
+// ServesLocal reports whether a socket bound to local address a can be
+// served by the stack: the wildcard or the stack's own address.
+func (s *Stack) ServesLocal(a netip.Addr) bool { return s.ours(a) }
+
+// Reaches reports whether a TCP connection to dst goes through the
+// stack: a remote host on its interface (the host's own addresses go
+// through the kernel's loopback), or one of the stack's own listeners.
+func (s *Stack) Reaches(dst netip.AddrPort) bool {
+	return s.routes(dst.Addr()) || s.loopsBack(dst)
+}
+
+// Poll polls the stack once, for a caller that spins while it waits, and
+// reports whether it could (false: the stack is closed).
+func (s *Stack) Poll() bool {
+	if !s.enter() {
+		return false
+	}
+	s.st.Poll()
+	s.leave()
+	return true
+}
+
+// TrySpin claims the stack's one spin slot (see interrupts.Sleeper): a
+// caller that gets it polls while it waits, and gives it back with
+// EndSpin; one that does not blocks at once (the spinner's polls wake it).
+func (s *Stack) TrySpin() bool { return s.sl.TrySpin() }
+
+// EndSpin gives the spin slot back.
+func (s *Stack) EndSpin() { s.sl.EndSpin() }
+
+// Park says a caller is about to block until a wake; Unpark that it woke.
+// While anyone is parked the stack's Sleeper keeps polling it, or arms
+// its interrupt.
+func (s *Stack) Park()   { s.sl.Park(false) }
+func (s *Stack) Unpark() { s.sl.Unpark() }
+
+// kernelPort is the port kfd is bound to, binding it to the stack's
+// address and an ephemeral port first if it is not bound.
+func (s *Stack) kernelPort(kfd int) (uint16, error) {
+	sa, err := unix.Getsockname(kfd)
+	if err != nil {
+		return 0, os.NewSyscallError("getsockname", err)
+	}
+	in, ok := sa.(*unix.SockaddrInet4)
+	if !ok {
+		return 0, stack.ErrInvalid
+	}
+	if in.Port != 0 {
+		return uint16(in.Port), nil
+	}
+	if err := unix.Bind(kfd, &unix.SockaddrInet4{Addr: s.addr.Addr().As4()}); err != nil {
+		return 0, os.NewSyscallError("bind", err)
+	}
+	return s.kernelPort(kfd)
+}
+
+func (s *Stack) newDesc(id stack.SockID, kfd int, listener bool) (*Desc, error) {
+	d := &Desc{kfd: kfd, listener: listener}
+	if !s.newSock(&d.sock, id, reservation{}) {
+		s.closeID(id)
+		return nil, net.ErrClosed
+	}
+	return d, nil
+}
+
+// ListenDesc makes a listener on kfd, a kernel TCP socket that listens
+// already (it serves the clients that do not come through the stack's
+// interface, and it holds the port): ip is the address it is bound to,
+// the wildcard or the stack's (ServesLocal).
+func (s *Stack) ListenDesc(kfd int, ip netip.Addr) (*Desc, error) {
+	port, err := s.kernelPort(kfd)
+	if err != nil {
+		return nil, err
+	}
+	if ip.IsUnspecified() {
+		ip = netip.Addr{}
+	}
+	id, err := s.openAtFD(stack.TCP, netip.AddrPortFrom(ip, port), true, kfd)
+	if err != nil {
+		return nil, err
+	}
+	return s.newDesc(id, kfd, true)
+}
+
+// ConnectDesc connects a socket on kfd, a kernel TCP socket (bound to
+// the stack's address and an ephemeral port first, if it is not bound:
+// it holds the port), to dst. The handshake has begun: the socket turns
+// writable when it completes, and SockError says why it failed.
+func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort) (*Desc, error) {
+	port, err := s.kernelPort(kfd)
+	if err != nil {
+		return nil, err
+	}
+	if !s.enter() {
+		return nil, net.ErrClosed
+	}
+	id, err := s.st.Open(stack.TCP)
+	if err == nil {
+		if err = s.bind(stack.TCP, id, netip.AddrPortFrom(s.addr.Addr(), port), kfd); err != nil {
+			err = sysErr("bind", err)
+		} else if err = s.st.Connect(id, dst); err == stack.ErrInProgress {
+			err = nil
+		}
+		if err != nil {
+			s.st.Close(id)
+		}
+	}
+	s.leave()
+	if err != nil {
+		return nil, err
+	}
+	return s.newDesc(id, kfd, false)
+}
+
+// Accept takes the next connection off listener d: a Desc that kfd, an
+// unbound kernel TCP socket of the caller's, names. EAGAIN when there is
+// none.
+func (d *Desc) Accept(kfd int) (*Desc, error) {
+	s := d.stk
+	if err := d.check(nil); err != nil {
+		return nil, err
+	}
+	if !s.enter() {
+		return nil, net.ErrClosed
+	}
+	id, err := s.st.Accept(d.id)
+	s.leave()
+	if err != nil {
+		return nil, err
+	}
+	return s.newDesc(id, kfd, false)
+}
+
+// Recv reads into b (peek: without taking it off the queue); 0 and nil at
+// the end of the stream.
+func (d *Desc) Recv(b []byte, peek bool) (int, error) {
+	if err := d.check(nil); err != nil {
+		return 0, err
+	}
+	s := d.stk
+	if !s.enter() {
+		return 0, net.ErrClosed
+	}
+	n, err := s.st.Recv(d.id, b, peek)
+	s.leave()
+	return n, err
+}
+
+// Send queues what of b the send buffer takes.
+func (d *Desc) Send(b []byte) (int, error) {
+	if err := d.check(nil); err != nil {
+		return 0, err
+	}
+	s := d.stk
+	if !s.enter() {
+		return 0, net.ErrClosed
+	}
+	n, err := s.st.Send(d.id, b)
+	s.leave()
+	return n, err
+}
+
+// Events reports the socket's readiness.
+func (d *Desc) Events() stack.Events {
+	s := d.stk
+	if d.closed.Load() || !s.enter() {
+		return stack.Error | stack.Hangup
+	}
+	ev := s.st.Events(d.id)
+	s.leave()
+	return ev
+}
+
+// Arm asks for eventfd efd to be written at the next change of the
+// socket's state, unless one of want (or an error or hang-up) is ready
+// now: then it returns the socket's events and arms nothing. Disarm takes
+// the request back.
+func (d *Desc) Arm(efd int32, want stack.Events) stack.Events {
+	s := d.stk
+	if d.closed.Load() || !s.enter() {
+		return stack.Error | stack.Hangup
+	}
+	d.wq.watch(efd)
+	ev := s.st.WaitFor(d.id, want)
+	s.leave()
+	if ev != 0 {
+		d.wq.unwatch(efd)
+	}
+	return ev
+}
+
+// Disarm: see Arm.
+func (d *Desc) Disarm(efd int32) { d.wq.unwatch(efd) }
+
+// Close closes the socket (TCP's orderly close, or a reset as SO_LINGER
+// says); kfd stays open.
+func (d *Desc) Close() { d.close() }
+
+// Shutdown shuts down reading (SHUT_RD), writing (SHUT_WR) or both.
+func (d *Desc) Shutdown(how int) error {
+	if err := d.check(nil); err != nil {
+		return err
+	}
+	s := d.stk
+	if !s.enter() {
+		return net.ErrClosed
+	}
+	err := s.st.Shutdown(d.id, how)
+	s.leave()
+	return err
+}
+
+// SetOption sets an option the engine keeps.
+func (d *Desc) SetOption(o stack.Option, v int) error { return d.setOption(o, v) }
+
+// Option reads an option the engine keeps.
+func (d *Desc) Option(o stack.Option) (int, error) {
+	s := d.stk
+	if !s.enter() {
+		return 0, net.ErrClosed
+	}
+	v, err := s.st.Option(d.id, o)
+	s.leave()
+	return v, err
+}
+
+// Addrs are the socket's local and remote addresses.
+func (d *Desc) Addrs() (la, ra netip.AddrPort, err error) { return d.addrs() }
+
+// TCPInfo describes the connection.
+func (d *Desc) TCPInfo() (stack.TCPInfo, error) {
+	s := d.stk
+	if !s.enter() {
+		return stack.TCPInfo{}, net.ErrClosed
+	}
+	ti, err := s.st.TCPInfo(d.id)
+	s.leave()
+	return ti, err
+}
+
+// SockError takes the socket's pending error (SO_ERROR), nil if none.
+func (d *Desc) SockError() error {
+	s := d.stk
+	if !s.enter() {
+		return net.ErrClosed
+	}
+	err := s.st.SockError(d.id)
+	s.leave()
+	return err
+}
+
+// Listener reports whether d listens.
+func (d *Desc) Listener() bool { return d.listener }
+
+// Dump describes the socket, for diagnosis.
+func (d *Desc) Dump() string {
+	s := d.stk
+	if !s.enter() {
+		return "closed"
+	}
+	defer s.leave()
+	return s.st.DumpSocket(d.id)
+}
+
+// Errno is the errno a system call would have failed with for err, as
+// the kernel reports it (0 for nil).
+func Errno(err error) syscall.Errno {
+	var se *stack.Errno
+	var en syscall.Errno
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &se):
+		return se.Errno
+	case errors.As(err, &en):
+		return en
+	case errors.Is(err, net.ErrClosed):
+		return syscall.EBADF
+	}
+	return syscall.EIO
+}
+
+// LogFallback logs, at debug level (ONLOAD_LOG=debug), that an operation
+// on address goes to the kernel and why.
+func LogFallback(op, address, why string) { logFallback(op, "tcp", address, why) }
