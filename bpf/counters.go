@@ -21,6 +21,7 @@ const (
 	CounterDropNoXSK               // matched, but no socket for that stack and queue
 	CounterWakeup                  // wake events posted
 	CounterWakeupLost              // wake events lost: ring buffer full
+	CounterPassKernelFlow          // a listener's port, but a connection of the kernel's
 	NumCounters
 )
 
@@ -28,7 +29,7 @@ var counterNames = [NumCounters]string{
 	"rx", "redirect_flow", "redirect_listener",
 	"pass_not_ipv4", "pass_vlan", "pass_not_unicast", "pass_other_proto",
 	"pass_fragment", "pass_malformed", "pass_no_match", "pass_bad_entry",
-	"drop_no_xsk", "wakeup", "wakeup_lost",
+	"drop_no_xsk", "wakeup", "wakeup_lost", "pass_kernel_flow",
 }
 
 // CounterName is the snake_case name of counter i, as shown in metrics.

@@ -45,6 +45,8 @@
 #define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
 #define IP_MF 0x2000
+#define TCP_SYN 0x02
+#define TCP_ACK 0x10
 #define IP_OFFSET 0x1FFF
 
 char __license[] SEC("license") = "Dual MIT/GPL";
@@ -65,6 +67,7 @@ enum counter {
 	CTR_DROP_NO_XSK,       // matched, but no socket for that stack and queue
 	CTR_WAKEUP,            // wake events posted
 	CTR_WAKEUP_LOST,       // wake events lost: ring buffer full
+	CTR_PASS_KERNEL_FLOW,  // a listener's port, but a connection of the kernel's
 	CTR_MAX,
 };
 
@@ -255,6 +258,25 @@ int steer(struct xdp_md *ctx)
 	}
 	if (!stack)
 		return pass(CTR_PASS_NO_MATCH);
+	// A listener's port also carries the connections its kernel half
+	// accepted (the LD_PRELOAD shim accelerates a listening socket only
+	// when the program first waits on it): a segment other than a SYN
+	// whose connection the kernel has goes to the kernel.
+	if (redirect_ctr == CTR_REDIRECT_LISTENER && l4proto == IPPROTO_TCP && (l4[13] & (TCP_SYN | TCP_ACK)) != TCP_SYN) {
+		struct bpf_sock_tuple_ipv4 t = {
+			.saddr = fk.remote_addr,
+			.daddr = fk.local_addr,
+			.sport = fk.remote_port,
+			.dport = fk.local_port,
+		};
+		struct bpf_sock *sk = bpf_skc_lookup_tcp(ctx, &t, sizeof t, BPF_F_CURRENT_NETNS, 0);
+		if (sk) {
+			__u32 state = sk->state;
+			bpf_sk_release(sk);
+			if (state != BPF_TCP_LISTEN)
+				return pass(CTR_PASS_KERNEL_FLOW);
+		}
+	}
 
 	__u32 id = *stack;
 	__u32 queue = ctx->rx_queue_index;

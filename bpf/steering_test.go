@@ -253,6 +253,50 @@ func TestSteeringVerdicts(t *testing.T) {
 	must(r.s.RemoveListener(bpf.Listener{Proto: bpf.UDP, Addr: ipB, Port: 7000}))
 }
 
+// TestSteeringKernelFlowsOnListenerPort checks that a listener's entry
+// leaves to the kernel the segments of connections the kernel has on
+// that port (its kernel half accepted them before the stack listened),
+// and takes SYNs and every segment of a connection the kernel does not
+// have.
+func TestSteeringKernelFlowsOnListenerPort(t *testing.T) {
+	r := newRig(t)
+	r.socket(1, 0)
+	la := r.iface.Addr()
+	var ln net.Listener
+	var conn net.Conn
+	err := r.host.Do(func() (err error) {
+		if ln, err = net.Listen("tcp", netip.AddrPortFrom(la, 0).String()); err != nil {
+			return err
+		}
+		conn, err = net.Dial("tcp", ln.Addr().String())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	defer conn.Close()
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	if err := r.s.AddListener(bpf.Listener{Proto: bpf.TCP, Port: port}, 1); err != nil {
+		t.Fatal(err)
+	}
+	frame := func(from netip.AddrPort, flags header.TCPFlags) []byte {
+		b := make([]byte, 1514)
+		n, err := pkt.TCP(b, pkt.Endpoint{MAC: macA, Addr: from}, pkt.Endpoint{MAC: macB, Addr: netip.AddrPortFrom(la, port)},
+			pkt.TCPSegment{Seq: 1000, Flags: flags, Window: 65535})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b[:n]
+	}
+	kernel := conn.LocalAddr().(*net.TCPAddr).AddrPort()
+	r.expect("ack of the kernel's connection", frame(kernel, header.TCPFlagAck), 0, xdpPass, bpf.CounterPassKernelFlow)
+	r.expect("fin of the kernel's connection", frame(kernel, header.TCPFlagAck|header.TCPFlagFin), 0, xdpPass, bpf.CounterPassKernelFlow)
+	other := netip.AddrPortFrom(ipA, 40000)
+	r.expect("ack of a connection the kernel does not have", frame(other, header.TCPFlagAck), 0, xdpRedirect, bpf.CounterRedirectListener)
+	r.expect("syn", frame(kernel, header.TCPFlagSyn), 0, xdpRedirect, bpf.CounterRedirectListener)
+}
+
 // withIPOptions inserts 4 bytes of IP options (NOP NOP NOP EOL) and fixes
 // the header length, total length and checksum.
 func withIPOptions(f []byte) []byte {

@@ -409,8 +409,16 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 		ts.tv_nsec = left % 1000000000LL;
 		tsp = &ts;
 	}
+	/* Go's preemption signal (SIGURG, for the threads it ran on) waits:
+	 * it would fail the program's poll with EINTR. */
+	sigset_t m;
+	if (mask)
+		m = *mask;
+	else
+		pthread_sigmask(SIG_BLOCK, NULL, &m);
+	sigaddset(&m, SIGURG);
 	CORE_VOID(core.park());
-	int r = real_ppoll(p, np + 1, tsp, mask);
+	int r = real_ppoll(p, np + 1, tsp, &m);
 	int saved = errno;
 	CORE_VOID(core.unpark());
 	CORE_VOID(core.disarm(hs, k, efd));
@@ -419,6 +427,17 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 		;
 	errno = saved;
 	return r < 0 ? -1 : 0;
+}
+
+/* check_poll is a poll that does not wait. A signal (Go's preemption
+ * signal, SIGURG, comes to threads that ran Go code) may interrupt even
+ * that: it is tried again. */
+static int check_poll(struct pollfd *p, nfds_t n)
+{
+	int r;
+	while ((r = real_poll(p, n, 0)) < 0 && errno == EINTR)
+		;
+	return r;
 }
 
 /*
@@ -466,7 +485,7 @@ static int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 	for (;;) {
 		int ready = 0;
 		CORE_VOID(core.events(hs, evs, k, w.spinning));
-		if (nkernel > 0 && real_poll(tmp, n, 0) < 0) {
+		if (nkernel > 0 && check_poll(tmp, n) < 0) {
 			ret = -1;
 			break;
 		}
@@ -1594,7 +1613,9 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			want[j] = hs[j] ? from_epoll(ep->items[j].events) : 0;
 		pthread_mutex_unlock(&mu);
 		if (k < max) {
-			int r = real_epoll_wait(epfd, out + k, max - k, 0);
+			int r;
+			while ((r = real_epoll_wait(epfd, out + k, max - k, 0)) < 0 && errno == EINTR)
+				;
 			if (r < 0) {
 				free(hs);
 				ret = -1;

@@ -52,6 +52,36 @@ static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
 static long (*bpf_redirect_map)(void *map, __u64 key, __u64 flags) = (void *)51;
 static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 flags) = (void *)130;
 
+/* Kernel socket lookup: struct bpf_sock_tuple's IPv4 half, and the
+ * struct bpf_sock fields up to state. */
+struct bpf_sock_tuple_ipv4 {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+};
+struct bpf_sock {
+	__u32 bound_dev_if;
+	__u32 family;
+	__u32 type;
+	__u32 protocol;
+	__u32 mark;
+	__u32 priority;
+	__u32 src_ip4;
+	__u32 src_ip6[4];
+	__u32 src_port;
+	__be16 dst_port;
+	__u16 : 16;
+	__u32 dst_ip4;
+	__u32 dst_ip6[4];
+	__u32 state;
+};
+#define BPF_F_CURRENT_NETNS (-1)
+#define BPF_TCP_LISTEN 10
+static long (*bpf_sk_release)(void *sk) = (void *)86;
+static struct bpf_sock *(*bpf_skc_lookup_tcp)(void *ctx, struct bpf_sock_tuple_ipv4 *tuple, __u32 tuple_size,
+					      __u64 netns, __u64 flags) = (void *)99;
+
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define bpf_htons(x) __builtin_bswap16(x)
 #define bpf_htonl(x) __builtin_bswap32(x)

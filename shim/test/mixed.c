@@ -1,0 +1,434 @@
+/*
+ * mixed: the shim's conformance program. It talks to a TCP echo server
+ * (the kernel's, in the other test host) and mixes its sockets with
+ * pipes, eventfds and files in poll, select and epoll; forks before and
+ * after its first socket; dup2s over a socket; and takes signals during
+ * blocking calls. It prints one line per result, nothing that depends on
+ * timing or on port numbers, so that its output under the shim must be
+ * the same as without it (the reference).
+ *
+ *	mixed ADDR PORT       the conformance run
+ *	mixed bench           ns per read() of an empty pipe (interposition's cost)
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static struct sockaddr_in peer;
+
+#define say(...) do { printf(__VA_ARGS__); printf("\n"); fflush(stdout); } while (0)
+#define check(what, expr) do { long r_ = (long)(expr); say("%s: %ld%s%s", what, r_, r_ < 0 ? " " : "", r_ < 0 ? strerror(errno) : ""); } while (0)
+
+static void die(const char *what)
+{
+	printf("FATAL %s: %s\n", what, strerror(errno));
+	exit(1);
+}
+
+static int dial(void)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	if (s < 0)
+		die("socket");
+	if (connect(s, (struct sockaddr *)&peer, sizeof peer) < 0)
+		die("connect");
+	int one = 1;
+	setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	return s;
+}
+
+/* echo sends msg and reads its echo back, blocking. */
+static void echo(int s, const char *what, const char *msg)
+{
+	char buf[256];
+	size_t n = strlen(msg), got = 0;
+	if (send(s, msg, n, 0) != (ssize_t)n)
+		die("send");
+	while (got < n) {
+		ssize_t r = recv(s, buf + got, sizeof buf - got, 0);
+		if (r <= 0)
+			die("recv");
+		got += r;
+	}
+	say("%s: echo %.*s", what, (int)got, buf);
+}
+
+/* wait_readable waits (poll, up to 5 s) for fd to have data. */
+static void wait_readable(int fd)
+{
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	if (poll(&p, 1, 5000) != 1)
+		die("wait_readable");
+}
+
+static void drain(int fd)
+{
+	char buf[4096];
+	while (recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0)
+		;
+}
+
+static void test_fork_before(void)
+{
+	pid_t p = fork();
+	if (p == 0) {
+		int s = dial();
+		echo(s, "child forked before the first socket", "from-child");
+		close(s);
+		_exit(0);
+	}
+	int st;
+	waitpid(p, &st, 0);
+	say("child exit %d", WEXITSTATUS(st));
+}
+
+static void test_poll(int s, int pr, int pw, int ev, int file)
+{
+	struct pollfd p[4] = {
+		{.fd = s, .events = POLLIN | POLLOUT}, {.fd = pr, .events = POLLIN},
+		{.fd = ev, .events = POLLIN}, {.fd = file, .events = POLLIN},
+	};
+	int n = poll(p, 4, 0);
+	say("poll idle: %d: sock %#x pipe %#x eventfd %#x file %#x", n, p[0].revents, p[1].revents, p[2].revents, p[3].revents);
+	write(pw, "x", 1);
+	uint64_t one = 1;
+	write(ev, &one, 8);
+	send(s, "p", 1, 0);
+	wait_readable(s);
+	for (int i = 0; i < 4; i++)
+		p[i].events = POLLIN;
+	n = poll(p, 4, 1000);
+	say("poll ready: %d: sock %#x pipe %#x eventfd %#x file %#x", n, p[0].revents, p[1].revents, p[2].revents, p[3].revents);
+	char c;
+	read(pr, &c, 1);
+	read(ev, &one, 8);
+	drain(s);
+	/* Only the pipe, after a wait. */
+	p[0].events = POLLIN;
+	pid_t w = fork();
+	if (w == 0) {
+		usleep(100000);
+		write(pw, "y", 1);
+		_exit(0);
+	}
+	n = poll(p, 3, 5000);
+	say("poll wakes on the pipe: %d: sock %#x pipe %#x eventfd %#x", n, p[0].revents, p[1].revents, p[2].revents);
+	read(pr, &c, 1);
+	waitpid(w, NULL, 0);
+	/* Only the socket, after a wait: the thread must wake on it. */
+	send(s, "q", 1, 0);
+	n = poll(p, 3, 5000);
+	say("poll wakes on the socket: %d: sock %#x pipe %#x eventfd %#x", n, p[0].revents, p[1].revents, p[2].revents);
+	drain(s);
+	n = poll(p, 3, 50);
+	say("poll times out: %d", n);
+}
+
+static void test_select(int s, int pr, int pw, int ev)
+{
+	fd_set r, w;
+	int max = s > pr ? s : pr;
+	max = max > ev ? max : ev;
+	FD_ZERO(&r); FD_ZERO(&w);
+	FD_SET(s, &r); FD_SET(pr, &r); FD_SET(ev, &r); FD_SET(s, &w);
+	struct timeval tv = {0, 0};
+	int n = select(max + 1, &r, &w, NULL, &tv);
+	say("select idle: %d: sock r%d w%d pipe %d eventfd %d", n, FD_ISSET(s, &r), FD_ISSET(s, &w), FD_ISSET(pr, &r), FD_ISSET(ev, &r));
+	send(s, "s", 1, 0);
+	wait_readable(s);
+	write(pw, "x", 1);
+	FD_ZERO(&r); FD_ZERO(&w);
+	FD_SET(s, &r); FD_SET(pr, &r); FD_SET(ev, &r);
+	tv = (struct timeval){1, 0};
+	n = select(max + 1, &r, NULL, NULL, &tv);
+	say("select ready: %d: sock %d pipe %d eventfd %d", n, FD_ISSET(s, &r), FD_ISSET(pr, &r), FD_ISSET(ev, &r));
+	char c;
+	read(pr, &c, 1);
+	drain(s);
+	FD_ZERO(&r);
+	FD_SET(s, &r); FD_SET(pr, &r);
+	tv = (struct timeval){0, 50000};
+	n = select(max + 1, &r, NULL, NULL, &tv);
+	say("select times out: %d", n);
+}
+
+static void test_epoll(int s, int pr, int pw, int file)
+{
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event e = {.events = EPOLLIN | EPOLLET, .data.u64 = 1};
+	check("epoll add sock ET", epoll_ctl(ep, EPOLL_CTL_ADD, s, &e));
+	check("epoll add sock again", epoll_ctl(ep, EPOLL_CTL_ADD, s, &e));
+	e = (struct epoll_event){.events = EPOLLIN, .data.u64 = 2};
+	check("epoll add pipe", epoll_ctl(ep, EPOLL_CTL_ADD, pr, &e));
+	check("epoll add file", epoll_ctl(ep, EPOLL_CTL_ADD, file, &e));
+	struct epoll_event out[8];
+	check("epoll idle", epoll_wait(ep, out, 8, 0));
+	send(s, "e", 1, 0);
+	wait_readable(s);
+	int n = epoll_wait(ep, out, 8, 1000);
+	say("epoll sock ready: %d: data %lu events %#x", n, n > 0 ? (unsigned long)out[0].data.u64 : 0UL, n > 0 ? out[0].events : 0);
+	check("epoll ET, not read: no new edge", epoll_wait(ep, out, 8, 50));
+	drain(s);
+	send(s, "f", 1, 0);
+	n = epoll_wait(ep, out, 8, 5000);
+	say("epoll ET, new data: %d: data %lu", n, n > 0 ? (unsigned long)out[0].data.u64 : 0UL);
+	drain(s);
+	write(pw, "x", 1);
+	n = epoll_wait(ep, out, 8, 1000);
+	say("epoll pipe ready: %d: data %lu events %#x", n, n > 0 ? (unsigned long)out[0].data.u64 : 0UL, n > 0 ? out[0].events : 0);
+	char c;
+	read(pr, &c, 1);
+	/* One-shot: reported once, then not until re-armed. */
+	e = (struct epoll_event){.events = EPOLLOUT | EPOLLONESHOT, .data.u64 = 3};
+	check("epoll mod sock oneshot", epoll_ctl(ep, EPOLL_CTL_MOD, s, &e));
+	n = epoll_wait(ep, out, 8, 1000);
+	say("epoll oneshot first: %d: data %lu", n, n > 0 ? (unsigned long)out[0].data.u64 : 0UL);
+	check("epoll oneshot again", epoll_wait(ep, out, 8, 50));
+	check("epoll rearm", epoll_ctl(ep, EPOLL_CTL_MOD, s, &e));
+	check("epoll oneshot rearmed", epoll_wait(ep, out, 8, 1000));
+	check("epoll del sock", epoll_ctl(ep, EPOLL_CTL_DEL, s, NULL));
+	check("epoll del sock again", epoll_ctl(ep, EPOLL_CTL_DEL, s, NULL));
+	check("epoll mod absent", epoll_ctl(ep, EPOLL_CTL_MOD, s, &e));
+	close(ep);
+}
+
+static void test_nonblocking(int s)
+{
+	int fl = fcntl(s, F_GETFL);
+	say("F_GETFL nonblock: %d", !!(fl & O_NONBLOCK));
+	fcntl(s, F_SETFL, fl | O_NONBLOCK);
+	say("F_GETFL after set: %d", !!(fcntl(s, F_GETFL) & O_NONBLOCK));
+	char buf[64];
+	check("recv nonblocking, empty", recv(s, buf, sizeof buf, 0));
+	send(s, "nonblock", 8, 0);
+	wait_readable(s);
+	int avail = 0;
+	for (int i = 0; i < 100 && avail < 8; i++) {
+		ioctl(s, FIONREAD, &avail);
+		if (avail < 8)
+			usleep(10000);
+	}
+	say("FIONREAD: %d", avail);
+	ssize_t n = recv(s, buf, sizeof buf, MSG_PEEK);
+	say("peek: %.*s", (int)n, buf);
+	n = recv(s, buf, 3, 0);
+	say("read 3: %.*s", (int)n, buf);
+	n = recv(s, buf, sizeof buf, 0);
+	say("read rest: %.*s", (int)n, buf);
+	fcntl(s, F_SETFL, fl);
+	int one = 0;
+	check("FIONBIO on", ioctl(s, FIONBIO, &(int){1}));
+	check("recv after FIONBIO", recv(s, buf, sizeof buf, 0));
+	check("FIONBIO off", ioctl(s, FIONBIO, &one));
+	check("recv MSG_DONTWAIT", recv(s, buf, sizeof buf, MSG_DONTWAIT));
+}
+
+static void test_dup(int s, int pr, int pw)
+{
+	int d = dup(s);
+	send(d, "via-dup", 7, 0);
+	char buf[64];
+	wait_readable(s);
+	ssize_t n = 0;
+	while (n < 7) {
+		ssize_t r = recv(s, buf + n, sizeof buf - n, 0);
+		if (r <= 0)
+			die("recv dup");
+		n += r;
+	}
+	say("sent on the dup, read on the original: %.*s", (int)n, buf);
+	close(d);
+	echo(s, "original after closing the dup", "still");
+	/* dup2 a pipe over a second socket: the socket closes, the number
+	 * is the pipe's. */
+	int s2 = dial();
+	echo(s2, "second socket", "two");
+	check("dup2 pipe over the socket", dup2(pr, s2) == s2);
+	write(pw, "z", 1);
+	char c = 0;
+	check("read the pipe through its number", read(s2, &c, 1));
+	say("got %c", c);
+	close(s2);
+	int s3 = dial();
+	int fd = fcntl(s3, F_DUPFD_CLOEXEC, 100);
+	check("F_DUPFD_CLOEXEC >= 100", fd >= 100);
+	close(s3);
+	echo(fd, "socket through its F_DUPFD copy", "three");
+	close(fd);
+}
+
+static volatile sig_atomic_t alarms;
+static void on_alarm(int sig)
+{
+	(void)sig;
+	alarms++;
+}
+
+static void *late_send(void *arg)
+{
+	usleep(300000);
+	send(*(int *)arg, "late", 4, 0);
+	return NULL;
+}
+
+static void test_signals(int s)
+{
+	char buf[64];
+	struct sigaction sa = {.sa_handler = on_alarm, .sa_flags = SA_RESTART};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGALRM, &sa, NULL);
+	pthread_t t;
+	pthread_create(&t, NULL, late_send, &s);
+	struct itimerval it = {.it_value = {0, 100000}};
+	setitimer(ITIMER_REAL, &it, NULL);
+	ssize_t n = recv(s, buf, sizeof buf, 0);
+	while (n > 0 && n < 4) {
+		ssize_t r = recv(s, buf + n, sizeof buf - n, 0);
+		if (r <= 0)
+			break;
+		n += r;
+	}
+	pthread_join(t, NULL);
+	say("recv across an SA_RESTART signal: %zd %.*s (alarms %d)", n, n > 0 ? (int)n : 0, buf, (int)alarms);
+	/* poll is never restarted. */
+	setitimer(ITIMER_REAL, &it, NULL);
+	struct pollfd p = {.fd = s, .events = POLLIN};
+	check("poll across a signal", poll(&p, 1, 5000));
+	/* Without SA_RESTART the blocking call fails with EINTR. */
+	sa.sa_flags = 0;
+	sigaction(SIGALRM, &sa, NULL);
+	setitimer(ITIMER_REAL, &it, NULL);
+	check("recv across a signal without SA_RESTART", recv(s, buf, sizeof buf, 0));
+	say("alarms %d", (int)alarms);
+	signal(SIGALRM, SIG_DFL);
+}
+
+static void test_fork_after(int s)
+{
+	pid_t p = fork();
+	if (p == 0) {
+		/* Closing the inherited socket closes only our fd. */
+		close(s);
+		_exit(0);
+	}
+	int st;
+	waitpid(p, &st, 0);
+	say("child forked after: exit %d", WEXITSTATUS(st));
+	echo(s, "parent after the child closed its copy", "alive");
+}
+
+static void test_names(int s)
+{
+	struct sockaddr_in a;
+	socklen_t l = sizeof a;
+	check("getpeername", getpeername(s, (struct sockaddr *)&a, &l));
+	say("peer %s:%d len %d", inet_ntoa(a.sin_addr), ntohs(a.sin_port), (int)l);
+	l = sizeof a;
+	check("getsockname", getsockname(s, (struct sockaddr *)&a, &l));
+	say("local family %d nonzero port %d", a.sin_family, a.sin_port != 0);
+	int v = 0;
+	l = sizeof v;
+	check("SO_ERROR", getsockopt(s, SOL_SOCKET, SO_ERROR, &v, &l));
+	say("SO_ERROR value %d", v);
+	l = sizeof v;
+	check("SO_TYPE", getsockopt(s, SOL_SOCKET, SO_TYPE, &v, &l));
+	say("SO_TYPE value %d", v);
+	l = sizeof v;
+	getsockopt(s, IPPROTO_TCP, TCP_NODELAY, &v, &l);
+	say("TCP_NODELAY %d", v != 0);
+	struct tcp_info ti;
+	l = sizeof ti;
+	check("TCP_INFO", getsockopt(s, IPPROTO_TCP, TCP_INFO, &ti, &l));
+	say("TCP_INFO state %d", ti.tcpi_state);
+}
+
+static void test_shutdown(int s)
+{
+	send(s, "bye", 3, 0);
+	check("shutdown SHUT_WR", shutdown(s, SHUT_WR));
+	char buf[64];
+	ssize_t n = 0, r;
+	while ((r = recv(s, buf + n, sizeof buf - n, 0)) > 0)
+		n += r;
+	say("after shutdown: %.*s then %zd", (int)n, buf, r);
+	check("send after SHUT_WR", send(s, "x", 1, MSG_NOSIGNAL));
+	close(s);
+}
+
+static void bench(void)
+{
+	int p[2];
+	if (pipe2(p, O_NONBLOCK) < 0)
+		die("pipe");
+	char c;
+	const int n = 2000000;
+	struct timespec a, b;
+	for (int i = 0; i < 1000; i++)
+		read(p[0], &c, 1);
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	for (int i = 0; i < n; i++)
+		read(p[0], &c, 1);
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	double ns = ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n;
+	printf("read %.1f ns/op\n", ns);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 2 && strcmp(argv[1], "bench") == 0) {
+		bench();
+		return 0;
+	}
+	if (argc != 3) {
+		fprintf(stderr, "usage: mixed ADDR PORT | mixed bench\n");
+		return 2;
+	}
+	peer.sin_family = AF_INET;
+	peer.sin_port = htons(atoi(argv[2]));
+	if (inet_pton(AF_INET, argv[1], &peer.sin_addr) != 1) {
+		fprintf(stderr, "mixed: bad address %s\n", argv[1]);
+		return 2;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	test_fork_before();
+	int pp[2];
+	if (pipe(pp) < 0)
+		die("pipe");
+	int ev = eventfd(0, EFD_NONBLOCK);
+	char tmpl[] = "/tmp/mixed.XXXXXX";
+	int file = mkstemp(tmpl);
+	unlink(tmpl);
+	write(file, "file", 4);
+	lseek(file, 0, SEEK_SET);
+	int s = dial();
+	echo(s, "first socket", "hello");
+	test_poll(s, pp[0], pp[1], ev, file);
+	test_select(s, pp[0], pp[1], ev);
+	test_epoll(s, pp[0], pp[1], file);
+	test_nonblocking(s);
+	test_dup(s, pp[0], pp[1]);
+	test_names(s);
+	test_signals(s);
+	test_fork_after(s);
+	test_shutdown(s);
+	say("done");
+	return 0;
+}

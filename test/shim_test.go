@@ -1,0 +1,228 @@
+package test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The shim's tests run unmodified programs with `onloadd run` (make
+// build puts onloadd and the shim's two libraries in bin/) in one test
+// host, standalone (ONLOAD_DAEMON=off: no onloadd runs in the tests), and
+// their peers with the kernel's TCP in the other host.
+
+// shimOnloadd is bin/onloadd with the shim's libraries beside it.
+func shimOnloadd(t *testing.T) string {
+	t.Helper()
+	RequireRoot(t)
+	bin, err := filepath.Abs("../bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"onloadd", "libonload.so", "libonload-core.so"} {
+		if _, err := os.Stat(filepath.Join(bin, f)); err != nil {
+			Missing(t, "%s is not built: run make build (make test does)", filepath.Join(bin, f))
+		}
+	}
+	return filepath.Join(bin, "onloadd")
+}
+
+// shimCommand runs name under the shim in host h, with ONLOAD_LOG=debug
+// (its log says what was accelerated) and env.
+func shimCommand(t *testing.T, h *Host, env []string, name string, args ...string) *exec.Cmd {
+	onloadd := shimOnloadd(t)
+	cmd := h.Command(onloadd, append([]string{"run", "--", name}, args...)...)
+	cmd.Env = append(os.Environ(), append([]string{"ONLOAD_DAEMON=off", "ONLOAD_LOG=debug"}, env...)...)
+	return cmd
+}
+
+// requireAccelerated fails the test unless the shim's log shows that a
+// socket was accelerated (what: "connecting" or "listening").
+func requireAccelerated(t *testing.T, log, what string) {
+	t.Helper()
+	if !strings.Contains(log, what+", accelerated") {
+		t.Fatalf("no socket was accelerated (want %q in the shim's log):\n%s", what+", accelerated", log)
+	}
+}
+
+// buildC compiles a C test program from shim/test.
+func buildC(t *testing.T, name string) string {
+	t.Helper()
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "clang"
+	}
+	RequireTool(t, cc)
+	out := filepath.Join(t.TempDir(), name)
+	if b, err := exec.Command(cc, "-O2", "-Wall", "-o", out, "../shim/test/"+name+".c", "-lpthread").CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", name, err, b)
+	}
+	return out
+}
+
+// TestShimMixed runs the conformance program (shim/test/mixed.c) against
+// a kernel echo server with the kernel and then under the shim: every
+// line it prints (poll, select and epoll over sockets, pipes, eventfds
+// and files; forks before and after the first socket; dup2 over a
+// socket; signals during blocking calls) must be the same.
+func TestShimMixed(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "mixed")
+	a, b := Pair(t, LinkOptions{})
+	ln, err := b.KernelEcho(b.Iface0().Addr().String() + ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	args := []string{b.Iface0().Addr().String(), port}
+
+	run := func(cmd *exec.Cmd) (string, string) {
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		done := make(chan error, 1)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", cmd, err, stdout.String(), stderr.String())
+			}
+		case <-time.After(60 * time.Second):
+			cmd.Process.Kill()
+			t.Fatalf("%s: not done in 60s\nstdout:\n%s\nstderr:\n%s", cmd, stdout.String(), stderr.String())
+		}
+		return stdout.String(), stderr.String()
+	}
+	want, _ := run(a.Command(prog, args...))
+	if !strings.HasSuffix(want, "done\n") {
+		t.Fatalf("the reference run (kernel) did not finish:\n%s", want)
+	}
+	got, log := run(shimCommand(t, a, nil, prog, args...))
+	requireAccelerated(t, log, "connecting")
+	if got != want {
+		t.Fatalf("under the shim the program printed:\n%s\nwith the kernel:\n%s\n(shim log:\n%s)", got, want, log)
+	}
+	t.Logf("%d lines as on the kernel", strings.Count(want, "\n"))
+}
+
+// TestShimCurl runs curl under the shim against an HTTP server of the
+// kernel's: a download and an upload, byte-exact.
+func TestShimCurl(t *testing.T) {
+	shimOnloadd(t)
+	RequireTool(t, "curl")
+	a, b := Pair(t, LinkOptions{})
+	var ln net.Listener
+	if err := b.Do(func() (err error) { ln, err = net.Listen("tcp", b.Iface0().Addr().String()+":0"); return }); err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: handler()}
+	go srv.Serve(ln)
+	defer srv.Close()
+	base := "http://" + ln.Addr().String()
+	size := int64(64 << 20)
+	if testing.Short() {
+		size = 8 << 20
+	}
+
+	cmd := shimCommand(t, a, nil, "curl", "-sS", "--fail", base+"/big?n="+strconv.FormatInt(size, 10))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	down, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.New()
+	n, _ := io.Copy(h, down)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("curl download: %v: %s", err, stderr.String())
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); n != size || got != streamSum(size) {
+		t.Fatalf("download: %d bytes, sha256 %s; want %d bytes of the stream", n, got, size)
+	}
+	requireAccelerated(t, stderr.String(), "connecting")
+
+	cmd = shimCommand(t, a, nil, "curl", "-sS", "--fail", "--data-binary", "@-", "-H", "Content-Type: application/octet-stream", base+"/sum")
+	cmd.Stdin = stream(size)
+	stderr.Reset()
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("curl upload: %v: %s", err, stderr.String())
+	}
+	if want := fmt.Sprintf("%d %s\n", size, streamSum(size)); string(out) != want {
+		t.Fatalf("upload: server saw %q, want %q", out, want)
+	}
+	requireAccelerated(t, stderr.String(), "connecting")
+}
+
+var sockperfCounts = regexp.MustCompile(`SentMessages=(\d+); ReceivedMessages=(\d+)`)
+
+// TestShimSockperf serves sockperf's ping-pong (the kernel's sockperf in
+// the other host) from sockperf sr under the shim, in each of its
+// multiplexing modes (-F epoll, poll, select): every message answered.
+func TestShimSockperf(t *testing.T) {
+	shimOnloadd(t)
+	RequireTool(t, "sockperf")
+	a, b := Pair(t, LinkOptions{})
+	for i, mode := range []string{"epoll", "poll", "select"} {
+		t.Run(mode, func(t *testing.T) {
+			port := strconv.Itoa(11111 + i)
+			feed := filepath.Join(t.TempDir(), "feed")
+			if err := os.WriteFile(feed, []byte("T:0.0.0.0:"+port+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			srv := shimCommand(t, a, nil, "sockperf", "sr", "-f", feed, "-F", mode)
+			var log bytes.Buffer
+			srv.Stdout, srv.Stderr = &log, &log
+			if err := srv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				srv.Process.Kill()
+				srv.Wait()
+			}()
+			var out string
+			var err error
+			for i := 0; i < 50; i++ { // until it listens: up to 5 s
+				out, err = b.Run("sockperf", "pp", "--tcp", "-i", a.Iface0().Addr().String(), "-p", port, "-t", "1", "-m", "64")
+				if err == nil || !strings.Contains(out, "Connection refused") {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if err != nil {
+				t.Fatalf("sockperf pp: %v\nserver:\n%s", err, log.String())
+			}
+			m := sockperfCounts.FindStringSubmatch(out)
+			if m == nil || strings.Contains(out, "ERROR") {
+				t.Fatalf("sockperf pp:\n%s\nserver:\n%s", out, log.String())
+			}
+			sent, _ := strconv.Atoi(m[1])
+			recv, _ := strconv.Atoi(m[2])
+			// The last one may be on its way when the time is up.
+			if recv < 100 || recv < sent-1 {
+				t.Fatalf("sent %d messages, %d answered:\n%s", sent, recv, out)
+			}
+			requireAccelerated(t, log.String(), "listening")
+			t.Logf("%d round trips in 1 s", recv)
+		})
+	}
+}
