@@ -22,6 +22,9 @@ need sockperf sockperf
 need taskset util-linux
 need curl curl
 need ethtool ethtool
+need redis-server redis-server
+need redis-benchmark redis-tools
+need redis-cli redis-tools
 
 if ! command -v go >/dev/null 2>&1; then
 	echo "deps: Go is not installed (or not on PATH): install Go 1.26 or later from https://go.dev/dl" >&2

@@ -27,6 +27,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -372,11 +373,26 @@ func (h *Host) Command(name string, args ...string) *exec.Cmd {
 // Run runs a command inside the host and returns its combined output; the
 // error includes the output.
 func (h *Host) Run(name string, args ...string) (string, error) {
-	out, err := h.Command(name, args...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s %s in host %s: %v: %s", name, strings.Join(args, " "), h.Name, err, bytes.TrimSpace(out))
+	return h.RunFor(5*time.Minute, name, args...)
+}
+
+// RunFor is Run with a bound: the command is killed after d.
+func (h *Host) RunFor(d time.Duration, name string, args ...string) (string, error) {
+	cmd := h.Command(name, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("%s in host %s: %w", name, h.Name, err)
 	}
-	return string(out), nil
+	timer := time.AfterFunc(d, func() { cmd.Process.Kill() })
+	err := cmd.Wait()
+	if !timer.Stop() {
+		err = fmt.Errorf("not done in %v, killed (%v)", d, err)
+	}
+	if err != nil {
+		return out.String(), fmt.Errorf("%s %s in host %s: %v: %s", name, strings.Join(args, " "), h.Name, err, bytes.TrimSpace(out.Bytes()))
+	}
+	return out.String(), nil
 }
 
 // Iface0 is the host's first interface.

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -45,7 +46,14 @@ func shimCommand(t *testing.T, h *Host, env []string, name string, args ...strin
 	onloadd := shimOnloadd(t)
 	cmd := h.Command(onloadd, append([]string{"run", "--", name}, args...)...)
 	cmd.Env = append(os.Environ(), append([]string{"ONLOAD_DAEMON=off", "ONLOAD_LOG=debug"}, env...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	return cmd
+}
+
+// stopGroup kills a started shimCommand and every process it forked.
+func stopGroup(cmd *exec.Cmd) {
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	cmd.Wait()
 }
 
 // requireAccelerated fails the test unless the shim's log shows that a
@@ -195,10 +203,7 @@ func TestShimSockperf(t *testing.T) {
 			if err := srv.Start(); err != nil {
 				t.Fatal(err)
 			}
-			defer func() {
-				srv.Process.Kill()
-				srv.Wait()
-			}()
+			defer stopGroup(srv)
 			var out string
 			var err error
 			for i := 0; i < 50; i++ { // until it listens: up to 5 s
@@ -224,5 +229,106 @@ func TestShimSockperf(t *testing.T) {
 			requireAccelerated(t, log.String(), "listening")
 			t.Logf("%d round trips in 1 s", recv)
 		})
+	}
+}
+
+// TestShimRedis serves redis-benchmark (the kernel's TCP, in the other
+// host) from redis-server under the shim: correct replies, every request
+// of 50 clients answered, pipelined and not, and a BGSAVE (a child
+// forked after the stack loaded, which closes its copies of the
+// sockets) in the middle of it leaves every client connected.
+func TestShimRedis(t *testing.T) {
+	shimOnloadd(t)
+	RequireTool(t, "redis-server")
+	RequireTool(t, "redis-benchmark")
+	RequireTool(t, "redis-cli")
+	a, b := Pair(t, LinkOptions{})
+	srv := shimCommand(t, a, nil, "redis-server", "--bind", "0.0.0.0", "--port", "6379", "--save", "",
+		"--appendonly", "no", "--protected-mode", "no", "--dir", t.TempDir(), "--daemonize", "no")
+	var log bytes.Buffer
+	srv.Stdout, srv.Stderr = &log, &log
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer stopGroup(srv)
+	host := a.Iface0().Addr().String()
+	cli := func(args ...string) string {
+		t.Helper()
+		out, err := b.Run("redis-cli", append([]string{"-h", host}, args...)...)
+		if err != nil {
+			t.Fatalf("redis-cli %v: %v\nserver:\n%s", args, err, log.String())
+		}
+		return strings.TrimSpace(out)
+	}
+	var pong string
+	for i := 0; i < 50 && pong != "PONG"; i++ { // until it listens: up to 5 s
+		out, _ := b.Run("redis-cli", "-h", host, "ping")
+		pong = strings.TrimSpace(out)
+		if pong != "PONG" {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if pong != "PONG" {
+		t.Fatalf("redis-server did not answer PING:\n%s", log.String())
+	}
+	requireAccelerated(t, log.String(), "listening")
+	cli("set", "k", "v1")
+	if got := cli("get", "k"); got != "v1" {
+		t.Fatalf("GET k = %q, want v1", got)
+	}
+	cli("rpush", "l", "a", "b", "c")
+	if got := cli("lrange", "l", "0", "-1"); got != "a\nb\nc" {
+		t.Fatalf("LRANGE l = %q, want a b c", got)
+	}
+
+	n := "100000"
+	if testing.Short() {
+		n = "20000"
+	}
+	bench := func(extra ...string) (string, error) {
+		args := append([]string{"-h", host, "-c", "50", "-n", n, "-t", "get,set,lpush", "-q"}, extra...)
+		return b.RunFor(2*time.Minute, "redis-benchmark", args...)
+	}
+	checkBench := func(name, out string, err error) {
+		t.Helper()
+		out = strings.ReplaceAll(out, "\r", "\n")
+		if err != nil || strings.Contains(out, "rror") {
+			t.Fatalf("%s: %v\n%s\nserver:\n%s", name, err, out, log.String())
+		}
+		for _, cmd := range []string{"SET", "GET", "LPUSH"} {
+			if !regexp.MustCompile(`(?m)^` + cmd + `: [0-9.]+ requests per second`).MatchString(out) {
+				t.Fatalf("%s: no result for %s:\n%s", name, cmd, out)
+			}
+		}
+	}
+	out, err := bench()
+	checkBench("50 clients", out, err)
+	out, err = bench("-P", "16")
+	checkBench("50 clients, 16 pipelined", out, err)
+
+	// BGSAVE while the clients run.
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := bench()
+		done <- result{out, err}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if got := cli("bgsave"); !strings.Contains(got, "Background saving started") {
+		t.Fatalf("BGSAVE: %q", got)
+	}
+	r := <-done
+	checkBench("50 clients across a BGSAVE", r.out, r.err)
+	for i := 0; i < 50 && !strings.Contains(cli("info", "persistence"), "rdb_bgsave_in_progress:0"); i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if info := cli("info", "persistence"); !strings.Contains(info, "rdb_last_bgsave_status:ok") {
+		t.Fatalf("BGSAVE did not succeed:\n%s", info)
+	}
+	if got := cli("get", "k"); got != "v1" {
+		t.Fatalf("after the benchmarks, GET k = %q, want v1", got)
 	}
 }
