@@ -108,7 +108,8 @@ static struct {
 	int (*connect)(int, uint32_t, uint16_t);
 	int (*accept)(int, int);
 	long (*recv)(int, void *, size_t, int);
-	long (*send)(int, const void *, size_t);
+	long (*send)(int, const void *, size_t, int);
+	void (*kick)(void);
 	void (*events)(int *, int *, int, int);
 	int (*arm)(int *, int *, int *, int, int);
 	void (*disarm)(int *, int, int);
@@ -133,6 +134,7 @@ static long spin_ns;	      /* the profile's spin time */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;	     /* the table */
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER; /* loading the core */
 static __thread int in_core;  /* this thread is in the Go core */
+static __thread int kick_owed; /* this thread's sends left frames for a kick */
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logf_(const char *fmt, ...)
@@ -180,7 +182,7 @@ static int load_core(void)
 	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	int ok = lib != NULL;
 #define SYM(name) do { if (ok && !(*(void **)&core.name = dlsym(lib, "onl_" #name))) ok = 0; } while (0)
-	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send);
+	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send); SYM(kick);
 	SYM(events); SYM(arm); SYM(disarm); SYM(spin_ns); SYM(try_spin);
 	SYM(end_spin); SYM(park); SYM(unpark); SYM(close); SYM(shutdown);
 	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
@@ -363,8 +365,18 @@ struct wait {
 	int spinning;
 };
 
+/* flush_kicks hands the NIC what this thread's sends left for a kick. */
+static inline void flush_kicks(void)
+{
+	if (kick_owed) {
+		kick_owed = 0;
+		CORE_VOID(core.kick());
+	}
+}
+
 static void wait_begin(struct wait *w, int64_t timeout_ns)
 {
+	flush_kicks();
 	w->deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
 	w->spinning = 0;
 	if (timeout_ns != 0 && spin_ns > 0 && CORE(core.try_spin())) {
@@ -825,7 +837,11 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 	CHECK_USABLE();
 	size_t done = 0;
 	for (;;) {
-		long r = CORE(core.send(e->h, (const char *)buf + done, n - done));
+		/* The frames wait for the kick that this thread's next wait
+		 * gives (flush_kicks): a program answering many clients sends
+		 * all its answers in one system call. */
+		long r = CORE(core.send(e->h, (const char *)buf + done, n - done, 1));
+		kick_owed = 1;
 		if (r > 0) {
 			done += r;
 			if (done == n)

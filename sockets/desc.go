@@ -240,6 +240,96 @@ func (d *Desc) Arm(efd int32, want stack.Events) stack.Events {
 	return ev
 }
 
+// EventsOf reports the readiness of many sockets under one taking of the
+// stack's lock: out[i] for ds[i] (0 for nil). ids is scratch, as long as
+// ds.
+func (s *Stack) EventsOf(ds []*Desc, ids []stack.SockID, out []stack.Events) {
+	for i, d := range ds {
+		ids[i] = stack.NullSock
+		if d != nil && d.stk == s && !d.closed.Load() {
+			ids[i] = d.id
+		}
+	}
+	if !s.enter() {
+		for i := range out {
+			out[i] = stack.Error | stack.Hangup
+		}
+		return
+	}
+	s.st.EventsOf(ids, out)
+	s.leave()
+	for i, d := range ds {
+		if d != nil && ids[i] == stack.NullSock {
+			out[i] = stack.Error | stack.Hangup // closed
+		}
+	}
+}
+
+// ArmAll is Arm for many sockets under one taking of the lock: ds[i] for
+// want[i] (nil, or want 0: skipped), their events in out. It returns how
+// many are ready now; if any is, none stays armed. ids is scratch.
+func (s *Stack) ArmAll(ds []*Desc, want, out []stack.Events, efd int32, ids []stack.SockID) int {
+	for i, d := range ds {
+		ids[i] = stack.NullSock
+		if d != nil && d.stk == s && want[i] != 0 {
+			d.wq.watch(efd)
+			ids[i] = d.id
+		}
+	}
+	ready := 0
+	if s.enter() {
+		ready = s.st.WaitForAll(ids, want, out)
+		s.leave()
+	} else {
+		ready = len(ds)
+	}
+	if ready > 0 {
+		s.DisarmAll(ds, efd)
+	}
+	return ready
+}
+
+// DisarmAll takes back what ArmAll asked.
+func (s *Stack) DisarmAll(ds []*Desc, efd int32) {
+	for _, d := range ds {
+		if d != nil {
+			d.wq.unwatch(efd)
+		}
+	}
+}
+
+// SendMore is Send from a caller who will wait (or send again) in a
+// moment: the segments wait on the NIC's ring for the kick that
+// KickHeld, the next send or the next poll gives them all at once. Should
+// the caller not come back, the stack's Sleeper kicks them within
+// heldKickWait.
+func (d *Desc) SendMore(b []byte) (int, error) {
+	if err := d.check(nil); err != nil {
+		return 0, err
+	}
+	s := d.stk
+	if !s.enter() {
+		return 0, net.ErrClosed
+	}
+	n, err := s.st.SendMore(d.id, b)
+	if s.sl.Armed() && s.st.KickOwed() {
+		s.sl.TimerSet(s.st.Clock() + int64(heldKickWait))
+	}
+	s.leave()
+	return n, err
+}
+
+// heldKickWait bounds how long frames SendMore left wait for their kick.
+const heldKickWait = 100 * time.Microsecond
+
+// KickHeld gives the NIC the frames SendMore left waiting.
+func (s *Stack) KickHeld() {
+	if s.st.KickOwed() && s.enter() {
+		s.st.KickHeld()
+		s.leave()
+	}
+}
+
 // Disarm: see Arm.
 func (d *Desc) Disarm(efd int32) { d.wq.unwatch(efd) }
 
@@ -316,11 +406,19 @@ func (d *Desc) Dump() string {
 // Errno is the errno a system call would have failed with for err, as
 // the kernel reports it (0 for nil).
 func Errno(err error) syscall.Errno {
+	// The common cases without errors.As, which allocates: this runs for
+	// every EAGAIN.
+	switch e := err.(type) {
+	case nil:
+		return 0
+	case *stack.Errno:
+		return e.Errno
+	case syscall.Errno:
+		return e
+	}
 	var se *stack.Errno
 	var en syscall.Errno
 	switch {
-	case err == nil:
-		return 0
 	case errors.As(err, &se):
 		return se.Errno
 	case errors.As(err, &en):

@@ -444,6 +444,25 @@ func (s *Stack) Events(id SockID) Events {
 	return s.eventsLocked(sk)
 }
 
+// EventsOf reports the readiness of many sockets under one taking of
+// the lock: out[i] for ids[i] (Error|Hangup for a closed or unknown one,
+// 0 for NullSock).
+func (s *Stack) EventsOf(ids []SockID, out []Events) {
+	s.lock()
+	defer s.unlock()
+	for i, id := range ids {
+		out[i] = 0
+		if id == NullSock {
+			continue
+		}
+		if sk, err := s.sockLocked(id); err != nil {
+			out[i] = Error | Hangup
+		} else {
+			out[i] = s.eventsLocked(sk)
+		}
+	}
+}
+
 func (s *Stack) eventsLocked(sk *sock) Events {
 	var ev Events
 	if sk.err != 0 {

@@ -38,6 +38,35 @@ func (s *Stack) WaitFor(id SockID, want Events) Events {
 	return 0
 }
 
+// WaitForAll is WaitFor for many sockets under one taking of the lock:
+// out[i] for ids[i] and want[i] (a NullSock, or want 0, is skipped). It
+// returns how many are ready; those ask for nothing.
+func (s *Stack) WaitForAll(ids []SockID, want, out []Events) int {
+	s.lock()
+	defer s.unlock()
+	ready := 0
+	for i, id := range ids {
+		out[i] = 0
+		if id == NullSock || want[i] == 0 {
+			continue
+		}
+		sk, err := s.sockLocked(id)
+		if err != nil {
+			out[i] = Error | Hangup
+			ready++
+			continue
+		}
+		if ev := s.eventsLocked(sk); ev&(want[i]|Error|Hangup) != 0 {
+			out[i] = ev
+			ready++
+			continue
+		}
+		sk.flags |= sfWake
+		sk.owner = s.proc
+	}
+	return ready
+}
+
 // touchLocked notes that sk's state may have changed in this poll: a
 // sleeper on it is woken. A sleeper of another process sharing the stack
 // is woken through that process's word (wakeRemotes, once the lock is

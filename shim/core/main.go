@@ -169,7 +169,7 @@ func onl_recv(h C.int, buf unsafe.Pointer, n C.size_t, peek C.int) C.long {
 }
 
 //export onl_send
-func onl_send(h C.int, buf unsafe.Pointer, n C.size_t) C.long {
+func onl_send(h C.int, buf unsafe.Pointer, n C.size_t, more C.int) C.long {
 	d := get(h)
 	if d == nil {
 		return C.long(errno(errBadHandle))
@@ -177,68 +177,118 @@ func onl_send(h C.int, buf unsafe.Pointer, n C.size_t) C.long {
 	if n == 0 {
 		return 0
 	}
-	r, err := d.Send(unsafe.Slice((*byte)(buf), int(n)))
+	b := unsafe.Slice((*byte)(buf), int(n))
+	var r int
+	var err error
+	if more != 0 {
+		r, err = d.SendMore(b)
+	} else {
+		r, err = d.Send(b)
+	}
 	if r > 0 || err == nil {
 		return C.long(r)
 	}
 	return C.long(errno(err))
 }
 
-// onl_events reports the readiness of n sockets (hs) into evs, after
-// polling the stack once if poll is set (a spinner).
+// onl_kick gives the NIC the frames sends with more left waiting.
 //
-//export onl_events
-func onl_events(hs *C.int, evs *C.int, n C.int, poll C.int) {
-	if poll != 0 && stk != nil {
-		stk.Poll()
+//export onl_kick
+func onl_kick() {
+	if stk != nil {
+		stk.KickHeld()
 	}
-	h := unsafe.Slice(hs, int(n))
-	ev := unsafe.Slice(evs, int(n))
-	for i := range h {
-		if d := get(h[i]); d != nil {
-			ev[i] = C.int(d.Events())
-		} else {
+}
+
+// batch is a call's view of n handles: their sockets (nil for a bad
+// handle) and scratch. Batches are pooled, their slices kept: a wait
+// takes one for every check, and allocating it each time would feed the
+// garbage collector, whose work the waits then wait for.
+type batch struct {
+	ds   []*sockets.Desc
+	ids  []stack.SockID
+	evs  []stack.Events
+	want []stack.Events
+}
+
+var batches = sync.Pool{New: func() any { return new(batch) }}
+
+func newBatch(hs *C.int, n int) *batch {
+	b := batches.Get().(*batch)
+	if cap(b.ds) < n {
+		c := max(n, 64)
+		b.ds, b.ids = make([]*sockets.Desc, c), make([]stack.SockID, c)
+		b.evs, b.want = make([]stack.Events, c), make([]stack.Events, c)
+	}
+	b.ds, b.ids, b.evs, b.want = b.ds[:n], b.ids[:n], b.evs[:n], b.want[:n]
+	for i, h := range unsafe.Slice(hs, n) {
+		b.ds[i] = get(h)
+	}
+	return b
+}
+
+func (b *batch) free() {
+	clear(b.ds) // no sockets kept alive
+	batches.Put(b)
+}
+
+// out writes the events, Error|Hangup for a bad handle.
+func (b *batch) out(evs *C.int) {
+	ev := unsafe.Slice(evs, len(b.ds))
+	for i, d := range b.ds {
+		if d == nil {
 			ev[i] = C.ONL_ERROR | C.ONL_HANGUP
+		} else {
+			ev[i] = C.int(b.evs[i])
 		}
 	}
 }
 
-// onl_arm arms n sockets (hs, each for the events in want) to write
-// eventfd efd at their next change, and returns how many are ready for
-// what they want now (their events in evs): if any is, none stays armed.
+// onl_events reports the readiness of n sockets (hs; 0: none) into evs,
+// after polling the stack once if poll is set (a spinner).
+//
+//export onl_events
+func onl_events(hs *C.int, evs *C.int, n C.int, poll C.int) {
+	if stk == nil {
+		return
+	}
+	if poll != 0 {
+		stk.Poll()
+	}
+	b := newBatch(hs, int(n))
+	stk.EventsOf(b.ds, b.ids, b.evs)
+	b.out(evs)
+	b.free()
+}
+
+// onl_arm arms n sockets (hs, each for the events in want; 0: none) to
+// write eventfd efd at their next change, and returns how many are ready
+// for what they want now (their events in evs): if any is, none stays
+// armed.
 //
 //export onl_arm
 func onl_arm(hs, want, evs *C.int, n C.int, efd C.int) C.int {
-	h := unsafe.Slice(hs, int(n))
-	w := unsafe.Slice(want, int(n))
-	ev := unsafe.Slice(evs, int(n))
-	ready := 0
-	for i := range h {
-		d := get(h[i])
-		if d == nil {
-			ev[i] = C.ONL_ERROR | C.ONL_HANGUP
-			ready++
-			continue
-		}
-		e := d.Arm(int32(efd), stack.Events(w[i]))
-		ev[i] = C.int(e)
-		if e != 0 {
-			ready++
-		}
+	if stk == nil {
+		return 0
 	}
-	if ready > 0 {
-		onl_disarm(hs, n, efd)
+	b := newBatch(hs, int(n))
+	for i, w := range unsafe.Slice(want, int(n)) {
+		b.want[i] = stack.Events(w)
 	}
+	ready := stk.ArmAll(b.ds, b.want, b.evs, int32(efd), b.ids)
+	b.out(evs)
+	b.free()
 	return C.int(ready)
 }
 
 //export onl_disarm
 func onl_disarm(hs *C.int, n C.int, efd C.int) {
-	for _, h := range unsafe.Slice(hs, int(n)) {
-		if d := get(h); d != nil {
-			d.Disarm(int32(efd))
-		}
+	if stk == nil {
+		return
 	}
+	b := newBatch(hs, int(n))
+	stk.DisarmAll(b.ds, int32(efd))
+	b.free()
 }
 
 // onl_spin_ns is how long a waiter spins before it blocks (0: no
