@@ -30,6 +30,7 @@ build:
 	$(GO) build -buildmode=c-shared -o bin/libonload-core.so ./shim/core
 	rm -f bin/libonload-core.h
 	$(CC) $(SHIM_CFLAGS) -o bin/libonload.so shim/preload.c -ldl -lpthread
+	$(CC) -O2 -Wall -o bin/shim-mixed shim/test/mixed.c -lpthread
 	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o bin/onload-bench ./test/bench
 	$(GO) build -o bin/onload-demo ./test/demo
 

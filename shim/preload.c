@@ -559,6 +559,8 @@ static int blocked(struct fdent *e, int fd, int flags, short ev)
 
 /* ---- the calls ------------------------------------------------------- */
 
+static void child_after_fork(void);
+
 __attribute__((constructor)) static void init(void)
 {
 #define LOAD(name) *(void **)&real_##name = dlsym(RTLD_NEXT, #name)
@@ -591,6 +593,7 @@ __attribute__((constructor)) static void init(void)
 		return;
 	}
 	pthread_key_create(&efd_key, efd_close);
+	pthread_atfork(NULL, NULL, child_after_fork);
 }
 
 static void child_after_fork(void)
@@ -600,18 +603,12 @@ static void child_after_fork(void)
 	t_efd = -1; /* the parent thread's eventfd is shared: make our own */
 }
 
-EXPORT pid_t fork(void)
-{
-	pid_t p = real_fork();
-	if (p == 0)
-		child_after_fork();
-	return p;
-}
-
 /* vfork's child shares our memory and runs no fork handlers: a close()
  * there would close the parent's socket. Like Onload's default, it is a
- * fork. */
-EXPORT pid_t vfork(void) { return fork(); }
+ * fork (whose child handler, child_after_fork, runs: it is registered
+ * with pthread_atfork, so that glibc's own forks, daemon()'s among them,
+ * run it too). */
+EXPORT pid_t vfork(void) { return real_fork(); }
 
 EXPORT int socket(int domain, int type, int protocol)
 {

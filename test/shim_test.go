@@ -332,3 +332,52 @@ func TestShimRedis(t *testing.T) {
 		t.Fatalf("after the benchmarks, GET k = %q, want v1", got)
 	}
 }
+
+// TestShimUnprivileged runs curl under the shim as uid 65534 with no
+// capabilities, on a stack from onloadd (which the shim's core asks, as
+// the library does): byte-exact, and accelerated.
+func TestShimUnprivileged(t *testing.T) {
+	onloadd := shimOnloadd(t)
+	RequireTool(t, "curl")
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{})
+	dir, _ := daemonDir(t)
+	// The shim, where uid 65534 can read it.
+	for _, f := range []string{"onloadd", "libonload.so", "libonload-core.so"} {
+		data, err := os.ReadFile(filepath.Join(filepath.Dir(onloadd), f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sock, _ := startDaemon(t, a, dir)
+	var ln net.Listener
+	if err := b.Do(func() (err error) { ln, err = net.Listen("tcp", b.Iface0().Addr().String()+":0"); return }); err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: handler()}
+	go srv.Serve(ln)
+	defer srv.Close()
+	const size = 4 << 20
+	cmd := a.Command("setpriv", "--reuid", strconv.Itoa(nobody), "--regid", strconv.Itoa(nobody), "--clear-groups",
+		filepath.Join(dir, "onloadd"), "run", "--", "curl", "-sS", "--fail", "--max-time", "60",
+		"http://"+ln.Addr().String()+"/big?n="+strconv.Itoa(size))
+	cmd.Env = append(os.Environ(), "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET="+sock,
+		"ONLOAD_INTERFACE="+a.Iface0().Name, "ONLOAD_LOG=debug")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("curl as uid %d: %v\n%s", nobody, err, stderr.String())
+	}
+	sum := sha256.Sum256(out)
+	if len(out) != size || hex.EncodeToString(sum[:]) != streamSum(size) {
+		t.Fatalf("got %d bytes, sha256 %x; want %d bytes of the stream", len(out), sum, size)
+	}
+	requireAccelerated(t, stderr.String(), "connecting")
+	if !strings.Contains(stderr.String(), "through onloadd") {
+		t.Fatalf("the stack did not come from onloadd:\n%s", stderr.String())
+	}
+}

@@ -82,6 +82,7 @@ type Report struct {
 		Results []GoodputResult    `json:"results"`
 		Targets map[string]float64 `json:"targets"`
 	} `json:"goodput"`
+	Shim *ShimReport `json:"shim,omitempty"`
 }
 
 func floorMain(args []string) error {
@@ -97,6 +98,7 @@ func floorMain(args []string) error {
 	httpRounds := fs.Int("http-rounds", 5, "rounds of the net/http server contenders (0: skip them)")
 	httpSeconds := fs.Float64("http-seconds", 4, "seconds per wrk run")
 	httpConns := fs.String("http-conns", "1,32,256", "wrk connection counts, comma-separated")
+	shimRounds := fs.Int("shim-rounds", 5, "rounds of the LD_PRELOAD shim's contenders: sockperf, redis (0: skip them)")
 	out := fs.String("out", "test/bench/results/bench.json", "where to write the JSON ('' for nowhere)")
 	fs.Parse(args)
 	var conns []int
@@ -204,6 +206,11 @@ func floorMain(args []string) error {
 	}
 	if *nRounds > 0 {
 		floorReport(&rep, *nRounds, accs)
+	}
+	if *shimRounds > 0 {
+		if rep.Shim, err = shimSection(ctx, self, a, b, pinA, pinB, *shimRounds, *count, *seconds); err != nil {
+			return fmt.Errorf("shim: %w", err)
+		}
 	}
 	printTable(os.Stdout, &rep)
 	if *out != "" {
@@ -470,5 +477,8 @@ func printTable(w io.Writer, rep *Report) {
 	}
 	if len(rep.Goodput.Results) > 0 {
 		printGoodput(w, rep)
+	}
+	if rep.Shim != nil {
+		printShim(w, rep)
 	}
 }

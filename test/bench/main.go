@@ -7,7 +7,7 @@
 //	bench [-rounds 20] [-count 10000] [-sockperf-seconds 1]
 //	      [-api-rounds 5] [-api-count 20000] [-bulk-seconds 2]
 //	      [-http-rounds 5] [-http-seconds 4] [-http-conns 1,32,256]
-//	      [-goodput-rounds 3] [-goodput-seconds 10]
+//	      [-goodput-rounds 3] [-goodput-seconds 10] [-shim-rounds 5]
 //	      [-out test/bench/results/bench.json]
 //
 // Every section interleaves its contenders in rounds, so that the
@@ -26,6 +26,8 @@
 // against one kernel server. The server (http.go): one net/http server on
 // net and on sockets, loaded by the kernel's wrk. Goodput (goodput.go):
 // one connection through the fault injector, ours beside the kernel's.
+// The shim (shim.go): sockperf and redis-server, unmodified, under
+// `onloadd run` beside the same programs on the kernel.
 //
 // bench also runs its own helper processes: `bench echo`, `bench ping`,
 // `bench stack-echo`, `bench stack-ping`, `bench api-server`,

@@ -1,0 +1,264 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/xdp-onload/onload/test"
+)
+
+// The shim section: unmodified programs run with `onloadd run` (the
+// LD_PRELOAD shim, standalone: ONLOAD_DAEMON=off) beside the same
+// programs on the kernel, in the same rounds.
+//
+//   - sockperf's 64-byte TCP ping-pong, each end pinned to its own CPU:
+//     both ends under the shim as its users run it (blocking calls, which
+//     spin for the profile's spin time before they block: 50 µs), both
+//     ends on the kernel as its users run it (blocking calls, no spin),
+//     and both ends on the kernel busy-polling (--nonblocked); beside them
+//     the floor (a raw AF_XDP ping-pong) in the same round.
+//   - redis-server under the shim against redis-server on the kernel,
+//     loaded by the kernel's redis-benchmark (50 clients, GET, not
+//     pipelined and 16 pipelined), unpinned, as their users run them.
+//   - the cost of interposition on a call that is not ours: read() of
+//     an empty pipe, with the shim and without (bin/shim-mixed bench).
+
+// ShimReport is the shim section of the report.
+type ShimReport struct {
+	Rounds  int                `json:"rounds"`
+	Results []Result           `json:"results"`
+	Redis   []ThroughputResult `json:"redis"`
+	ReadNs  map[string]float64 `json:"read_ns"` // ns per read() of an empty pipe: "kernel", "shim"
+	Ratios  map[string]float64 `json:"ratios"`
+	Targets map[string]float64 `json:"targets"`
+}
+
+// ThroughputResult is one contender's requests per second: the median
+// over rounds, and each round's.
+type ThroughputResult struct {
+	ID          string    `json:"id"`
+	Name        string    `json:"name"`
+	PerSec      float64   `json:"per_sec"`
+	RoundsPerSec []float64 `json:"rounds_per_sec"`
+}
+
+// shimTools finds onloadd and the shim beside the bench binary (make
+// build puts them all in bin/).
+func shimTools(self string) (onloadd, mixed string, err error) {
+	dir := filepath.Dir(self)
+	for _, f := range []string{"onloadd", "libonload.so", "libonload-core.so", "shim-mixed"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return "", "", fmt.Errorf("%s: run make build", err)
+		}
+	}
+	for _, tool := range []string{"redis-server", "redis-benchmark", "redis-cli"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return "", "", fmt.Errorf("%s not found: apt-get install redis-server redis-tools", tool)
+		}
+	}
+	return filepath.Join(dir, "onloadd"), filepath.Join(dir, "shim-mixed"), nil
+}
+
+// shimmed is cmd run under the shim (onloadd run), or as it is if
+// onloadd is "".
+func shimmed(onloadd string, argv ...string) []string {
+	if onloadd == "" {
+		return argv
+	}
+	return append([]string{"env", "ONLOAD_DAEMON=off", onloadd, "run", "--"}, argv...)
+}
+
+func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, nRounds, count, seconds int) (*ShimReport, error) {
+	onloadd, mixed, err := shimTools(self)
+	if err != nil {
+		return nil, err
+	}
+	ib := b.Iface0()
+	accs := map[string]*rounds{"floor": {}, "kernel": {}, "kernel-busy": {}, "shim": {}}
+	redis := map[string][]float64{}
+	for r := range nRounds {
+		res, err := xdpRound(ctx, self, a, b, pinA, pinB, "ours", ib.MAC.String(), count)
+		if err != nil {
+			return nil, fmt.Errorf("shim round %d, floor: %w", r+1, err)
+		}
+		accs["floor"].add(res.RTTs, res.Lost)
+		for _, side := range []string{"kernel", "kernel-busy", "shim"} {
+			run := ""
+			if side == "shim" {
+				run = onloadd
+			}
+			sp, err := shimSockperfRound(ctx, a, b, pinA, pinB, run, ib.Addr().String(), seconds, side == "kernel-busy")
+			if err != nil {
+				return nil, fmt.Errorf("shim round %d, sockperf %s: %w", r+1, side, err)
+			}
+			accs[side].addPercentiles(sp.P50us, sp.P99us, sp.MinUs, sp.Samples)
+			fmt.Fprintf(os.Stderr, "shim round %d sockperf %-11s p50 %6.2f us  p99 %6.2f us\n", r+1, side, sp.P50us, sp.P99us)
+			if side == "kernel-busy" {
+				continue
+			}
+			for _, pipe := range []int{1, 16} {
+				rps, err := redisRound(ctx, a, b, run, pipe)
+				if err != nil {
+					return nil, fmt.Errorf("shim round %d, redis %s -P %d: %w", r+1, side, pipe, err)
+				}
+				id := fmt.Sprintf("redis-%s-p%d", side, pipe)
+				redis[id] = append(redis[id], rps)
+				fmt.Fprintf(os.Stderr, "shim round %d redis %-6s -P %-2d %9.0f GET/s\n", r+1, side, pipe, rps)
+			}
+		}
+	}
+	rep := &ShimReport{Rounds: nRounds, ReadNs: map[string]float64{}}
+	floor := accs["floor"].result("xdp-ours", "floor: this project's rings (xdp + vnic), AF_XDP busy-poll")
+	kern := accs["kernel"].result("sockperf-kernel", "sockperf ping-pong -m 64, both ends on the kernel (blocking)")
+	busy := accs["kernel-busy"].result("sockperf-kernel-busy", "sockperf ping-pong -m 64 --nonblocked, both ends on the kernel (busy-poll)")
+	shim := accs["shim"].result("sockperf-shim", "sockperf ping-pong -m 64, both ends under the shim (spin 50µs, then block)")
+	rep.Results = []Result{shim, kern, busy, floor}
+	rep.Ratios = map[string]float64{
+		"sockperf_shim_vs_kernel_p50":      round3(medianRatio(shim.RoundsP50us, kern.RoundsP50us)),
+		"sockperf_shim_vs_kernel_p99":      round3(medianRatio(shim.RoundsP99us, kern.RoundsP99us)),
+		"sockperf_shim_vs_kernel_busy_p50": round3(medianRatio(shim.RoundsP50us, busy.RoundsP50us)),
+		"sockperf_shim_vs_floor_p50":       round3(medianRatio(shim.RoundsP50us, floor.RoundsP50us)),
+		"sockperf_kernel_busy_vs_kernel":   round3(medianRatio(busy.RoundsP50us, kern.RoundsP50us)),
+	}
+	for _, pipe := range []int{1, 16} {
+		for _, side := range []string{"shim", "kernel"} {
+			id := fmt.Sprintf("redis-%s-p%d", side, pipe)
+			name := fmt.Sprintf("redis-server on the %s, redis-benchmark -c 50 -t get -P %d", side, pipe)
+			if side == "shim" {
+				name = fmt.Sprintf("redis-server under the shim, redis-benchmark -c 50 -t get -P %d", pipe)
+			}
+			rep.Redis = append(rep.Redis, ThroughputResult{ID: id, Name: name, PerSec: median(redis[id]), RoundsPerSec: redis[id]})
+		}
+		rep.Ratios[fmt.Sprintf("redis_p%d_shim_vs_kernel", pipe)] = round3(medianRatio(redis[fmt.Sprintf("redis-shim-p%d", pipe)], redis[fmt.Sprintf("redis-kernel-p%d", pipe)]))
+	}
+	for _, side := range []string{"kernel", "shim"} {
+		run := ""
+		if side == "shim" {
+			run = onloadd
+		}
+		var ns []float64
+		for range 5 {
+			v, err := readBench(ctx, a, run, mixed)
+			if err != nil {
+				return nil, fmt.Errorf("read bench %s: %w", side, err)
+			}
+			ns = append(ns, v)
+		}
+		rep.ReadNs[side] = round3(median(ns))
+	}
+	rep.Ratios["read_shim_minus_kernel_ns"] = round3(rep.ReadNs["shim"] - rep.ReadNs["kernel"])
+	rep.Targets = map[string]float64{"sockperf_shim_vs_kernel_p50": 0.6, "redis_p1_shim_vs_kernel": 1.3, "redis_p16_shim_vs_kernel": 1.3}
+	return rep, nil
+}
+
+// shimSockperfRound is sockperfRound with both ends under the shim when
+// onloadd is set, busy-polling (--nonblocked) if busy.
+func shimSockperfRound(ctx context.Context, a, b *test.Host, pinA, pinB []string, onloadd, addr string, seconds int, busy bool) (Result, error) {
+	mode := []string{}
+	if busy {
+		mode = []string{"--nonblocked"}
+	}
+	argv := shimmed(onloadd, append([]string{"sockperf", "sr", "--tcp", "-i", addr, "-p", "11112"}, mode...)...)
+	srv := inHost(ctx, b, pinB, argv[0], argv[1:]...)
+	stop, err := startServer(srv, listening(b, 11112))
+	if err != nil {
+		return Result{}, fmt.Errorf("sockperf server: %w", err)
+	}
+	defer stop()
+	var out []byte
+	for try := 0; ; try++ {
+		argv := shimmed(onloadd, append([]string{"sockperf", "pp", "--tcp", "-i", addr, "-p", "11112", "-m", "64",
+			"-t", strconv.Itoa(seconds), "--full-rtt"}, mode...)...)
+		cmd := inHost(ctx, a, pinA, argv[0], argv[1:]...)
+		cmd.Stderr = nil
+		out, err = cmd.CombinedOutput()
+		if err == nil || try == 5 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond) // server still starting
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("sockperf client: %w\n%s", err, out)
+	}
+	return parseSockperf(out)
+}
+
+var redisGets = regexp.MustCompile(`(?m)^GET: ([0-9.]+) requests per second`)
+
+// redisRound serves redis-benchmark from redis-server in host b (under
+// the shim when onloadd is set): GET requests per second.
+func redisRound(ctx context.Context, a, b *test.Host, onloadd string, pipeline int) (float64, error) {
+	argv := shimmed(onloadd, "redis-server", "--bind", "0.0.0.0", "--port", "6380", "--save", "", "--appendonly", "no",
+		"--protected-mode", "no", "--daemonize", "no")
+	srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
+	stop, err := startServer(srv, listening(b, 6380))
+	if err != nil {
+		return 0, fmt.Errorf("redis-server: %w", err)
+	}
+	defer stop()
+	n := 100000
+	if pipeline > 1 {
+		n = 1000000
+	}
+	addr := b.Iface0().Addr().String()
+	// The first connection makes the shim's stack: not timed.
+	if out, err := a.RunFor(30*time.Second, "redis-cli", "-h", addr, "-p", "6380", "ping"); err != nil || !strings.Contains(out, "PONG") {
+		return 0, fmt.Errorf("redis-cli ping: %v %s", err, out)
+	}
+	out, err := a.RunFor(2*time.Minute, "redis-benchmark", "-h", addr, "-p", "6380", "-c", "50", "-n", strconv.Itoa(n),
+		"-t", "get", "-P", strconv.Itoa(pipeline), "-q")
+	if err != nil {
+		return 0, err
+	}
+	out = strings.ReplaceAll(out, "\r", "\n")
+	m := redisGets.FindStringSubmatch(out)
+	if m == nil || strings.Contains(out, "rror") {
+		return 0, fmt.Errorf("redis-benchmark:\n%s", out)
+	}
+	return strconv.ParseFloat(m[1], 64)
+}
+
+var readNs = regexp.MustCompile(`read ([0-9.]+) ns/op`)
+
+// readBench times read() of an empty pipe in host a, under the shim when
+// onloadd is set.
+func readBench(ctx context.Context, a *test.Host, onloadd, mixed string) (float64, error) {
+	argv := shimmed(onloadd, mixed, "bench")
+	cmd := inHost(ctx, a, nil, argv[0], argv[1:]...)
+	cmd.Stderr = io.Discard
+	out, err := cmd.Output()
+	if err != nil {
+		return 0, err
+	}
+	m := readNs.FindSubmatch(out)
+	if m == nil {
+		return 0, errors.New("no figure in: " + string(out))
+	}
+	return strconv.ParseFloat(string(m[1]), 64)
+}
+
+func printShim(w io.Writer, rep *Report) {
+	s := rep.Shim
+	fmt.Fprintf(w, "\nThe LD_PRELOAD shim: unmodified programs under `onloadd run` beside the kernel (%d rounds)\n\n", s.Rounds)
+	fmt.Fprintf(w, "%-72s %9s %9s\n", "", "p50 µs", "p99 µs")
+	for _, r := range s.Results {
+		fmt.Fprintf(w, "%-72s %9.2f %9.2f\n", r.Name, r.P50us, r.P99us)
+	}
+	fmt.Fprintf(w, "\n%-72s %12s\n", "", "GET/s")
+	for _, r := range s.Redis {
+		fmt.Fprintf(w, "%-72s %12.0f\n", r.Name, r.PerSec)
+	}
+	fmt.Fprintf(w, "\nread() of an empty pipe: %.1f ns on the kernel, %.1f ns under the shim\n", s.ReadNs["kernel"], s.ReadNs["shim"])
+	fmt.Fprintf(w, "median of per-round ratios: sockperf shim / kernel p50 %.3f (target <= 0.6), p99 %.3f; shim / kernel busy-polling p50 %.3f; shim / floor p50 %.3f; redis shim / kernel %.3f, pipelined %.3f (target >= 1.3)\n",
+		s.Ratios["sockperf_shim_vs_kernel_p50"], s.Ratios["sockperf_shim_vs_kernel_p99"], s.Ratios["sockperf_shim_vs_kernel_busy_p50"],
+		s.Ratios["sockperf_shim_vs_floor_p50"], s.Ratios["redis_p1_shim_vs_kernel"], s.Ratios["redis_p16_shim_vs_kernel"])
+}
