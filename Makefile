@@ -53,8 +53,9 @@ docs:
 # the fault injector,
 # the attacks at full size (100,000 spoofed SYNs, a minute of zero window),
 # a minute of a hostile writer of a stack image that onloadd polls, the
-# takeover of stopped and busy processes
-# and the frame-pool pressure test. Then short runs of the three fuzzers:
+# takeover of stopped and busy processes, the shim's programs (curl with
+# 64 MiB each way, redis-benchmark with 100,000 requests a run) and the
+# frame-pool pressure test. Then short runs of the three fuzzers:
 # hostile frames, a hostile writer of the shared image, and hostile
 # messages to onloadd.
 #
@@ -65,7 +66,7 @@ test: deps build
 	$(GO) vet ./...
 	$(GO) build -o bin/testlog ./test/testlog
 	$(GO) test -json -race -short -count=1 -timeout 20m ./... | bin/testlog
-	$(GO) test -json -p 1 -count=1 -timeout 25m -run 'Bulk|StackTCP|Many|HTTP|NoLostWakeup|Faults|Attack|FramePressure|Hostile|TakeoverStopped' ./stack ./test | bin/testlog
+	$(GO) test -json -p 1 -count=1 -timeout 25m -run 'Bulk|StackTCP|Many|HTTP|NoLostWakeup|Faults|Attack|FramePressure|Hostile|TakeoverStopped|Shim' ./stack ./test | bin/testlog
 	$(GO) test -run '^$$' -fuzz FuzzInput -fuzztime 20s ./stack
 	$(GO) test -run '^$$' -fuzz FuzzCorruptImage -fuzztime 20s ./stack
 	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 10s ./control
