@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -48,6 +49,25 @@ func shimCommand(t *testing.T, h *Host, env []string, name string, args ...strin
 	cmd.Env = append(os.Environ(), append([]string{"ONLOAD_DAEMON=off", "ONLOAD_LOG=debug"}, env...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	return cmd
+}
+
+// syncBuffer is a bytes.Buffer a running command writes to while the
+// test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // stopGroup kills a started shimCommand and every process it forked.
@@ -198,7 +218,7 @@ func TestShimSockperf(t *testing.T) {
 				t.Fatal(err)
 			}
 			srv := shimCommand(t, a, nil, "sockperf", "sr", "-f", feed, "-F", mode)
-			var log bytes.Buffer
+			var log syncBuffer
 			srv.Stdout, srv.Stderr = &log, &log
 			if err := srv.Start(); err != nil {
 				t.Fatal(err)
@@ -245,7 +265,7 @@ func TestShimRedis(t *testing.T) {
 	a, b := Pair(t, LinkOptions{})
 	srv := shimCommand(t, a, nil, "redis-server", "--bind", "0.0.0.0", "--port", "6379", "--save", "",
 		"--appendonly", "no", "--protected-mode", "no", "--dir", t.TempDir(), "--daemonize", "no")
-	var log bytes.Buffer
+	var log syncBuffer
 	srv.Stdout, srv.Stderr = &log, &log
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
