@@ -25,6 +25,9 @@ need ethtool ethtool
 need redis-server redis-server
 need redis-benchmark redis-tools
 need redis-cli redis-tools
+need memcached memcached
+need memcslap libmemcached-tools
+need iperf3 iperf3
 
 if ! command -v go >/dev/null 2>&1; then
 	echo "deps: Go is not installed (or not on PATH): install Go 1.26 or later from https://go.dev/dl" >&2
