@@ -46,9 +46,9 @@ type ShimReport struct {
 // ThroughputResult is one contender's requests per second: the median
 // over rounds, and each round's.
 type ThroughputResult struct {
-	ID          string    `json:"id"`
-	Name        string    `json:"name"`
-	PerSec      float64   `json:"per_sec"`
+	ID           string    `json:"id"`
+	Name         string    `json:"name"`
+	PerSec       float64   `json:"per_sec"`
 	RoundsPerSec []float64 `json:"rounds_per_sec"`
 }
 
