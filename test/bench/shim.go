@@ -29,6 +29,9 @@ import (
 //   - redis-server under the shim against redis-server on the kernel,
 //     loaded by the kernel's redis-benchmark (50 clients, GET, not
 //     pipelined and 16 pipelined), unpinned, as their users run them.
+//   - iperf3's client under the shim against the kernel's client, both to
+//     the kernel's server, one connection for 3 s; memcached -t 2 under
+//     the shim against the kernel's, loaded by memcslap (8 threads, get).
 //   - the cost of interposition on a call that is not ours: read() of
 //     an empty pipe beyond the same system call through syscall(2), with
 //     the shim and without (bin/shim-mixed bench).
@@ -37,8 +40,8 @@ import (
 type ShimReport struct {
 	Rounds  int                `json:"rounds"`
 	Results []Result           `json:"results"`
-	Redis   []ThroughputResult `json:"redis"`
-	ReadNs  map[string]float64 `json:"read_ns"` // ns a read() of an empty pipe costs beyond syscall(2): "kernel", "shim"
+	Redis   []ThroughputResult `json:"throughput"` // redis, iperf3, memcached
+	ReadNs  map[string]float64 `json:"read_ns"`    // ns a read() of an empty pipe costs beyond syscall(2): "kernel", "shim"
 	Ratios  map[string]float64 `json:"ratios"`
 	Targets map[string]float64 `json:"targets"`
 }
@@ -106,6 +109,21 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			if side == "kernel-busy" {
 				continue
 			}
+			for _, tool := range []string{"iperf3", "memcslap"} {
+				var v float64
+				var err error
+				if tool == "iperf3" {
+					v, err = iperfRound(ctx, a, b, run)
+				} else {
+					v, err = memcachedRound(ctx, a, b, run)
+				}
+				if err != nil {
+					return nil, fmt.Errorf("shim round %d, %s %s: %w", r+1, tool, side, err)
+				}
+				id := tool + "-" + side
+				redis[id] = append(redis[id], v)
+				fmt.Fprintf(os.Stderr, "shim round %d %s %-6s %12.0f/s\n", r+1, tool, side, v)
+			}
 			for _, pipe := range []int{1, 16} {
 				rps, err := redisRound(ctx, a, b, run, pipe)
 				if err != nil {
@@ -140,6 +158,19 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			rep.Redis = append(rep.Redis, ThroughputResult{ID: id, Name: name, PerSec: median(redis[id]), RoundsPerSec: redis[id]})
 		}
 		rep.Ratios[fmt.Sprintf("redis_p%d_shim_vs_kernel", pipe)] = round3(medianRatio(redis[fmt.Sprintf("redis-shim-p%d", pipe)], redis[fmt.Sprintf("redis-kernel-p%d", pipe)]))
+	}
+	for _, tool := range []string{"iperf3", "memcslap"} {
+		for _, side := range []string{"shim", "kernel"} {
+			id := tool + "-" + side
+			name := map[string]string{
+				"iperf3-shim":     "iperf3 -c under the shim (one connection, 3 s), bits/s",
+				"iperf3-kernel":   "iperf3 -c on the kernel (one connection, 3 s), bits/s",
+				"memcslap-shim":   "memcached -t 2 under the shim, memcslap -c 8 get, keys/s",
+				"memcslap-kernel": "memcached -t 2 on the kernel, memcslap -c 8 get, keys/s",
+			}[id]
+			rep.Redis = append(rep.Redis, ThroughputResult{ID: id, Name: name, PerSec: median(redis[id]), RoundsPerSec: redis[id]})
+		}
+		rep.Ratios[tool+"_shim_vs_kernel"] = round3(medianRatio(redis[tool+"-shim"], redis[tool+"-kernel"]))
 	}
 	for _, side := range []string{"kernel", "shim"} {
 		run := ""
@@ -228,6 +259,62 @@ func redisRound(ctx context.Context, a, b *test.Host, onloadd string, pipeline i
 	return strconv.ParseFloat(m[1], 64)
 }
 
+var iperfBps = regexp.MustCompile(`"sum_received":\s*\{[^}]*"bits_per_second":\s*([0-9.e+]+)`)
+
+// iperfRound runs iperf3's client in host a (under the shim when onloadd
+// is set) against the kernel's server in host b for 3 s: the bits per
+// second the server received.
+func iperfRound(ctx context.Context, a, b *test.Host, onloadd string) (float64, error) {
+	srv := inHost(ctx, b, nil, "iperf3", "-s", "-1", "-p", "5210")
+	stop, err := startServer(srv, listening(b, 5210))
+	if err != nil {
+		return 0, fmt.Errorf("iperf3 server: %w", err)
+	}
+	defer stop()
+	argv := shimmed(onloadd, "iperf3", "-c", b.Iface0().Addr().String(), "-p", "5210", "-t", "3", "-J")
+	cmd := inHost(ctx, a, nil, argv[0], argv[1:]...)
+	cmd.Stderr = io.Discard
+	out, err := cmd.Output()
+	if err != nil {
+		return 0, fmt.Errorf("iperf3 client: %w\n%s", err, out)
+	}
+	m := iperfBps.FindSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("no sum_received in:\n%s", out)
+	}
+	return strconv.ParseFloat(string(m[1]), 64)
+}
+
+var memcslapTime = regexp.MustCompile(`Time to get\s+(\d+) keys by\s+\d+ threads:\s+([0-9.]+) seconds`)
+
+// memcachedRound serves memcslap (8 threads, get) in host a from
+// memcached -t 2 in host b (under the shim when onloadd is set): keys
+// read per second.
+func memcachedRound(ctx context.Context, a, b *test.Host, onloadd string) (float64, error) {
+	argv := shimmed(onloadd, "memcached", "-t", "2", "-p", "11290", "-U", "0", "-l", "0.0.0.0", "-u", "root", "-c", "1024")
+	srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
+	stop, err := startServer(srv, listening(b, 11290))
+	if err != nil {
+		return 0, fmt.Errorf("memcached: %w", err)
+	}
+	defer stop()
+	out, err := a.RunFor(2*time.Minute, "memcslap", "--servers="+b.Iface0().Addr().String()+":11290", "--test=get",
+		"--concurrency=8", "--execute-number=20000")
+	if err != nil {
+		return 0, err
+	}
+	m := memcslapTime.FindStringSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("memcslap:\n%s", out)
+	}
+	keys, _ := strconv.ParseFloat(m[1], 64)
+	secs, _ := strconv.ParseFloat(m[2], 64)
+	if secs <= 0 || keys == 0 {
+		return 0, fmt.Errorf("memcslap read nothing:\n%s", out)
+	}
+	return keys / secs, nil
+}
+
 var readNs = regexp.MustCompile(`difference ([-0-9.]+) ns/op`)
 
 // readBench is what a read() of an empty pipe costs beyond the same
@@ -255,7 +342,7 @@ func printShim(w io.Writer, rep *Report) {
 	for _, r := range s.Results {
 		fmt.Fprintf(w, "%-72s %9.2f %9.2f\n", r.Name, r.P50us, r.P99us)
 	}
-	fmt.Fprintf(w, "\n%-72s %12s\n", "", "GET/s")
+	fmt.Fprintf(w, "\n%-72s %12s\n", "", "per second")
 	for _, r := range s.Redis {
 		fmt.Fprintf(w, "%-72s %12.0f\n", r.Name, r.PerSec)
 	}
@@ -263,4 +350,5 @@ func printShim(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "median of per-round ratios: sockperf shim / kernel p50 %.3f (target <= 0.6), p99 %.3f; shim / kernel busy-polling p50 %.3f; shim / floor p50 %.3f; redis shim / kernel %.3f, pipelined %.3f (target >= 1.3)\n",
 		s.Ratios["sockperf_shim_vs_kernel_p50"], s.Ratios["sockperf_shim_vs_kernel_p99"], s.Ratios["sockperf_shim_vs_kernel_busy_p50"],
 		s.Ratios["sockperf_shim_vs_floor_p50"], s.Ratios["redis_p1_shim_vs_kernel"], s.Ratios["redis_p16_shim_vs_kernel"])
+	fmt.Fprintf(w, "iperf3 client shim / kernel %.3f; memcached shim / kernel %.3f\n", s.Ratios["iperf3_shim_vs_kernel"], s.Ratios["memcslap_shim_vs_kernel"])
 }
