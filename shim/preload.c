@@ -59,7 +59,6 @@
 
 #define REAL(ret, name, ...) static ret (*real_##name)(__VA_ARGS__)
 REAL(int, socket, int, int, int);
-REAL(int, bind, int, const struct sockaddr *, socklen_t);
 REAL(int, listen, int, int);
 REAL(int, accept, int, struct sockaddr *, socklen_t *);
 REAL(int, accept4, int, struct sockaddr *, socklen_t *, int);
@@ -106,7 +105,7 @@ REAL(int, sigaction, int, const struct sigaction *, struct sigaction *);
 static struct {
 	int (*listen)(int, uint32_t);
 	int (*connect)(int, uint32_t, uint16_t);
-	int (*accept)(int, int);
+	int (*accept)(int);
 	long (*recv)(int, void *, size_t, int);
 	long (*send)(int, const void *, size_t, int);
 	void (*kick)(void);
@@ -564,7 +563,7 @@ static void child_after_fork(void);
 __attribute__((constructor)) static void init(void)
 {
 #define LOAD(name) *(void **)&real_##name = dlsym(RTLD_NEXT, #name)
-	LOAD(socket); LOAD(bind); LOAD(listen); LOAD(accept); LOAD(accept4);
+	LOAD(socket); LOAD(listen); LOAD(accept); LOAD(accept4);
 	LOAD(connect); LOAD(read); LOAD(write); LOAD(readv); LOAD(writev);
 	LOAD(recv); LOAD(recvfrom); LOAD(recvmsg); LOAD(recvmmsg); LOAD(send);
 	LOAD(sendto); LOAD(sendmsg); LOAD(sendmmsg); LOAD(sendfile);
@@ -700,11 +699,6 @@ EXPORT int listen(int fd, int backlog)
 	return r;
 }
 
-EXPORT int bind(int fd, const struct sockaddr *a, socklen_t l)
-{
-	return real_bind(fd, a, l);
-}
-
 EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 {
 	struct fdent *e = ent(fd);
@@ -771,7 +765,9 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 			int kfd = real_socket(AF_INET, SOCK_STREAM | (flags & SOCK_CLOEXEC), 0);
 			if (kfd < 0)
 				return -1;
-			int h = CORE(core.accept(e->h, kfd));
+			/* The fd first: out of fds, the connection stays queued,
+			 * as the kernel's does. */
+			int h = CORE(core.accept(e->h));
 			if (h > 0) {
 				pthread_mutex_lock(&mu);
 				set_ours(kfd, h, !!(flags & SOCK_NONBLOCK), 0);
@@ -1610,17 +1606,24 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	struct wait w;
 	wait_begin(&w, timeout_ns);
 	int ret;
+	/* Scratch for the members' handles, events and wants: grown, not
+	 * allocated again for every check of a spin. */
+	int *hs = NULL, room = 0;
 	for (;;) {
 		pthread_mutex_lock(&mu);
 		int n = ep->n;
-		int *hs = malloc(sizeof(int) * 3 * (n + 1));
-		if (!hs) {
-			pthread_mutex_unlock(&mu);
-			errno = ENOMEM;
-			ret = -1;
-			break;
+		if (n + 1 > room) {
+			int *grown = realloc(hs, sizeof(int) * 3 * (n + 1));
+			if (!grown) {
+				pthread_mutex_unlock(&mu);
+				errno = ENOMEM;
+				ret = -1;
+				break;
+			}
+			hs = grown;
+			room = n + 1;
 		}
-		int *evs = hs + n + 1, *want = evs + n + 1;
+		int *evs = hs + room, *want = evs + room;
 		int k = ep_collect(ep, out, max, hs, evs, w.spinning);
 		for (int j = 0; j < n; j++)
 			want[j] = hs[j] ? from_epoll(ep->items[j].events) : 0;
@@ -1630,7 +1633,6 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			while ((r = real_epoll_wait(epfd, out + k, max - k, 0)) < 0 && errno == EINTR)
 				;
 			if (r < 0) {
-				free(hs);
 				ret = -1;
 				break;
 			}
@@ -1649,19 +1651,17 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		}
 		int64_t now;
 		if (k > 0 || wait_over(&w, &now)) {
-			free(hs);
 			ret = k;
 			break;
 		}
 		struct pollfd p[2] = {{.fd = epfd, .events = POLLIN}};
-		int r = wait_block(&w, now, hs, want, evs, n, p, 1, mask);
-		free(hs);
-		if (r < 0) {
+		if (wait_block(&w, now, hs, want, evs, n, p, 1, mask) < 0) {
 			ret = -1;
 			break;
 		}
 	}
 	wait_end(&w);
+	free(hs);
 	return ret;
 }
 

@@ -21,14 +21,11 @@ import (
 // closes it.
 //
 // Every call is non-blocking: what would wait fails with an error whose
-// errno (Errno) is EAGAIN. A caller that must wait arms the socket with
-// an eventfd (Arm) and blocks in the kernel on it, beside its other
-// descriptors; the next poll that changes the socket writes the eventfd.
-type Desc struct {
-	sock
-	kfd      int
-	listener bool
-}
+// errno (Errno) is EAGAIN. A caller that must wait arms its sockets with
+// an eventfd (Stack.ArmAll) and blocks in the kernel on it, beside its
+// other descriptors; the next poll that changes a socket writes the
+// eventfd.
+type Desc struct{ sock }
 
 // DefaultStack returns the process's default stack (made on first use
 // from the ONLOAD_* variables, as Dial and Listen do), held: the caller
@@ -105,8 +102,8 @@ func (s *Stack) kernelPort(kfd int) (uint16, error) {
 	return s.kernelPort(kfd)
 }
 
-func (s *Stack) newDesc(id stack.SockID, kfd int, listener bool) (*Desc, error) {
-	d := &Desc{kfd: kfd, listener: listener}
+func (s *Stack) newDesc(id stack.SockID) (*Desc, error) {
+	d := &Desc{}
 	if !s.newSock(&d.sock, id, reservation{}) {
 		s.closeID(id)
 		return nil, net.ErrClosed
@@ -130,7 +127,7 @@ func (s *Stack) ListenDesc(kfd int, ip netip.Addr) (*Desc, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.newDesc(id, kfd, true)
+	return s.newDesc(id)
 }
 
 // ConnectDesc connects a socket on kfd, a kernel TCP socket (bound to
@@ -160,13 +157,13 @@ func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort) (*Desc, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.newDesc(id, kfd, false)
+	return s.newDesc(id)
 }
 
-// Accept takes the next connection off listener d: a Desc that kfd, an
-// unbound kernel TCP socket of the caller's, names. EAGAIN when there is
+// Accept takes the next connection off listener d (the caller names it
+// by a kernel socket of its own, as every Desc). EAGAIN when there is
 // none.
-func (d *Desc) Accept(kfd int) (*Desc, error) {
+func (d *Desc) Accept() (*Desc, error) {
 	s := d.stk
 	if err := d.check(nil); err != nil {
 		return nil, err
@@ -179,7 +176,7 @@ func (d *Desc) Accept(kfd int) (*Desc, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.newDesc(id, kfd, false)
+	return s.newDesc(id)
 }
 
 // Recv reads into b (peek: without taking it off the queue); 0 and nil at
@@ -211,35 +208,6 @@ func (d *Desc) Send(b []byte) (int, error) {
 	return n, err
 }
 
-// Events reports the socket's readiness.
-func (d *Desc) Events() stack.Events {
-	s := d.stk
-	if d.closed.Load() || !s.enter() {
-		return stack.Error | stack.Hangup
-	}
-	ev := s.st.Events(d.id)
-	s.leave()
-	return ev
-}
-
-// Arm asks for eventfd efd to be written at the next change of the
-// socket's state, unless one of want (or an error or hang-up) is ready
-// now: then it returns the socket's events and arms nothing. Disarm takes
-// the request back.
-func (d *Desc) Arm(efd int32, want stack.Events) stack.Events {
-	s := d.stk
-	if d.closed.Load() || !s.enter() {
-		return stack.Error | stack.Hangup
-	}
-	d.wq.watch(efd)
-	ev := s.st.WaitFor(d.id, want)
-	s.leave()
-	if ev != 0 {
-		d.wq.unwatch(efd)
-	}
-	return ev
-}
-
 // EventsOf reports the readiness of many sockets under one taking of the
 // stack's lock: out[i] for ds[i] (0 for nil). ids is scratch, as long as
 // ds.
@@ -265,9 +233,12 @@ func (s *Stack) EventsOf(ds []*Desc, ids []stack.SockID, out []stack.Events) {
 	}
 }
 
-// ArmAll is Arm for many sockets under one taking of the lock: ds[i] for
-// want[i] (nil, or want 0: skipped), their events in out. It returns how
-// many are ready now; if any is, none stays armed. ids is scratch.
+// ArmAll asks for eventfd efd to be written at the next change of the
+// state of any of ds (ds[i] for the events in want[i]; nil, or want 0:
+// skipped), under one taking of the lock, unless one of them is ready
+// for what it wants (or has an error or hang-up) now: their events go in
+// out. It returns how many are ready; if any is, none stays armed
+// (DisarmAll takes the request back). ids is scratch.
 func (s *Stack) ArmAll(ds []*Desc, want, out []stack.Events, efd int32, ids []stack.SockID) int {
 	for i, d := range ds {
 		ids[i] = stack.NullSock
@@ -330,9 +301,6 @@ func (s *Stack) KickHeld() {
 	}
 }
 
-// Disarm: see Arm.
-func (d *Desc) Disarm(efd int32) { d.wq.unwatch(efd) }
-
 // Close closes the socket (TCP's orderly close, or a reset as SO_LINGER
 // says); kfd stays open.
 func (d *Desc) Close() { d.close() }
@@ -389,9 +357,6 @@ func (d *Desc) SockError() error {
 	s.leave()
 	return err
 }
-
-// Listener reports whether d listens.
-func (d *Desc) Listener() bool { return d.listener }
 
 // Dump describes the socket, for diagnosis.
 func (d *Desc) Dump() string {

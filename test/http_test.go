@@ -271,6 +271,20 @@ func TestHTTPServerCurl(t *testing.T) {
 	t.Logf("%d MiB up in %v", big>>20, time.Since(start).Round(time.Millisecond))
 }
 
+// kernelHTTPServer serves handler from an http.Server on net in host h
+// (the kernel's TCP) until the test ends, and returns its address.
+func kernelHTTPServer(t *testing.T, h *Host) string {
+	t.Helper()
+	var ln net.Listener
+	if err := h.Do(func() (err error) { ln, err = net.Listen("tcp", h.Iface0().Addr().String()+":0"); return }); err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: handler(), ConnContext: connContext}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
 func firstDiff(a, b []byte) int {
 	for i := range min(len(a), len(b)) {
 		if a[i] != b[i] {
@@ -285,14 +299,7 @@ func firstDiff(a, b []byte) int {
 func TestHTTPClientKernelServer(t *testing.T) {
 	RequireRoot(t)
 	a, b := Pair(t, LinkOptions{})
-	var ln net.Listener
-	if err := b.Do(func() (err error) { ln, err = net.Listen("tcp", b.Iface0().Addr().String()+":0"); return }); err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: handler(), ConnContext: connContext}
-	go srv.Serve(ln)
-	defer srv.Close()
-	p := startHelper(t, a, "http-client", "HTTP_URL=http://"+ln.Addr().String())
+	p := startHelper(t, a, "http-client", "HTTP_URL=http://"+kernelHTTPServer(t, b))
 	if err := p.wait(3 * time.Minute); err != nil {
 		t.Fatal(err)
 	}

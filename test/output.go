@@ -28,3 +28,22 @@ func (w *LimitedBuffer) String() string {
 	defer w.mu.Unlock()
 	return string(bytes.TrimSpace(w.b))
 }
+
+// SyncBuffer is a bytes.Buffer that a running command writes to while a
+// test reads it: safe for concurrent use, and unbounded.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

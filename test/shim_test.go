@@ -9,14 +9,12 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -51,25 +49,6 @@ func shimCommand(t *testing.T, h *Host, env []string, name string, args ...strin
 	cmd.Env = append(os.Environ(), append([]string{"ONLOAD_DAEMON=off", "ONLOAD_LOG=debug"}, env...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	return cmd
-}
-
-// syncBuffer is a bytes.Buffer a running command writes to while the
-// test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // stopGroup kills a started shimCommand and every process it forked.
@@ -156,14 +135,8 @@ func TestShimCurl(t *testing.T) {
 	shimOnloadd(t)
 	RequireTool(t, "curl")
 	a, b := Pair(t, LinkOptions{})
-	var ln net.Listener
-	if err := b.Do(func() (err error) { ln, err = net.Listen("tcp", b.Iface0().Addr().String()+":0"); return }); err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: handler()}
-	go srv.Serve(ln)
-	defer srv.Close()
-	base := "http://" + ln.Addr().String()
+	addr := kernelHTTPServer(t, b)
+	base := "http://" + addr
 	size := int64(64 << 20)
 	if testing.Short() {
 		size = 8 << 20
@@ -220,7 +193,7 @@ func TestShimSockperf(t *testing.T) {
 				t.Fatal(err)
 			}
 			srv := shimCommand(t, a, nil, "sockperf", "sr", "-f", feed, "-F", mode)
-			var log syncBuffer
+			var log SyncBuffer
 			srv.Stdout, srv.Stderr = &log, &log
 			if err := srv.Start(); err != nil {
 				t.Fatal(err)
@@ -267,7 +240,7 @@ func TestShimRedis(t *testing.T) {
 	a, b := Pair(t, LinkOptions{})
 	srv := shimCommand(t, a, nil, "redis-server", "--bind", "0.0.0.0", "--port", "6379", "--save", "",
 		"--appendonly", "no", "--protected-mode", "no", "--dir", t.TempDir(), "--daemonize", "no")
-	var log syncBuffer
+	var log SyncBuffer
 	srv.Stdout, srv.Stderr = &log, &log
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
@@ -375,17 +348,11 @@ func TestShimUnprivileged(t *testing.T) {
 		}
 	}
 	sock, _ := startDaemon(t, a, dir)
-	var ln net.Listener
-	if err := b.Do(func() (err error) { ln, err = net.Listen("tcp", b.Iface0().Addr().String()+":0"); return }); err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: handler()}
-	go srv.Serve(ln)
-	defer srv.Close()
+	addr := kernelHTTPServer(t, b)
 	const size = 4 << 20
 	cmd := a.Command("setpriv", "--reuid", strconv.Itoa(nobody), "--regid", strconv.Itoa(nobody), "--clear-groups",
 		filepath.Join(dir, "onloadd"), "run", "--", "curl", "-sS", "--fail", "--max-time", "60",
-		"http://"+ln.Addr().String()+"/big?n="+strconv.Itoa(size))
+		"http://"+addr+"/big?n="+strconv.Itoa(size))
 	cmd.Env = append(os.Environ(), "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET="+sock,
 		"ONLOAD_INTERFACE="+a.Iface0().Name, "ONLOAD_LOG=debug")
 	var stderr bytes.Buffer
@@ -448,7 +415,7 @@ func TestShimMemcached(t *testing.T) {
 	RequireTool(t, "memcslap")
 	a, b := Pair(t, LinkOptions{})
 	srv := shimCommand(t, a, nil, "memcached", "-t", "2", "-p", "11211", "-U", "0", "-l", "0.0.0.0", "-u", "root", "-c", "1024")
-	var log syncBuffer
+	var log SyncBuffer
 	srv.Stdout, srv.Stderr = &log, &log
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
@@ -495,7 +462,7 @@ func TestShimIperf3(t *testing.T) {
 	RequireTool(t, "iperf3")
 	a, b := Pair(t, LinkOptions{})
 	srv := b.Command("iperf3", "-s", "-1", "-p", "5201")
-	var slog syncBuffer
+	var slog SyncBuffer
 	srv.Stdout, srv.Stderr = &slog, &slog
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)

@@ -4,35 +4,15 @@ import (
 	"bytes"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/xdp-onload/onload/test"
 )
 
-// syncBuffer is a bytes.Buffer safe to write from one goroutine and read
-// from another.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestCapture(t *testing.T) {
 	a, b := test.Pair(t, test.LinkOptions{})
-	var out syncBuffer
+	var out test.SyncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- b.Do(func() error {

@@ -383,27 +383,7 @@ var totalLine = regexp.MustCompile(`Total (\d+) observations`)
 // client in a, both non-blocking and busy-polling, 64-byte messages,
 // round-trip times (--full-rtt).
 func sockperfRound(ctx context.Context, a, b *test.Host, pinA, pinB []string, addr string, seconds int) (Result, error) {
-	srv := inHost(ctx, b, pinB, "sockperf", "sr", "--tcp", "-i", addr, "-p", "11111", "--nonblocked")
-	stop, err := startServer(srv, listening(b, 11111))
-	if err != nil {
-		return Result{}, fmt.Errorf("sockperf server: %w", err)
-	}
-	defer stop()
-	var out []byte
-	for try := 0; ; try++ {
-		cmd := inHost(ctx, a, pinA, "sockperf", "pp", "--tcp", "-i", addr, "-p", "11111", "-m", "64",
-			"-t", strconv.Itoa(seconds), "--nonblocked", "--full-rtt")
-		cmd.Stderr = nil
-		out, err = cmd.CombinedOutput()
-		if err == nil || try == 5 {
-			break
-		}
-		time.Sleep(200 * time.Millisecond) // server still starting
-	}
-	if err != nil {
-		return Result{}, fmt.Errorf("sockperf client: %w\n%s", err, out)
-	}
-	return parseSockperf(out)
+	return sockperfPingPong(ctx, a, b, pinA, pinB, "", addr, 11111, seconds, true)
 }
 
 func parseSockperf(out []byte) (Result, error) {

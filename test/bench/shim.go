@@ -100,7 +100,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			if side == "shim" {
 				run = onloadd
 			}
-			sp, err := shimSockperfRound(ctx, a, b, pinA, pinB, run, ib.Addr().String(), seconds, side == "kernel-busy")
+			sp, err := sockperfPingPong(ctx, a, b, pinA, pinB, run, ib.Addr().String(), 11112, seconds, side == "kernel-busy")
 			if err != nil {
 				return nil, fmt.Errorf("shim round %d, sockperf %s: %w", r+1, side, err)
 			}
@@ -192,23 +192,25 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 	return rep, nil
 }
 
-// shimSockperfRound is sockperfRound with both ends under the shim when
-// onloadd is set, busy-polling (--nonblocked) if busy.
-func shimSockperfRound(ctx context.Context, a, b *test.Host, pinA, pinB []string, onloadd, addr string, seconds int, busy bool) (Result, error) {
+// sockperfPingPong runs sockperf's 64-byte TCP ping-pong, server in host
+// b on port, client in host a, both ends under the shim when onloadd is
+// set, busy-polling (--nonblocked) if busy.
+func sockperfPingPong(ctx context.Context, a, b *test.Host, pinA, pinB []string, onloadd, addr string, port, seconds int, busy bool) (Result, error) {
 	mode := []string{}
 	if busy {
 		mode = []string{"--nonblocked"}
 	}
-	argv := shimmed(onloadd, append([]string{"sockperf", "sr", "--tcp", "-i", addr, "-p", "11112"}, mode...)...)
+	p := strconv.Itoa(port)
+	argv := shimmed(onloadd, append([]string{"sockperf", "sr", "--tcp", "-i", addr, "-p", p}, mode...)...)
 	srv := inHost(ctx, b, pinB, argv[0], argv[1:]...)
-	stop, err := startServer(srv, listening(b, 11112))
+	stop, err := startServer(srv, listening(b, port))
 	if err != nil {
 		return Result{}, fmt.Errorf("sockperf server: %w", err)
 	}
 	defer stop()
 	var out []byte
 	for try := 0; ; try++ {
-		argv := shimmed(onloadd, append([]string{"sockperf", "pp", "--tcp", "-i", addr, "-p", "11112", "-m", "64",
+		argv := shimmed(onloadd, append([]string{"sockperf", "pp", "--tcp", "-i", addr, "-p", p, "-m", "64",
 			"-t", strconv.Itoa(seconds), "--full-rtt"}, mode...)...)
 		cmd := inHost(ctx, a, pinA, argv[0], argv[1:]...)
 		cmd.Stderr = nil
