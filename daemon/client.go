@@ -180,8 +180,10 @@ func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) 
 		default:
 			var key bpf.Listener
 			if key, err = filterKey(req.Filter); err == nil {
-				if f := s.filters[key]; f == nil || f.owner != c {
-					err = refuse(codeInvalid, "no filter of yours for %s %s", req.Filter.Proto, req.Filter.Local)
+				// Any process of the stack may end a filter: the last
+				// of the processes sharing a listener closes it.
+				if f := s.filters[key]; f == nil {
+					err = refuse(codeInvalid, "no filter of your stack's for %s %s", req.Filter.Proto, req.Filter.Local)
 				} else {
 					d.removeFilterLocked(s, key)
 				}

@@ -17,6 +17,9 @@
 #define ONL_ERROR 4
 #define ONL_HANGUP 8
 #define ONL_RDHUP 16
+/* In a want (onl_arm): wake at the socket's next change, whatever its
+ * readiness now (stack.Edge); ready only if its edge count moved. */
+#define ONL_EDGE 0x40000000
 
 /* Options, as package stack's Option. */
 #define ONL_OPT_NODELAY 1

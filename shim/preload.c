@@ -109,8 +109,8 @@ static struct {
 	long (*recv)(int, void *, size_t, int);
 	long (*send)(int, const void *, size_t, int);
 	void (*kick)(void);
-	void (*events)(int *, int *, int, int);
-	int (*arm)(int *, int *, int *, int, int);
+	void (*events)(int *, int *, unsigned *, int, int);
+	int (*arm)(int *, int *, int *, unsigned *, int, int);
 	void (*disarm)(int *, int, int);
 	long (*spin_ns)(void);
 	int (*try_spin)(void);
@@ -403,14 +403,14 @@ static int wait_over(struct wait *w, int64_t *now)
  * sockets hs for want and polls p[0..np-1] with the thread's eventfd in
  * p[np] until either side is ready, the deadline or a signal. 0: check
  * again; -1 with errno. */
-static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, int k,
+static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsigned *edges, int k,
 		      struct pollfd *p, int np, const sigset_t *mask)
 {
 	if (w->spinning && now < w->spin_end)
 		return 0;
 	wait_end(w);
 	int efd = thread_efd();
-	if (CORE(core.arm(hs, want, evs, k, efd)) > 0)
+	if (CORE(core.arm(hs, want, evs, edges, k, efd)) > 0)
 		return 0;
 	p[np] = (struct pollfd){.fd = efd, .events = POLLIN};
 	struct timespec ts, *tsp = NULL;
@@ -495,7 +495,7 @@ static int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 	int ret;
 	for (;;) {
 		int ready = 0;
-		CORE_VOID(core.events(hs, evs, k, w.spinning));
+		CORE_VOID(core.events(hs, evs, NULL, k, w.spinning));
 		if (nkernel > 0 && check_poll(tmp, n) < 0) {
 			ret = -1;
 			break;
@@ -513,7 +513,7 @@ static int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 			ret = ready;
 			break;
 		}
-		if (wait_block(&w, now, hs, want, evs, k, tmp, n, mask) < 0) {
+		if (wait_block(&w, now, hs, want, evs, NULL, k, tmp, n, mask) < 0) {
 			ret = -1;
 			break;
 		}
@@ -705,7 +705,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	if (e && e->kind == K_OURS) {
 		CHECK_USABLE();
 		int ev;
-		CORE_VOID(core.events(&e->h, &ev, 1, 0));
+		CORE_VOID(core.events(&e->h, &ev, NULL, 1, 0));
 		errno = ev & ONL_WRITABLE ? EISCONN : EALREADY;
 		return -1;
 	}
@@ -760,7 +760,7 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	CHECK_USABLE();
 	for (;;) {
 		int ev;
-		CORE_VOID(core.events(&e->h, &ev, 1, 0));
+		CORE_VOID(core.events(&e->h, &ev, NULL, 1, 0));
 		if (ev & ONL_READABLE) {
 			int kfd = real_socket(AF_INET, SOCK_STREAM | (flags & SOCK_CLOEXEC), 0);
 			if (kfd < 0)
@@ -1428,6 +1428,7 @@ struct epi {
 	epoll_data_t data;
 	uint8_t disabled;	      /* EPOLLONESHOT, reported */
 	uint32_t rd_seen, wr_seen;    /* EPOLLET: the EAGAIN counts when last reported */
+	uint32_t edge_seen;	      /* EPOLLET: the socket's edge count then */
 };
 
 struct ep {
@@ -1556,13 +1557,19 @@ _Static_assert(EPOLLIN == POLLIN && EPOLLOUT == POLLOUT && EPOLLERR == POLLERR &
 #define to_epoll(ev) ((uint32_t)(uint16_t)to_poll(ev))
 #define from_epoll(ev) from_poll((short)((ev) & 0xffff))
 
-/* ep_collect reports ready accelerated members into out, up to max. */
-static int ep_collect(struct ep *ep, struct epoll_event *out, int max, int *hs, int *evs, int poll)
+/* ep_collect reports ready accelerated members into out, up to max, and
+ * sets what each would wait for: its events, or, for an edge-triggered
+ * member whose readiness was reported already, its next change (ONL_EDGE
+ * from the edge count in edges). */
+static int ep_collect(struct ep *ep, struct epoll_event *out, int max, int *hs, int *evs, int *want,
+		      unsigned *edges, int poll)
 {
 	int n = ep->n;
-	for (int j = 0; j < n; j++)
+	for (int j = 0; j < n; j++) {
 		hs[j] = ep->items[j].disabled ? 0 : ep->items[j].h;
-	CORE_VOID(core.events(hs, evs, n, poll));
+		want[j] = hs[j] ? from_epoll(ep->items[j].events) : 0;
+	}
+	CORE_VOID(core.events(hs, evs, edges, n, poll));
 	int k = 0;
 	for (int c = 0; c < n && k < max; c++) {
 		int j = (ep->next + c) % n;
@@ -1570,14 +1577,21 @@ static int ep_collect(struct ep *ep, struct epoll_event *out, int max, int *hs, 
 		if (it->disabled)
 			continue;
 		uint32_t got = to_epoll(evs[j]) & (it->events | EPOLLERR | EPOLLHUP);
+		if ((it->events & EPOLLET) && got)
+			want[j] = ONL_EDGE;
 		if (it->events & EPOLLET) {
 			struct fdent *fe = ent(it->fd);
-			/* An edge: readiness not yet reported since the program
-			 * last found the socket empty (or full). */
-			if (fe && fe->rd_eagain == it->rd_seen)
+			/* An edge, as the kernel's: the stack changed the socket
+			 * (a segment, a timer, a connection) since it was last
+			 * reported, or the program found it empty (or full)
+			 * since. */
+			int moved = edges[j] != it->edge_seen;
+			if (fe && !moved && fe->rd_eagain == it->rd_seen)
 				got &= ~(EPOLLIN | EPOLLRDNORM | EPOLLRDHUP);
-			if (fe && fe->wr_eagain == it->wr_seen)
+			if (fe && !moved && fe->wr_eagain == it->wr_seen)
 				got &= ~(EPOLLOUT | EPOLLWRNORM);
+			if (got)
+				it->edge_seen = edges[j];
 			if (fe && (got & (EPOLLIN | EPOLLRDNORM | EPOLLRDHUP)))
 				it->rd_seen = fe->rd_eagain;
 			if (fe && (got & (EPOLLOUT | EPOLLWRNORM)))
@@ -1613,7 +1627,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		pthread_mutex_lock(&mu);
 		int n = ep->n;
 		if (n + 1 > room) {
-			int *grown = realloc(hs, sizeof(int) * 3 * (n + 1));
+			int *grown = realloc(hs, sizeof(int) * 4 * (n + 1));
 			if (!grown) {
 				pthread_mutex_unlock(&mu);
 				errno = ENOMEM;
@@ -1624,9 +1638,8 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			room = n + 1;
 		}
 		int *evs = hs + room, *want = evs + room;
-		int k = ep_collect(ep, out, max, hs, evs, w.spinning);
-		for (int j = 0; j < n; j++)
-			want[j] = hs[j] ? from_epoll(ep->items[j].events) : 0;
+		unsigned *edges = (unsigned *)(want + room);
+		int k = ep_collect(ep, out, max, hs, evs, want, edges, w.spinning);
 		pthread_mutex_unlock(&mu);
 		if (k < max) {
 			int r;
@@ -1655,7 +1668,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			break;
 		}
 		struct pollfd p[2] = {{.fd = epfd, .events = POLLIN}};
-		if (wait_block(&w, now, hs, want, evs, n, p, 1, mask) < 0) {
+		if (wait_block(&w, now, hs, want, evs, edges, n, p, 1, mask) < 0) {
 			ret = -1;
 			break;
 		}

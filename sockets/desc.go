@@ -114,7 +114,9 @@ func (s *Stack) newDesc(id stack.SockID) (*Desc, error) {
 // ListenDesc makes a listener on kfd, a kernel TCP socket that listens
 // already (it serves the clients that do not come through the stack's
 // interface, and it holds the port): ip is the address it is bound to,
-// the wildcard or the stack's (ServesLocal).
+// the wildcard or the stack's (ServesLocal). Where processes share the
+// stack, a listener another of them made on the same port is shared
+// (stack.ShareListener).
 func (s *Stack) ListenDesc(kfd int, ip netip.Addr) (*Desc, error) {
 	port, err := s.kernelPort(kfd)
 	if err != nil {
@@ -122,6 +124,16 @@ func (s *Stack) ListenDesc(kfd int, ip netip.Addr) (*Desc, error) {
 	}
 	if ip.IsUnspecified() {
 		ip = netip.Addr{}
+	}
+	if s.enter() {
+		// Another process of a shared stack listens on this port with
+		// the same kernel socket (a pre-fork server's workers) or one of
+		// its SO_REUSEPORT group: share its listener.
+		id, ok := s.st.ShareListener(netip.AddrPortFrom(ip, port))
+		s.leave()
+		if ok {
+			return s.newDesc(id)
+		}
 	}
 	id, err := s.openAtFD(stack.TCP, netip.AddrPortFrom(ip, port), true, kfd)
 	if err != nil {
@@ -209,9 +221,10 @@ func (d *Desc) Send(b []byte) (int, error) {
 }
 
 // EventsOf reports the readiness of many sockets under one taking of the
-// stack's lock: out[i] for ds[i] (0 for nil). ids is scratch, as long as
-// ds.
-func (s *Stack) EventsOf(ds []*Desc, ids []stack.SockID, out []stack.Events) {
+// stack's lock: out[i] for ds[i] (0 for nil), and in edges (unless nil)
+// the counts stack.Stack.EventsOf gives for edge-triggered waiters. ids is
+// scratch, as long as ds.
+func (s *Stack) EventsOf(ds []*Desc, ids []stack.SockID, out []stack.Events, edges []uint32) {
 	for i, d := range ds {
 		ids[i] = stack.NullSock
 		if d != nil && d.stk == s && !d.closed.Load() {
@@ -224,7 +237,7 @@ func (s *Stack) EventsOf(ds []*Desc, ids []stack.SockID, out []stack.Events) {
 		}
 		return
 	}
-	s.st.EventsOf(ids, out)
+	s.st.EventsOf(ids, out, edges)
 	s.leave()
 	for i, d := range ds {
 		if d != nil && ids[i] == stack.NullSock {
@@ -238,8 +251,10 @@ func (s *Stack) EventsOf(ds []*Desc, ids []stack.SockID, out []stack.Events) {
 // skipped), under one taking of the lock, unless one of them is ready
 // for what it wants (or has an error or hang-up) now: their events go in
 // out. It returns how many are ready; if any is, none stays armed
-// (DisarmAll takes the request back). ids is scratch.
-func (s *Stack) ArmAll(ds []*Desc, want, out []stack.Events, efd int32, ids []stack.SockID) int {
+// (DisarmAll takes the request back). A want of stack.Edge waits for the
+// socket's edge count to move from edges[i] (stack.Stack.WaitForAll). ids
+// is scratch.
+func (s *Stack) ArmAll(ds []*Desc, want, out []stack.Events, edges []uint32, efd int32, ids []stack.SockID) int {
 	for i, d := range ds {
 		ids[i] = stack.NullSock
 		if d != nil && d.stk == s && want[i] != 0 {
@@ -249,7 +264,7 @@ func (s *Stack) ArmAll(ds []*Desc, want, out []stack.Events, efd int32, ids []st
 	}
 	ready := 0
 	if s.enter() {
-		ready = s.st.WaitForAll(ids, want, out)
+		ready = s.st.WaitForAll(ids, want, out, edges)
 		s.leave()
 	} else {
 		ready = len(ds)

@@ -272,13 +272,17 @@ func (s *Stack) Dump() string {
 	}
 	defer s.leave()
 	var ks string
-	if x, ok := s.nic.(*vnic.XDP); ok {
-		if st, err := x.Socket().Stats(); err == nil {
-			sk := x.Socket()
-			ks = fmt.Sprintf("xsk %+v rings: rx %d fill %d tx %d completion %d kick owed %v\n", st,
-				sk.RX.Pending(), sk.Fill.Pending(), sk.TX.Pending(), sk.Completion.Pending(), x.KickOwed())
+	var ns vnic.Stats
+	s.st.InspectNIC(func(nic vnic.NIC) { // the polls write what it reads
+		ns = nic.Stats()
+		if x, ok := nic.(*vnic.XDP); ok {
+			if st, err := x.Socket().Stats(); err == nil {
+				sk := x.Socket()
+				ks = fmt.Sprintf("xsk %+v rings: rx %d fill %d tx %d completion %d kick owed %v\n", st,
+					sk.RX.Pending(), sk.Fill.Pending(), sk.TX.Pending(), sk.Completion.Pending(), x.KickOwed())
+			}
 		}
-	}
+	})
 	s.wakes.mu.Lock()
 	wk := fmt.Sprintf("wakes: %d woken not yet run (limit %d), %d queued; %d woken, %d queued first, %d sends held their kick",
 		s.wakes.backlog.Load(), s.wakes.limit, s.wakes.n, s.wakes.woken.Load(), s.wakes.queuedWakes.Load(), s.wakes.heldSends.Load())
@@ -292,7 +296,7 @@ func (s *Stack) Dump() string {
 			w.mu.Unlock()
 		}
 	}
-	return fmt.Sprintf("%snic %+v\n%ssleeper %+v armed=%v spinning=%v\n%s\n", s.st.Dump(), s.nic.Stats(), ks, s.sl.Stats(), s.sl.Armed(), s.sl.Spinning(), wk)
+	return fmt.Sprintf("%snic %+v\n%ssleeper %+v armed=%v spinning=%v\n%s\n", s.st.Dump(), ns, ks, s.sl.Stats(), s.sl.Armed(), s.sl.Spinning(), wk)
 }
 
 // followKernel keeps the stack in step with the kernel's tables for its

@@ -3,10 +3,11 @@ package stack
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/xdp-onload/onload/timers"
-	"net/netip"
+	"github.com/xdp-onload/onload/vnic"
 )
 
 // DumpSocket describes a socket's state on one line, for diagnostics and
@@ -52,6 +53,15 @@ func (s *Stack) Dump() string {
 	s.lock()
 	defer s.unlock()
 	return s.dumpLocked()
+}
+
+// InspectNIC runs fn on the stack's NIC under the stack lock, for an
+// inspector that reads the NIC's counters and rings, which the stack's
+// polls write.
+func (s *Stack) InspectNIC(fn func(vnic.NIC)) {
+	s.lock()
+	defer s.unlock()
+	fn(s.nic)
 }
 
 // TryDump is Dump for an inspector that must never wait on the stack's
@@ -127,7 +137,7 @@ func (s *Stack) dumpLocked() string {
 	for i := range s.img.socks {
 		sk := &s.img.socks[i]
 		if sk.kind != kindFree {
-			out += fmt.Sprintf("  %v wake=%v %s\n", makeSockID(uint32(i), sk.gen), sk.flags&sfWake != 0, s.describeLocked(sk))
+			out += fmt.Sprintf("  %v wake=%v %s\n", makeSockID(uint32(i), sk.gen), sk.flags&sfWake != 0 || sk.waiters != 0, s.describeLocked(sk))
 		}
 	}
 	return out

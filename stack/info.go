@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"math/bits"
 	"net/netip"
 	"time"
 )
@@ -62,8 +63,9 @@ type SocketRow struct {
 	Cwnd          uint32
 	RTT           time.Duration
 	Retrans       uint32 // bytes retransmitted
-	// Owner is the pid of the process whose thread last waited on the
-	// socket, where processes share the stack; 0 if unknown.
+	// Owner is the pid of the process that holds the socket (opened or
+	// accepted it; the first, for a listener several share), where
+	// processes share the stack; 0 if unknown.
 	Owner int
 }
 
@@ -86,8 +88,8 @@ func (s *Stack) socketsLocked() []SocketRow {
 			Local:  netip.AddrPortFrom(netip.AddrFrom4(sk.localAddr), sk.localPort),
 			Remote: netip.AddrPortFrom(netip.AddrFrom4(sk.remoteAddr), sk.remotePort),
 		}
-		if o := sk.owner; o != 0 && o <= maxProcs {
-			r.Owner = int(s.img.hdr.procs[o-1].pid)
+		if o := sk.openers; o != 0 {
+			r.Owner = int(s.img.hdr.procs[bits.TrailingZeros32(o)].pid)
 		}
 		switch sk.kind {
 		case kindTCP:

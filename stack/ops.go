@@ -19,6 +19,12 @@ const (
 	Error                         // an error is pending
 	Hangup                        // the peer is gone (TCP)
 	ReadHangup                    // the peer has sent FIN: reads end (TCP; poll's POLLRDHUP)
+
+	// Edge, in what a waiter wants (WaitForAll), asks for a wake-up at
+	// the socket's next change, whatever its readiness now: an
+	// edge-triggered waiter (EPOLLET) that has reported the readiness
+	// there is already.
+	Edge Events = 1 << 31
 )
 
 // Ephemeral ports, as Linux's default ip_local_port_range.
@@ -373,13 +379,20 @@ func (s *Stack) SockError(id SockID) error {
 	return errnoError(e)
 }
 
-// Close releases a socket: its queued frames, its port and its slot.
+// Close releases a socket: its queued frames, its port and its slot. A
+// listener other processes share (ShareListener) stays theirs: this
+// process only lets go of its share.
 func (s *Stack) Close(id SockID) error {
 	s.lock()
 	defer s.unlock()
 	sk, err := s.sockLocked(id)
 	if err != nil {
 		return err
+	}
+	if self := procBit(s.proc); self != 0 && sk.openers&^self != 0 {
+		sk.openers &^= self
+		sk.waiters &^= self
+		return nil
 	}
 	s.closeLocked(sk)
 	return nil
@@ -446,8 +459,11 @@ func (s *Stack) Events(id SockID) Events {
 
 // EventsOf reports the readiness of many sockets under one taking of
 // the lock: out[i] for ids[i] (Error|Hangup for a closed or unknown one,
-// 0 for NullSock).
-func (s *Stack) EventsOf(ids []SockID, out []Events) {
+// 0 for NullSock). edges (unless nil) gets each socket's count of polls
+// that may have changed it: a caller emulating edge-triggered readiness
+// reports a socket again when its count moved, as the kernel's EPOLLET
+// reports every wake-up of a socket.
+func (s *Stack) EventsOf(ids []SockID, out []Events, edges []uint32) {
 	s.lock()
 	defer s.unlock()
 	for i, id := range ids {
@@ -459,6 +475,9 @@ func (s *Stack) EventsOf(ids []SockID, out []Events) {
 			out[i] = Error | Hangup
 		} else {
 			out[i] = s.eventsLocked(sk)
+			if edges != nil {
+				edges[i] = sk.edges
+			}
 		}
 	}
 }

@@ -48,34 +48,40 @@ const (
 	sfRemoteMAC = 1 << 3 // remoteMAC holds the next hop for the peer
 	sfRcvBufSet = 1 << 4 // the user set the receive buffer: no autotuning
 	sfSndBufSet = 1 << 5 // the user set the send buffer: no autotuning
-	// sfWake: a thread sleeps on the socket and wants Options.Wake
-	// (wake.go).
+	// sfWake: a thread of a handle that shares no wakes (JoinWakes) sleeps
+	// on the socket and wants Options.Wake (wake.go); those of processes
+	// that share them are the socket's waiters.
 	sfWake = 1 << 6
-	// sfWakeRemote: another process's poll changed the socket while a
-	// thread of its owner slept on it: the owner wakes it (wake.go).
-	sfWakeRemote = 1 << 7
 )
 
 // sock is one slot of the socket table. Fields are plain values: the slot
 // lives in the image.
 type sock struct {
-	kind  uint8
-	owner uint8 // the process that last waited on it: a procs index plus one, 0 for this one
-	flags uint16
-	gen   uint32 // generation of the slot's current SockID
-	next  uint32 // free list or hash chain
+	kind uint8
+	// edgeState is the state at the last edge (edgeLocked).
+	edgeState uint8
+	flags     uint16
+	gen       uint32 // generation of the slot's current SockID
+	next      uint32 // free list or hash chain
 
 	localAddr, remoteAddr [4]byte
 	localPort, remotePort uint16
 	remoteMAC             [6]byte
-	// opener is the process that opened (or accepted) the socket: a
-	// procs index plus one, 0 for a handle that shares no wakes. When
-	// that process dies, its sockets close as its descriptors would
-	// (CloseAbandonedBy).
-	opener uint8
-	_      [1]byte
+	_                     [2]byte
 
 	err uint32 // pending error, an errno, reported once
+
+	// Processes of a shared stack, as bits of their procs slots (procBit):
+	// openers hold the socket (opened or accepted it, or share a listener:
+	// ShareListener), and it closes when the last lets go (Close, or its
+	// death: CloseAbandonedBy); 0 for a handle that shares no wakes.
+	// waiters have a thread asleep on it; remoteWakes are the waiters
+	// another process's poll touched, each to wake its own threads
+	// (wake.go).
+	openers, waiters, remoteWakes uint32
+	// edges counts the socket's edges (edgeLocked): an edge-triggered
+	// waiter (EPOLLET) is told of each. edgeRcv is rcvNxt at the last.
+	edges, edgeRcv uint32
 
 	// The receive queue: frames linked through their descriptors' next
 	// handles; each frame's data is exactly its payload.
@@ -154,7 +160,7 @@ func (s *Stack) allocSockLocked(kind uint8) (*sock, SockID, error) {
 	sk := &s.img.socks[idx]
 	h.sockFree = sk.next
 	gen := sk.gen
-	*sk = sock{kind: kind, gen: gen, next: noSlot, rcvBuf: h.recvBuffer, sndBuf: h.sendBuffer, opener: s.proc}
+	*sk = sock{kind: kind, gen: gen, next: noSlot, rcvBuf: h.recvBuffer, sndBuf: h.sendBuffer, openers: procBit(s.proc)}
 	sk.ccAlgo = uint8(min(h.ccAlgo, ccReno))
 	sk.tcb.acceptHead, sk.tcb.acceptTail, sk.tcb.acceptNext, sk.tcb.parent = noSlot, noSlot, noSlot, noSlot
 	sk.keepIdle, sk.keepIntvl, sk.keepCnt = keepIdleDefault, keepIntvlDefault, keepCntDefault

@@ -68,7 +68,16 @@ func (s *Stack) CloseAbandonedBy(pid int, wait time.Duration) (closed int, ok bo
 	if proc == 0 {
 		return 0, true
 	}
-	closed, ok = s.closeEvery(wait, func(sk *sock) bool { return sk.opener == proc && s.closeAbandonedLocked(sk) })
+	bit := procBit(proc)
+	closed, ok = s.closeEvery(wait, func(sk *sock) bool {
+		if sk.openers&bit == 0 {
+			return false
+		}
+		if sk.openers &^= bit; sk.openers != 0 {
+			return false // a listener other processes share
+		}
+		return s.closeAbandonedLocked(sk)
+	})
 	if ok {
 		atomic.CompareAndSwapUint32(&s.img.hdr.procs[proc-1].pid, uint32(pid), 0)
 	}

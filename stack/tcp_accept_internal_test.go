@@ -73,7 +73,7 @@ func TestCookieTimestamp(t *testing.T) {
 func TestSockFlagsDistinct(t *testing.T) {
 	flags := map[string]uint16{
 		"sfBound": sfBound, "sfConnected": sfConnected, "sfHashed": sfHashed, "sfRemoteMAC": sfRemoteMAC,
-		"sfRcvBufSet": sfRcvBufSet, "sfSndBufSet": sfSndBufSet, "sfWake": sfWake, "sfWakeRemote": sfWakeRemote,
+		"sfRcvBufSet": sfRcvBufSet, "sfSndBufSet": sfSndBufSet, "sfWake": sfWake,
 	}
 	var seen uint16
 	for name, f := range flags {

@@ -73,6 +73,38 @@ func (s *Stack) Listen(id SockID, backlog int) error {
 	return nil
 }
 
+// ShareListener gives this process a share of the TCP listener bound to
+// local (its address, or the wildcard for an invalid one) that another
+// process of the shared stack made: the workers of a pre-fork server,
+// which inherited one listening socket or hold sockets of one
+// SO_REUSEPORT group (either way the kernel has let each of them hold
+// the port), accept from one queue, as Onload's processes do within a
+// stack. Every worker waiting on it is woken by a connection; the first
+// to accept takes it. The listener closes when its last holder lets go
+// (Close, or its process's death: CloseAbandonedBy). ok is false when the
+// stack has no such listener, or when this handle shares no wakes
+// (JoinWakes).
+func (s *Stack) ShareListener(local netip.AddrPort) (id SockID, ok bool) {
+	self := procBit(s.proc)
+	if self == 0 {
+		return NullSock, false
+	}
+	var addr [4]byte
+	if a := local.Addr(); a.Is4() {
+		addr = a.As4()
+	}
+	s.lock()
+	defer s.unlock()
+	for i := range s.img.socks {
+		sk := &s.img.socks[i]
+		if sk.kind == kindTCP && sk.state == tcpListen && sk.flags&sfBound != 0 && sk.localPort == local.Port() && sk.localAddr == addr {
+			sk.openers |= self
+			return s.idOf(sk), true
+		}
+	}
+	return NullSock, false
+}
+
 func clampBacklog(b int) int {
 	if b <= 0 {
 		return defaultBacklog
@@ -229,7 +261,7 @@ func (s *Stack) Accept(id SockID) (SockID, error) {
 	child.acceptNext, child.parent = noSlot, noSlot
 	child.tflags &^= tfInAcceptQ | tfOrphan
 	child.tflags |= tfAccepted
-	child.opener = s.proc
+	child.openers = procBit(s.proc)
 	return s.idOf(child), nil
 }
 

@@ -33,15 +33,34 @@ func (s *Stack) WaitFor(id SockID, want Events) Events {
 	if ev := s.eventsLocked(sk); ev&(want|Error|Hangup) != 0 {
 		return ev
 	}
-	sk.flags |= sfWake
-	sk.owner = s.proc
+	s.waitLocked(sk)
 	return 0
+}
+
+// waitLocked asks for a wake-up of this process's threads on sk.
+func (s *Stack) waitLocked(sk *sock) {
+	if s.proc == 0 {
+		sk.flags |= sfWake
+	} else {
+		sk.waiters |= procBit(s.proc)
+	}
+}
+
+// procBit is process slot proc's bit in a socket's openers and waiters
+// (0 for a handle that shares no wakes).
+func procBit(proc uint8) uint32 {
+	if proc == 0 || proc > maxProcs {
+		return 0
+	}
+	return 1 << (proc - 1)
 }
 
 // WaitForAll is WaitFor for many sockets under one taking of the lock:
 // out[i] for ids[i] and want[i] (a NullSock, or want 0, is skipped). It
-// returns how many are ready; those ask for nothing.
-func (s *Stack) WaitForAll(ids []SockID, want, out []Events) int {
+// returns how many are ready; those ask for nothing. A want of Edge is
+// ready only if the socket's edge count (EventsOf) is no longer edges[i]:
+// it changed since the caller looked.
+func (s *Stack) WaitForAll(ids []SockID, want, out []Events, edges []uint32) int {
 	s.lock()
 	defer s.unlock()
 	ready := 0
@@ -56,13 +75,18 @@ func (s *Stack) WaitForAll(ids []SockID, want, out []Events) int {
 			ready++
 			continue
 		}
-		if ev := s.eventsLocked(sk); ev&(want[i]|Error|Hangup) != 0 {
+		if want[i]&Edge != 0 {
+			if edges != nil && sk.edges != edges[i] {
+				out[i] = s.eventsLocked(sk)
+				ready++
+				continue
+			}
+		} else if ev := s.eventsLocked(sk); ev&(want[i]|Error|Hangup) != 0 {
 			out[i] = ev
 			ready++
 			continue
 		}
-		sk.flags |= sfWake
-		sk.owner = s.proc
+		s.waitLocked(sk)
 	}
 	return ready
 }
@@ -72,18 +96,48 @@ func (s *Stack) WaitForAll(ids []SockID, want, out []Events) int {
 // is woken through that process's word (wakeRemotes, once the lock is
 // let go), and it wakes its own threads (TakeRemoteWakes).
 func (s *Stack) touchLocked(sk *sock) {
-	if sk.flags&sfWake == 0 {
+	s.edgeLocked(sk)
+	if sk.flags&sfWake == 0 && sk.waiters == 0 {
 		return
 	}
+	local := sk.flags&sfWake != 0
 	sk.flags &^= sfWake
-	if o := sk.owner; o != 0 && o != s.proc && o <= maxProcs {
-		sk.flags |= sfWakeRemote
-		s.remote.Or(1 << (o - 1))
+	if w := sk.waiters; w != 0 {
+		sk.waiters = 0
+		if self := procBit(s.proc); w&self != 0 {
+			local, w = true, w&^self
+		}
+		if w != 0 {
+			// Every process waiting is woken (a listener its workers
+			// share wakes them all, and the first to accept takes the
+			// connection).
+			sk.remoteWakes |= w
+			s.remote.Or(w)
+		}
+	}
+	if !local {
 		return
 	}
 	s.woken++
 	if s.wake != nil {
 		s.wake(s.idOf(sk))
+	}
+}
+
+// edgeLocked counts an edge of sk, a change that wakes an edge-triggered
+// waiter (EventsOf's edges): as the kernel's socket wakes an EPOLLET
+// waiter for new data, a new connection, a datagram, a state change or an
+// error, and not for a timer that only sent (a delayed ACK, a probe) or
+// an ACK (write space is the caller's to report, after a write found the
+// socket full, as the kernel's is).
+func (s *Stack) edgeLocked(sk *sock) {
+	if sk.kind != kindTCP || sk.state == tcpListen {
+		sk.edges++
+		return
+	}
+	if r := uint32(sk.rcvNxt); r != sk.edgeRcv || sk.state != sk.edgeState || sk.err != 0 {
+		sk.edgeRcv, sk.edgeState = r, sk.state
+		sk.edges++
 	}
 }
 
@@ -265,13 +319,17 @@ func (s *Stack) WaitRemote(seq uint32, timeout time.Duration) uint32 {
 func (s *Stack) TakeRemoteWakes() int {
 	s.lock()
 	defer s.unlock()
+	self := procBit(s.proc)
+	if self == 0 {
+		return 0
+	}
 	n := 0
 	for i := range s.img.socks {
 		sk := &s.img.socks[i]
-		if sk.flags&sfWakeRemote == 0 || sk.owner != s.proc || sk.kind == kindFree {
+		if sk.remoteWakes&self == 0 || sk.kind == kindFree {
 			continue
 		}
-		sk.flags &^= sfWakeRemote
+		sk.remoteWakes &^= self
 		n++
 		if s.wake != nil {
 			s.wake(s.idOf(sk))

@@ -28,6 +28,8 @@ need redis-cli redis-tools
 need memcached memcached
 need memcslap libmemcached-tools
 need iperf3 iperf3
+need nginx nginx
+need wrk wrk
 
 if ! command -v go >/dev/null 2>&1; then
 	echo "deps: Go is not installed (or not on PATH): install Go 1.26 or later from https://go.dev/dl" >&2

@@ -505,3 +505,220 @@ func TestShimIperf3(t *testing.T) {
 	bps, _ := res.End.Received["bits_per_second"].(float64)
 	t.Logf("iperf3 -c under the shim: %.0f MB in 2 s, %.2f Gbit/s", recv/1e6, bps/1e9)
 }
+
+// TestShimNginx runs nginx (a master and two workers) under the shim, on
+// a stack from onloadd that its workers share (onloadd run -n): with one
+// listening socket the workers inherit, and with one socket per worker
+// (reuseport). Static files come byte-exact to curl (sendfile on), wrk's
+// connections get only good replies, both workers accelerate and serve,
+// and after a reload (new workers; the old ones leave) and a worker's
+// death, the listener is still the stack's.
+func TestShimNginx(t *testing.T) {
+	onloadd := shimOnloadd(t)
+	RequireTool(t, "nginx")
+	RequireTool(t, "curl")
+	RequireTool(t, "wrk")
+	for _, listen := range []string{"shared", "reuseport"} {
+		t.Run(listen, func(t *testing.T) { testShimNginx(t, onloadd, listen == "reuseport") })
+	}
+}
+
+func testShimNginx(t *testing.T, onloadd string, reuseport bool) {
+	a, b := Pair(t, LinkOptions{})
+	dir, _ := daemonDir(t)
+	sock, _ := startDaemon(t, a, dir)
+	prefix := t.TempDir()
+	for _, d := range []string{"www", "logs", "tmp"} {
+		if err := os.Mkdir(filepath.Join(prefix, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := make([]byte, 3<<20+17)
+	for i := range big {
+		big[i] = byte(i*7 + i>>13)
+	}
+	if err := os.WriteFile(filepath.Join(prefix, "www", "big.bin"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(prefix, "www", "index.html"), []byte("hello from nginx\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opt := ""
+	if reuseport {
+		opt = " reuseport"
+	}
+	conf := filepath.Join(prefix, "nginx.conf")
+	err := os.WriteFile(conf, fmt.Appendf(nil, `daemon off;
+master_process on;
+worker_processes 2;
+user root;
+error_log %[1]s/logs/error.log info;
+pid %[1]s/nginx.pid;
+events { worker_connections 1024; }
+http {
+  log_format pids "$pid $status";
+  access_log %[1]s/logs/access.log pids;
+  sendfile on;
+  keepalive_requests 100000;
+  client_body_temp_path %[1]s/tmp;
+  proxy_temp_path %[1]s/tmp;
+  fastcgi_temp_path %[1]s/tmp;
+  uwsgi_temp_path %[1]s/tmp;
+  scgi_temp_path %[1]s/tmp;
+  server { listen 8080%[2]s; root %[1]s/www; }
+}
+`, prefix, opt), 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := a.Command(onloadd, "run", "-n", "web", "--", "nginx", "-c", conf, "-p", prefix)
+	srv.Env = append(os.Environ(), "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET="+sock,
+		"ONLOAD_INTERFACE="+a.Iface0().Name, "ONLOAD_LOG=debug")
+	srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var out SyncBuffer
+	srv.Stdout, srv.Stderr = &out, &out
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer stopGroup(srv)
+	// nginx moves its stderr (where the shim logs) to its error log.
+	errorLog := func() string {
+		data, _ := os.ReadFile(filepath.Join(prefix, "logs", "error.log"))
+		return out.String() + string(data)
+	}
+	url := "http://" + a.Iface0().Addr().String() + ":8080/"
+	get := func(path string) ([]byte, error) {
+		cmd := b.Command("curl", "-sS", "--fail", "--max-time", "20", url+path)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		body, err := cmd.Output()
+		if err != nil {
+			return nil, fmt.Errorf("curl %s: %v: %s", path, err, stderr.String())
+		}
+		return body, nil
+	}
+	for i := 0; ; i++ { // until it serves: up to 10 s
+		if _, err = get("index.html"); err == nil {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("nginx did not serve: %v\n%s", err, errorLog())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// accelerated are the pids that accelerated a listener.
+	accelerated := func() map[string]bool {
+		pids := map[string]bool{}
+		for _, m := range regexp.MustCompile(`onload\[(\d+)\]: fd \d+: listening, accelerated`).FindAllStringSubmatch(errorLog(), -1) {
+			pids[m[1]] = true
+		}
+		return pids
+	}
+	// byteExact fetches big.bin n times at once.
+	byteExact := func(n int) {
+		t.Helper()
+		errs := make(chan error, n)
+		for range n {
+			go func() {
+				body, err := get("big.bin")
+				if err == nil && !bytes.Equal(body, big) {
+					err = fmt.Errorf("big.bin: got %d bytes, want %d, byte-exact", len(body), len(big))
+				}
+				errs <- err
+			}()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				t.Fatalf("%v\n%s", err, errorLog())
+			}
+		}
+	}
+	byteExact(8)
+	wrk, err := b.RunFor(time.Minute, "wrk", "-t", "2", "-c", "50", "-d", "3s", url+"index.html")
+	if err != nil || !strings.Contains(wrk, "Requests/sec") || strings.Contains(wrk, "Socket errors") || strings.Contains(wrk, "Non-2xx") {
+		t.Fatalf("wrk: %v\n%s\nnginx:\n%s", err, wrk, errorLog())
+	}
+	// A keep-alive connection whose next request went unseen (an edge
+	// epoll missed) stalls: a few dozen requests in all.
+	if m := regexp.MustCompile(`(\d+) requests in`).FindStringSubmatch(wrk); m == nil || len(m[1]) < 4 {
+		t.Fatalf("wrk: fewer than 1000 requests in 3 s:\n%s\nnginx:\n%s", wrk, errorLog())
+	}
+	t.Logf("wrk: %s", regexp.MustCompile(`Requests/sec:\s*\S+`).FindString(wrk))
+	if pids := accelerated(); len(pids) != 2 {
+		t.Fatalf("%d workers accelerated their listener (%v), want 2:\n%s", len(pids), pids, errorLog())
+	}
+	// Both workers took connections from the listener they share.
+	access, err := os.ReadFile(filepath.Join(prefix, "logs", "access.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(access)), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[1] == "200" {
+			served[f[0]]++
+		}
+	}
+	if len(served) != 2 {
+		t.Fatalf("requests served by worker pid: %v; want both workers serving", served)
+	}
+	t.Logf("requests served by worker pid: %v", served)
+
+	// viaStack fetches big.bin n times and checks that the stack accepted
+	// the connections (the kernel's half of the listener serves them too,
+	// should the stack's be gone).
+	viaStack := func(n int) {
+		t.Helper()
+		before := counter(engineDump(t, sock), "TCPPassiveOpens")
+		byteExact(n)
+		if after := counter(engineDump(t, sock), "TCPPassiveOpens"); after-before != n {
+			t.Fatalf("the stack accepted %d of %d connections\n%s", after-before, n, errorLog())
+		}
+	}
+	// waitLog waits up to 10 s for cond on nginx's log.
+	waitLog := func(what string, cond func(log string) bool) {
+		t.Helper()
+		for i := 0; !cond(errorLog()); i++ {
+			if i == 100 {
+				t.Fatalf("%s: not within 10 s:\n%s", what, errorLog())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	// A reload: two new workers join the stack and share the listener,
+	// the old ones finish and leave (their shares of the listener close),
+	// and the listener stays the stack's.
+	old := accelerated()
+	if err := syscall.Kill(srv.Process.Pid, syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitLog("after a reload, 4 workers accelerated (old and new)", func(string) bool { return len(accelerated()) == 4 })
+	waitLog("after a reload, the old workers exit", func(l string) bool { return strings.Count(l, "exited with code 0") == 2 })
+	viaStack(4)
+	// A worker killed: the master starts another; the dead one's share of
+	// the listener is dropped (onloadd closes what it held), the others'
+	// stay.
+	var victim int
+	for pid := range accelerated() {
+		if !old[pid] {
+			victim, _ = strconv.Atoi(pid)
+		}
+	}
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitLog("after a worker was killed, its replacement accelerated", func(string) bool { return len(accelerated()) == 5 })
+	viaStack(4)
+	if err := syscall.Kill(srv.Process.Pid, syscall.SIGQUIT); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("nginx exited: %v\n%s", err, errorLog())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("nginx did not stop in 20 s after SIGQUIT:\n%s", errorLog())
+	}
+}

@@ -25,9 +25,10 @@ const (
 func run(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	profile := fs.String("p", "", "profile: latency, balanced or throughput (ONLOAD_PROFILE)")
+	name := fs.String("n", "", "the stack's name, shared by every process of CMD that gives it: a pre-fork server's workers (ONLOAD_STACK_NAME; needs onloadd)")
 	lib := fs.String("lib", "", "the directory of "+shimLib+" and "+coreLib+" (default: onloadd's own)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: onloadd run [-p latency|balanced|throughput] [-lib DIR] [--] CMD ARGS...\n\n"+
+		fmt.Fprintf(fs.Output(), "usage: onloadd run [-p latency|balanced|throughput] [-n NAME] [-lib DIR] [--] CMD ARGS...\n\n"+
 			"Runs CMD with the LD_PRELOAD shim: its TCP/IPv4 sockets on the stack's interface\n"+
 			"are accelerated; the rest stay the kernel's (ONLOAD_LOG=debug says what and why).\n\n")
 		fs.PrintDefaults()
@@ -46,6 +47,9 @@ func run(args []string) error {
 			return fmt.Errorf("run: -p %s: %w", *profile, err)
 		}
 		env = setEnv(env, "ONLOAD_PROFILE", *profile)
+	}
+	if *name != "" {
+		env = setEnv(env, "ONLOAD_STACK_NAME", *name)
 	}
 	if _, err := sockets.ConfigFromEnv(); err != nil && *profile == "" {
 		return fmt.Errorf("run: %w", err)

@@ -205,10 +205,11 @@ func onl_kick() {
 // takes one for every check, and allocating it each time would feed the
 // garbage collector, whose work the waits then wait for.
 type batch struct {
-	ds   []*sockets.Desc
-	ids  []stack.SockID
-	evs  []stack.Events
-	want []stack.Events
+	ds    []*sockets.Desc
+	ids   []stack.SockID
+	evs   []stack.Events
+	want  []stack.Events
+	edges []uint32
 }
 
 var batches = sync.Pool{New: func() any { return new(batch) }}
@@ -219,8 +220,9 @@ func newBatch(hs *C.int, n int) *batch {
 		c := max(n, 64)
 		b.ds, b.ids = make([]*sockets.Desc, c), make([]stack.SockID, c)
 		b.evs, b.want = make([]stack.Events, c), make([]stack.Events, c)
+		b.edges = make([]uint32, c)
 	}
-	b.ds, b.ids, b.evs, b.want = b.ds[:n], b.ids[:n], b.evs[:n], b.want[:n]
+	b.ds, b.ids, b.evs, b.want, b.edges = b.ds[:n], b.ids[:n], b.evs[:n], b.want[:n], b.edges[:n]
 	for i, h := range unsafe.Slice(hs, n) {
 		b.ds[i] = get(h)
 	}
@@ -245,10 +247,12 @@ func (b *batch) out(evs *C.int) {
 }
 
 // onl_events reports the readiness of n sockets (hs; 0: none) into evs,
-// after polling the stack once if poll is set (a spinner).
+// after polling the stack once if poll is set (a spinner); edges, unless
+// NULL, gets each socket's count of the polls that may have changed it
+// (EPOLLET reports a socket again when it moved).
 //
 //export onl_events
-func onl_events(hs *C.int, evs *C.int, n C.int, poll C.int) {
+func onl_events(hs *C.int, evs *C.int, edges *C.uint, n C.int, poll C.int) {
 	if stk == nil {
 		return
 	}
@@ -256,26 +260,41 @@ func onl_events(hs *C.int, evs *C.int, n C.int, poll C.int) {
 		stk.Poll()
 	}
 	b := newBatch(hs, int(n))
-	stk.EventsOf(b.ds, b.ids, b.evs)
+	var eb []uint32
+	if edges != nil {
+		eb = b.edges
+	}
+	stk.EventsOf(b.ds, b.ids, b.evs, eb)
 	b.out(evs)
+	if edges != nil {
+		copy(unsafe.Slice((*uint32)(unsafe.Pointer(edges)), int(n)), eb)
+	}
 	b.free()
 }
 
 // onl_arm arms n sockets (hs, each for the events in want; 0: none) to
 // write eventfd efd at their next change, and returns how many are ready
 // for what they want now (their events in evs): if any is, none stays
-// armed.
+// armed. A want of ONL_EDGE is ready only if the socket's edge count is
+// no longer edges[i] (edges may be NULL where no want is ONL_EDGE).
 //
 //export onl_arm
-func onl_arm(hs, want, evs *C.int, n C.int, efd C.int) C.int {
+func onl_arm(hs, want, evs *C.int, edges *C.uint, n C.int, efd C.int) C.int {
 	if stk == nil {
 		return 0
 	}
 	b := newBatch(hs, int(n))
 	for i, w := range unsafe.Slice(want, int(n)) {
-		b.want[i] = stack.Events(w)
+		b.want[i] = stack.Events(w &^ C.ONL_EDGE)
+		if w&C.ONL_EDGE != 0 {
+			b.want[i] = stack.Edge
+		}
 	}
-	ready := stk.ArmAll(b.ds, b.want, b.evs, int32(efd), b.ids)
+	var eb []uint32
+	if edges != nil {
+		eb = unsafe.Slice((*uint32)(unsafe.Pointer(edges)), int(n))
+	}
+	ready := stk.ArmAll(b.ds, b.want, b.evs, eb, int32(efd), b.ids)
 	b.out(evs)
 	b.free()
 	return C.int(ready)

@@ -31,7 +31,10 @@ import (
 //     pipelined and 16 pipelined), unpinned, as their users run them.
 //   - iperf3's client under the shim against the kernel's client, both to
 //     the kernel's server, one connection for 3 s; memcached -t 2 under
-//     the shim against the kernel's, loaded by memcslap (8 threads, get).
+//     the shim against the kernel's, loaded by memcslap (8 threads, get);
+//     nginx (a master and 2 workers sharing one listening socket) under
+//     the shim, its workers on one stack from onloadd, against nginx on
+//     the kernel, loaded by wrk (2 threads, 50 connections, a 1 KiB file).
 //   - the cost of interposition on a call that is not ours: read() of
 //     an empty pipe beyond the same system call through syscall(2), with
 //     the shim and without (bin/shim-mixed bench).
@@ -109,13 +112,16 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			if side == "kernel-busy" {
 				continue
 			}
-			for _, tool := range []string{"iperf3", "memcslap"} {
+			for _, tool := range []string{"iperf3", "memcslap", "nginx"} {
 				var v float64
 				var err error
-				if tool == "iperf3" {
+				switch tool {
+				case "iperf3":
 					v, err = iperfRound(ctx, a, b, run)
-				} else {
+				case "memcslap":
 					v, err = memcachedRound(ctx, a, b, run)
+				default:
+					v, err = nginxRound(ctx, a, b, run)
 				}
 				if err != nil {
 					return nil, fmt.Errorf("shim round %d, %s %s: %w", r+1, tool, side, err)
@@ -159,7 +165,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 		}
 		rep.Ratios[fmt.Sprintf("redis_p%d_shim_vs_kernel", pipe)] = round3(medianRatio(redis[fmt.Sprintf("redis-shim-p%d", pipe)], redis[fmt.Sprintf("redis-kernel-p%d", pipe)]))
 	}
-	for _, tool := range []string{"iperf3", "memcslap"} {
+	for _, tool := range []string{"iperf3", "memcslap", "nginx"} {
 		for _, side := range []string{"shim", "kernel"} {
 			id := tool + "-" + side
 			name := map[string]string{
@@ -167,6 +173,8 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				"iperf3-kernel":   "iperf3 -c on the kernel (one connection, 3 s), bits/s",
 				"memcslap-shim":   "memcached -t 2 under the shim, memcslap -c 8 get, keys/s",
 				"memcslap-kernel": "memcached -t 2 on the kernel, memcslap -c 8 get, keys/s",
+				"nginx-shim":      "nginx (2 workers, one stack from onloadd) under the shim, wrk -t 2 -c 50, 1 KiB file, requests/s",
+				"nginx-kernel":    "nginx (2 workers) on the kernel, wrk -t 2 -c 50, 1 KiB file, requests/s",
 			}[id]
 			rep.Redis = append(rep.Redis, ThroughputResult{ID: id, Name: name, PerSec: median(redis[id]), RoundsPerSec: redis[id]})
 		}
@@ -188,7 +196,8 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 		rep.ReadNs[side] = round3(median(ns))
 	}
 	rep.Ratios["read_shim_minus_kernel_ns"] = round3(rep.ReadNs["shim"] - rep.ReadNs["kernel"])
-	rep.Targets = map[string]float64{"sockperf_shim_vs_kernel_p50": 0.6, "redis_p1_shim_vs_kernel": 1.3, "redis_p16_shim_vs_kernel": 1.3}
+	rep.Targets = map[string]float64{"sockperf_shim_vs_kernel_p50": 0.6, "redis_p1_shim_vs_kernel": 1.3, "redis_p16_shim_vs_kernel": 1.3,
+		"nginx_shim_vs_kernel": 1.3}
 	return rep, nil
 }
 
@@ -317,6 +326,80 @@ func memcachedRound(ctx context.Context, a, b *test.Host, onloadd string) (float
 	return keys / secs, nil
 }
 
+var wrkRate = regexp.MustCompile(`Requests/sec:\s*([0-9.]+)`)
+
+// nginxConf is the bench's nginx: a master and two workers sharing one
+// listening socket, a 1 KiB static file, sendfile on.
+const nginxConf = `daemon off;
+master_process on;
+worker_processes 2;
+user root;
+error_log %[1]s/error.log warn;
+pid %[1]s/nginx.pid;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  sendfile on;
+  keepalive_requests 1000000;
+  client_body_temp_path %[1]s;
+  proxy_temp_path %[1]s;
+  fastcgi_temp_path %[1]s;
+  uwsgi_temp_path %[1]s;
+  scgi_temp_path %[1]s;
+  server { listen 8090; root %[1]s; }
+}
+`
+
+// nginxRound serves wrk (2 threads, 50 connections, 3 s) in host a from
+// nginx in host b, a master and two workers: under the shim when onloadd
+// is set, its workers sharing one stack from onloadd (run in host b for
+// the round), as the shim runs a pre-fork server. Requests per second.
+func nginxRound(ctx context.Context, a, b *test.Host, onloadd string) (float64, error) {
+	dir, err := os.MkdirTemp("", "onload-bench-nginx-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	if err := os.WriteFile(filepath.Join(dir, "index.html"), []byte(strings.Repeat("0123456789abcdef", 64)), 0o644); err != nil {
+		return 0, err
+	}
+	conf := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, dir), 0o644); err != nil {
+		return 0, err
+	}
+	argv := []string{"nginx", "-c", conf, "-p", dir}
+	if onloadd != "" {
+		sock := filepath.Join(dir, "onloadd.sock")
+		od := inHost(ctx, b, nil, "env", "ONLOAD_DAEMON_SOCKET="+sock, onloadd, "serve")
+		stopD, err := startServer(od, func() bool { _, err := os.Stat(sock); return err == nil })
+		if err != nil {
+			return 0, fmt.Errorf("onloadd: %w", err)
+		}
+		defer stopD()
+		argv = append([]string{"env", "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock,
+			"ONLOAD_INTERFACE=" + b.Iface0().Name, onloadd, "run", "-n", "nginx", "--"}, argv...)
+	}
+	url := "http://" + b.Iface0().Addr().String() + ":8090/index.html"
+	srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
+	stop, err := startServer(srv, func() bool {
+		out, err := a.RunFor(5*time.Second, "curl", "-sS", "--fail", "-o", "/dev/null", url)
+		return err == nil && out == ""
+	})
+	if err != nil {
+		return 0, fmt.Errorf("nginx: %w", err)
+	}
+	defer stop()
+	out, err := a.RunFor(time.Minute, "wrk", "-t", "2", "-c", "50", "-d", "3s", url)
+	if err != nil {
+		return 0, fmt.Errorf("wrk: %w\n%s", err, out)
+	}
+	m := wrkRate.FindStringSubmatch(out)
+	if m == nil || strings.Contains(out, "Socket errors") || strings.Contains(out, "Non-2xx") {
+		return 0, fmt.Errorf("wrk:\n%s", out)
+	}
+	return strconv.ParseFloat(m[1], 64)
+}
+
 var readNs = regexp.MustCompile(`difference ([-0-9.]+) ns/op`)
 
 // readBench is what a read() of an empty pipe costs beyond the same
@@ -352,5 +435,6 @@ func printShim(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "median of per-round ratios: sockperf shim / kernel p50 %.3f (target <= 0.6), p99 %.3f; shim / kernel busy-polling p50 %.3f; shim / floor p50 %.3f; redis shim / kernel %.3f, pipelined %.3f (target >= 1.3)\n",
 		s.Ratios["sockperf_shim_vs_kernel_p50"], s.Ratios["sockperf_shim_vs_kernel_p99"], s.Ratios["sockperf_shim_vs_kernel_busy_p50"],
 		s.Ratios["sockperf_shim_vs_floor_p50"], s.Ratios["redis_p1_shim_vs_kernel"], s.Ratios["redis_p16_shim_vs_kernel"])
-	fmt.Fprintf(w, "iperf3 client shim / kernel %.3f; memcached shim / kernel %.3f\n", s.Ratios["iperf3_shim_vs_kernel"], s.Ratios["memcslap_shim_vs_kernel"])
+	fmt.Fprintf(w, "iperf3 client shim / kernel %.3f; memcached shim / kernel %.3f; nginx shim / kernel %.3f (target >= 1.3)\n",
+		s.Ratios["iperf3_shim_vs_kernel"], s.Ratios["memcslap_shim_vs_kernel"], s.Ratios["nginx_shim_vs_kernel"])
 }
