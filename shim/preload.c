@@ -100,6 +100,26 @@ REAL(int, epoll_pwait2, int, struct epoll_event *, int, const struct timespec *,
 REAL(pid_t, fork, void);
 REAL(int, sigaction, int, const struct sigaction *, struct sigaction *);
 
+/* maybe_ours has a bit for each fd below NFAST that is accelerated: set
+ * before the fd's entry becomes K_OURS, cleared when it stops. A call on
+ * any other fd reads one word here, beside libc's function pointers, and
+ * never the fd table: where every system call flushes the TLB (page-table
+ * isolation without PCID, as on the machine the shim was measured on),
+ * each page an interposed call touches costs a page walk. */
+#define NFAST 8192
+static uint64_t maybe_ours[NFAST / 64];
+
+static inline void mark_ours(int fd, int on)
+{
+	if ((unsigned)fd >= NFAST)
+		return;
+	uint64_t bit = (uint64_t)1 << (fd & 63);
+	if (on)
+		__atomic_or_fetch(&maybe_ours[fd >> 6], bit, __ATOMIC_RELAXED);
+	else
+		__atomic_and_fetch(&maybe_ours[fd >> 6], ~bit, __ATOMIC_RELAXED);
+}
+
 /* ---- the Go core ----------------------------------------------------- */
 
 static struct {
@@ -236,6 +256,8 @@ static inline struct fdent *ent(int fd)
 
 static inline struct fdent *ours(int fd)
 {
+	if ((unsigned)fd < NFAST && !((__atomic_load_n(&maybe_ours[fd >> 6], __ATOMIC_RELAXED) >> (fd & 63)) & 1))
+		return NULL;
 	struct fdent *e = ent(fd);
 	return e && e->kind == K_OURS ? e : NULL;
 }
@@ -265,6 +287,7 @@ static void set_ours(int fd, int h, int nonblock, int listening)
 	if (!e)
 		return;
 	memset(e, 0, sizeof *e);
+	mark_ours(fd, 1);
 	e->kind = K_OURS;
 	e->h = h;
 	e->nonblock = nonblock;
@@ -289,6 +312,7 @@ static void drop(int fd)
 		epoll_forget(fd);
 		int h = e->h;
 		e->kind = K_NONE;
+		mark_ours(fd, 0);
 		if (!after_fork && (unsigned)h < MAX_HANDLES &&
 		    __atomic_sub_fetch(&hrefs[h], 1, __ATOMIC_RELAXED) == 0)
 			CORE_VOID(core.close(h));
@@ -1213,6 +1237,8 @@ static void dup_to(int oldfd, int newfd)
 	pthread_mutex_lock(&mu);
 	drop(newfd);
 	if (o->kind == K_TCP || o->kind == K_OURS) {
+		if (o->kind == K_OURS)
+			mark_ours(newfd, 1);
 		*n = *o;
 		n->ep = NULL;
 		if (o->kind == K_OURS && (unsigned)o->h < MAX_HANDLES)

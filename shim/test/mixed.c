@@ -374,19 +374,27 @@ static void test_shutdown(int s)
 	close(s);
 }
 
-static double ns_per(int fd, int n, int direct)
+/* ticks is a fine clock for timing single calls: the time-stamp counter
+ * where there is one (CLOCK_MONOTONIC moves in 10 ns steps on some
+ * virtual machines), else CLOCK_MONOTONIC in ns. */
+static inline uint64_t ticks(void)
 {
-	char c;
-	struct timespec a, b;
-	clock_gettime(CLOCK_MONOTONIC, &a);
-	for (int i = 0; i < n; i++) {
-		if (direct)
-			syscall(SYS_read, fd, &c, 1);
-		else
-			read(fd, &c, 1);
-	}
-	clock_gettime(CLOCK_MONOTONIC, &b);
-	return ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n;
+#if defined(__x86_64__)
+	unsigned lo, hi;
+	__asm__ __volatile__("lfence; rdtsc" : "=a"(lo), "=d"(hi));
+	return ((uint64_t)hi << 32) | lo;
+#else
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + t.tv_nsec;
+#endif
+}
+
+static double now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1e9 + t.tv_nsec;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -396,26 +404,54 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* bench times read() of an empty pipe through libc's read (interposed,
- * under the shim) and through syscall(2) (never interposed), in
- * alternating blocks, and prints both and the median of the per-block
- * differences: what interposition costs a call on a kernel fd. */
+ * under the shim) and through syscall(2) (never interposed), one call of
+ * each in turn, each call timed on its own, and prints the medians and
+ * their difference: what interposition costs a call on a kernel fd. A
+ * system call costs a microsecond or more on a virtual machine, and its
+ * time moves by more than the interposer's cost from one block of calls
+ * to the next. The middle half of the single calls' times (the mean
+ * between their quartiles: the clock moves in 10 ns steps on some
+ * virtual machines, and the calls' own jitter averages the steps out)
+ * does not. */
 static void bench(void)
 {
 	int p[2];
 	if (pipe2(p, O_NONBLOCK) < 0)
 		die("pipe");
-	enum { blocks = 21, n = 100000 };
-	double viaread[blocks], direct[blocks], diff[blocks];
-	ns_per(p[0], 1000, 0);
-	for (int i = 0; i < blocks; i++) {
-		viaread[i] = ns_per(p[0], n, 0);
-		direct[i] = ns_per(p[0], n, 1);
-		diff[i] = viaread[i] - direct[i];
+	enum { n = 200000 };
+	static double viaread[n], direct[n];
+	char c;
+	for (int i = 0; i < 1000; i++)
+		read(p[0], &c, 1);
+	double t0 = now_ns();
+	uint64_t k0 = ticks();
+	for (int i = 0; i < n; i++) {
+		/* In turn which goes first. */
+		uint64_t a = ticks();
+		if (i & 1)
+			syscall(SYS_read, p[0], &c, 1);
+		else
+			read(p[0], &c, 1);
+		uint64_t b = ticks();
+		if (i & 1)
+			read(p[0], &c, 1);
+		else
+			syscall(SYS_read, p[0], &c, 1);
+		uint64_t d = ticks();
+		viaread[i] = i & 1 ? d - b : b - a;
+		direct[i] = i & 1 ? b - a : d - b;
 	}
-	qsort(viaread, blocks, sizeof(double), cmp_double);
-	qsort(direct, blocks, sizeof(double), cmp_double);
-	qsort(diff, blocks, sizeof(double), cmp_double);
-	printf("read %.1f ns/op, syscall %.1f ns/op, difference %.1f ns/op\n", viaread[blocks / 2], direct[blocks / 2], diff[blocks / 2]);
+	double per = (now_ns() - t0) / (double)(ticks() - k0); /* ns per tick */
+	qsort(viaread, n, sizeof(double), cmp_double);
+	qsort(direct, n, sizeof(double), cmp_double);
+	double r = 0, d = 0;
+	for (int i = n / 4; i < 3 * n / 4; i++) {
+		r += viaread[i];
+		d += direct[i];
+	}
+	r *= per / (n / 2);
+	d *= per / (n / 2);
+	printf("read %.1f ns/op, syscall %.1f ns/op, difference %.1f ns/op\n", r, d, r - d);
 }
 
 int main(int argc, char **argv)
