@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -183,5 +185,35 @@ func TestHostileClients(t *testing.T) {
 	}
 	if n := openFDs(t); n > before+3 {
 		t.Errorf("%d descriptors open, %d before the bad clients: the daemon kept some", n, before)
+	}
+}
+
+// TestFitDump: a dump that says more than one control message carries (a
+// stack with thousands of sockets and a long engine dump, as a corrupt
+// image whose every slot looks in use gives) is cut to fit, and says how
+// much was cut. (Such a dump once closed the stackdump's connection.)
+func TestFitDump(t *testing.T) {
+	sd := control.StackDump{ID: 1, Engine: strings.Repeat("engine line\n", 20000)}
+	for i := range 3000 {
+		sd.Sockets = append(sd.Sockets, control.SocketDump{Proto: "tcp", State: "ESTABLISHED",
+			Local: "198.18.0.2:80", Remote: fmt.Sprintf("198.18.0.1:%d", i), OwnerPID: 4242})
+	}
+	small := control.StackDump{ID: 2, Engine: "small", Sockets: []control.SocketDump{{Proto: "udp"}}}
+	out := &control.Dump{Stacks: []control.StackDump{sd, small}}
+	fitDump(out)
+	b, err := json.Marshal(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > control.MaxMessage-1024 {
+		t.Fatalf("the dump is %d bytes after fitDump; the limit is %d", len(b), control.MaxMessage)
+	}
+	big := out.Stacks[0]
+	if big.SocketsCut+len(big.Sockets) != 3000 || big.SocketsCut == 0 || big.EngineCut+len(big.Engine) != len(sd.Engine) || big.EngineCut == 0 {
+		t.Fatalf("cut %d sockets (kept %d) and %d engine bytes (kept %d): want both cut, and the counts to add up",
+			big.SocketsCut, len(big.Sockets), big.EngineCut, len(big.Engine))
+	}
+	if s := out.Stacks[1]; s.Engine != "small" || len(s.Sockets) != 1 || s.SocketsCut != 0 {
+		t.Fatalf("the small stack was cut: %+v", s)
 	}
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"runtime/debug"
@@ -109,5 +110,42 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 		out.Interfaces = append(out.Interfaces, id)
 	}
 	sort.Slice(out.Interfaces, func(i, j int) bool { return out.Interfaces[i].Name < out.Interfaces[j].Name })
+	fitDump(out)
 	return out
+}
+
+// fitDump cuts a dump down to what one control message carries: a stack
+// with a thousand sockets, or a corrupt image whose every slot looks in
+// use, says more than MaxMessage. The largest part goes first, by halves:
+// a stack's engine dump, then its socket rows; the stack says how much
+// was cut (SocketsCut, EngineCut).
+func fitDump(out *control.Dump) {
+	const room = control.MaxMessage - 1024 // the reply around it
+	for range 64 {
+		b, err := json.Marshal(out)
+		if err != nil || len(b) <= room {
+			return
+		}
+		var big *control.StackDump
+		size := func(sd *control.StackDump) int { return max(len(sd.Engine), 200*len(sd.Sockets)) }
+		for i := range out.Stacks {
+			if sd := &out.Stacks[i]; big == nil || size(sd) > size(big) {
+				big = sd
+			}
+		}
+		switch {
+		case big == nil:
+			return
+		case len(big.Engine) >= 200*len(big.Sockets) && len(big.Engine) > 1024:
+			keep := len(big.Engine) / 2
+			big.EngineCut += len(big.Engine) - keep
+			big.Engine = big.Engine[:keep]
+		case len(big.Sockets) > 0:
+			keep := len(big.Sockets) / 2
+			big.SocketsCut += len(big.Sockets) - keep
+			big.Sockets = big.Sockets[:keep]
+		default:
+			return
+		}
+	}
 }

@@ -26,6 +26,7 @@
  * closes only the child's fd.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -584,6 +585,52 @@ static int blocked(struct fdent *e, int fd, int flags, short ev)
 
 static void child_after_fork(void);
 
+/* adopt_inherited takes the TCP/IPv4 sockets the program inherited (from
+ * the program it was exec'd from: nginx's binary upgrade passes its
+ * listening sockets so; systemd's socket activation) as a socket() of its
+ * own: a listener is accelerated at its first accept, poll or epoll_ctl,
+ * an unconnected socket at its connect. A connected one stays the
+ * kernel's: a connection that the previous program had accelerated
+ * carries nothing here (live handover to the kernel, issue 15). */
+static void adopt_inherited(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return;
+	int dfd = dirfd(d);
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		char *end;
+		long fd = strtol(de->d_name, &end, 10);
+		if (*end || end == de->d_name || fd == dfd)
+			continue;
+		struct fdent *e = ent((int)fd);
+		int v;
+		socklen_t l = sizeof v;
+		if (!e || real_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &l) < 0 || v != AF_INET)
+			continue;
+		l = sizeof v;
+		if (real_getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &l) < 0 || v != SOCK_STREAM)
+			continue;
+		l = sizeof v;
+		if (real_getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &v, &l) < 0 || v != IPPROTO_TCP)
+			continue;
+		l = sizeof v;
+		int listening = real_getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &v, &l) == 0 && v;
+		if (!listening) {
+			struct sockaddr_in sa;
+			l = sizeof sa;
+			if (real_getpeername(fd, (struct sockaddr *)&sa, &l) == 0 || errno != ENOTCONN)
+				continue;
+		}
+		memset(e, 0, sizeof *e);
+		e->kind = K_TCP;
+		e->listening = listening;
+		debugf("fd %ld: inherited %s", fd, listening ? "listening" : "unconnected");
+	}
+	closedir(d);
+}
+
 __attribute__((constructor)) static void init(void)
 {
 #define LOAD(name) *(void **)&real_##name = dlsym(RTLD_NEXT, #name)
@@ -617,6 +664,7 @@ __attribute__((constructor)) static void init(void)
 	}
 	pthread_key_create(&efd_key, efd_close);
 	pthread_atfork(NULL, NULL, child_after_fork);
+	adopt_inherited();
 }
 
 static void child_after_fork(void)

@@ -1685,11 +1685,24 @@ func TestDaemonHostileImage(t *testing.T) {
 	defer close(stop)
 
 	dur := stressDuration(time.Minute, 10*time.Second)
-	scribbled := make(chan int)
+	// The scribbler stops before the test ends (a failure included): the
+	// image is unmapped at cleanup.
+	scribbled := make(chan int, 1)
+	quit, quitted := make(chan struct{}), make(chan struct{})
+	defer func() {
+		close(quit)
+		<-quitted
+	}()
 	go func() {
+		defer close(quitted)
 		rng := rand.New(rand.NewPCG(13, 13))
 		n := 0
 		for end := time.Now().Add(dur); time.Now().Before(end); n++ {
+			select {
+			case <-quit:
+				return
+			default:
+			}
 			off := 4096 + rng.IntN(len(img)-4096-64)
 			for i := range 64 {
 				img[off+i] = byte(rng.Uint32())

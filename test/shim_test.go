@@ -511,8 +511,9 @@ func TestShimIperf3(t *testing.T) {
 // listening socket the workers inherit, and with one socket per worker
 // (reuseport). Static files come byte-exact to curl (sendfile on), wrk's
 // connections get only good replies, both workers accelerate and serve,
-// and after a reload (new workers; the old ones leave) and a worker's
-// death, the listener is still the stack's.
+// and after a reload (new workers; the old ones leave), a worker's death
+// and a binary upgrade (a new nginx exec'd with the listening socket), the
+// listener is still the stack's.
 func TestShimNginx(t *testing.T) {
 	onloadd := shimOnloadd(t)
 	RequireTool(t, "nginx")
@@ -552,6 +553,8 @@ func testShimNginx(t *testing.T, onloadd string, reuseport bool) {
 master_process on;
 worker_processes 2;
 user root;
+env LD_PRELOAD; env ONLOAD_CORE; env ONLOAD_STACK_NAME; env ONLOAD_DAEMON; env ONLOAD_DAEMON_SOCKET;
+env ONLOAD_INTERFACE; env ONLOAD_LOG;
 error_log %[1]s/logs/error.log info;
 pid %[1]s/nginx.pid;
 events { worker_connections 1024; }
@@ -571,20 +574,60 @@ http {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := a.Command(onloadd, "run", "-n", "web", "--", "nginx", "-c", conf, "-p", prefix)
-	srv.Env = append(os.Environ(), "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET="+sock,
+	// By its full path: a binary upgrade execs the master's argv[0].
+	nginx, err := exec.LookPath("nginx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// nginx starts from a shell that leaves it once nginx has written its
+	// pid file (up to 10 s): a master whose parent is still the one it had
+	// at start ignores a binary upgrade (SIGUSR2) with "daemon off". It
+	// stays in the shell's process group (stopGroup ends it); its output
+	// goes to a file.
+	outLog := filepath.Join(prefix, "out.log")
+	srv := a.Command("sh", "-c", `"$@" > "$0" 2>&1 &
+i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done`,
+		outLog, onloadd, "run", "-n", "web", "--", nginx, "-c", conf, "-p", prefix)
+	srv.Env = append(os.Environ(), "PIDFILE="+filepath.Join(prefix, "nginx.pid"), "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET="+sock,
 		"ONLOAD_INTERFACE="+a.Iface0().Name, "ONLOAD_LOG=debug")
 	srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var out SyncBuffer
-	srv.Stdout, srv.Stderr = &out, &out
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer stopGroup(srv)
 	// nginx moves its stderr (where the shim logs) to its error log.
 	errorLog := func() string {
+		out, _ := os.ReadFile(outLog)
 		data, _ := os.ReadFile(filepath.Join(prefix, "logs", "error.log"))
-		return out.String() + string(data)
+		return string(out) + string(data)
+	}
+	// masterPid is the pid in file (nginx.pid, or nginx.pid.oldbin after
+	// an upgrade), once nginx wrote it.
+	masterPid := func(file string) int {
+		t.Helper()
+		for i := 0; ; i++ {
+			data, err := os.ReadFile(filepath.Join(prefix, file))
+			if pid, err2 := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && err2 == nil && pid > 0 {
+				return pid
+			}
+			if i == 100 {
+				t.Fatalf("nginx wrote no pid in %s in 10 s:\n%s", file, errorLog())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	// stopMaster sends a master SIGQUIT and waits up to 20 s for it to go.
+	stopMaster := func(pid int, which string) {
+		t.Helper()
+		if err := syscall.Kill(pid, syscall.SIGQUIT); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; syscall.Kill(pid, 0) == nil; i++ {
+			if i == 200 {
+				t.Fatalf("the %s nginx master did not stop in 20 s after SIGQUIT:\n%s", which, errorLog())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
 	url := "http://" + a.Iface0().Addr().String() + ":8080/"
 	get := func(path string) ([]byte, error) {
@@ -688,7 +731,8 @@ http {
 	// the old ones finish and leave (their shares of the listener close),
 	// and the listener stays the stack's.
 	old := accelerated()
-	if err := syscall.Kill(srv.Process.Pid, syscall.SIGHUP); err != nil {
+	master := masterPid("nginx.pid")
+	if err := syscall.Kill(master, syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	waitLog("after a reload, 4 workers accelerated (old and new)", func(string) bool { return len(accelerated()) == 4 })
@@ -708,17 +752,28 @@ http {
 	}
 	waitLog("after a worker was killed, its replacement accelerated", func(string) bool { return len(accelerated()) == 5 })
 	viaStack(4)
-	if err := syscall.Kill(srv.Process.Pid, syscall.SIGQUIT); err != nil {
+	// A binary upgrade (SIGUSR2): the master execs nginx again, and the
+	// new program inherits the listening socket (the env directives keep
+	// the shim's variables); the new master's two workers accelerate it
+	// and share the stack's listener. Then the old master and its workers
+	// leave (SIGQUIT), and the new ones serve through the stack.
+	before := len(accelerated())
+	if err := syscall.Kill(master, syscall.SIGUSR2); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("nginx exited: %v\n%s", err, errorLog())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatalf("nginx did not stop in 20 s after SIGQUIT:\n%s", errorLog())
+	waitLog("after a binary upgrade, the new master's two workers accelerated the listener they inherited",
+		func(string) bool { return len(accelerated()) == before+2 })
+	if !strings.Contains(errorLog(), "inherited listening") {
+		t.Fatalf("the new master did not take the listening socket it inherited:\n%s", errorLog())
 	}
+	if oldbin := masterPid("nginx.pid.oldbin"); oldbin != master {
+		t.Fatalf("nginx.pid.oldbin says %d, the old master is %d", oldbin, master)
+	}
+	stopMaster(master, "old")
+	viaStack(4)
+	next := masterPid("nginx.pid")
+	if next == master {
+		t.Fatalf("nginx.pid still names the old master %d", master)
+	}
+	stopMaster(next, "new")
 }

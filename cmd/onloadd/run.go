@@ -25,7 +25,7 @@ const (
 func run(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	profile := fs.String("p", "", "profile: latency, balanced or throughput (ONLOAD_PROFILE)")
-	name := fs.String("n", "", "the stack's name, shared by every process of CMD that gives it: a pre-fork server's workers (ONLOAD_STACK_NAME; needs onloadd)")
+	name := fs.String("n", "", "the stack's name, shared by every process of CMD: a pre-fork server's workers (ONLOAD_STACK_NAME; only onloadd shares stacks, so ONLOAD_DAEMON=require unless set)")
 	lib := fs.String("lib", "", "the directory of "+shimLib+" and "+coreLib+" (default: onloadd's own)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: onloadd run [-p latency|balanced|throughput] [-n NAME] [-lib DIR] [--] CMD ARGS...\n\n"+
@@ -50,6 +50,12 @@ func run(args []string) error {
 	}
 	if *name != "" {
 		env = setEnv(env, "ONLOAD_STACK_NAME", *name)
+		// A standalone stack is one process's: without onloadd the
+		// second worker would find the queue taken. Each process then
+		// says why it stays on the kernel.
+		if os.Getenv("ONLOAD_DAEMON") == "" {
+			env = setEnv(env, "ONLOAD_DAEMON", "require")
+		}
 	}
 	if _, err := sockets.ConfigFromEnv(); err != nil && *profile == "" {
 		return fmt.Errorf("run: %w", err)

@@ -224,9 +224,15 @@ func stackdump(args []string, out io.Writer) error {
 			}
 			tw.Flush()
 		}
+		if s.SocketsCut > 0 {
+			fmt.Fprintf(out, "  (%d more sockets: a dump is at most %d KiB)\n", s.SocketsCut, control.MaxMessage>>10)
+		}
 		if *verbose {
 			for _, l := range strings.Split(strings.TrimRight(s.Engine, "\n"), "\n") {
 				fmt.Fprintf(out, "  %s\n", l)
+			}
+			if s.EngineCut > 0 {
+				fmt.Fprintf(out, "  (%d more bytes of the engine's dump: a dump is at most %d KiB)\n", s.EngineCut, control.MaxMessage>>10)
 			}
 		}
 	}
