@@ -59,7 +59,9 @@ type watcher struct {
 	s     *dstack
 	grace time.Duration
 	stop  int // eventfd: written to end the watch
-	done  chan struct{}
+	// checked is when the watcher last looked over the socket table.
+	checked time.Time
+	done    chan struct{}
 
 	ended sync.Once
 
@@ -147,6 +149,10 @@ func (w *watcher) run(d *Daemon) {
 	}
 }
 
+// checkEvery is how often a watcher taking over a stack looks over its
+// whole socket table (stack.TryCheck).
+const checkEvery = 10 * time.Millisecond
+
 // poll polls the stack for its process. A panic (an image that broke
 // the engine's checks) ends the watch and is logged; the daemon goes on.
 func (w *watcher) poll(d *Daemon) (ok bool) {
@@ -162,6 +168,14 @@ func (w *watcher) poll(d *Daemon) (ok bool) {
 	before := w.s.st.CorruptSeen()
 	if polled, _, _ := w.s.st.TryPoll(); polled {
 		w.polls.Add(1)
+	}
+	// The poll read what its frames and timers led to; the socket table
+	// is looked over too, at most every checkEvery (it is the image's
+	// largest part).
+	if now := time.Now(); now.Sub(w.checked) >= checkEvery {
+		if _, ok := w.s.st.TryCheck(); ok {
+			w.checked = now
+		}
 	}
 	if after := w.s.st.CorruptSeen(); after != before {
 		msg := fmt.Sprintf("the engine found %d inconsistencies in the image while onloadd polled it", after-before)

@@ -82,6 +82,25 @@ func (s *Stack) TrySockets() ([]SocketRow, bool) {
 	return rows, ok
 }
 
+// TryCheck looks over the socket table for what no process writes: a
+// slot of no known kind, or a link out of range. Each counts as an
+// inconsistency (CorruptSeen). A poll reads only what its frames and
+// timers lead to, and a broken or hostile process may have written
+// anywhere: onloadd runs this beside its takeover polls. The lock is
+// taken as by TrySockets; false if it stayed held.
+func (s *Stack) TryCheck() (bad int, ok bool) {
+	ok = s.tryLooking(func() {
+		n := uint32(len(s.img.socks))
+		for i := range s.img.socks {
+			if sk := &s.img.socks[i]; sk.kind > kindTCP || (sk.next != noSlot && sk.next >= n) {
+				bad++
+			}
+		}
+		s.img.hdr.counters.ImageCorrupt += uint64(bad)
+	})
+	return bad, ok
+}
+
 // TryCounters is Counters for an inspector that must never wait
 // (TryDump).
 func (s *Stack) TryCounters() (Counters, bool) {

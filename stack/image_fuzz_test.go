@@ -316,3 +316,24 @@ func TestCorruptCyclesCounted(t *testing.T) {
 		})
 	}
 }
+
+// TestTryCheckCountsBadSlots: TryCheck finds a socket slot of no known
+// kind and a link out of range, and counts them; a sound table has none.
+func TestTryCheckCountsBadSlots(t *testing.T) {
+	e := newCorruptEnv(t)
+	defer e.close()
+	a := e.a
+	if bad, ok := a.TryCheck(); !ok || bad != 0 {
+		t.Fatalf("a sound table: TryCheck = %d, %v; want 0, true", bad, ok)
+	}
+	before := a.CorruptSeen()
+	last := len(a.img.socks) - 1
+	a.img.socks[last].kind = 77
+	a.img.socks[last-1].next = uint32(len(a.img.socks)) + 5
+	if bad, ok := a.TryCheck(); !ok || bad != 2 {
+		t.Fatalf("a slot of kind 77 and a link past the table: TryCheck = %d, %v; want 2, true", bad, ok)
+	}
+	if got := a.CorruptSeen() - before; got != 2 {
+		t.Fatalf("CorruptSeen grew by %d, want 2", got)
+	}
+}
