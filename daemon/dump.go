@@ -120,14 +120,17 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 // a stack's engine dump, then its socket rows; the stack says how much
 // was cut (SocketsCut, EngineCut).
 func fitDump(out *control.Dump) {
-	const room = control.MaxMessage - 1024 // the reply around it
+	const (
+		room     = control.MaxMessage - 1024 // the reply around it
+		rowBytes = 200                       // about a socket row's JSON
+	)
+	size := func(sd *control.StackDump) int { return max(len(sd.Engine), rowBytes*len(sd.Sockets)) }
 	for range 64 {
 		b, err := json.Marshal(out)
 		if err != nil || len(b) <= room {
 			return
 		}
 		var big *control.StackDump
-		size := func(sd *control.StackDump) int { return max(len(sd.Engine), 200*len(sd.Sockets)) }
 		for i := range out.Stacks {
 			if sd := &out.Stacks[i]; big == nil || size(sd) > size(big) {
 				big = sd
@@ -136,7 +139,7 @@ func fitDump(out *control.Dump) {
 		switch {
 		case big == nil:
 			return
-		case len(big.Engine) >= 200*len(big.Sockets) && len(big.Engine) > 1024:
+		case len(big.Engine) >= rowBytes*len(big.Sockets) && len(big.Engine) > 1024:
 			keep := len(big.Engine) / 2
 			big.EngineCut += len(big.Engine) - keep
 			big.Engine = big.Engine[:keep]

@@ -1651,14 +1651,14 @@ static int ep_collect(struct ep *ep, struct epoll_event *out, int max, int *hs, 
 		if (it->disabled)
 			continue;
 		uint32_t got = to_epoll(evs[j]) & (it->events | EPOLLERR | EPOLLHUP);
-		if ((it->events & EPOLLET) && got)
-			want[j] = ONL_EDGE;
 		if (it->events & EPOLLET) {
 			struct fdent *fe = ent(it->fd);
-			/* An edge, as the kernel's: the stack changed the socket
-			 * (a segment, a timer, a connection) since it was last
-			 * reported, or the program found it empty (or full)
-			 * since. */
+			if (got) /* reported now or before: wait for the next edge */
+				want[j] = ONL_EDGE;
+			/* An edge, as the kernel's: the socket's edge count moved
+			 * (new data, a connection, a state change, an error) since
+			 * it was last reported, or the program found it empty (or
+			 * full) since. */
 			int moved = edges[j] != it->edge_seen;
 			if (fe && !moved && fe->rd_eagain == it->rd_seen)
 				got &= ~(EPOLLIN | EPOLLRDNORM | EPOLLRDHUP);

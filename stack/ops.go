@@ -459,10 +459,10 @@ func (s *Stack) Events(id SockID) Events {
 
 // EventsOf reports the readiness of many sockets under one taking of
 // the lock: out[i] for ids[i] (Error|Hangup for a closed or unknown one,
-// 0 for NullSock). edges (unless nil) gets each socket's count of polls
-// that may have changed it: a caller emulating edge-triggered readiness
-// reports a socket again when its count moved, as the kernel's EPOLLET
-// reports every wake-up of a socket.
+// 0 for NullSock). edges (unless nil) gets each socket's count of edges
+// (edgeLocked): a caller emulating edge-triggered readiness reports a
+// socket again when its count moved, as the kernel's EPOLLET reports
+// every wake-up of a socket.
 func (s *Stack) EventsOf(ids []SockID, out []Events, edges []uint32) {
 	s.lock()
 	defer s.unlock()

@@ -95,14 +95,12 @@ func (s *Stack) ShareListener(local netip.AddrPort) (id SockID, ok bool) {
 	}
 	s.lock()
 	defer s.unlock()
-	for i := range s.img.socks {
-		sk := &s.img.socks[i]
-		if sk.kind == kindTCP && sk.state == tcpListen && sk.flags&sfBound != 0 && sk.localPort == local.Port() && sk.localAddr == addr {
-			sk.openers |= self
-			return s.idOf(sk), true
-		}
+	sk := s.findLocked(kindTCP, addr, local.Port(), [4]byte{}, 0)
+	if sk == nil || sk.state != tcpListen {
+		return NullSock, false
 	}
-	return NullSock, false
+	sk.openers |= self
+	return s.idOf(sk), true
 }
 
 func clampBacklog(b int) int {

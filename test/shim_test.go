@@ -601,20 +601,25 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 		data, _ := os.ReadFile(filepath.Join(prefix, "logs", "error.log"))
 		return string(out) + string(data)
 	}
+	// waitUntil waits up to d for cond, looking every 100 ms.
+	waitUntil := func(what string, d time.Duration, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(d); !cond(); time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("%s: not within %v:\n%s", what, d, errorLog())
+			}
+		}
+	}
 	// masterPid is the pid in file (nginx.pid, or nginx.pid.oldbin after
 	// an upgrade), once nginx wrote it.
-	masterPid := func(file string) int {
+	masterPid := func(file string) (pid int) {
 		t.Helper()
-		for i := 0; ; i++ {
+		waitUntil("nginx writes its pid in "+file, 10*time.Second, func() bool {
 			data, err := os.ReadFile(filepath.Join(prefix, file))
-			if pid, err2 := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && err2 == nil && pid > 0 {
-				return pid
-			}
-			if i == 100 {
-				t.Fatalf("nginx wrote no pid in %s in 10 s:\n%s", file, errorLog())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+			return err == nil && pid > 0
+		})
+		return pid
 	}
 	// stopMaster sends a master SIGQUIT and waits up to 20 s for it to go.
 	stopMaster := func(pid int, which string) {
@@ -622,12 +627,7 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 		if err := syscall.Kill(pid, syscall.SIGQUIT); err != nil {
 			t.Fatal(err)
 		}
-		for i := 0; syscall.Kill(pid, 0) == nil; i++ {
-			if i == 200 {
-				t.Fatalf("the %s nginx master did not stop in 20 s after SIGQUIT:\n%s", which, errorLog())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		waitUntil("the "+which+" nginx master stops after SIGQUIT", 20*time.Second, func() bool { return syscall.Kill(pid, 0) != nil })
 	}
 	url := "http://" + a.Iface0().Addr().String() + ":8080/"
 	get := func(path string) ([]byte, error) {
@@ -717,16 +717,6 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 			t.Fatalf("the stack accepted %d of %d connections\n%s", after-before, n, errorLog())
 		}
 	}
-	// waitLog waits up to 10 s for cond on nginx's log.
-	waitLog := func(what string, cond func(log string) bool) {
-		t.Helper()
-		for i := 0; !cond(errorLog()); i++ {
-			if i == 100 {
-				t.Fatalf("%s: not within 10 s:\n%s", what, errorLog())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
 	// A reload: two new workers join the stack and share the listener,
 	// the old ones finish and leave (their shares of the listener close),
 	// and the listener stays the stack's.
@@ -735,8 +725,8 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 	if err := syscall.Kill(master, syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitLog("after a reload, 4 workers accelerated (old and new)", func(string) bool { return len(accelerated()) == 4 })
-	waitLog("after a reload, the old workers exit", func(l string) bool { return strings.Count(l, "exited with code 0") == 2 })
+	waitUntil("after a reload, 4 workers accelerated (old and new)", 10*time.Second, func() bool { return len(accelerated()) == 4 })
+	waitUntil("after a reload, the old workers exit", 10*time.Second, func() bool { return strings.Count(errorLog(), "exited with code 0") == 2 })
 	viaStack(4)
 	// A worker killed: the master starts another; the dead one's share of
 	// the listener is dropped (onloadd closes what it held), the others'
@@ -750,7 +740,7 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitLog("after a worker was killed, its replacement accelerated", func(string) bool { return len(accelerated()) == 5 })
+	waitUntil("after a worker was killed, its replacement accelerated", 10*time.Second, func() bool { return len(accelerated()) == 5 })
 	viaStack(4)
 	// A binary upgrade (SIGUSR2): the master execs nginx again, and the
 	// new program inherits the listening socket (the env directives keep
@@ -761,8 +751,8 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 	if err := syscall.Kill(master, syscall.SIGUSR2); err != nil {
 		t.Fatal(err)
 	}
-	waitLog("after a binary upgrade, the new master's two workers accelerated the listener they inherited",
-		func(string) bool { return len(accelerated()) == before+2 })
+	waitUntil("after a binary upgrade, the new master's two workers accelerated the listener they inherited",
+		10*time.Second, func() bool { return len(accelerated()) == before+2 })
 	if !strings.Contains(errorLog(), "inherited listening") {
 		t.Fatalf("the new master did not take the listening socket it inherited:\n%s", errorLog())
 	}

@@ -248,8 +248,8 @@ func (b *batch) out(evs *C.int) {
 
 // onl_events reports the readiness of n sockets (hs; 0: none) into evs,
 // after polling the stack once if poll is set (a spinner); edges, unless
-// NULL, gets each socket's count of the polls that may have changed it
-// (EPOLLET reports a socket again when it moved).
+// NULL, gets each socket's count of edges (stack.Stack.EventsOf: EPOLLET
+// reports a socket again when it moved).
 //
 //export onl_events
 func onl_events(hs *C.int, evs *C.int, edges *C.uint, n C.int, poll C.int) {
