@@ -1193,6 +1193,16 @@ func streamThroughStall(t *testing.T, allowed uint32, stall func(srv *helperProc
 	if late.Unacked != 0 {
 		t.Errorf("near the end of the stall the kernel sender had %d segments unacknowledged (window %d bytes): nobody acknowledged them", late.Unacked, late.Snd_wnd)
 	}
+	// One tail loss probe and no timeout is a machine stall's (a probe
+	// fires about 10ms after the last ACK; the CI machine has stalled
+	// that long once in a few dozen runs), not a stopped stack's: without
+	// onloadd's takeover the sender times out (SIGSTOP: 4 retransmissions,
+	// 3 of them timeouts, 91 segments left unacknowledged).
+	moved := func(k string) int64 { return countersAfter[k] - countersBefore[k] }
+	if during == allowed+1 && moved("TCPLossProbes") == 1 && moved("TCPTimeouts") == 0 {
+		t.Logf("one tail loss probe during the stall (allowed: a late ACK, not a lost one)")
+		during--
+	}
 	if during > allowed {
 		t.Errorf("the kernel sender retransmitted %d segments while the process stalled (%d allowed): nobody acknowledged them in time; its host's counters moved: %s",
 			during, allowed, CounterDelta(countersBefore, countersAfter))
