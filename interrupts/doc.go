@@ -18,4 +18,9 @@
 // Waiting costs no OS thread: parked goroutines wait on channels, and the
 // Sleeper waits on a channel fed by the runtime's network poller (the
 // sockets' readiness) or by the in-memory NIC.
+//
+// Threads outside Go (the LD_PRELOAD shim's) may block on the interrupt
+// themselves and poll when it fires (ParkDirect): the kernel then wakes
+// the thread that will use the frame, one wake-up where the Sleeper's
+// path takes three. Meanwhile the Sleeper attends the timers alone.
 package interrupts

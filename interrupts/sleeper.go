@@ -73,12 +73,20 @@ type Sleeper struct {
 	src Source
 	pol Policy
 
-	spinning atomic.Int32  // 1 while a goroutine holds the spin slot
-	parked   atomic.Int32  // goroutines parked, relying on us
-	events   atomic.Uint64 // parks and last-spinner exits: kick reasons
-	state    atomic.Int32
-	wakeAt   atomic.Int64 // when an armed Sleeper wakes for a timer (Clock)
-	timer    *time.Timer  // the Sleeper's one timer: watch periods, timer deadlines
+	spinning atomic.Int32 // 1 while a goroutine holds the spin slot
+	parked   atomic.Int32 // goroutines parked, relying on us
+	// direct counts the threads blocked in the kernel on the stack's
+	// interrupt themselves (ParkDirect); directSeen is set at the first.
+	direct     atomic.Int32
+	directSeen atomic.Bool
+	// deep is set while the Sleeper sleeps for the timers alone with no
+	// bound, the stack idle and a thread blocked on the interrupt: the
+	// last UnparkDirect wakes it (a kick).
+	deep   atomic.Bool
+	events atomic.Uint64 // parks and last-spinner exits: kick reasons
+	state  atomic.Int32
+	wakeAt atomic.Int64 // when an armed Sleeper wakes for a timer (Clock)
+	timer  *time.Timer  // the Sleeper's one timer: watch periods, timer deadlines
 
 	kick chan struct{}
 	stop chan struct{}
@@ -86,7 +94,7 @@ type Sleeper struct {
 	once sync.Once
 
 	stats struct {
-		polls, arms, irqs, timeouts, kicks, timerSets atomic.Uint64
+		polls, arms, irqs, timeouts, kicks, timerSets, timersOnly atomic.Uint64
 	}
 }
 
@@ -139,6 +147,75 @@ func (s *Sleeper) Park(attended bool) {
 // Unpark: see Park.
 func (s *Sleeper) Unpark() { s.parked.Add(-1) }
 
+// ParkDirect says a thread is about to block in the kernel on the
+// stack's interrupt itself (the AF_XDP socket's readiness, beside its
+// own file descriptors) and to poll the stack when it fires: a thread of
+// the LD_PRELOAD shim, which waits outside Go. UnparkDirect when it
+// wakes. The kernel then wakes that thread at a frame's arrival, as it
+// wakes a thread blocked on a kernel socket, where the Sleeper's wake-up
+// takes the Go runtime's poller, the Sleeper's goroutine and an eventfd
+// (three threads' wake-ups, each a context switch). While a thread
+// blocks so, or has polled within DirectGrace, the Sleeper leaves the
+// interrupt to the threads and attends only the timers; no nudge is
+// needed (a frame's arrival wakes the blocked thread at once, being
+// level-triggered, even one that came before it blocked).
+func (s *Sleeper) ParkDirect() {
+	if !s.directSeen.Load() {
+		s.directSeen.Store(true)
+	}
+	s.direct.Add(1)
+}
+
+// UnparkDirect: see ParkDirect. The last thread to leave wakes a
+// Sleeper that sleeps for the timers alone on an idle stack, which
+// watches it again from here (ParkDirect's grace counts from the
+// thread's last poll).
+func (s *Sleeper) UnparkDirect() {
+	if s.direct.Add(-1) == 0 && s.deep.Load() {
+		select {
+		case s.kick <- struct{}{}:
+			s.stats.kicks.Add(1)
+		default:
+		}
+	}
+}
+
+// DirectGrace is how long after its last poll of the stack a thread that
+// blocks on the interrupt itself (ParkDirect) is trusted to come back to
+// it: until then the Sleeper leaves the stack's frames to it. A thread
+// that stays away longer (busy, or blocked on something else) leaves the
+// stack to the Sleeper, which polls and arms the interrupt as usual:
+// frames wait at most this long. It is onloadd's takeover grace too.
+const DirectGrace = time.Millisecond
+
+// threadsAttend reports whether threads that block on the interrupt
+// themselves attend the stack's frames now, and for how long at most
+// the Sleeper may leave them to it before it looks again (-1: until
+// UnparkDirect; the Sleeper then sleeps deep). idle says nobody polled
+// the stack while the Sleeper last slept for the timers alone.
+func (s *Sleeper) threadsAttend(idle bool) (bool, time.Duration) {
+	if !s.directSeen.Load() || s.spinning.Load() != 0 {
+		return false, 0
+	}
+	if s.direct.Load() > 0 {
+		if idle {
+			// A thread blocks and nothing happens: no need to look
+			// every grace period (an idle process costs nothing) while
+			// it blocks; its UnparkDirect wakes us.
+			s.deep.Store(true)
+			if s.direct.Load() > 0 {
+				return true, -1
+			}
+			s.deep.Store(false)
+		}
+		return true, DirectGrace
+	}
+	if since := time.Duration(s.st.Clock() - s.st.PolledAt()); since < DirectGrace {
+		return true, DirectGrace - since
+	}
+	return false, 0
+}
+
 // nudge wakes a watching Sleeper. The event count closes the race with
 // a Sleeper about to watch: it re-reads the count after announcing it
 // watches, so either it sees this event or we see it watching.
@@ -187,6 +264,40 @@ func (s *Sleeper) resetTimer(at int64) {
 	s.timer.Reset(time.Duration(at - s.st.Clock()))
 }
 
+// sleepUntil sets the timer of a Sleeper about to sleep in state
+// stArmed (wakeAt set to math.MaxInt64 before the state, so that any
+// timer armed since counts): to the stack's next timer, or within bound
+// if that is not negative, unless a TimerSet meanwhile made it earlier.
+// The timer is set, and set again if a TimerSet lowers it while we set it
+// (both reset the timer, in either order).
+func (s *Sleeper) sleepUntil(bound time.Duration) {
+	d, ok := s.st.NextTimeout()
+	if !ok {
+		d = -1
+	}
+	if bound >= 0 && (d < 0 || bound < d) {
+		d = bound
+	}
+	deadline := int64(math.MaxInt64)
+	if d >= 0 {
+		deadline = s.st.Clock() + int64(d)
+	}
+	for {
+		cur := s.wakeAt.Load()
+		if cur <= deadline {
+			deadline = cur
+			break
+		}
+		if s.wakeAt.CompareAndSwap(cur, deadline) {
+			break
+		}
+	}
+	s.resetTimer(deadline)
+	if w := s.wakeAt.Load(); w < deadline {
+		s.resetTimer(w)
+	}
+}
+
 // Armed reports that the stack's interrupt is armed: the Sleeper polled
 // it just before and nothing has arrived since (the stack is up to date).
 func (s *Sleeper) Armed() bool { return s.state.Load() == stArmed }
@@ -199,12 +310,16 @@ type Stats struct {
 	Timeouts  uint64 // wake-ups by a due timer (or a watch period)
 	Kicks     uint64 // wake-ups by a parking goroutine
 	TimerSets uint64 // wake-ups moved earlier by a timer armed meanwhile
+	// TimersOnly counts the sleeps that left the interrupt to threads
+	// blocked on it themselves (ParkDirect).
+	TimersOnly uint64
 }
 
 func (s *Sleeper) Stats() Stats {
 	return Stats{
 		Polls: s.stats.polls.Load(), Arms: s.stats.arms.Load(), IRQs: s.stats.irqs.Load(),
 		Timeouts: s.stats.timeouts.Load(), Kicks: s.stats.kicks.Load(), TimerSets: s.stats.timerSets.Load(),
+		TimersOnly: s.stats.timersOnly.Load(),
 	}
 }
 
@@ -252,6 +367,9 @@ func (s *Sleeper) run() {
 		_, stop := sleep(d, nil)
 		return stop
 	}
+	// directIdle: nobody polled the stack while the Sleeper last slept for
+	// the timers alone (threadsAttend).
+	directIdle := false
 	for {
 		select {
 		case <-s.stop:
@@ -260,6 +378,28 @@ func (s *Sleeper) run() {
 		}
 		s.state.Store(stRunning)
 		ev0 := s.events.Load()
+		if ok, d := s.threadsAttend(directIdle); ok {
+			// Threads block on the interrupt themselves: the timers only.
+			if nt, due := s.st.NextTimeout(); due && nt == 0 {
+				s.deep.Store(false)
+				s.st.TryPoll()
+				s.stats.polls.Add(1)
+				continue
+			}
+			polled := s.st.PolledAt()
+			s.wakeAt.Store(math.MaxInt64)
+			s.state.Store(stArmed)
+			s.sleepUntil(d)
+			s.stats.timersOnly.Add(1)
+			_, stop := wait(nil)
+			s.deep.Store(false)
+			if stop {
+				return
+			}
+			directIdle = s.st.PolledAt() == polled
+			continue
+		}
+		directIdle = false
 		if s.spinning.Load() != 0 {
 			// Somebody polls: no interrupts (seed 001). But a spinner
 			// yields the processor after every poll, and one that waits
@@ -317,34 +457,11 @@ func (s *Sleeper) run() {
 			s.src.Disarm()
 			continue
 		}
-		d, ok := s.st.NextTimeout()
-		if !ok {
-			d = -1
-		} else if d == 0 {
+		if d, ok := s.st.NextTimeout(); ok && d == 0 {
 			s.src.Disarm()
 			continue
 		}
-		// The deadline, unless a TimerSet meanwhile made it earlier; the
-		// timer is set to it, and set again if a TimerSet lowers it while
-		// we set it (both reset the timer, in either order).
-		deadline := int64(math.MaxInt64)
-		if d >= 0 {
-			deadline = s.st.Clock() + int64(d)
-		}
-		for {
-			cur := s.wakeAt.Load()
-			if cur <= deadline {
-				deadline = cur
-				break
-			}
-			if s.wakeAt.CompareAndSwap(cur, deadline) {
-				break
-			}
-		}
-		s.resetTimer(deadline)
-		if w := s.wakeAt.Load(); w < deadline {
-			s.resetTimer(w)
-		}
+		s.sleepUntil(-1)
 		s.stats.arms.Add(1)
 		_, stop := wait(s.src.C())
 		s.src.Disarm()

@@ -217,3 +217,89 @@ func TestTimersFireWhileAsleep(t *testing.T) {
 		t.Errorf("the sender's Sleeper never woke for a timer (%+v)", st)
 	}
 }
+
+// TestSleeperLeavesFramesToDirectThreads: while a thread blocks on the
+// interrupt itself (ParkDirect: the LD_PRELOAD shim's threads, which poll
+// when the AF_XDP socket turns readable), the Sleeper neither arms the
+// interrupt nor takes the frames in, but still runs the timers; once the
+// thread has been away for DirectGrace, it attends the stack as before.
+func TestSleeperLeavesFramesToDirectThreads(t *testing.T) {
+	a, b := pair(t, vnic.MemConfig{})
+	rx, _ := b.st.Open(stack.UDP)
+	if err := b.st.Bind(rx, netip.AddrPortFrom(netip.Addr{}, 7000)); err != nil {
+		t.Fatal(err)
+	}
+	tx, _ := a.st.Open(stack.UDP)
+	send := func(msg string) {
+		if _, err := a.st.SendTo(tx, []byte(msg), netip.AddrPortFrom(addrB.Addr(), 7000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(20 * time.Millisecond) // both Sleepers armed
+	buf := make([]byte, 64)
+	b.sl.ParkDirect()
+	// A frame wakes the Sleeper armed before the thread blocked; it
+	// leaves the frame to the thread, which takes it in.
+	send("zero")
+	time.Sleep(5 * interrupts.DirectGraceForTest)
+	b.st.Poll()
+	if n, _, err := b.st.RecvFrom(rx, buf, false); err != nil || string(buf[:n]) != "zero" {
+		t.Fatalf("recv: %q %v", buf[:n], err)
+	}
+	time.Sleep(5 * interrupts.DirectGraceForTest)
+	// Idle, with the thread blocked: the Sleeper sleeps until a timer or
+	// the thread's return, not every grace period.
+	idle := b.sl.Stats()
+	time.Sleep(30 * interrupts.DirectGraceForTest)
+	if st := b.sl.Stats(); st.TimersOnly-idle.TimersOnly > 2 {
+		t.Errorf("the Sleeper of an idle stack woke %d times in %v while a thread blocked on the interrupt",
+			st.TimersOnly-idle.TimersOnly, 30*interrupts.DirectGraceForTest)
+	}
+	before := b.sl.Stats()
+	send("first")
+	time.Sleep(20 * interrupts.DirectGraceForTest)
+	after := b.sl.Stats()
+	if ev := b.st.WaitFor(rx, stack.Readable); ev&stack.Readable != 0 {
+		t.Fatalf("the Sleeper took in a frame while a thread blocked on the interrupt itself: %+v", after)
+	}
+	// (An interrupt armed before the thread came may fire once.)
+	if after.Arms != before.Arms || after.Polls != before.Polls {
+		t.Errorf("the Sleeper armed the interrupt or polled while a thread blocked on it: %+v, then %+v", before, after)
+	}
+	if after.TimersOnly == 0 {
+		t.Errorf("the Sleeper did not sleep for the timers alone: %+v", after)
+	}
+	// The thread wakes and polls, as the shim's does.
+	b.st.Poll()
+	if ev := b.st.WaitFor(rx, stack.Readable); ev&stack.Readable == 0 {
+		t.Fatal("the direct thread's poll did not take the frame in")
+	}
+	b.st.RecvFrom(rx, buf, false)
+	b.sl.UnparkDirect()
+	// The thread went away (busy, say): the Sleeper attends the stack
+	// again, a grace period after the thread's last poll.
+	send("second")
+	b.wait(t, rx, stack.Readable, 2*time.Second)
+	if n, _, err := b.st.RecvFrom(rx, buf, false); err != nil || string(buf[:n]) != "second" {
+		t.Fatalf("recv: %q %v", buf[:n], err)
+	}
+
+	// Timers still fire while a thread blocks on the interrupt: a SYN
+	// into a wire that loses everything is sent again by a's retransmission
+	// timer, which only its Sleeper runs here.
+	a.sl.ParkDirect()
+	defer a.sl.UnparkDirect()
+	if err := a.nic.Impair(vnic.Impairment{Loss: 1}); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := a.st.Open(stack.TCP)
+	if err := a.st.Connect(c, netip.AddrPortFrom(addrB.Addr(), 80)); !errors.Is(err, stack.ErrInProgress) {
+		t.Fatal(err)
+	}
+	a.sl.TimerSet(a.st.EarliestTimer())
+	for end := time.Now().Add(5 * time.Second); a.st.Counters().TCPRetransmits == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("no retransmission timer fired in 5s while a thread blocked on the interrupt: %+v", a.sl.Stats())
+		}
+	}
+}

@@ -21,6 +21,16 @@
  * readiness now (stack.Edge); ready only if its edge count moved. */
 #define ONL_EDGE 0x40000000
 
+/* How a caller of onl_arm blocks if nothing is ready (and how it wakes,
+ * in onl_disarm): not at all; on its eventfd only, relying on the
+ * stack's Sleeper to poll (Park); or on the stack's interrupt fd too
+ * (onl_irq_fd), polling the stack itself when it fires (ParkDirect,
+ * with ONL_UNPARK_POLL at the wake if it fired). */
+#define ONL_PARK_NONE 0
+#define ONL_PARK 1
+#define ONL_PARK_DIRECT 2
+#define ONL_UNPARK_POLL 3
+
 /* Options, as package stack's Option. */
 #define ONL_OPT_NODELAY 1
 #define ONL_OPT_KEEPALIVE 2

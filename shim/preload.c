@@ -131,13 +131,12 @@ static struct {
 	long (*send)(int, const void *, size_t, int);
 	void (*kick)(void);
 	void (*events)(int *, int *, unsigned *, int, int);
-	int (*arm)(int *, int *, int *, unsigned *, int, int);
-	void (*disarm)(int *, int, int);
+	int (*arm)(int *, int *, int *, unsigned *, int, int, int);
+	void (*disarm)(int *, int, int, int);
+	int (*irq_fd)(void);
 	long (*spin_ns)(void);
 	int (*try_spin)(void);
 	void (*end_spin)(void);
-	void (*park)(void);
-	void (*unpark)(void);
 	void (*close)(int);
 	int (*shutdown)(int, int);
 	int (*setopt)(int, int, int);
@@ -151,6 +150,7 @@ static int core_state;	      /* 0 not loaded, 1 loaded, -1 failed */
 static int after_fork;	      /* a child forked after the core loaded */
 static int log_debug;	      /* ONLOAD_LOG=debug */
 static long spin_ns;	      /* the profile's spin time */
+static int irq_fd = -1;	      /* the stack's interrupt fd (onl_irq_fd) */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;	     /* the table */
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER; /* loading the core */
 static __thread int in_core;  /* this thread is in the Go core */
@@ -203,8 +203,8 @@ static int load_core(void)
 	int ok = lib != NULL;
 #define SYM(name) do { if (ok && !(*(void **)&core.name = dlsym(lib, "onl_" #name))) ok = 0; } while (0)
 	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send); SYM(kick);
-	SYM(events); SYM(arm); SYM(disarm); SYM(spin_ns); SYM(try_spin);
-	SYM(end_spin); SYM(park); SYM(unpark); SYM(close); SYM(shutdown);
+	SYM(events); SYM(arm); SYM(disarm); SYM(irq_fd); SYM(spin_ns); SYM(try_spin);
+	SYM(end_spin); SYM(close); SYM(shutdown);
 	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
 #undef SYM
 	in_core = 0;
@@ -240,7 +240,10 @@ struct fdent {
 	uint8_t nonblock;   /* O_NONBLOCK as the program set it (K_OURS) */
 	uint8_t listening;  /* listens (also in the kernel) */
 	uint8_t tried;	    /* the core declined it */
-	int h;		    /* the core's handle (K_OURS) */
+	union {
+		int h;		    /* the core's handle (K_OURS) */
+		uint32_t epgen;	    /* K_EPOLL: which epoll instance (wait_block) */
+	};
 	uint32_t rd_eagain, wr_eagain; /* reads/writes that found nothing: EPOLLET */
 	struct ep *ep;	    /* K_EPOLL */
 };
@@ -327,13 +330,21 @@ static void drop(int fd)
 
 static pthread_key_t efd_key;
 static __thread int t_efd = -1;
+/* The thread's own epoll set for blocking in epoll_wait (wait_block):
+ * its eventfd, the stack's interrupt fd (EPOLLEXCLUSIVE) and the
+ * program's epoll fd t_ep_prog of instance t_ep_gen. */
+static __thread int t_ep = -1, t_ep_prog = -1;
+static __thread uint32_t t_ep_gen;
+static uint32_t epoll_gen; /* numbers the epoll instances (fdent.epgen) */
 
 static void efd_close(void *p)
 {
 	(void)p;
 	if (t_efd >= 0)
 		real_close(t_efd);
-	t_efd = -1;
+	if (t_ep >= 0)
+		real_close(t_ep);
+	t_efd = t_ep = t_ep_prog = -1;
 }
 
 static int thread_efd(void)
@@ -343,6 +354,46 @@ static int thread_efd(void)
 		pthread_setspecific(efd_key, (void *)1);
 	}
 	return t_efd;
+}
+
+/* thread_ep is the thread's epoll set with the program's epoll fd epfd
+ * in it, or -1 (the caller blocks with ppoll). The stack's interrupt fd
+ * is in every thread's set with EPOLLEXCLUSIVE, so that a frame's
+ * arrival wakes one of the threads blocked in epoll_wait, not all (the
+ * thundering herd ppoll gives: memcached's threads woke together at
+ * every frame and fought for the stack). The program's epoll fd is
+ * registered again when the thread waits on another one, or on a new
+ * instance under the same number (epgen). */
+static int thread_ep(int epfd)
+{
+	struct fdent *ee = ent(epfd);
+	if (!ee || ee->kind != K_EPOLL)
+		return -1;
+	if (t_ep < 0) {
+		int efd = thread_efd();
+		if (efd < 0 || (t_ep = real_epoll_create1(EPOLL_CLOEXEC)) < 0)
+			return t_ep = -1;
+		struct epoll_event a = {.events = EPOLLIN, .data.fd = efd};
+		struct epoll_event b = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = irq_fd};
+		if (real_epoll_ctl(t_ep, EPOLL_CTL_ADD, efd, &a) < 0 ||
+		    real_epoll_ctl(t_ep, EPOLL_CTL_ADD, irq_fd, &b) < 0) {
+			real_close(t_ep);
+			return t_ep = -1;
+		}
+		pthread_setspecific(efd_key, (void *)1);
+	}
+	if (t_ep_prog != epfd || t_ep_gen != ee->epgen) {
+		if (t_ep_prog >= 0)
+			real_epoll_ctl(t_ep, EPOLL_CTL_DEL, t_ep_prog, NULL);
+		struct epoll_event c = {.events = EPOLLIN, .data.fd = epfd};
+		if (real_epoll_ctl(t_ep, EPOLL_CTL_ADD, epfd, &c) < 0 && errno != EEXIST) {
+			t_ep_prog = -1;
+			return -1;
+		}
+		t_ep_prog = epfd;
+		t_ep_gen = ee->epgen;
+	}
+	return t_ep;
 }
 
 static int64_t now_ns(void)
@@ -426,18 +477,35 @@ static int wait_over(struct wait *w, int64_t *now)
 
 /* wait_block spins on (returns at once) or blocks: it arms the k
  * sockets hs for want and polls p[0..np-1] with the thread's eventfd in
- * p[np] until either side is ready, the deadline or a signal. 0: check
- * again; -1 with errno. */
+ * p[np] (and the stack's interrupt fd in p[np+1]) until either side is
+ * ready, the deadline or a signal. 0: check again; -1 with errno.
+ *
+ * The thread waits on the stack's interrupt itself, as a thread blocked
+ * on a kernel socket is woken by the kernel at a packet's arrival: the
+ * AF_XDP socket is readable while a frame is in its RX ring, and the
+ * thread polls the stack when it wakes so. The stack's Sleeper then
+ * leaves the frames to it and attends the timers only (ParkDirect); the
+ * Sleeper's own wake-up goes through the Go runtime's poller, its
+ * goroutine and the thread's eventfd, three threads' wake-ups where
+ * this is one. The eventfd still wakes the thread when another thread
+ * or process polls the stack and makes one of its sockets ready. */
 static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsigned *edges, int k,
-		      struct pollfd *p, int np, const sigset_t *mask)
+		      struct pollfd *p, int np, int epfd, int conns, const sigset_t *mask)
 {
 	if (w->spinning && now < w->spin_end)
 		return 0;
 	wait_end(w);
 	int efd = thread_efd();
-	if (CORE(core.arm(hs, want, evs, edges, k, efd)) > 0)
+	/* A thread that waits on listeners only (memcached's and nginx's
+	 * accepting threads) leaves the interrupt to those that wait on
+	 * connections, and to the Sleeper: with it, it was the thread every
+	 * frame woke, to hand the frame to another. */
+	int direct = irq_fd >= 0 && conns;
+	/* epoll_pwait2 (glibc 2.35) takes the deadline to the nanosecond;
+	 * without it, ppoll. */
+	int tep = direct && epfd >= 0 && real_epoll_pwait2 ? thread_ep(epfd) : -1;
+	if (CORE(core.arm(hs, want, evs, edges, k, efd, direct ? ONL_PARK_DIRECT : ONL_PARK)) > 0)
 		return 0;
-	p[np] = (struct pollfd){.fd = efd, .events = POLLIN};
 	struct timespec ts, *tsp = NULL;
 	if (w->deadline >= 0) {
 		int64_t left = w->deadline - now;
@@ -453,14 +521,29 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 	else
 		pthread_sigmask(SIG_BLOCK, NULL, &m);
 	sigaddset(&m, SIGURG);
-	CORE_VOID(core.park());
-	int r = real_ppoll(p, np + 1, tsp, &m);
+	int r, irq = 0, woke = 1;
+	if (tep >= 0) {
+		struct epoll_event got[3];
+		r = real_epoll_pwait2(tep, got, 3, tsp, &m);
+		woke = 0;
+		for (int i = 0; i < r; i++) {
+			irq |= got[i].data.fd == irq_fd;
+			woke |= got[i].data.fd == efd;
+		}
+	} else {
+		p[np] = (struct pollfd){.fd = efd, .events = POLLIN};
+		if (direct)
+			p[np + 1] = (struct pollfd){.fd = irq_fd, .events = POLLIN};
+		r = real_ppoll(p, np + 1 + direct, tsp, &m);
+		irq = direct && r > 0 && (p[np + 1].revents & POLLIN);
+	}
 	int saved = errno;
-	CORE_VOID(core.unpark());
-	CORE_VOID(core.disarm(hs, k, efd));
+	int unpark = !direct ? ONL_PARK : irq ? ONL_UNPARK_POLL : ONL_PARK_DIRECT;
+	CORE_VOID(core.disarm(hs, k, efd, unpark));
 	uint64_t v;
-	while (real_read(efd, &v, sizeof v) == sizeof v)
-		;
+	if (woke)
+		while (real_read(efd, &v, sizeof v) == sizeof v)
+			;
 	errno = saved;
 	return r < 0 ? -1 : 0;
 }
@@ -485,12 +568,12 @@ static int check_poll(struct pollfd *p, nfds_t n)
 static int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask)
 {
 	int hs_buf[64], want_buf[64], ev_buf[64], idx_buf[64];
-	struct pollfd tmp_buf[65];
+	struct pollfd tmp_buf[66]; /* and wait_block's two */
 	int *hs = hs_buf, *want = want_buf, *evs = ev_buf, *idx = idx_buf;
 	struct pollfd *tmp = tmp_buf;
 	void *heap = NULL;
 	if (n >= 64) {
-		heap = malloc((n + 1) * (4 * sizeof(int) + sizeof(struct pollfd)));
+		heap = malloc((n + 2) * (4 * sizeof(int) + sizeof(struct pollfd)));
 		if (!heap) {
 			errno = ENOMEM;
 			return -1;
@@ -498,12 +581,13 @@ static int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 		hs = heap; want = hs + n; evs = want + n; idx = evs + n;
 		tmp = (struct pollfd *)(idx + n + 4);
 	}
-	int k = 0, nkernel = 0;
+	int k = 0, nkernel = 0, conns = 0;
 	for (nfds_t i = 0; i < n; i++) {
 		tmp[i] = fds[i];
 		tmp[i].revents = 0;
 		struct fdent *e = ours(fds[i].fd);
 		if (e) {
+			conns |= !e->listening;
 			hs[k] = e->h;
 			want[k] = from_poll(fds[i].events);
 			idx[k++] = i;
@@ -538,7 +622,7 @@ static int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 			ret = ready;
 			break;
 		}
-		if (wait_block(&w, now, hs, want, evs, NULL, k, tmp, n, mask) < 0) {
+		if (wait_block(&w, now, hs, want, evs, NULL, k, tmp, n, -1, conns, mask) < 0) {
 			ret = -1;
 			break;
 		}
@@ -671,7 +755,8 @@ static void child_after_fork(void)
 {
 	if (core_state == 1)
 		after_fork = 1;
-	t_efd = -1; /* the parent thread's eventfd is shared: make our own */
+	/* The parent thread's eventfd and epoll set are shared: make our own. */
+	t_efd = t_ep = t_ep_prog = -1;
 }
 
 /* vfork's child shares our memory and runs no fork handlers: a close()
@@ -725,6 +810,14 @@ static int nonblocking(int fd)
 
 /* accel_listener hands a listening socket to the core, once, if it will
  * have it; the entry is K_OURS after, or not ours. */
+/* stack_known reads what a wait needs from the stack, once a socket is
+ * accelerated (the stack exists). */
+static void stack_known(void)
+{
+	spin_ns = CORE(core.spin_ns());
+	irq_fd = CORE(core.irq_fd());
+}
+
 static void accel_listener(int fd, struct fdent *e)
 {
 	if (e->kind != K_TCP || !e->listening || after_fork)
@@ -740,7 +833,7 @@ static void accel_listener(int fd, struct fdent *e)
 			int nb = nonblocking(fd);
 			set_ours(fd, h, nb, 1);
 			copy_options(fd, h);
-			spin_ns = CORE(core.spin_ns());
+			stack_known();
 			debugf("fd %d: listening, accelerated", fd);
 		} else {
 			e->tried = 1;
@@ -799,7 +892,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	set_ours(fd, h, nb, 0);
 	pthread_mutex_unlock(&mu);
 	copy_options(fd, h);
-	spin_ns = CORE(core.spin_ns());
+	stack_known();
 	debugf("fd %d: connecting, accelerated", fd);
 	if (nb) {
 		errno = EINPROGRESS;
@@ -1543,6 +1636,7 @@ static int note_epoll(int r)
 		pthread_mutex_lock(&mu);
 		memset(e, 0, sizeof *e);
 		e->kind = K_EPOLL;
+		e->epgen = ++epoll_gen;
 		pthread_mutex_unlock(&mu);
 	}
 	return r;
@@ -1636,12 +1730,17 @@ _Static_assert(EPOLLIN == POLLIN && EPOLLOUT == POLLOUT && EPOLLERR == POLLERR &
  * member whose readiness was reported already, its next change (ONL_EDGE
  * from the edge count in edges). */
 static int ep_collect(struct ep *ep, struct epoll_event *out, int max, int *hs, int *evs, int *want,
-		      unsigned *edges, int poll)
+		      unsigned *edges, int poll, int *conns)
 {
 	int n = ep->n;
+	*conns = 0;
 	for (int j = 0; j < n; j++) {
 		hs[j] = ep->items[j].disabled ? 0 : ep->items[j].h;
 		want[j] = hs[j] ? from_epoll(ep->items[j].events) : 0;
+		if (hs[j] && !*conns) {
+			struct fdent *fe = ent(ep->items[j].fd);
+			*conns = fe && !fe->listening;
+		}
 	}
 	CORE_VOID(core.events(hs, evs, edges, n, poll));
 	int k = 0;
@@ -1713,7 +1812,8 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		}
 		int *evs = hs + room, *want = evs + room;
 		unsigned *edges = (unsigned *)(want + room);
-		int k = ep_collect(ep, out, max, hs, evs, want, edges, w.spinning);
+		int conns;
+		int k = ep_collect(ep, out, max, hs, evs, want, edges, w.spinning, &conns);
 		pthread_mutex_unlock(&mu);
 		if (k < max) {
 			int r;
@@ -1741,8 +1841,8 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			ret = k;
 			break;
 		}
-		struct pollfd p[2] = {{.fd = epfd, .events = POLLIN}};
-		if (wait_block(&w, now, hs, want, evs, edges, n, p, 1, mask) < 0) {
+		struct pollfd p[3] = {{.fd = epfd, .events = POLLIN}};
+		if (wait_block(&w, now, hs, want, evs, edges, n, p, 1, epfd, conns, mask) < 0) {
 			ret = -1;
 			break;
 		}

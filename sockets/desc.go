@@ -82,6 +82,25 @@ func (s *Stack) EndSpin() { s.sl.EndSpin() }
 func (s *Stack) Park()   { s.sl.Park(false) }
 func (s *Stack) Unpark() { s.sl.Unpark() }
 
+// InterruptFD is the file descriptor that turns readable when a frame is
+// in the stack's RX ring (its AF_XDP socket), for a caller that blocks
+// in the kernel on it beside its own descriptors (ParkDirect); -1 if the
+// NIC has none (an in-memory one). It is level-triggered: readable while
+// a frame waits, so a frame that came before the caller blocked is not
+// missed. The stack owns it: never close it.
+func (s *Stack) InterruptFD() int {
+	if x, ok := s.nic.(interface{ FD() int }); ok {
+		return x.FD()
+	}
+	return -1
+}
+
+// ParkDirect says the caller is about to block in the kernel on
+// InterruptFD itself and to poll the stack when it wakes; UnparkDirect
+// that it woke (interrupts.Sleeper.ParkDirect).
+func (s *Stack) ParkDirect()   { s.sl.ParkDirect() }
+func (s *Stack) UnparkDirect() { s.sl.UnparkDirect() }
+
 // kernelPort is the port kfd is bound to, binding it to the stack's
 // address and an ephemeral port first if it is not bound.
 func (s *Stack) kernelPort(kfd int) (uint16, error) {

@@ -276,10 +276,12 @@ func onl_events(hs *C.int, evs *C.int, edges *C.uint, n C.int, poll C.int) {
 // write eventfd efd at their next change, and returns how many are ready
 // for what they want now (their events in evs): if any is, none stays
 // armed. A want of ONL_EDGE is ready only if the socket's edge count is
-// no longer edges[i] (edges may be NULL where no want is ONL_EDGE).
+// no longer edges[i] (edges may be NULL where no want is ONL_EDGE). If
+// none is ready, the caller is about to block: park says how
+// (ONL_PARK_*), and onl_disarm's unpark must match it.
 //
 //export onl_arm
-func onl_arm(hs, want, evs *C.int, edges *C.uint, n C.int, efd C.int) C.int {
+func onl_arm(hs, want, evs *C.int, edges *C.uint, n C.int, efd C.int, park C.int) C.int {
 	if stk == nil {
 		return 0
 	}
@@ -297,17 +299,51 @@ func onl_arm(hs, want, evs *C.int, edges *C.uint, n C.int, efd C.int) C.int {
 	ready := stk.ArmAll(b.ds, b.want, b.evs, eb, int32(efd), b.ids)
 	b.out(evs)
 	b.free()
+	if ready == 0 {
+		switch park {
+		case C.ONL_PARK:
+			stk.Park()
+		case C.ONL_PARK_DIRECT:
+			stk.ParkDirect()
+		}
+	}
 	return C.int(ready)
 }
 
+// onl_disarm takes back what onl_arm asked, for a caller that woke
+// (unpark: as it parked; ONL_UNPARK_POLL, parked direct, also polls the
+// stack: the interrupt fd was readable).
+//
 //export onl_disarm
-func onl_disarm(hs *C.int, n C.int, efd C.int) {
+func onl_disarm(hs *C.int, n C.int, efd C.int, unpark C.int) {
 	if stk == nil {
 		return
+	}
+	switch unpark {
+	case C.ONL_PARK:
+		stk.Unpark()
+	case C.ONL_PARK_DIRECT:
+		stk.UnparkDirect()
+	case C.ONL_UNPARK_POLL:
+		stk.UnparkDirect()
+		stk.Poll()
 	}
 	b := newBatch(hs, int(n))
 	stk.DisarmAll(b.ds, int32(efd))
 	b.free()
+}
+
+// onl_irq_fd is the stack's interrupt file descriptor, readable while a
+// frame waits in its RX ring: a thread about to block adds it to its
+// poll set (parking with ONL_PARK_DIRECT) and polls the stack when it
+// fires. -1: none (no stack, or a NIC without one).
+//
+//export onl_irq_fd
+func onl_irq_fd() C.int {
+	if stk == nil {
+		return -1
+	}
+	return C.int(stk.InterruptFD())
 }
 
 // onl_spin_ns is how long a waiter spins before it blocks (0: no
@@ -333,20 +369,6 @@ func onl_try_spin() C.int {
 func onl_end_spin() {
 	if stk != nil {
 		stk.EndSpin()
-	}
-}
-
-//export onl_park
-func onl_park() {
-	if stk != nil {
-		stk.Park()
-	}
-}
-
-//export onl_unpark
-func onl_unpark() {
-	if stk != nil {
-		stk.Unpark()
 	}
 }
 

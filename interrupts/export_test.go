@@ -1,0 +1,4 @@
+package interrupts
+
+// DirectGraceForTest is DirectGrace, for the external tests.
+const DirectGraceForTest = DirectGrace
