@@ -172,11 +172,7 @@ func (s *Sleeper) ParkDirect() {
 // thread's last poll).
 func (s *Sleeper) UnparkDirect() {
 	if s.direct.Add(-1) == 0 && s.deep.Load() {
-		select {
-		case s.kick <- struct{}{}:
-			s.stats.kicks.Add(1)
-		default:
-		}
+		s.wake()
 	}
 }
 
@@ -222,11 +218,16 @@ func (s *Sleeper) threadsAttend(idle bool) (bool, time.Duration) {
 func (s *Sleeper) nudge() {
 	s.events.Add(1)
 	if s.state.Load() == stWatching {
-		select {
-		case s.kick <- struct{}{}:
-			s.stats.kicks.Add(1)
-		default:
-		}
+		s.wake()
+	}
+}
+
+// wake kicks the Sleeper out of its wait, unless a kick is pending.
+func (s *Sleeper) wake() {
+	select {
+	case s.kick <- struct{}{}:
+		s.stats.kicks.Add(1)
+	default:
 	}
 }
 
@@ -266,12 +267,12 @@ func (s *Sleeper) resetTimer(at int64) {
 
 // sleepUntil sets the timer of a Sleeper about to sleep in state
 // stArmed (wakeAt set to math.MaxInt64 before the state, so that any
-// timer armed since counts): to the stack's next timer, or within bound
-// if that is not negative, unless a TimerSet meanwhile made it earlier.
-// The timer is set, and set again if a TimerSet lowers it while we set it
-// (both reset the timer, in either order).
-func (s *Sleeper) sleepUntil(bound time.Duration) {
-	d, ok := s.st.NextTimeout()
+// timer armed since counts): to the stack's next timer, d from now as
+// NextTimeout gave it (ok false: none), or within bound if that is not
+// negative, unless a TimerSet meanwhile made it earlier. The timer is
+// set, and set again if a TimerSet lowers it while we set it (both reset
+// the timer, in either order).
+func (s *Sleeper) sleepUntil(d time.Duration, ok bool, bound time.Duration) {
 	if !ok {
 		d = -1
 	}
@@ -380,7 +381,8 @@ func (s *Sleeper) run() {
 		ev0 := s.events.Load()
 		if ok, d := s.threadsAttend(directIdle); ok {
 			// Threads block on the interrupt themselves: the timers only.
-			if nt, due := s.st.NextTimeout(); due && nt == 0 {
+			nt, due := s.st.NextTimeout()
+			if due && nt == 0 {
 				s.deep.Store(false)
 				s.st.TryPoll()
 				s.stats.polls.Add(1)
@@ -389,7 +391,7 @@ func (s *Sleeper) run() {
 			polled := s.st.PolledAt()
 			s.wakeAt.Store(math.MaxInt64)
 			s.state.Store(stArmed)
-			s.sleepUntil(d)
+			s.sleepUntil(nt, due, d)
 			s.stats.timersOnly.Add(1)
 			_, stop := wait(nil)
 			s.deep.Store(false)
@@ -457,11 +459,12 @@ func (s *Sleeper) run() {
 			s.src.Disarm()
 			continue
 		}
-		if d, ok := s.st.NextTimeout(); ok && d == 0 {
+		d, ok := s.st.NextTimeout()
+		if ok && d == 0 {
 			s.src.Disarm()
 			continue
 		}
-		s.sleepUntil(-1)
+		s.sleepUntil(d, ok, -1)
 		s.stats.arms.Add(1)
 		_, stop := wait(s.src.C())
 		s.src.Disarm()

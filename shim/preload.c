@@ -380,7 +380,6 @@ static int thread_ep(int epfd)
 			real_close(t_ep);
 			return t_ep = -1;
 		}
-		pthread_setspecific(efd_key, (void *)1);
 	}
 	if (t_ep_prog != epfd || t_ep_gen != ee->epgen) {
 		if (t_ep_prog >= 0)
@@ -521,11 +520,10 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 	else
 		pthread_sigmask(SIG_BLOCK, NULL, &m);
 	sigaddset(&m, SIGURG);
-	int r, irq = 0, woke = 1;
+	int r, irq = 0, woke = 0;
 	if (tep >= 0) {
 		struct epoll_event got[3];
 		r = real_epoll_pwait2(tep, got, 3, tsp, &m);
-		woke = 0;
 		for (int i = 0; i < r; i++) {
 			irq |= got[i].data.fd == irq_fd;
 			woke |= got[i].data.fd == efd;
@@ -535,6 +533,7 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 		if (direct)
 			p[np + 1] = (struct pollfd){.fd = irq_fd, .events = POLLIN};
 		r = real_ppoll(p, np + 1 + direct, tsp, &m);
+		woke = r > 0 && (p[np].revents & POLLIN);
 		irq = direct && r > 0 && (p[np + 1].revents & POLLIN);
 	}
 	int saved = errno;
@@ -808,8 +807,6 @@ static int nonblocking(int fd)
 	return fl >= 0 && (fl & O_NONBLOCK);
 }
 
-/* accel_listener hands a listening socket to the core, once, if it will
- * have it; the entry is K_OURS after, or not ours. */
 /* stack_known reads what a wait needs from the stack, once a socket is
  * accelerated (the stack exists). */
 static void stack_known(void)
@@ -817,6 +814,9 @@ static void stack_known(void)
 	spin_ns = CORE(core.spin_ns());
 	irq_fd = CORE(core.irq_fd());
 }
+
+/* accel_listener hands a listening socket to the core, once, if it will
+ * have it; the entry is K_OURS after, or not ours. */
 
 static void accel_listener(int fd, struct fdent *e)
 {
