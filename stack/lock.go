@@ -64,16 +64,42 @@ func (l *Lock) TryLock() bool {
 }
 
 // lockSpins is how many times Lock retries before it sleeps: the lock is
-// held for short stretches (one poll), so spinning usually wins.
-const lockSpins = 200
+// held for short stretches (one poll), so spinning usually wins. Between
+// tries a goroutine yields its processor; a thread that came into Go
+// from C (CallersAreThreads) reads the word lockReads times instead.
+const (
+	lockSpins = 200
+	lockReads = 50
+)
+
+// threadCallers: see CallersAreThreads.
+var threadCallers atomic.Bool
+
+// CallersAreThreads says the package's callers are threads that came
+// into Go from C (cgo callbacks: the LD_PRELOAD shim's core), each locked
+// to its goroutine. Lock then spins on the word between tries instead of
+// yielding: on such a thread runtime.Gosched hands the processor to
+// another OS thread and waits to be handed it back (two futex wake-ups
+// and two context switches a yield), where a goroutine's yield is a
+// function call.
+func CallersAreThreads() { threadCallers.Store(true) }
 
 // Lock takes the lock, waiting for it if it is held.
 func (l *Lock) Lock() {
+	threads := threadCallers.Load()
 	for range lockSpins {
 		if l.TryLock() {
 			return
 		}
-		runtime.Gosched()
+		if !threads {
+			runtime.Gosched()
+			continue
+		}
+		for range lockReads {
+			if atomic.LoadUint32(&l.word)&lockHeld == 0 {
+				break
+			}
+		}
 	}
 	slept := false
 	for {

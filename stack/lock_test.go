@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -118,8 +119,19 @@ func TestLockOrDefer(t *testing.T) {
 }
 
 // TestMutualExclusion runs many goroutines through Lock, TryLock and
-// LockOrDefer at once.
+// LockOrDefer at once; and many threads, as the shim's (each goroutine
+// locked to its thread, Lock spinning on the word rather than yielding:
+// CallersAreThreads).
 func TestMutualExclusion(t *testing.T) {
+	t.Run("goroutines", func(t *testing.T) { mutualExclusion(t, false) })
+	t.Run("threads", func(t *testing.T) {
+		threadCallers.Store(true)
+		defer threadCallers.Store(false)
+		mutualExclusion(t, true)
+	})
+}
+
+func mutualExclusion(t *testing.T, threads bool) {
 	s, _ := sharedMemory(t)
 	const goroutines, rounds = 8, 20000
 	var wg sync.WaitGroup
@@ -129,6 +141,10 @@ func TestMutualExclusion(t *testing.T) {
 		wg.Add(1)
 		go func(id uint64) {
 			defer wg.Done()
+			if threads {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+			}
 			for i := range rounds {
 				switch i % 3 {
 				case 0:

@@ -61,6 +61,7 @@ type Stack struct {
 	img       *Image
 	nic       vnic.NIC
 	kicks     vnic.KickHolder // nic, if its kicks can be held (SendMore, RecvMore)
+	late      vnic.LateKicker // nic, if it leaves its kicks for after the lock
 	pool      *vnic.Pool
 	filters   Filters
 	resolver  Resolver
@@ -96,6 +97,7 @@ type Stack struct {
 	polledAt atomic.Int64 // see PolledAt
 	watcher  bool         // onloadd's handle: its polls are not the process's (SetWatcher)
 	mu       sync.Mutex   // this process's goroutines queue here for the lock (see lock)
+	threads  bool         // the callers are threads come in from C: no queue on mu (see lock)
 }
 
 // rxBudget is how many frames one poll takes from the NIC.
@@ -153,8 +155,14 @@ func frameMTU(nic vnic.NIC) int {
 
 func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 	kicks, _ := nic.(vnic.KickHolder)
+	late, _ := nic.(vnic.LateKicker)
+	if late != nil {
+		late.SetLateKicks(true)
+	}
 	return &Stack{
 		kicks:   kicks,
+		late:    late,
+		threads: threadCallers.Load(),
 		id:      uint64(os.Getpid())<<32 | stackIDs.Add(1),
 		reserve: max(16, nic.Pool().Count()/32),
 		img:     img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver,
@@ -198,9 +206,14 @@ func (s *Stack) Counters() Counters {
 // goroutines in futex_wait came back one by one through the scheduler's
 // global run queue, and some waited tens of milliseconds for the lock.
 // Polls take the word alone, by trylock (Poll, TryPoll): whoever holds it
-// does their work.
+// does their work. Where the callers are threads come in from C
+// (CallersAreThreads) they go to the word at once: each is an OS thread
+// already, and parking one in the scheduler hands its processor to
+// another OS thread and back.
 func (s *Stack) lock() {
-	s.mu.Lock()
+	if !s.threads {
+		s.mu.Lock()
+	}
 	s.img.hdr.lock.Lock()
 	s.lockedLocked()
 }
@@ -223,17 +236,27 @@ func (s *Stack) lockedLocked() {
 // unlock does the work others deferred to us, then lets the lock go.
 func (s *Stack) unlock() {
 	s.unlockTried()
-	s.mu.Unlock()
+	if !s.threads {
+		s.mu.Unlock()
+	}
 }
 
 // unlockTried lets go of a lock taken by trylock (LockOrDefer), which
 // holds the image's word only.
+//
+// The NIC's doorbell is rung after the lock is let go (vnic.LateKicker):
+// in copy mode the kick is the kernel's whole transmit, which under the
+// lock would hold every other thread and process of the stack off.
 func (s *Stack) unlockTried() {
 	if len(s.loop) > 0 {
 		s.loopLocked()
 	}
+	kick := s.late != nil && s.late.TakeKick()
 	raceRelease(&s.raceHB)
 	s.img.hdr.lock.Unlock(s.deferredLocked)
+	if kick {
+		s.late.KickUnlocked()
+	}
 	if s.remote.Load() != 0 {
 		s.wakeRemotes()
 	}
@@ -245,6 +268,10 @@ func (s *Stack) deferredLocked(d Deferred) {
 	}
 	s.flushLocked()
 	s.loopLocked()
+	if s.late != nil && s.late.TakeKick() {
+		// Work others left us: rare enough to kick under the lock.
+		s.late.KickUnlocked()
+	}
 	raceRelease(&s.raceHB)
 }
 

@@ -76,6 +76,19 @@ type KickHolder interface {
 	Kick() error
 }
 
+// LateKicker is a NIC whose doorbell the stack rings after it has let
+// the stack lock go. A kick is a system call in which the kernel sends
+// the frames (in copy mode the whole transmit: on a veth, the peer's
+// receive too), and made under the lock it holds every other thread and
+// process of the stack off for as long. With late kicks on, where the
+// NIC would kick it leaves the kick due instead; TakeKick, the last thing
+// under the lock, takes it, and KickUnlocked, after the lock, gives it.
+type LateKicker interface {
+	SetLateKicks(on bool)
+	TakeKick() bool
+	KickUnlocked() error
+}
+
 // Info describes a NIC.
 type Info struct {
 	Name string // e.g. "eth0 queue 0" or "mem a"

@@ -80,6 +80,9 @@ type XDP struct {
 	// maxHoldNs, however busy the callers stay.
 	held      uint32
 	heldSince int64
+	// late: the stack gives the kicks after its lock (SetLateKicks);
+	// due: one is owed to it (TakeKick).
+	late, due bool
 	zeroCopy  bool // the socket is bound zero-copy
 	stats     Stats
 }
@@ -209,6 +212,46 @@ func (x *XDP) KickOwed() bool { return x.kickOwed.Load() }
 // transmit (KickHolder); nothing if none are owed.
 func (x *XDP) Kick() error {
 	if !x.kickOwed.Load() {
+		return nil
+	}
+	return x.doorbell()
+}
+
+// SetLateKicks turns late kicks on or off (LateKicker). Under the lock,
+// as Transmit.
+func (x *XDP) SetLateKicks(on bool) { x.late = on }
+
+// TakeKick takes the kick a transmit or Receive left due (LateKicker),
+// under the lock: the caller gives it (KickUnlocked) once it has let the
+// lock go.
+func (x *XDP) TakeKick() bool {
+	if !x.due {
+		return false
+	}
+	x.due = false
+	x.held = 0
+	x.stats.TxKicks++
+	x.kickOwed.Store(false)
+	return true
+}
+
+// KickUnlocked gives a kick TakeKick took, without the stack lock: the
+// system call, which the kernel serialises with any other. Frames the
+// kernel leaves on the ring stay owed, for the next poll to kick (as
+// kick's).
+func (x *XDP) KickUnlocked() error {
+	err := x.sock.Kick()
+	if x.sock.TX.Pending() > 0 {
+		x.kickOwed.Store(true)
+	}
+	return err
+}
+
+// doorbell kicks, or with late kicks leaves the kick due to the stack.
+func (x *XDP) doorbell() error {
+	if x.late {
+		x.due = true
+		x.kickOwed.Store(true)
 		return nil
 	}
 	return x.kick()
@@ -403,7 +446,7 @@ func (x *XDP) transmit(hs []Handle, keep bool) (int, error) {
 		if tx.NeedsWakeup() {
 			if x.holding(n) {
 				x.kickOwed.Store(true)
-			} else if kerr := x.kick(); kerr != nil && err == nil {
+			} else if kerr := x.doorbell(); kerr != nil && err == nil {
 				err = kerr
 			}
 		}

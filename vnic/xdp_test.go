@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/xdp-onload/onload/bpf"
 	"github.com/xdp-onload/onload/internal/pkt"
@@ -119,5 +120,67 @@ func TestXDPConfigBounds(t *testing.T) {
 		if _, err := vnic.AttachXDP(-1, -1, tc.cfg); err == nil || !strings.Contains(err.Error(), "attach xdp nic: "+tc.want) {
 			t.Errorf("AttachXDP(%+v): %v, want an error saying %q", tc.cfg, err, tc.want)
 		}
+	}
+}
+
+// TestXDPLateKicks checks the doorbell a stack rings after its lock
+// (vnic.LateKicker): with late kicks on, a transmit and a Receive leave
+// the kick due rather than give it (the frame stays on the TX ring, the
+// peer sees nothing), TakeKick takes it once, and KickUnlocked sends the
+// frame.
+func TestXDPLateKicks(t *testing.T) {
+	test.RequireRoot(t)
+	p := xdpPair(t, 64)
+	x := p.A.(*vnic.XDP)
+	x.SetLateKicks(true)
+	p0 := p.A.Pool()
+	h := p0.Alloc()
+	n, err := pkt.UDP(p0.Buf(h), p.AEnd, p.BEnd, []byte("late kick"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p0.SetLen(h, n); err != nil {
+		t.Fatal(err)
+	}
+	if sent, err := x.Transmit([]vnic.Handle{h}); sent != 1 || err != nil {
+		t.Fatalf("transmit = %d, %v", sent, err)
+	}
+	var none [0]vnic.Handle
+	x.Receive(none[:]) // a poll must not kick either
+	kicks := x.Stats().TxKicks
+	hs := make([]vnic.Handle, 8)
+	for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); {
+		if got := p.B.Receive(hs); got > 0 {
+			t.Fatalf("the peer received %d frames before the kick: the transmit kicked", got)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if pend := x.Socket().TX.Pending(); pend != 1 || !x.KickOwed() || x.Idle() {
+		t.Fatalf("before the kick: %d frames on the TX ring, kick owed %v, idle %v; want 1, true, false", pend, x.KickOwed(), x.Idle())
+	}
+	if !x.TakeKick() {
+		t.Fatal("TakeKick: no kick due after a transmit")
+	}
+	if x.TakeKick() {
+		t.Fatal("TakeKick took the same kick twice")
+	}
+	if err := x.KickUnlocked(); err != nil {
+		t.Fatal(err)
+	}
+	if got := x.Stats().TxKicks; got != kicks+1 {
+		t.Errorf("TxKicks = %d, want %d", got, kicks+1)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if got := p.B.Receive(hs); got > 0 {
+			if string(p.B.Pool().Data(hs[0])[42:]) != "late kick" {
+				t.Errorf("the peer received %q", p.B.Pool().Data(hs[0])[42:])
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the peer received nothing within 2s of the kick")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -28,6 +28,10 @@ import (
 
 func main() {}
 
+// The core's callers are the program's threads, come in from C
+// (stack.CallersAreThreads).
+func init() { stack.CallersAreThreads() }
+
 // maxHandles bounds the handle table: the sockets a process may have
 // accelerated at once.
 const maxHandles = 1 << 17
