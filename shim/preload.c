@@ -44,6 +44,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/select.h>
 #include <sys/sendfile.h>
@@ -156,6 +157,26 @@ static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER; /* loading the core 
 static __thread int in_core;  /* this thread is in the Go core */
 static __thread int kick_owed; /* this thread's sends left frames for a kick */
 
+/* Signals that come while their thread is in the core wait for it to
+ * leave (see on_signal): the handlers for them, by signal, and what each
+ * thread holds back. */
+static struct sigaction prog_act[NSIG];
+static __thread uint64_t sig_held;	    /* bit sig-1: held */
+static __thread siginfo_t sig_info[NSIG]; /* what came with each */
+static void run_held(void);
+
+/* A thread that calls the core gets a signal stack (unless it has one):
+ * the Go runtime takes it as the thread's, and the program's handlers
+ * run on it (SA_ONSTACK). A handler's socket call enters Go from there,
+ * and Go assumes 32 KiB of it are free below: Go's own stack for a
+ * thread that has none is 32 KiB in all. */
+#define ALTSTACK (256 << 10)
+static __thread int t_alt;
+static __thread void *t_alt_mem;
+static void thread_altstack(void);
+static int loading;	      /* the core is being loaded (its runtime starts) */
+static void *core_base;	      /* where the core is mapped */
+
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logf_(const char *fmt, ...)
 {
@@ -199,7 +220,19 @@ static int load_core(void)
 		}
 	}
 	in_core = 1;
+	/* The Go runtime's threads start with the signal mask of the thread
+	 * that loads it, less the signals it cannot do without (synchronous
+	 * faults, its preemption signal): with the program's signals blocked
+	 * here, they are delivered to the program's threads only, and never
+	 * run its handlers on a thread of Go's, from which a socket call
+	 * would re-enter the runtime. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	loading = 1;
 	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	loading = 0;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	int ok = lib != NULL;
 #define SYM(name) do { if (ok && !(*(void **)&core.name = dlsym(lib, "onl_" #name))) ok = 0; } while (0)
 	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send); SYM(kick);
@@ -207,7 +240,12 @@ static int load_core(void)
 	SYM(end_spin); SYM(close); SYM(shutdown);
 	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
 #undef SYM
+	Dl_info ci;
+	if (ok && dladdr((void *)core.listen, &ci))
+		core_base = ci.dli_fbase;
 	in_core = 0;
+	if (sig_held)
+		run_held();
 	if (!ok) {
 		logf_("cannot load the core %s (%s): sockets use the kernel; set ONLOAD_CORE to its path",
 		      path, lib ? "missing symbols" : dlerror());
@@ -219,10 +257,13 @@ static int load_core(void)
 	return core_state;
 }
 
-/* Calls into the core mark the thread, so that a signal handler that
- * runs meanwhile and touches a socket does not re-enter Go. */
-#define CORE(call) ({ in_core = 1; __typeof__(call) r_ = (call); in_core = 0; r_; })
-#define CORE_VOID(call) do { in_core = 1; call; in_core = 0; } while (0)
+/* Calls into the core mark the thread: a signal that comes meanwhile is
+ * held until the call is done (on_signal), so that its handler, which
+ * may touch a socket, never re-enters Go. */
+#define CORE(call) ({ if (!t_alt) thread_altstack(); in_core = 1; __typeof__(call) r_ = (call); \
+		      in_core = 0; if (sig_held) run_held(); r_; })
+#define CORE_VOID(call) do { if (!t_alt) thread_altstack(); in_core = 1; call; in_core = 0; \
+			     if (sig_held) run_held(); } while (0)
 
 /* ---- the descriptor table ------------------------------------------ */
 
@@ -345,6 +386,31 @@ static void efd_close(void *p)
 	if (t_ep >= 0)
 		real_close(t_ep);
 	t_efd = t_ep = t_ep_prog = -1;
+	stack_t ss;
+	if (t_alt_mem && sigaltstack(NULL, &ss) == 0 && ss.ss_sp == t_alt_mem && !(ss.ss_flags & SS_ONSTACK)) {
+		ss.ss_flags = SS_DISABLE;
+		if (sigaltstack(&ss, NULL) == 0)
+			munmap(t_alt_mem, ALTSTACK);
+	}
+	t_alt_mem = NULL;
+}
+
+static void thread_altstack(void)
+{
+	t_alt = 1;
+	stack_t ss;
+	if (sigaltstack(NULL, &ss) < 0 || !(ss.ss_flags & SS_DISABLE))
+		return; /* the program's, or Go's already */
+	void *m = mmap(NULL, ALTSTACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+	if (m == MAP_FAILED)
+		return;
+	ss = (stack_t){.ss_sp = m, .ss_size = ALTSTACK};
+	if (sigaltstack(&ss, NULL) < 0) {
+		munmap(m, ALTSTACK);
+		return;
+	}
+	t_alt_mem = m;
+	pthread_setspecific(efd_key, (void *)1);
 }
 
 static int thread_efd(void)
@@ -422,10 +488,10 @@ static int from_poll(short ev)
 	return r;
 }
 
-/* Whether a system call interrupted by a signal restarts (SA_RESTART):
- * we cannot tell which signal it was, so only if every handler the
- * program set restarts. */
-static int no_restart;
+/* Whether a blocking call a signal interrupted restarts: set (by
+ * on_signal) when a handler without SA_RESTART runs on the thread, so
+ * the call fails with EINTR as the kernel's would. */
+static __thread int sig_norestart;
 
 /*
  * A wait: spin on the stack for the profile's spin time (one thread at a
@@ -639,10 +705,11 @@ static int wait_one(int fd, short events)
 {
 	for (;;) {
 		struct pollfd p = {.fd = fd, .events = events};
+		sig_norestart = 0;
 		int r = wait_poll(&p, 1, -1, NULL);
 		if (r > 0)
 			return 0;
-		if (r < 0 && errno == EINTR && !no_restart)
+		if (r < 0 && errno == EINTR && !sig_norestart)
 			continue;
 		return -1;
 	}
@@ -1881,18 +1948,98 @@ EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const struct 
 
 /* ---- signals ------------------------------------------------------------ */
 
-/* sigaction: the program's handlers run on the thread's alternate stack
- * where there is one (a thread in the Go core has Go's), and whether
- * they restart interrupted calls is noted for our blocking calls. */
+/* Synchronous signals (a fault of the thread's own) run their handlers
+ * at once; any other the program handles goes through on_signal. */
+static int held_sig(int sig)
+{
+	return sig > 0 && sig < NSIG && sig <= 64 && sig != SIGSEGV && sig != SIGBUS && sig != SIGFPE &&
+	       sig != SIGILL && sig != SIGTRAP && sig != SIGSYS;
+}
+
+/* runtime_handler: act is the Go runtime's own (its SIGURG, SIGPIPE),
+ * set through libc by the core: it must see every signal at once, with
+ * its context. */
+static int runtime_handler(const struct sigaction *act)
+{
+	if (loading)
+		return 1;
+	Dl_info di;
+	return core_base && dladdr((void *)act->sa_handler, &di) && di.dli_fbase == core_base;
+}
+
+static void call_handler(int sig, siginfo_t *si, void *uc)
+{
+	const struct sigaction *a = &prog_act[sig];
+	if (!(a->sa_flags & SA_RESTART))
+		sig_norestart = 1;
+	if (a->sa_flags & SA_SIGINFO)
+		a->sa_sigaction(sig, si, uc);
+	else if (a->sa_handler != SIG_DFL && a->sa_handler != SIG_IGN)
+		a->sa_handler(sig);
+}
+
+/* on_signal stands in for the program's handlers (Onload defers its
+ * signals the same way): on a thread in the core it only notes the
+ * signal, and the thread runs the handler when it leaves (run_held), as
+ * if the signal had come a moment later; elsewhere it runs it at once. */
+static void on_signal(int sig, siginfo_t *si, void *uc)
+{
+	if (in_core) {
+		sig_info[sig] = *si;
+		sig_held |= 1ull << (sig - 1);
+		return;
+	}
+	call_handler(sig, si, uc);
+}
+
+/* run_held runs the handlers of the signals held while the thread was in
+ * the core, each with the mask it asked for, as the kernel would have. */
+static void run_held(void)
+{
+	int saved = errno;
+	while (sig_held) {
+		int sig = __builtin_ctzll(sig_held) + 1;
+		sig_held &= ~(1ull << (sig - 1));
+		sigset_t m = prog_act[sig].sa_mask, old;
+		if (!(prog_act[sig].sa_flags & SA_NODEFER))
+			sigaddset(&m, sig);
+		pthread_sigmask(SIG_BLOCK, &m, &old);
+		siginfo_t si = sig_info[sig];
+		call_handler(sig, &si, NULL);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+	}
+	errno = saved;
+}
+
+/* sigaction: the program's handlers are called through on_signal, on the
+ * thread's alternate stack where there is one (a thread in the Go core
+ * has Go's), which notes for our blocking calls whether they restart
+ * interrupted calls. The program reads back its own handlers. */
 EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
-	if (!act || act->sa_handler == SIG_DFL || act->sa_handler == SIG_IGN)
+	if (!held_sig(sig) || (act && runtime_handler(act)))
 		return real_sigaction(sig, act, old);
-	struct sigaction a = *act;
-	a.sa_flags |= SA_ONSTACK;
-	if (!(a.sa_flags & SA_RESTART))
-		no_restart = 1;
-	return real_sigaction(sig, &a, old);
+	struct sigaction prev, a;
+	const struct sigaction *use = act;
+	if (act && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN) {
+		a = *act;
+		a.sa_flags |= SA_ONSTACK | SA_SIGINFO;
+		a.sa_sigaction = on_signal;
+		use = &a;
+	}
+	struct sigaction before = prog_act[sig];
+	if (act)
+		prog_act[sig] = *act;
+	if (real_sigaction(sig, use, &prev) < 0) {
+		prog_act[sig] = before;
+		return -1;
+	}
+	if (old) {
+		*old = prev;
+		if (prev.sa_flags & SA_SIGINFO && prev.sa_sigaction == on_signal)
+			*old = before;
+	}
+	return 0;
 }
 
 /* signal: glibc's, BSD semantics (SA_RESTART), through ours. */

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 static struct sockaddr_in peer;
+static double now_ns(void);
 
 #define say(...) do { printf(__VA_ARGS__); printf("\n"); fflush(stdout); } while (0)
 #define check(what, expr) do { long r_ = (long)(expr); say("%s: %ld%s%s", what, r_, r_ < 0 ? " " : "", r_ < 0 ? strerror(errno) : ""); } while (0)
@@ -322,6 +323,49 @@ static void test_signals(int s)
 	signal(SIGALRM, SIG_DFL);
 }
 
+/* The handler of test_handler_calls: a socket call of its own, on an
+ * idle connection (nothing to read: EAGAIN, as the kernel answers). */
+static int idle_sock = -1;
+static volatile sig_atomic_t handler_calls, handler_odd;
+static void on_alarm_call(int sig)
+{
+	(void)sig;
+	int saved = errno;
+	char c;
+	if (!(recv(idle_sock, &c, 1, MSG_DONTWAIT | MSG_PEEK) < 0 && errno == EAGAIN))
+		handler_odd++;
+	handler_calls++;
+	errno = saved;
+}
+
+/* test_handler_calls: signals every millisecond, whose handler makes a socket
+ * call, while the thread exchanges bytes on another socket: under the
+ * shim the handler often comes while the thread is in the stack, and its
+ * call must be answered as the kernel answers it (Onload defers such a
+ * handler to the stack's exit). */
+static void test_handler_calls(int s)
+{
+	idle_sock = dial();
+	struct sigaction sa = {.sa_handler = on_alarm_call, .sa_flags = SA_RESTART};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGALRM, &sa, NULL);
+	struct itimerval it = {.it_interval = {0, 1000}, .it_value = {0, 1000}};
+	setitimer(ITIMER_REAL, &it, NULL);
+	double end = now_ns() + 300e6;
+	int rounds = 0, odd = 0;
+	for (; rounds < 100000 && now_ns() < end; rounds++) {
+		char c;
+		if (send(s, "x", 1, 0) != 1 || recv(s, &c, 1, 0) != 1 || c != 'x')
+			odd++;
+	}
+	struct itimerval off = {0};
+	setitimer(ITIMER_REAL, &off, NULL);
+	signal(SIGALRM, SIG_DFL);
+	say("socket calls in a handler during the thread's own: %d answered otherwise than the kernel's, "
+	    "%d of the thread's failed, handler ran: %s", (int)handler_odd, odd, handler_calls > 0 ? "yes" : "no");
+	close(idle_sock);
+}
+
 static void test_fork_after(int s)
 {
 	pid_t p = fork();
@@ -490,6 +534,7 @@ int main(int argc, char **argv)
 	test_dup(s, pp[0], pp[1]);
 	test_names(s);
 	test_signals(s);
+	test_handler_calls(s);
 	test_fork_after(s);
 	test_shutdown(s);
 	say("done");
