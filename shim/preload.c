@@ -135,6 +135,8 @@ static struct {
 	int (*arm)(int *, int *, int *, unsigned *, int, int, int);
 	void (*disarm)(int *, int, int, int);
 	int (*irq_fd)(void);
+	int (*remote_fd)(void);
+	void (*take_remote)(void);
 	long (*spin_ns)(void);
 	int (*try_spin)(void);
 	void (*end_spin)(void);
@@ -152,6 +154,7 @@ static int after_fork;	      /* a child forked after the core loaded */
 static int log_debug;	      /* ONLOAD_LOG=debug */
 static long spin_ns;	      /* the profile's spin time */
 static int irq_fd = -1;	      /* the stack's interrupt fd (onl_irq_fd) */
+static int remote_fd = -1;    /* the stack's wake socket (onl_remote_fd) */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;	     /* the table */
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER; /* loading the core */
 static __thread int in_core;  /* this thread is in the Go core */
@@ -236,7 +239,7 @@ static int load_core(void)
 	int ok = lib != NULL;
 #define SYM(name) do { if (ok && !(*(void **)&core.name = dlsym(lib, "onl_" #name))) ok = 0; } while (0)
 	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send); SYM(kick);
-	SYM(events); SYM(arm); SYM(disarm); SYM(irq_fd); SYM(spin_ns); SYM(try_spin);
+	SYM(events); SYM(arm); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(spin_ns); SYM(try_spin);
 	SYM(end_spin); SYM(close); SYM(shutdown);
 	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
 #undef SYM
@@ -441,8 +444,10 @@ static int thread_ep(int epfd)
 			return t_ep = -1;
 		struct epoll_event a = {.events = EPOLLIN, .data.fd = efd};
 		struct epoll_event b = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = irq_fd};
+		struct epoll_event c = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = remote_fd};
 		if (real_epoll_ctl(t_ep, EPOLL_CTL_ADD, efd, &a) < 0 ||
-		    real_epoll_ctl(t_ep, EPOLL_CTL_ADD, irq_fd, &b) < 0) {
+		    real_epoll_ctl(t_ep, EPOLL_CTL_ADD, irq_fd, &b) < 0 ||
+		    (remote_fd >= 0 && real_epoll_ctl(t_ep, EPOLL_CTL_ADD, remote_fd, &c) < 0)) {
 			real_close(t_ep);
 			return t_ep = -1;
 		}
@@ -586,27 +591,41 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 	else
 		pthread_sigmask(SIG_BLOCK, NULL, &m);
 	sigaddset(&m, SIGURG);
-	int r, irq = 0, woke = 0;
+	int r, irq = 0, woke = 0, remote = 0;
 	if (tep >= 0) {
-		struct epoll_event got[3];
-		r = real_epoll_pwait2(tep, got, 3, tsp, &m);
+		struct epoll_event got[4];
+		r = real_epoll_pwait2(tep, got, 4, tsp, &m);
 		for (int i = 0; i < r; i++) {
 			irq |= got[i].data.fd == irq_fd;
 			woke |= got[i].data.fd == efd;
+			remote |= got[i].data.fd == remote_fd;
 		}
 	} else {
-		p[np] = (struct pollfd){.fd = efd, .events = POLLIN};
+		int n = np;
+		p[n++] = (struct pollfd){.fd = efd, .events = POLLIN};
 		if (direct)
-			p[np + 1] = (struct pollfd){.fd = irq_fd, .events = POLLIN};
-		r = real_ppoll(p, np + 1 + direct, tsp, &m);
+			p[n++] = (struct pollfd){.fd = irq_fd, .events = POLLIN};
+		if (remote_fd >= 0)
+			p[n++] = (struct pollfd){.fd = remote_fd, .events = POLLIN};
+		r = real_ppoll(p, n, tsp, &m);
 		woke = r > 0 && (p[np].revents & POLLIN);
 		irq = direct && r > 0 && (p[np + 1].revents & POLLIN);
+		remote = remote_fd >= 0 && r > 0 && (p[n - 1].revents & POLLIN);
 	}
 	int saved = errno;
 	int unpark = !direct ? ONL_PARK : irq ? ONL_UNPARK_POLL : ONL_PARK_DIRECT;
 	CORE_VOID(core.disarm(hs, k, efd, unpark));
+	if (remote) {
+		/* Another process's poll made ready sockets this process's
+		 * threads wait on: wake them (our own readiness the caller
+		 * checks again). */
+		char b[64];
+		while (real_recv(remote_fd, b, sizeof b, MSG_DONTWAIT) > 0)
+			;
+		CORE_VOID(core.take_remote());
+	}
 	uint64_t v;
-	if (woke)
+	if (woke || remote)
 		while (real_read(efd, &v, sizeof v) == sizeof v)
 			;
 	errno = saved;
@@ -633,7 +652,7 @@ static int check_poll(struct pollfd *p, nfds_t n)
 static int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask)
 {
 	int hs_buf[64], want_buf[64], ev_buf[64], idx_buf[64];
-	struct pollfd tmp_buf[66]; /* and wait_block's two */
+	struct pollfd tmp_buf[67]; /* and wait_block's three */
 	int *hs = hs_buf, *want = want_buf, *evs = ev_buf, *idx = idx_buf;
 	struct pollfd *tmp = tmp_buf;
 	void *heap = NULL;
@@ -880,6 +899,7 @@ static void stack_known(void)
 {
 	spin_ns = CORE(core.spin_ns());
 	irq_fd = CORE(core.irq_fd());
+	remote_fd = CORE(core.remote_fd());
 }
 
 /* accel_listener hands a listening socket to the core, once, if it will
@@ -1908,7 +1928,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			ret = k;
 			break;
 		}
-		struct pollfd p[3] = {{.fd = epfd, .events = POLLIN}};
+		struct pollfd p[4] = {{.fd = epfd, .events = POLLIN}};
 		if (wait_block(&w, now, hs, want, evs, edges, n, p, 1, epfd, conns, mask) < 0) {
 			ret = -1;
 			break;

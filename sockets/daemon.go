@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -189,14 +190,57 @@ func (f *daemonFilters) RemoveListener(p stack.Proto, local netip.AddrPort) erro
 	return f.request(control.OpUnfilter, p, local)
 }
 
+// threadWakes: see WakesToThreads.
+var threadWakes atomic.Bool
+
+// WakesToThreads says the process's waiters are threads that block
+// outside Go, each on its own descriptors (the LD_PRELOAD shim's): a stack
+// shared with other processes wakes them through a socket they wait on
+// (RemoteWakeFD), not through a goroutine that waits for the others'
+// polls and wakes them in turn. Call it before the first stack.
+func WakesToThreads() { threadWakes.Store(true) }
+
+// RemoteWakeFD is the socket that turns readable when another process's
+// poll of a shared stack made a socket ready that this process's
+// threads wait on (WakesToThreads); -1 if the stack is not shared so. A
+// thread that finds it readable drains it and calls TakeRemoteWakes. The
+// stack owns it: never close it.
+func (s *Stack) RemoteWakeFD() int { return s.remoteFD }
+
+// TakeRemoteWakes wakes the threads whose sockets other processes' polls
+// made ready (RemoteWakeFD).
+func (s *Stack) TakeRemoteWakes() {
+	if s.enter() {
+		s.st.TakeRemoteWakes()
+		s.leave()
+	}
+}
+
 // shareWakes lets the other processes of a shared stack (and onloadd)
 // wake this one's goroutines: their polls may take in what ours wait for. One goroutine
 // waits on this process's word in the image (a futex, which holds an OS
 // thread while it waits) and wakes the goroutines whose sockets were
 // touched.
+//
+// Where the waiters are threads that block outside Go (WakesToThreads)
+// they are woken through a wake socket instead (stack.WakeSocket,
+// RemoteWakeFD), and there is no goroutine.
 func (s *Stack) shareWakes() error {
 	if err := s.st.JoinWakes(); err != nil {
 		return err
+	}
+	if threadWakes.Load() {
+		fd, err := s.st.WakeSocket()
+		if err != nil {
+			s.st.LeaveWakes()
+			return err
+		}
+		s.remoteFD = fd
+		s.stopShared = func() {
+			s.remoteFD = -1
+			s.st.LeaveWakes()
+		}
+		return nil
 	}
 	done := make(chan struct{})
 	exited := make(chan struct{})

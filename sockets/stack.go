@@ -38,6 +38,7 @@ type Stack struct {
 	// stopShared ends the wake-ups shared with the other processes of a
 	// named stack of onloadd's (shareWakes).
 	stopShared func()
+	remoteFD   int // RemoteWakeFD
 
 	waits   []atomic.Pointer[waitq] // by socket slot
 	closing chan struct{}
@@ -92,7 +93,7 @@ func newStack(nic vnic.NIC, irq interrupts.Source, sc stack.Config, cfg Config, 
 	if sc.Congestion == "" {
 		sc.Congestion = cfg.Congestion
 	}
-	s := &Stack{nic: nic, cfg: cfg, spin: cfg.Spin, addr: sc.Addr, closing: make(chan struct{})}
+	s := &Stack{nic: nic, cfg: cfg, spin: cfg.Spin, addr: sc.Addr, closing: make(chan struct{}), remoteFD: -1}
 	opt.Wake = s.wake
 	st, err := stack.New(nic, sc, opt)
 	if err != nil {
@@ -111,7 +112,7 @@ func attachStack(img *stack.Image, nic vnic.NIC, irq interrupts.Source, cfg Conf
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	s := &Stack{nic: nic, cfg: cfg, spin: cfg.Spin, addr: addr, closing: make(chan struct{})}
+	s := &Stack{nic: nic, cfg: cfg, spin: cfg.Spin, addr: addr, closing: make(chan struct{}), remoteFD: -1}
 	opt.Wake = s.wake
 	st := stack.Attach(img, nic, opt)
 	if err := s.start(st, irq); err != nil {

@@ -96,10 +96,15 @@ type header struct {
 const maxProcs = 32
 
 // procSlot is one process sharing the stack: its pid, and the futex word
-// other processes bump to wake it (wake.go).
+// other processes bump to wake it, or the key of the socket they send to
+// (wake.go).
 type procSlot struct {
 	pid  uint32
 	wake uint32
+	// key, if not 0, names the process's wake socket instead
+	// (WakeSocket): wake.go's wakeAddr.
+	key uint32
+	_   uint32
 }
 
 // neighbour is one entry of the neighbour table. While the kernel

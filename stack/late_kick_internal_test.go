@@ -53,32 +53,13 @@ func (n *lateNIC) KickUnlocked() error {
 // (vnic.LateKicker) gives every kick its operations made due once it has
 // let the lock go, never under it: connect, send, receive and poll.
 func TestKicksAfterTheLock(t *testing.T) {
-	ma, mb, err := vnic.NewMemPair(vnic.MemConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ma.Close()
-	addrA, addrB := netip.MustParsePrefix("198.18.0.1/24"), netip.MustParsePrefix("198.18.0.2/24")
-	nic := &lateNIC{Mem: ma}
-	a, err := New(nic, Config{Addr: addrA, MAC: ma.Info().MAC}, Options{
-		Neighbours: map[netip.Addr]net.HardwareAddr{addrB.Addr(): mb.Info().MAC},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Destroy()
+	var nic *lateNIC
+	a, b, _ := memStacks(t, func(m *vnic.Mem) vnic.NIC { nic = &lateNIC{Mem: m}; return nic })
 	nic.s = a
 	if a.late == nil {
 		t.Fatal("the stack did not take the NIC's late kicks")
 	}
-	b, err := New(mb, Config{Addr: addrB, MAC: mb.Info().MAC}, Options{
-		Neighbours: map[netip.Addr]net.HardwareAddr{addrA.Addr(): ma.Info().MAC},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Destroy()
-
+	addrB := b.Addr()
 	l, _ := b.Open(TCP)
 	if err := b.Bind(l, netip.AddrPortFrom(netip.Addr{}, 80)); err != nil {
 		t.Fatal(err)
@@ -87,7 +68,7 @@ func TestKicksAfterTheLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, _ := a.Open(TCP)
-	a.Connect(c, netip.AddrPortFrom(addrB.Addr(), 80))
+	a.Connect(c, netip.AddrPortFrom(addrB, 80))
 	var srv SockID
 	until := func(what string, ok func() bool) {
 		t.Helper()
@@ -120,4 +101,34 @@ func TestKicksAfterTheLock(t *testing.T) {
 	if nic.kicks == 0 || nic.locked != 0 || nic.due {
 		t.Errorf("%d kicks given, %d of them under the lock, one still due: %v; want some, none, false", nic.kicks, nic.locked, nic.due)
 	}
+}
+
+// memStacks is a stack on each end of an in-memory wire, 198.18.0.1 (a,
+// over wrap(its end), if wrap is not nil) and 198.18.0.2 (b), torn down
+// with the test; ma is a's end.
+func memStacks(t *testing.T, wrap func(*vnic.Mem) vnic.NIC) (a, b *Stack, ma *vnic.Mem) {
+	t.Helper()
+	ma, mb, err := vnic.NewMemPair(vnic.MemConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ma.Close() })
+	addrA, addrB := netip.MustParsePrefix("198.18.0.1/24"), netip.MustParsePrefix("198.18.0.2/24")
+	var nic vnic.NIC = ma
+	if wrap != nil {
+		nic = wrap(ma)
+	}
+	if a, err = New(nic, Config{Addr: addrA, MAC: ma.Info().MAC}, Options{
+		Neighbours: map[netip.Addr]net.HardwareAddr{addrB.Addr(): mb.Info().MAC},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Destroy() })
+	if b, err = New(mb, Config{Addr: addrB, MAC: mb.Info().MAC}, Options{
+		Neighbours: map[netip.Addr]net.HardwareAddr{addrA.Addr(): ma.Info().MAC},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy() })
+	return a, b, ma
 }

@@ -71,6 +71,7 @@ type Stack struct {
 	fast      *fastClock
 	proc      uint8         // this process's procs slot plus one (JoinWakes); 0: not joined
 	remote    atomic.Uint32 // procs (bits) whose threads this handle's polls must wake
+	wakes     wakeSockets   // the wake sockets of the procs that have one (WakeSocket)
 	mtu       int           // the image's, as this handle last took it (syncMTULocked)
 	maxMTU    int           // what the NIC's frames hold
 
@@ -159,7 +160,7 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 	if late != nil {
 		late.SetLateKicks(true)
 	}
-	return &Stack{
+	st := &Stack{
 		kicks:   kicks,
 		late:    late,
 		threads: threadCallers.Load(),
@@ -170,8 +171,10 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 		maxMTU: frameMTU(nic),
 		rx:     make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
 		loop: make([]vnic.Handle, 0, maxLoop), loopIn: make([]vnic.Handle, 0, maxLoop),
-		expired: make([]timers.ID, 64), wake: opt.Wake,
+		expired: make([]timers.ID, 64), wake: opt.Wake, wakes: wakeSockets{own: -1},
 	}
+	st.wakes.send.Store(-1)
+	return st
 }
 
 // Image is the stack's image, to hand to another process.
@@ -278,6 +281,7 @@ func (s *Stack) deferredLocked(d Deferred) {
 // Destroy closes every socket, freeing its frames, and unmaps the image.
 // The NIC is the caller's to close.
 func (s *Stack) Destroy() error {
+	defer s.closeWakeSockets()
 	s.lock()
 	for i := range s.img.socks {
 		sk := &s.img.socks[i]

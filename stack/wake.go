@@ -1,11 +1,16 @@
 package stack
 
 import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"os"
+	"strconv"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -264,6 +269,7 @@ func (s *Stack) JoinWakes() error {
 	for i := range s.img.hdr.procs {
 		p := &s.img.hdr.procs[i]
 		if old := atomic.LoadUint32(&p.pid); old == 0 || old == pid || !alive(int(old)) {
+			atomic.StoreUint32(&p.key, 0)
 			atomic.StoreUint32(&p.pid, pid)
 			s.proc = uint8(i + 1)
 			return nil
@@ -277,10 +283,112 @@ func (s *Stack) LeaveWakes() {
 	s.lock()
 	defer s.unlock()
 	if s.proc != 0 {
+		atomic.StoreUint32(&s.img.hdr.procs[s.proc-1].key, 0)
 		atomic.StoreUint32(&s.img.hdr.procs[s.proc-1].pid, 0)
 		s.proc = 0
 	}
+	s.closeWakeSockets()
 }
+
+// closeWakeSockets closes the handle's wake sockets.
+func (s *Stack) closeWakeSockets() {
+	if s.wakes.own >= 0 {
+		unix.Close(s.wakes.own)
+		s.wakes.own = -1
+	}
+	if fd := s.wakes.send.Swap(-1); fd >= 0 {
+		unix.Close(int(fd))
+	}
+}
+
+// wakeSockets are a handle's wake sockets: its own (WakeSocket), and the
+// one it sends from, made at its first wake-up.
+type wakeSockets struct {
+	own  int          // -1: none (newStack)
+	send atomic.Int64 // -1: none yet
+}
+
+// wakeAddr writes into sa the abstract unix address of the wake socket
+// of process pid with key ("\x00onload-wake-PID-KEY": per network
+// namespace, as the stack's interface is), and returns its length for
+// bind or sendto. It does not allocate: wakeRemotes calls it per wake.
+func wakeAddr(sa *unix.RawSockaddrUnix, pid, key uint32) uint32 {
+	sa.Family = unix.AF_UNIX
+	var buf [40]byte
+	n := copy(buf[:], "\x00onload-wake-")
+	n += len(strconv.AppendUint(buf[n:n], uint64(pid), 10))
+	buf[n] = '-'
+	n++
+	n += len(strconv.AppendUint(buf[n:n], uint64(key), 16))
+	for i := 0; i < n; i++ {
+		sa.Path[i] = int8(buf[i])
+	}
+	return uint32(2 + n)
+}
+
+// WakeSocket gives this process, which has joined the stack's wakes, a
+// socket the other sharers' polls send a datagram to when they touch a
+// socket one of its threads sleeps on, instead of bumping its futex word:
+// for threads that block outside Go (the LD_PRELOAD shim's), each of which
+// waits on it beside its own descriptors and, when it is readable,
+// drains it and calls TakeRemoteWakes. The kernel then wakes one of them
+// directly, where the word takes a goroutine's wake-up and an eventfd's.
+// The socket is the handle's: LeaveWakes closes it.
+func (s *Stack) WakeSocket() (int, error) {
+	if s.proc == 0 {
+		return -1, errors.New("stack: wake socket before JoinWakes")
+	}
+	if s.wakes.own >= 0 {
+		return s.wakes.own, nil
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("stack: wake socket: %w", err)
+	}
+	pid := uint32(os.Getpid())
+	var kb [4]byte
+	for range 8 {
+		if _, err = rand.Read(kb[:]); err != nil {
+			break
+		}
+		key := binary.LittleEndian.Uint32(kb[:]) | 1
+		var sa unix.RawSockaddrUnix
+		l := wakeAddr(&sa, pid, key)
+		_, _, errno := unix.Syscall(unix.SYS_BIND, uintptr(fd), uintptr(unsafe.Pointer(&sa)), uintptr(l))
+		if errno == 0 {
+			atomic.StoreUint32(&s.img.hdr.procs[s.proc-1].key, key)
+			s.wakes.own = fd
+			return fd, nil
+		}
+		err = errno
+	}
+	unix.Close(fd)
+	return -1, fmt.Errorf("stack: bind wake socket: %w", err)
+}
+
+// sendWake sends process slot i's wake socket (key) a datagram. A full
+// socket has a wake-up pending already; a gone one, nobody to wake.
+func (s *Stack) sendWake(i int, key uint32) {
+	fd := s.wakes.send.Load()
+	if fd < 0 {
+		nfd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return
+		}
+		if !s.wakes.send.CompareAndSwap(-1, int64(nfd)) {
+			unix.Close(nfd)
+		}
+		if fd = s.wakes.send.Load(); fd < 0 {
+			return
+		}
+	}
+	var sa unix.RawSockaddrUnix
+	l := wakeAddr(&sa, atomic.LoadUint32(&s.img.hdr.procs[i].pid), key)
+	unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(&wakeByte[0])), 1, unix.MSG_DONTWAIT,
+		uintptr(unsafe.Pointer(&sa)), uintptr(l))
+}
+
+var wakeByte [1]byte
 
 func alive(pid int) bool {
 	return unix.Kill(pid, 0) != unix.ESRCH
@@ -292,6 +400,10 @@ func (s *Stack) wakeRemotes() {
 	bits := s.remote.Swap(0)
 	for i := 0; bits != 0; i, bits = i+1, bits>>1 {
 		if bits&1 != 0 && i < maxProcs {
+			if key := atomic.LoadUint32(&s.img.hdr.procs[i].key); key != 0 {
+				s.sendWake(i, key)
+				continue
+			}
 			w := &s.img.hdr.procs[i].wake
 			atomic.AddUint32(w, 1)
 			futexWake(w, 1)

@@ -29,8 +29,12 @@ import (
 func main() {}
 
 // The core's callers are the program's threads, come in from C
-// (stack.CallersAreThreads).
-func init() { stack.CallersAreThreads() }
+// (stack.CallersAreThreads), and they block in C, each on its own
+// descriptors (sockets.WakesToThreads).
+func init() {
+	stack.CallersAreThreads()
+	sockets.WakesToThreads()
+}
 
 // maxHandles bounds the handle table: the sockets a process may have
 // accelerated at once.
@@ -348,6 +352,30 @@ func onl_irq_fd() C.int {
 		return -1
 	}
 	return C.int(stk.InterruptFD())
+}
+
+// onl_remote_fd is the stack's wake socket, readable when another
+// process sharing the stack made ready a socket that this process's
+// threads wait on: a thread about to block adds it to its poll set and,
+// when it fires, drains it and calls onl_take_remote. -1: none (the
+// stack is not shared).
+//
+//export onl_remote_fd
+func onl_remote_fd() C.int {
+	if stk == nil {
+		return -1
+	}
+	return C.int(stk.RemoteWakeFD())
+}
+
+// onl_take_remote wakes the threads whose sockets other processes made
+// ready (onl_remote_fd).
+//
+//export onl_take_remote
+func onl_take_remote() {
+	if stk != nil {
+		stk.TakeRemoteWakes()
+	}
 }
 
 // onl_spin_ns is how long a waiter spins before it blocks (0: no
