@@ -79,7 +79,7 @@ type header struct {
 	isnKey                       [16]byte
 	ipID                         uint32 // next IPv4 identification
 	neighWait                    uint32 // neighbour entries being resolved
-	_                            uint32
+	sockHigh                     uint32 // slots below this have been used: scans stop there
 	poller                       uint64 // the Stack (process) that last took the lock
 	// appPolledAt is when a thread of a client process last polled or
 	// found nothing to poll, on the Clock: onloadd's watcher reads it

@@ -159,6 +159,9 @@ func (s *Stack) allocSockLocked(kind uint8) (*sock, SockID, error) {
 	}
 	sk := &s.img.socks[idx]
 	h.sockFree = sk.next
+	if idx >= h.sockHigh {
+		h.sockHigh = idx + 1
+	}
 	gen := sk.gen
 	*sk = sock{kind: kind, gen: gen, next: noSlot, rcvBuf: h.recvBuffer, sndBuf: h.sendBuffer, openers: procBit(s.proc)}
 	sk.ccAlgo = uint8(min(h.ccAlgo, ccReno))

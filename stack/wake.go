@@ -436,7 +436,9 @@ func (s *Stack) TakeRemoteWakes() int {
 		return 0
 	}
 	n := 0
-	for i := range s.img.socks {
+	// Only the slots ever used (sockHigh): a wake-up per request of a
+	// busy server, under the lock, read the whole table.
+	for i := range min(int(s.img.hdr.sockHigh), len(s.img.socks)) {
 		sk := &s.img.socks[i]
 		if sk.remoteWakes&self == 0 || sk.kind == kindFree {
 			continue

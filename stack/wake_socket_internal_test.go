@@ -31,6 +31,13 @@ func TestWakeSocket(t *testing.T) {
 	// a stands for another process: another slot.
 	a.proc = h.proc + 1
 
+	// The waiting socket in a slot above others (TakeRemoteWakes reads
+	// the slots ever used).
+	for range 5 {
+		if _, err := h.Open(UDP); err != nil {
+			t.Fatal(err)
+		}
+	}
 	u, _ := h.Open(UDP)
 	if err := h.Bind(u, netip.AddrPortFrom(netip.Addr{}, 5000)); err != nil {
 		t.Fatal(err)
