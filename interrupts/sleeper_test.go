@@ -71,6 +71,18 @@ func (e *end) wait(t *testing.T, id stack.SockID, want stack.Events, timeout tim
 	}
 }
 
+// udpPair is a UDP socket on b bound to port 7000 (rx) and an unbound
+// one on a to send to it (tx).
+func udpPair(t *testing.T, a, b *end) (rx, tx stack.SockID) {
+	t.Helper()
+	rx, _ = b.st.Open(stack.UDP)
+	if err := b.st.Bind(rx, netip.AddrPortFrom(netip.Addr{}, 7000)); err != nil {
+		t.Fatal(err)
+	}
+	tx, _ = a.st.Open(stack.UDP)
+	return rx, tx
+}
+
 func pair(t *testing.T, mc vnic.MemConfig) (a, b *end) {
 	t.Helper()
 	na, nb, err := vnic.NewMemPair(mc)
@@ -119,11 +131,7 @@ func TestSleeperArmsWhenIdle(t *testing.T) {
 // from the peer must wake it through the interrupt.
 func TestSleeperWakesOnArrival(t *testing.T) {
 	a, b := pair(t, vnic.MemConfig{})
-	rx, _ := b.st.Open(stack.UDP)
-	if err := b.st.Bind(rx, netip.AddrPortFrom(netip.Addr{}, 7000)); err != nil {
-		t.Fatal(err)
-	}
-	tx, _ := a.st.Open(stack.UDP)
+	rx, tx := udpPair(t, a, b)
 	time.Sleep(20 * time.Millisecond) // both Sleepers armed
 	irqs := b.sl.Stats().IRQs
 	go func() {
@@ -225,11 +233,7 @@ func TestTimersFireWhileAsleep(t *testing.T) {
 // thread has been away for DirectGrace, it attends the stack as before.
 func TestSleeperLeavesFramesToDirectThreads(t *testing.T) {
 	a, b := pair(t, vnic.MemConfig{})
-	rx, _ := b.st.Open(stack.UDP)
-	if err := b.st.Bind(rx, netip.AddrPortFrom(netip.Addr{}, 7000)); err != nil {
-		t.Fatal(err)
-	}
-	tx, _ := a.st.Open(stack.UDP)
+	rx, tx := udpPair(t, a, b)
 	send := func(msg string) {
 		if _, err := a.st.SendTo(tx, []byte(msg), netip.AddrPortFrom(addrB.Addr(), 7000)); err != nil {
 			t.Fatal(err)

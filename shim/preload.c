@@ -372,7 +372,7 @@ static void drop(int fd)
 
 /* ---- waiting ---------------------------------------------------------- */
 
-static pthread_key_t efd_key;
+static pthread_key_t thread_key;
 static __thread int t_efd = -1;
 /* The thread's own epoll set for blocking in epoll_wait (wait_block):
  * its eventfd, the stack's interrupt fd (EPOLLEXCLUSIVE) and the
@@ -381,7 +381,7 @@ static __thread int t_ep = -1, t_ep_prog = -1;
 static __thread uint32_t t_ep_gen;
 static uint32_t epoll_gen; /* numbers the epoll instances (fdent.epgen) */
 
-static void efd_close(void *p)
+static void thread_exit(void *p)
 {
 	(void)p;
 	if (t_efd >= 0)
@@ -413,14 +413,14 @@ static void thread_altstack(void)
 		return;
 	}
 	t_alt_mem = m;
-	pthread_setspecific(efd_key, (void *)1);
+	pthread_setspecific(thread_key, (void *)1);
 }
 
 static int thread_efd(void)
 {
 	if (t_efd < 0) {
 		t_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-		pthread_setspecific(efd_key, (void *)1);
+		pthread_setspecific(thread_key, (void *)1);
 	}
 	return t_efd;
 }
@@ -831,7 +831,7 @@ __attribute__((constructor)) static void init(void)
 		nfdt = 0;
 		return;
 	}
-	pthread_key_create(&efd_key, efd_close);
+	pthread_key_create(&thread_key, thread_exit);
 	pthread_atfork(NULL, NULL, child_after_fork);
 	adopt_inherited();
 }

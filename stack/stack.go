@@ -71,7 +71,7 @@ type Stack struct {
 	fast      *fastClock
 	proc      uint8         // this process's procs slot plus one (JoinWakes); 0: not joined
 	remote    atomic.Uint32 // procs (bits) whose threads this handle's polls must wake
-	wakes     wakeSockets   // the wake sockets of the procs that have one (WakeSocket)
+	wakes     wakeSockets   // this handle's wake socket (WakeSocket) and the one it wakes others from
 	mtu       int           // the image's, as this handle last took it (syncMTULocked)
 	maxMTU    int           // what the NIC's frames hold
 

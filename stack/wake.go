@@ -287,18 +287,30 @@ func (s *Stack) LeaveWakes() {
 		atomic.StoreUint32(&s.img.hdr.procs[s.proc-1].pid, 0)
 		s.proc = 0
 	}
-	s.closeWakeSockets()
+	s.closeOwnWakeSocket()
 }
 
-// closeWakeSockets closes the handle's wake sockets.
-func (s *Stack) closeWakeSockets() {
+// closeOwnWakeSocket closes the handle's wake socket. The one it sends
+// from stays until Destroy: a handle that left the wakes still polls, and
+// its threads may be sending from it.
+func (s *Stack) closeOwnWakeSocket() {
 	if s.wakes.own >= 0 {
 		unix.Close(s.wakes.own)
 		s.wakes.own = -1
 	}
+}
+
+// closeWakeSockets closes the handle's wake sockets.
+func (s *Stack) closeWakeSockets() {
+	s.closeOwnWakeSocket()
 	if fd := s.wakes.send.Swap(-1); fd >= 0 {
 		unix.Close(int(fd))
 	}
+}
+
+// dgramSocket is a non-blocking unix datagram socket, for wake-ups.
+func dgramSocket() (int, error) {
+	return unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 }
 
 // wakeSockets are a handle's wake sockets: its own (WakeSocket), and the
@@ -341,7 +353,7 @@ func (s *Stack) WakeSocket() (int, error) {
 	if s.wakes.own >= 0 {
 		return s.wakes.own, nil
 	}
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fd, err := dgramSocket()
 	if err != nil {
 		return -1, fmt.Errorf("stack: wake socket: %w", err)
 	}
@@ -371,7 +383,7 @@ func (s *Stack) WakeSocket() (int, error) {
 func (s *Stack) sendWake(i int, key uint32) {
 	fd := s.wakes.send.Load()
 	if fd < 0 {
-		nfd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		nfd, err := dgramSocket()
 		if err != nil {
 			return
 		}
