@@ -137,6 +137,7 @@ static struct {
 	int (*irq_fd)(void);
 	int (*remote_fd)(void);
 	void (*take_remote)(void);
+	void (*thread)(void);
 	long (*spin_ns)(void);
 	int (*try_spin)(void);
 	void (*end_spin)(void);
@@ -239,7 +240,7 @@ static int load_core(void)
 	int ok = lib != NULL;
 #define SYM(name) do { if (ok && !(*(void **)&core.name = dlsym(lib, "onl_" #name))) ok = 0; } while (0)
 	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send); SYM(kick);
-	SYM(events); SYM(arm); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(spin_ns); SYM(try_spin);
+	SYM(events); SYM(arm); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(thread); SYM(spin_ns); SYM(try_spin);
 	SYM(end_spin); SYM(close); SYM(shutdown);
 	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
 #undef SYM
@@ -398,9 +399,14 @@ static void thread_exit(void *p)
 	t_alt_mem = NULL;
 }
 
+/* thread_altstack runs at a thread's first call into the core: the core
+ * counts the thread (onl_thread) and the thread gets a signal stack. */
 static void thread_altstack(void)
 {
 	t_alt = 1;
+	in_core = 1;
+	core.thread();
+	in_core = 0;
 	stack_t ss;
 	if (sigaltstack(NULL, &ss) < 0 || !(ss.ss_flags & SS_DISABLE))
 		return; /* the program's, or Go's already */

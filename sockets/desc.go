@@ -435,3 +435,6 @@ func Errno(err error) syscall.Errno {
 // LogFallback logs, at debug level (ONLOAD_LOG=debug), that an operation
 // on address goes to the kernel and why.
 func LogFallback(op, address, why string) { logFallback(op, "tcp", address, why) }
+
+// LogDebug logs at the debug level (ONLOAD_LOG=debug), for the shim's core.
+func LogDebug(format string, args ...any) { logf(levelDebug, format, args...) }

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -452,7 +453,25 @@ func TestShimMemcached(t *testing.T) {
 			t.Fatalf("memcslap %s: %v\n%s\nserver:\n%s", test, err, out, log.String())
 		}
 	}
+	// The accepting thread and both workers called the stack, and the
+	// core gave them a processor each beyond the CPUs' (onl_thread):
+	// with no idle processor a thread's call into Go waited for the
+	// runtime's monitor to take one back.
+	m := threadProcs.FindAllStringSubmatch(log.String(), -1)
+	if len(m) == 0 {
+		t.Fatalf("the core did not log the threads that called it:\n%s", log.String())
+	}
+	threads, _ := strconv.Atoi(m[len(m)-1][1])
+	procs, _ := strconv.Atoi(m[len(m)-1][2])
+	if os.Getenv("GOMAXPROCS") != "" {
+		t.Logf("GOMAXPROCS is set, so the core keeps it: %d threads, %d processors", threads, procs)
+	} else if threads < 3 || procs < threads+runtime.GOMAXPROCS(0) {
+		t.Errorf("%d threads called the stack and the core has %d processors: want at least 3 threads, and %d processors beyond them (the CPUs')",
+			threads, procs, runtime.GOMAXPROCS(0))
+	}
 }
+
+var threadProcs = regexp.MustCompile(`(\d+) threads of the program have called the stack; GOMAXPROCS (\d+)`)
 
 // TestShimIperf3 runs iperf3's client under the shim against the
 // kernel's iperf3 server: the test completes, and the server received

@@ -17,6 +17,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -376,6 +378,39 @@ func onl_take_remote() {
 	if stk != nil {
 		stk.TakeRemoteWakes()
 	}
+}
+
+// Processors for the program's threads. A thread come in from C keeps
+// the processor (P) it ran Go on when it goes back to C: the runtime
+// leaves it in the system-call state, to be taken again cheaply at the
+// next call, and its monitor (sysmon) takes it back only when no other
+// processor is idle, at its next tick. With as many such threads as
+// processors (memcached -t 2 on two CPUs), every other thread's call,
+// and every goroutine of the stack's (the Sleeper), waited for that
+// tick, and the monitor ran every 20 µs taking processors back and
+// signalling threads. So the core gives the program's threads a
+// processor each beyond the CPUs' (up to maxThreadProcs more), unless
+// the user set GOMAXPROCS.
+const maxThreadProcs = 64
+
+var (
+	threadsMu sync.Mutex
+	threads   int
+	baseProcs = runtime.GOMAXPROCS(0)
+	userProcs = os.Getenv("GOMAXPROCS") != ""
+)
+
+// onl_thread counts a program thread at its first call into the core.
+//
+//export onl_thread
+func onl_thread() {
+	threadsMu.Lock()
+	defer threadsMu.Unlock()
+	threads++
+	if want := baseProcs + min(threads, maxThreadProcs); !userProcs && want > runtime.GOMAXPROCS(0) {
+		runtime.GOMAXPROCS(want)
+	}
+	sockets.LogDebug("%d threads of the program have called the stack; GOMAXPROCS %d", threads, runtime.GOMAXPROCS(0))
 }
 
 // onl_spin_ns is how long a waiter spins before it blocks (0: no
