@@ -1693,6 +1693,7 @@ struct epi {
 
 struct ep {
 	int n, cap, next;
+	unsigned ver; /* counts changes of the members (under mu) */
 	struct epi items[];
 };
 
@@ -1717,6 +1718,7 @@ static void epoll_forget(int fd)
 		for (int j = 0; j < ep->n; j++)
 			if (ep->items[j].fd == fd) {
 				ep->items[j] = ep->items[--ep->n];
+				ep->ver++;
 				break;
 			}
 	}
@@ -1772,8 +1774,10 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 				r = -1;
 				break;
 			}
-			if (!ep)
+			if (!ep) {
 				n->n = n->next = 0;
+				n->ver = 0;
+			}
 			n->cap = cap;
 			ee->ep = ep = n;
 		}
@@ -1807,6 +1811,8 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 		errno = EINVAL;
 		r = -1;
 	}
+	if (r == 0)
+		ep->ver++;
 	pthread_mutex_unlock(&mu);
 	return r;
 }
@@ -1818,24 +1824,32 @@ _Static_assert(EPOLLIN == POLLIN && EPOLLOUT == POLLOUT && EPOLLERR == POLLERR &
 #define to_epoll(ev) ((uint32_t)(uint16_t)to_poll(ev))
 #define from_epoll(ev) from_poll((short)((ev) & 0xffff))
 
-/* ep_collect reports ready accelerated members into out, up to max, and
- * sets what each would wait for: its events, or, for an edge-triggered
- * member whose readiness was reported already, its next change (ONL_EDGE
- * from the edge count in edges). */
-static int ep_collect(struct ep *ep, struct epoll_event *out, int max, int *hs, int *evs, int *want,
-		      unsigned *edges, int poll, int *conns)
+/* ep_members lists an instance's accelerated members for the core (their
+ * handles in hs, 0 for a disabled one, and the events each wants), and
+ * says whether any is a connection (not a listener). */
+
+/* ep_collect reports ready accelerated members into out, up to max, from
+ * the events the core gave for ep_members's list, and sets what each
+ * would wait for: its events, or, for an edge-triggered member whose
+ * readiness was reported already, its next change (ONL_EDGE from the
+ * edge count in edges). */
+static int ep_members(struct ep *ep, int *hs, int *want)
 {
-	int n = ep->n;
-	*conns = 0;
-	for (int j = 0; j < n; j++) {
+	int conns = 0;
+	for (int j = 0; j < ep->n; j++) {
 		hs[j] = ep->items[j].disabled ? 0 : ep->items[j].h;
 		want[j] = hs[j] ? from_epoll(ep->items[j].events) : 0;
-		if (hs[j] && !*conns) {
+		if (hs[j] && !conns) {
 			struct fdent *fe = ent(ep->items[j].fd);
-			*conns = fe && !fe->listening;
+			conns = fe && !fe->listening;
 		}
 	}
-	CORE_VOID(core.events(hs, evs, edges, n, poll));
+	return conns;
+}
+
+static int ep_collect(struct ep *ep, struct epoll_event *out, int max, int *evs, int *want, unsigned *edges)
+{
+	int n = ep->n;
 	int k = 0;
 	for (int c = 0; c < n && k < max; c++) {
 		int j = (ep->next + c) % n;
@@ -1891,7 +1905,8 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	int *hs = NULL, room = 0;
 	for (;;) {
 		pthread_mutex_lock(&mu);
-		int n = ep->n;
+		ep = ee->ep;
+		int n = ep ? ep->n : 0;
 		if (n + 1 > room) {
 			int *grown = realloc(hs, sizeof(int) * 4 * (n + 1));
 			if (!grown) {
@@ -1905,8 +1920,21 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		}
 		int *evs = hs + room, *want = evs + room;
 		unsigned *edges = (unsigned *)(want + room);
-		int conns;
-		int k = ep_collect(ep, out, max, hs, evs, want, edges, w.spinning, &conns);
+		int conns = ep ? ep_members(ep, hs, want) : 0;
+		unsigned ver = ep ? ep->ver : 0;
+		pthread_mutex_unlock(&mu);
+		/* The core is asked without the table's lock: it takes the stack
+		 * lock, may poll and kick, and the other threads' waits (each on
+		 * its own instance) need the table meanwhile. What the members
+		 * were is checked after: a change since (epoll_ctl, close) asks
+		 * again. */
+		CORE_VOID(core.events(hs, evs, edges, n, w.spinning));
+		pthread_mutex_lock(&mu);
+		if (ee->ep != ep || (ep && ep->ver != ver)) {
+			pthread_mutex_unlock(&mu);
+			continue;
+		}
+		int k = ep ? ep_collect(ep, out, max, evs, want, edges) : 0;
 		pthread_mutex_unlock(&mu);
 		if (k < max) {
 			int r;
