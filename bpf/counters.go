@@ -22,6 +22,7 @@ const (
 	CounterWakeup                  // wake events posted
 	CounterWakeupLost              // wake events lost: ring buffer full
 	CounterPassKernelFlow          // a listener's port, but a connection of the kernel's
+	CounterRedirectLane            // of the redirected frames, those that went to a lane
 	NumCounters
 )
 
@@ -29,7 +30,7 @@ var counterNames = [NumCounters]string{
 	"rx", "redirect_flow", "redirect_listener",
 	"pass_not_ipv4", "pass_vlan", "pass_not_unicast", "pass_other_proto",
 	"pass_fragment", "pass_malformed", "pass_no_match", "pass_bad_entry",
-	"drop_no_xsk", "wakeup", "wakeup_lost", "pass_kernel_flow",
+	"drop_no_xsk", "wakeup", "wakeup_lost", "pass_kernel_flow", "redirect_lane",
 }
 
 // CounterName is the snake_case name of counter i, as shown in metrics.

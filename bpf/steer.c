@@ -26,6 +26,15 @@
 // arrived on is dropped and counted, not passed: the kernel does not know the
 // connection and would answer it with a reset.
 //
+// Lanes: a stack may have more receive rings on a queue (AF_XDP sockets
+// sharing its UMEM and fill ring), one per thread that serves connections,
+// so that a frame wakes the thread that waits for it. The lanes array maps
+// a bucket of the flow's hash (lane_hash) to a lane and the queue it is
+// bound to; a frame whose bucket names a lane with a socket in lane_xsks,
+// on the queue it arrived on, goes there, and any other to the stack's own
+// socket. Two flows in one bucket share its lane: a hint, never a rule,
+// since every lane's frames are the stack's, whoever polls them.
+//
 // Lazy interrupts: a stack about to sleep sets its armed flag in the
 // mmapable control array (a plain store, no system call). Redirecting to an
 // armed stack clears the flag and posts one wake event on the events ring
@@ -38,6 +47,8 @@
 
 #define MAX_STACKS 256
 #define MAX_QUEUES 64
+#define MAX_LANES 16	 // per stack; lane 0 is the stack's own socket
+#define LANE_BUCKETS 1024 // per stack, a power of two
 #define ETH_ALEN 6
 #define ETH_P_IP 0x0800
 #define ETH_P_8021Q 0x8100
@@ -68,6 +79,7 @@ enum counter {
 	CTR_WAKEUP,            // wake events posted
 	CTR_WAKEUP_LOST,       // wake events lost: ring buffer full
 	CTR_PASS_KERNEL_FLOW,  // a listener's port, but a connection of the kernel's
+	CTR_REDIRECT_LANE,     // redirected (by a flow or listener entry) to a lane
 	CTR_MAX,
 };
 
@@ -122,6 +134,22 @@ struct {
 	__type(value, __u32);
 } xsks SEC(".maps");
 
+// stack * LANE_BUCKETS + bucket: 0 for none, or lane | queue << 8.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_STACKS * LANE_BUCKETS);
+	__type(key, __u32);
+	__type(value, __u32);
+} lanes SEC(".maps");
+
+// stack * MAX_LANES + lane.
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__uint(max_entries, MAX_STACKS * MAX_LANES);
+	__type(key, __u32);
+	__type(value, __u32);
+} lane_xsks SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_STACKS);
@@ -174,6 +202,16 @@ static __always_inline void wake(__u32 stack, __u32 queue)
 		count(CTR_WAKEUP_LOST);
 	else
 		count(CTR_WAKEUP);
+}
+
+// lane_hash is the flow's bucket; bpf.LaneBucket computes the same from
+// the addresses and ports in network order.
+static __always_inline __u32 lane_hash(const struct flow_key *fk)
+{
+	__u32 h = fk->remote_addr * 0x9E3779B1u;
+	h ^= fk->local_addr * 0x85EBCA77u;
+	h ^= (((__u32)fk->remote_port << 16) | fk->local_port) * 0xC2B2AE3Du;
+	return (h ^ (h >> 15)) & (LANE_BUCKETS - 1);
 }
 
 SEC("xdp")
@@ -294,6 +332,16 @@ int steer(struct xdp_md *ctx)
 
 	wake(id, queue);
 	count(redirect_ctr);
+	__u32 bucket = id * LANE_BUCKETS + lane_hash(&fk);
+	__u32 *lv = bpf_map_lookup_elem(&lanes, &bucket);
+	if (lv && *lv) {
+		__u32 lane = *lv & 0xff;
+		__u32 lslot = id * MAX_LANES + lane;
+		if (lane < MAX_LANES && (*lv >> 8) == queue && bpf_map_lookup_elem(&lane_xsks, &lslot)) {
+			count(CTR_REDIRECT_LANE);
+			return bpf_redirect_map(&lane_xsks, lslot, XDP_DROP);
+		}
+	}
 	// The socket was there a moment ago; if it has just gone, drop.
 	return bpf_redirect_map(&xsks, slot, XDP_DROP);
 }

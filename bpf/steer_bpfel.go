@@ -52,6 +52,8 @@ const (
 	steerMapCounters        = "counters"
 	steerMapEvents          = "events"
 	steerMapFlows           = "flows"
+	steerMapLaneXsks        = "lane_xsks"
+	steerMapLanes           = "lanes"
 	steerMapListeners       = "listeners"
 	steerMapXsks            = "xsks"
 	steerProgForward        = "forward"
@@ -113,6 +115,8 @@ type steerMapSpecs struct {
 	Counters  *ebpf.MapSpec `ebpf:"counters"`
 	Events    *ebpf.MapSpec `ebpf:"events"`
 	Flows     *ebpf.MapSpec `ebpf:"flows"`
+	LaneXsks  *ebpf.MapSpec `ebpf:"lane_xsks"`
+	Lanes     *ebpf.MapSpec `ebpf:"lanes"`
 	Listeners *ebpf.MapSpec `ebpf:"listeners"`
 	Xsks      *ebpf.MapSpec `ebpf:"xsks"`
 }
@@ -148,6 +152,8 @@ type steerMaps struct {
 	Counters  *ebpf.Map `ebpf:"counters"`
 	Events    *ebpf.Map `ebpf:"events"`
 	Flows     *ebpf.Map `ebpf:"flows"`
+	LaneXsks  *ebpf.Map `ebpf:"lane_xsks"`
+	Lanes     *ebpf.Map `ebpf:"lanes"`
 	Listeners *ebpf.Map `ebpf:"listeners"`
 	Xsks      *ebpf.Map `ebpf:"xsks"`
 }
@@ -158,6 +164,8 @@ func (m *steerMaps) Close() error {
 		m.Counters,
 		m.Events,
 		m.Flows,
+		m.LaneXsks,
+		m.Lanes,
 		m.Listeners,
 		m.Xsks,
 	)

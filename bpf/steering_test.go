@@ -493,3 +493,90 @@ func TestCounterNamesMatchProgram(t *testing.T) {
 		t.Errorf("control has %d entries, want bpf.MaxStacks = %d", got, bpf.MaxStacks)
 	}
 }
+
+// TestSteeringLanes checks that a flow whose bucket names a lane goes to
+// the lane's socket when it arrives on the lane's queue, and to the
+// stack's own socket otherwise, and that the program and LaneBucket hash
+// alike (a lane set through LaneBucket's bucket is the one the program
+// finds).
+func TestSteeringLanes(t *testing.T) {
+	r := newRig(t)
+	r.socket(1, 1) // stack 1's own socket on queue 1
+	var lane *xdp.Socket
+	err := r.host.Do(func() error {
+		u, err := xdp.NewUmem(xdp.UmemConfig{FrameCount: 64})
+		if err != nil {
+			return err
+		}
+		p, err := xdp.Open(u, xdp.Config{Interface: r.iface.Name, Queue: 0, RxSize: 64, TxSize: 64, FillSize: 64, CompletionSize: 64})
+		if err != nil {
+			u.Close()
+			return err
+		}
+		if lane, err = xdp.OpenLane(p, 64); err != nil {
+			p.Close()
+			u.Close()
+			return err
+		}
+		t.Cleanup(func() { lane.Close(); p.Close(); u.Close() })
+		return r.s.SetSocket(1, 0, p.FD())
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(r.s.AddListener(bpf.Listener{Proto: bpf.UDP, Port: 7000}, 1))
+	must(r.s.SetLaneSocket(1, 3, lane.FD()))
+	flow := bpf.Flow{Proto: bpf.UDP, Local: netip.AddrPortFrom(ipB, 7000), Remote: remote.Addr}
+	b, err := bpf.LaneBucket(flow)
+	must(err)
+	other := remote
+	for port := uint16(40001); ; port++ { // a flow in another bucket
+		other.Addr = netip.AddrPortFrom(ipA, port)
+		ob, err := bpf.LaneBucket(bpf.Flow{Proto: bpf.UDP, Local: flow.Local, Remote: other.Addr})
+		must(err)
+		if ob != b {
+			break
+		}
+	}
+	otherFrame := make([]byte, 1514)
+	n, err := pkt.UDP(otherFrame, other, local(7000), []byte("other"))
+	must(err)
+	otherFrame = otherFrame[:n]
+
+	check := func(name string, frame []byte, q int, toLane bool) {
+		t.Helper()
+		v, c := r.run(frame, q)
+		if v != xdpRedirect || c[bpf.CounterRedirectListener] != 1 || (c[bpf.CounterRedirectLane] == 1) != toLane {
+			t.Errorf("%s: verdict %s, counters %s; want a redirect, to the lane: %v", name, verdictName(v), c, toLane)
+		}
+	}
+	check("no lane set", udpFrame(t, 7000, "x"), 0, false)
+	must(r.s.SetLane(1, flow, 3, 0))
+	check("its lane set", udpFrame(t, 7000, "x"), 0, true)
+	check("another bucket", otherFrame, 0, false)
+	check("on a queue the lane is not on", udpFrame(t, 7000, "x"), 1, false)
+	must(r.s.ClearLaneSocket(1, 3))
+	check("the lane's socket gone", udpFrame(t, 7000, "x"), 0, false)
+	must(r.s.SetLaneSocket(1, 3, lane.FD()))
+	check("the lane's socket back", udpFrame(t, 7000, "x"), 0, true)
+	must(r.s.SetLane(1, flow, 0, 0))
+	check("lane 0: the stack's own socket", udpFrame(t, 7000, "x"), 0, false)
+
+	for name, err := range map[string]error{
+		"lane socket 0":  r.s.SetLaneSocket(1, 0, lane.FD()),
+		"lane socket 16": r.s.SetLaneSocket(1, bpf.MaxLanes, lane.FD()),
+		"lane 16":        r.s.SetLane(1, flow, bpf.MaxLanes, 0),
+		"queue 64":       r.s.SetLane(1, flow, 1, bpf.MaxQueues),
+		"stack 256":      r.s.SetLane(bpf.MaxStacks, flow, 1, 0),
+	} {
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

@@ -84,7 +84,10 @@ type XDP struct {
 	// due: one is owed to it (TakeKick).
 	late, due bool
 	zeroCopy  bool // the socket is bound zero-copy
-	stats     Stats
+	// lanes are more RX rings on the socket's queue (AddLane), which
+	// Receive drains after the socket's own.
+	lanes []*xdp.Socket
+	stats Stats
 }
 
 // OpenXDP creates the UMEM and the socket and fills the fill ring. It must
@@ -182,7 +185,33 @@ func AttachXDP(umemFD, sockFD int, cfg XDPConfig) (*XDP, error) {
 func (x *XDP) Resync() {
 	x.sock.Resync()
 	x.inFill = x.sock.Fill.Pending() + x.sock.RX.Pending()
+	for _, l := range x.lanes {
+		l.Resync()
+		x.inFill += l.RX.Pending()
+	}
 }
+
+// AddLane opens a lane (xdp.OpenLane): an RX ring of its own on the
+// socket's queue, sharing its frames and fill ring, for the steering
+// program to send some flows to (bpf.Steering.SetLaneSocket, SetLane), so
+// that a thread can wait on the lane's descriptor for its own flows'
+// frames. Receive drains every lane. Lane numbers start at 1 and count
+// the lanes opened; at most bpf.MaxLanes-1, and only on a NIC this process
+// opened (OpenXDP).
+func (x *XDP) AddLane() (lane int, fd int, err error) {
+	if len(x.lanes)+1 >= maxLanes {
+		return 0, -1, fmt.Errorf("add lane: the NIC has %d lanes, the most it may", len(x.lanes))
+	}
+	l, err := xdp.OpenLane(x.sock, int(x.sock.RX.Size()))
+	if err != nil {
+		return 0, -1, fmt.Errorf("add lane: %w", err)
+	}
+	x.lanes = append(x.lanes, l)
+	return len(x.lanes), l.FD(), nil
+}
+
+// maxLanes is the steering program's MAX_LANES (lane 0 is the socket).
+const maxLanes = 16
 
 func (x *XDP) Pool() *Pool { return x.pool }
 
@@ -191,7 +220,7 @@ func (x *XDP) Pool() *Pool { return x.pool }
 // shared words, so it is safe to call while another goroutine drives the
 // NIC.
 func (x *XDP) Idle() bool {
-	return x.sock.RX.Pending() == 0 && x.sock.Completion.Pending() == 0 && x.sock.Fill.Pending() >= x.fillTarget/2 &&
+	return x.RxPending() == 0 && x.sock.Completion.Pending() == 0 && x.sock.Fill.Pending() >= x.fillTarget/2 &&
 		!x.kickOwed.Load()
 }
 
@@ -202,7 +231,13 @@ func (x *XDP) HoldKicks(hold bool) { x.holdKick = hold }
 
 // RxPending is how many received frames wait in the RX ring. It reads the
 // ring's shared words: any goroutine (or process) may call it.
-func (x *XDP) RxPending() uint32 { return x.sock.RX.Pending() }
+func (x *XDP) RxPending() uint32 {
+	n := x.sock.RX.Pending()
+	for _, l := range x.lanes {
+		n += l.RX.Pending()
+	}
+	return n
+}
 
 // KickOwed reports that frames on the TX ring wait for a kick (KickHolder).
 // It reads one shared word: any goroutine may call it.
@@ -362,9 +397,32 @@ func (x *XDP) Receive(hs []Handle) int {
 	if !x.holding(0) {
 		x.Kick()
 	}
-	rx := &x.sock.RX
+	got, n := x.receiveRing(&x.sock.RX, hs)
+	for _, l := range x.lanes {
+		if n == len(hs) {
+			break
+		}
+		g, m := x.receiveRing(&l.RX, hs[n:])
+		got += g
+		n += m
+	}
+	if got == 0 || x.inFill < x.fillTarget/2 {
+		x.reap()
+		x.refill()
+		// Only a zero-copy driver sets the fill ring's need-wakeup flag;
+		// in copy mode reading it would only pull the line the kernel
+		// writes its consumer index to, on every empty poll.
+		if got == 0 && x.zeroCopy && x.sock.Fill.NeedsWakeup() {
+			x.sock.KickRX()
+		}
+	}
+	return n
+}
+
+// receiveRing takes up to len(hs) frames off one RX ring: how many
+// entries it took, and how many of them were valid frames (in hs).
+func (x *XDP) receiveRing(rx *xdp.DescRing, hs []Handle) (got uint32, n int) {
 	idx, got := rx.Peek(uint32(len(hs)))
-	n := 0
 	for i := range got {
 		d := rx.Get(idx + i)
 		h, ok := x.pool.fromKernel(d.Addr, d.Len)
@@ -381,17 +439,7 @@ func (x *XDP) Receive(hs []Handle) int {
 		x.inFill -= min(got, x.inFill)
 		x.stats.RxFrames += uint64(n)
 	}
-	if got == 0 || x.inFill < x.fillTarget/2 {
-		x.reap()
-		x.refill()
-		// Only a zero-copy driver sets the fill ring's need-wakeup flag;
-		// in copy mode reading it would only pull the line the kernel
-		// writes its consumer index to, on every empty poll.
-		if got == 0 && x.zeroCopy && x.sock.Fill.NeedsWakeup() {
-			x.sock.KickRX()
-		}
-	}
-	return n
+	return got, n
 }
 
 // Transmit puts frames on the TX ring and kicks the kernel if it asks to be
@@ -482,7 +530,11 @@ func (x *XDP) Close() error {
 	if x.sock == nil {
 		return nil
 	}
-	err := errors.Join(x.sock.Close(), x.umem.Close())
-	x.sock, x.umem = nil, nil
+	var errs []error
+	for _, l := range x.lanes {
+		errs = append(errs, l.Close())
+	}
+	err := errors.Join(append(errs, x.sock.Close(), x.umem.Close())...)
+	x.sock, x.umem, x.lanes = nil, nil, nil
 	return err
 }

@@ -21,7 +21,14 @@ const port = 7000
 // xdpPair puts an XDP NIC in each of two test hosts joined by veth, each
 // receiving UDP to its address on port 7000.
 func xdpPair(t *testing.T, frames int) vnictest.Pair {
+	p, _, _ := xdpPairSteered(t, frames)
+	return p
+}
+
+// xdpPairSteered is xdpPair with each host's data path, and the hosts.
+func xdpPairSteered(t *testing.T, frames int) (vnictest.Pair, [2]*test.Steered, [2]*test.Host) {
 	a, b := test.Pair(t, test.LinkOptions{})
+	var steered [2]*test.Steered
 	var ends [2]pkt.Endpoint
 	var nics [2]vnic.NIC
 	for i, h := range []*test.Host{a, b} {
@@ -34,10 +41,11 @@ func xdpPair(t *testing.T, frames int) vnictest.Pair {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
+		steered[i] = s
 		nics[i] = s.NIC
 		ends[i] = pkt.Endpoint{MAC: ifc.MAC, Addr: netip.AddrPortFrom(ifc.Addr(), port)}
 	}
-	return vnictest.Pair{A: nics[0], B: nics[1], AEnd: ends[0], BEnd: ends[1]}
+	return vnictest.Pair{A: nics[0], B: nics[1], AEnd: ends[0], BEnd: ends[1]}, steered, [2]*test.Host{a, b}
 }
 
 func TestXDPContract(t *testing.T) {
@@ -182,5 +190,83 @@ func TestXDPLateKicks(t *testing.T) {
 			t.Fatal("the peer received nothing within 2s of the kick")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestXDPLanes checks that Receive takes the frames the steering program
+// sent to a lane (AddLane), that the lane's frames count as received and
+// in the fill ring's accounting, and that a NIC has at most 15 lanes.
+func TestXDPLanes(t *testing.T) {
+	test.RequireRoot(t)
+	p, steered, hosts := xdpPairSteered(t, 256)
+	b := p.B.(*vnic.XDP)
+	var lane, fd int
+	err := hosts[1].Do(func() (err error) {
+		lane, fd, err = b.AddLane()
+		if err != nil {
+			return err
+		}
+		if err := steered[1].Steering.SetLaneSocket(steered[1].Stack, lane, fd); err != nil {
+			return err
+		}
+		return steered[1].Steering.SetLane(steered[1].Stack, bpf.Flow{Proto: bpf.UDP, Local: p.BEnd.Addr, Remote: p.AEnd.Addr}, lane, 0)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lane != 1 || fd <= 0 || fd == b.FD() {
+		t.Fatalf("AddLane = lane %d fd %d (the NIC's fd %d)", lane, fd, b.FD())
+	}
+	before, _ := steered[1].Steering.Counters()
+	pa := p.A.Pool()
+	hs := make([]vnic.Handle, 8)
+	for i := range 4 {
+		h := pa.Alloc()
+		n, err := pkt.UDP(pa.Buf(h), p.AEnd, p.BEnd, []byte(fmt.Sprintf("lane %d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pa.SetLen(h, n)
+		if sent, err := p.A.Transmit([]vnic.Handle{h}); sent != 1 || err != nil {
+			t.Fatalf("transmit = %d, %v", sent, err)
+		}
+	}
+	got := 0
+	for end := time.Now().Add(2 * time.Second); got < 4 && time.Now().Before(end); {
+		if b.RxPending() == 0 && got == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		n := p.B.Receive(hs)
+		for _, h := range hs[:n] {
+			if want := fmt.Sprintf("lane %d", got); string(p.B.Pool().Data(h)[42:]) != want {
+				t.Errorf("frame %d: %q, want %q", got, p.B.Pool().Data(h)[42:], want)
+			}
+			p.B.Pool().Free(h)
+			got++
+		}
+	}
+	after, _ := steered[1].Steering.Counters()
+	if got != 4 || after.Sub(before)[bpf.CounterRedirectLane] != 4 {
+		t.Fatalf("received %d of 4 frames, %d through the lane", got, after.Sub(before)[bpf.CounterRedirectLane])
+	}
+	if st := b.Stats(); st.RxFrames < 4 {
+		t.Errorf("RxFrames = %d, want at least 4", st.RxFrames)
+	}
+	if !b.Idle() {
+		t.Error("not idle with every frame received")
+	}
+	err = hosts[1].Do(func() error {
+		for i := 2; i < 16; i++ {
+			if _, _, err := b.AddLane(); err != nil {
+				return fmt.Errorf("lane %d: %w", i, err)
+			}
+		}
+		if _, _, err := b.AddLane(); err == nil {
+			t.Error("a 16th lane was opened")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

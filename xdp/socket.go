@@ -80,6 +80,7 @@ type Socket struct {
 	iface    Interface
 	queue    int
 	zeroCopy bool
+	lane     bool // OpenLane: an RX ring only
 	maps     [][]byte
 	closed   bool
 }
@@ -119,6 +120,61 @@ func Open(u *Umem, cfg Config) (*Socket, error) {
 	return s, nil
 }
 
+// OpenLane creates an AF_XDP socket on the device and queue of primary
+// that shares primary's UMEM and its fill and completion rings
+// (XDP_SHARED_UMEM on the same queue): a second receive ring for the same
+// frames, into which an XDP program can redirect some flows, so that the
+// thread that serves them waits on a socket of its own. It has an RX ring
+// of rxSize entries and no other: frames leave through primary's TX ring,
+// and the kernel puts every frame it receives for either socket in a
+// frame it took from primary's fill ring.
+func OpenLane(primary *Socket, rxSize int) (*Socket, error) {
+	if primary.closed || primary.umem.closed {
+		return nil, errors.New("open xdp lane: the primary socket is closed")
+	}
+	if rxSize < 1 || rxSize > 1<<20 || bits.OnesCount(uint(rxSize)) != 1 {
+		return nil, fmt.Errorf("open xdp lane: rx ring size %d: must be a power of two from 1 to %d", rxSize, 1<<20)
+	}
+	fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, socketError(err)
+	}
+	s := &Socket{fd: fd, umem: primary.umem, iface: primary.iface, queue: primary.queue, zeroCopy: primary.zeroCopy}
+	if err := unix.SetsockoptInt(fd, unix.SOL_XDP, unix.XDP_RX_RING, rxSize); err != nil {
+		s.release()
+		return nil, fmt.Errorf("open xdp lane: size its rx ring to %d entries: %w", rxSize, err)
+	}
+	var off unix.XDPMmapOffsets
+	optlen := uint32(unsafe.Sizeof(off))
+	if _, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_XDP, unix.XDP_MMAP_OFFSETS,
+		uintptr(unsafe.Pointer(&off)), uintptr(unsafe.Pointer(&optlen)), 0); errno != 0 {
+		s.release()
+		return nil, fmt.Errorf("open xdp lane: read its ring offsets: %w", errno)
+	}
+	mem, err := unix.Mmap(fd, unix.XDP_PGOFF_RX_RING, int(off.Rx.Desc+uint64(rxSize)*uint64(unsafe.Sizeof(Desc{}))),
+		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		s.release()
+		return nil, fmt.Errorf("open xdp lane: map its rx ring: %w", err)
+	}
+	s.maps = append(s.maps, mem)
+	s.RX.setup(mem, off.Rx, uint32(rxSize), false)
+	// The flags are the primary's (copy or zero-copy, need-wakeup): the
+	// kernel refuses any beside XDP_SHARED_UMEM.
+	sa := &unix.SockaddrXDP{Flags: unix.XDP_SHARED_UMEM, Ifindex: uint32(s.iface.Index), QueueID: uint32(s.queue),
+		SharedUmemFD: uint32(primary.fd)}
+	if err := bindRetry(fd, sa); err != nil {
+		s.release()
+		return nil, fmt.Errorf("open xdp lane on %s queue %d: %w", s.iface.Name, s.queue, err)
+	}
+	s.lane = true
+	primary.umem.socks = append(primary.umem.socks, fd)
+	return s, nil
+}
+
+// Lane reports that the socket is a lane (OpenLane): an RX ring only.
+func (s *Socket) Lane() bool { return s.lane }
+
 // AttachSocket maps the rings of an AF_XDP socket that another process
 // opened and bound (its fd received over a unix socket or pidfd_getfd),
 // so that this process can drive it: onloadd taking a stalled stack over.
@@ -147,6 +203,11 @@ func AttachSocket(u *Umem, fd int, cfg Config) (*Socket, error) {
 // Resync reloads every cached ring index from the shared words: another
 // process drove the rings since this one last did.
 func (s *Socket) Resync() {
+	if s.lane {
+		s.RX.cachedProd = atomic.LoadUint32(s.RX.producer)
+		s.RX.cachedCons = atomic.LoadUint32(s.RX.consumer)
+		return
+	}
 	for _, r := range []*ring{&s.Fill.ring, &s.TX.ring} {
 		r.cachedProd = atomic.LoadUint32(r.producer)
 		r.cachedCons = atomic.LoadUint32(r.consumer) + r.size

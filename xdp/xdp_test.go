@@ -2,7 +2,9 @@ package xdp_test
 
 import (
 	"errors"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -158,6 +160,115 @@ func TestSocketBasics(t *testing.T) {
 		if err == nil {
 			t.Error("ring size 100 accepted")
 		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// redirectProgram redirects every frame to slot 0 of an XSKMAP holding fd
+// (XDP_PASS if the slot is empty).
+func redirectProgram(t *testing.T, fd int) *ebpf.Program {
+	t.Helper()
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.XSKMap, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := m.Put(uint32(0), uint32(fd)); err != nil {
+		t.Fatalf("put the socket in the xskmap: %v", err)
+	}
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:    ebpf.XDP,
+		License: "MIT",
+		Instructions: asm.Instructions{
+			asm.LoadMapPtr(asm.R1, m.FD()),
+			asm.Mov.Imm(asm.R2, 0),
+			asm.Mov.Imm(asm.R3, 2), // XDP_PASS if the slot is empty
+			asm.FnRedirectMap.Call(),
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// TestLane checks that a lane receives the frames redirected to it into
+// frames of its primary's fill ring, and that the primary's own RX ring
+// sees none of them.
+func TestLane(t *testing.T) {
+	test.RequireRoot(t)
+	a, b := test.Pair(t, test.LinkOptions{})
+	err := a.Do(func() error {
+		u, err := xdp.NewUmem(xdp.UmemConfig{FrameCount: 64})
+		if err != nil {
+			return err
+		}
+		defer u.Close()
+		p, err := xdp.Open(u, xdp.Config{Interface: "eth0", RxSize: 64, TxSize: 64, FillSize: 64, CompletionSize: 64})
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		if _, err := xdp.OpenLane(p, 100); err == nil {
+			t.Error("a lane with a ring of 100 entries was opened")
+		}
+		l, err := xdp.OpenLane(p, 64)
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		if !l.Lane() || p.Lane() || l.Queue() != p.Queue() || l.FD() == p.FD() {
+			t.Errorf("lane %v queue %d fd %d beside primary %v queue %d fd %d", l.Lane(), l.Queue(), l.FD(), p.Lane(), p.Queue(), p.FD())
+		}
+		att, err := xdp.Attach(redirectProgram(t, l.FD()), "eth0", xdp.AttachNative)
+		if err != nil {
+			return err
+		}
+		defer att.Close()
+		given := map[uint64]bool{}
+		idx, got := p.Fill.Reserve(32)
+		for i := range got {
+			addr := uint64(i+8) * 2048
+			p.Fill.Set(idx+i, addr)
+			given[addr] = true
+		}
+		p.Fill.Submit()
+		// Any frame b sends (its ARP request for a's address first)
+		// reaches the lane.
+		deadline := time.Now().Add(3 * time.Second)
+		for time.Now().Before(deadline) {
+			b.Do(func() error {
+				c, err := net.Dial("udp4", net.JoinHostPort(a.Iface0().Addr().String(), "9"))
+				if err == nil {
+					c.Write([]byte("lane"))
+					c.Close()
+				}
+				return nil
+			})
+			if l.RX.Pending() > 0 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		idx, n := l.RX.Peek(64)
+		if n == 0 {
+			t.Fatal("no frame reached the lane in 3 s")
+		}
+		for i := range n {
+			if d := l.RX.Get(idx + i); !given[d.Addr&^2047] || d.Len == 0 {
+				t.Errorf("the lane received %d bytes at %#x, not a frame of the primary's fill ring", d.Len, d.Addr)
+			}
+		}
+		l.RX.Release()
+		if p.RX.Pending() != 0 {
+			t.Errorf("the primary's RX ring has %d frames; all went to the lane", p.RX.Pending())
+		}
+		l.Resync()
 		return nil
 	})
 	if err != nil {
