@@ -1827,12 +1827,6 @@ _Static_assert(EPOLLIN == POLLIN && EPOLLOUT == POLLOUT && EPOLLERR == POLLERR &
 /* ep_members lists an instance's accelerated members for the core (their
  * handles in hs, 0 for a disabled one, and the events each wants), and
  * says whether any is a connection (not a listener). */
-
-/* ep_collect reports ready accelerated members into out, up to max, from
- * the events the core gave for ep_members's list, and sets what each
- * would wait for: its events, or, for an edge-triggered member whose
- * readiness was reported already, its next change (ONL_EDGE from the
- * edge count in edges). */
 static int ep_members(struct ep *ep, int *hs, int *want)
 {
 	int conns = 0;
@@ -1847,6 +1841,11 @@ static int ep_members(struct ep *ep, int *hs, int *want)
 	return conns;
 }
 
+/* ep_collect reports ready accelerated members into out, up to max, from
+ * the events the core gave for ep_members's list, and sets what each
+ * would wait for: its events, or, for an edge-triggered member whose
+ * readiness was reported already, its next change (ONL_EDGE from the
+ * edge count in edges). */
 static int ep_collect(struct ep *ep, struct epoll_event *out, int max, int *evs, int *want, unsigned *edges)
 {
 	int n = ep->n;

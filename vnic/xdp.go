@@ -85,8 +85,9 @@ type XDP struct {
 	late, due bool
 	zeroCopy  bool // the socket is bound zero-copy
 	// lanes are more RX rings on the socket's queue (AddLane), which
-	// Receive drains after the socket's own.
-	lanes []*xdp.Socket
+	// Receive drains after the socket's own. Replaced, never changed in
+	// place: Idle and RxPending read it without the stack lock.
+	lanes atomic.Pointer[[]*xdp.Socket]
 	stats Stats
 }
 
@@ -185,7 +186,7 @@ func AttachXDP(umemFD, sockFD int, cfg XDPConfig) (*XDP, error) {
 func (x *XDP) Resync() {
 	x.sock.Resync()
 	x.inFill = x.sock.Fill.Pending() + x.sock.RX.Pending()
-	for _, l := range x.lanes {
+	for _, l := range x.laneList() {
 		l.Resync()
 		x.inFill += l.RX.Pending()
 	}
@@ -197,17 +198,26 @@ func (x *XDP) Resync() {
 // that a thread can wait on the lane's descriptor for its own flows'
 // frames. Receive drains every lane. Lane numbers start at 1 and count
 // the lanes opened; at most bpf.MaxLanes-1, and only on a NIC this process
-// opened (OpenXDP).
+// opened (OpenXDP). The caller drives the NIC (holds the stack lock).
 func (x *XDP) AddLane() (lane int, fd int, err error) {
-	if len(x.lanes)+1 >= maxLanes {
-		return 0, -1, fmt.Errorf("add lane: the NIC has %d lanes, the most it may", len(x.lanes))
+	old := x.laneList()
+	if len(old)+1 >= maxLanes {
+		return 0, -1, fmt.Errorf("add lane: the NIC has %d lanes, the most it may", len(old))
 	}
 	l, err := xdp.OpenLane(x.sock, int(x.sock.RX.Size()))
 	if err != nil {
 		return 0, -1, fmt.Errorf("add lane: %w", err)
 	}
-	x.lanes = append(x.lanes, l)
-	return len(x.lanes), l.FD(), nil
+	lanes := append(old[:len(old):len(old)], l)
+	x.lanes.Store(&lanes)
+	return len(lanes), l.FD(), nil
+}
+
+func (x *XDP) laneList() []*xdp.Socket {
+	if l := x.lanes.Load(); l != nil {
+		return *l
+	}
+	return nil
 }
 
 // maxLanes is the steering program's MAX_LANES (lane 0 is the socket).
@@ -233,7 +243,7 @@ func (x *XDP) HoldKicks(hold bool) { x.holdKick = hold }
 // ring's shared words: any goroutine (or process) may call it.
 func (x *XDP) RxPending() uint32 {
 	n := x.sock.RX.Pending()
-	for _, l := range x.lanes {
+	for _, l := range x.laneList() {
 		n += l.RX.Pending()
 	}
 	return n
@@ -398,7 +408,7 @@ func (x *XDP) Receive(hs []Handle) int {
 		x.Kick()
 	}
 	got, n := x.receiveRing(&x.sock.RX, hs)
-	for _, l := range x.lanes {
+	for _, l := range x.laneList() {
 		if n == len(hs) {
 			break
 		}
@@ -531,10 +541,11 @@ func (x *XDP) Close() error {
 		return nil
 	}
 	var errs []error
-	for _, l := range x.lanes {
+	for _, l := range x.laneList() {
 		errs = append(errs, l.Close())
 	}
+	x.lanes.Store(nil)
 	err := errors.Join(append(errs, x.sock.Close(), x.umem.Close())...)
-	x.sock, x.umem, x.lanes = nil, nil, nil
+	x.sock, x.umem = nil, nil
 	return err
 }

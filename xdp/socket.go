@@ -48,6 +48,14 @@ type Config struct {
 	Mode BindMode
 }
 
+// checkRingSize refuses a ring size the kernel would not take.
+func checkRingSize(name string, n int) error {
+	if n < 1 || n > 1<<20 || bits.OnesCount(uint(n)) != 1 {
+		return fmt.Errorf("%s ring size %d: must be a power of two from 1 to %d", name, n, 1<<20)
+	}
+	return nil
+}
+
 func (c *Config) setDefaults() error {
 	for _, r := range []struct {
 		name string
@@ -56,8 +64,8 @@ func (c *Config) setDefaults() error {
 		if *r.v == 0 {
 			*r.v = 2048
 		}
-		if *r.v < 1 || *r.v > 1<<20 || bits.OnesCount(uint(*r.v)) != 1 {
-			return fmt.Errorf("%s ring size %d: must be a power of two from 1 to %d", r.name, *r.v, 1<<20)
+		if err := checkRingSize(r.name, *r.v); err != nil {
+			return err
 		}
 	}
 	if c.Queue < 0 {
@@ -132,8 +140,8 @@ func OpenLane(primary *Socket, rxSize int) (*Socket, error) {
 	if primary.closed || primary.umem.closed {
 		return nil, errors.New("open xdp lane: the primary socket is closed")
 	}
-	if rxSize < 1 || rxSize > 1<<20 || bits.OnesCount(uint(rxSize)) != 1 {
-		return nil, fmt.Errorf("open xdp lane: rx ring size %d: must be a power of two from 1 to %d", rxSize, 1<<20)
+	if err := checkRingSize("rx", rxSize); err != nil {
+		return nil, fmt.Errorf("open xdp lane: %w", err)
 	}
 	fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -144,18 +152,15 @@ func OpenLane(primary *Socket, rxSize int) (*Socket, error) {
 		s.release()
 		return nil, fmt.Errorf("open xdp lane: size its rx ring to %d entries: %w", rxSize, err)
 	}
-	var off unix.XDPMmapOffsets
-	optlen := uint32(unsafe.Sizeof(off))
-	if _, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_XDP, unix.XDP_MMAP_OFFSETS,
-		uintptr(unsafe.Pointer(&off)), uintptr(unsafe.Pointer(&optlen)), 0); errno != 0 {
-		s.release()
-		return nil, fmt.Errorf("open xdp lane: read its ring offsets: %w", errno)
-	}
-	mem, err := unix.Mmap(fd, unix.XDP_PGOFF_RX_RING, int(off.Rx.Desc+uint64(rxSize)*uint64(unsafe.Sizeof(Desc{}))),
-		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	off, err := ringOffsets(fd)
 	if err != nil {
 		s.release()
-		return nil, fmt.Errorf("open xdp lane: map its rx ring: %w", err)
+		return nil, fmt.Errorf("open xdp lane: %w", err)
+	}
+	mem, err := mapRing(fd, unix.XDP_PGOFF_RX_RING, off.Rx, rxSize, uint64(unsafe.Sizeof(Desc{})))
+	if err != nil {
+		s.release()
+		return nil, fmt.Errorf("open xdp lane: %w", err)
 	}
 	s.maps = append(s.maps, mem)
 	s.RX.setup(mem, off.Rx, uint32(rxSize), false)
@@ -203,16 +208,16 @@ func AttachSocket(u *Umem, fd int, cfg Config) (*Socket, error) {
 // Resync reloads every cached ring index from the shared words: another
 // process drove the rings since this one last did.
 func (s *Socket) Resync() {
+	produced := []*ring{&s.Fill.ring, &s.TX.ring}
+	consumed := []*ring{&s.RX.ring, &s.Completion.ring}
 	if s.lane {
-		s.RX.cachedProd = atomic.LoadUint32(s.RX.producer)
-		s.RX.cachedCons = atomic.LoadUint32(s.RX.consumer)
-		return
+		produced, consumed = nil, consumed[:1] // an RX ring only
 	}
-	for _, r := range []*ring{&s.Fill.ring, &s.TX.ring} {
+	for _, r := range produced {
 		r.cachedProd = atomic.LoadUint32(r.producer)
 		r.cachedCons = atomic.LoadUint32(r.consumer) + r.size
 	}
-	for _, r := range []*ring{&s.RX.ring, &s.Completion.ring} {
+	for _, r := range consumed {
 		r.cachedProd = atomic.LoadUint32(r.producer)
 		r.cachedCons = atomic.LoadUint32(r.consumer)
 	}
@@ -299,11 +304,9 @@ func (s *Socket) readOptions() {
 
 // mapRings maps the four rings of the socket.
 func (s *Socket) mapRings(cfg Config) error {
-	var off unix.XDPMmapOffsets
-	optlen := uint32(unsafe.Sizeof(off))
-	if _, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(s.fd), unix.SOL_XDP, unix.XDP_MMAP_OFFSETS,
-		uintptr(unsafe.Pointer(&off)), uintptr(unsafe.Pointer(&optlen)), 0); errno != 0 {
-		return fmt.Errorf("read xdp ring offsets: %w", errno)
+	off, err := ringOffsets(s.fd)
+	if err != nil {
+		return err
 	}
 	descSize := uint64(unsafe.Sizeof(Desc{}))
 	maps := []struct {
@@ -319,10 +322,9 @@ func (s *Socket) mapRings(cfg Config) error {
 	}
 	mems := make([][]byte, len(maps))
 	for i, m := range maps {
-		mem, err := unix.Mmap(s.fd, m.pgoff, int(m.off.Desc+uint64(m.n)*m.elem),
-			unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+		mem, err := mapRing(s.fd, m.pgoff, m.off, m.n, m.elem)
 		if err != nil {
-			return fmt.Errorf("map xdp ring at page offset %#x: %w", m.pgoff, err)
+			return err
 		}
 		s.maps = append(s.maps, mem)
 		mems[i] = mem
@@ -332,6 +334,28 @@ func (s *Socket) mapRings(cfg Config) error {
 	s.RX.setup(mems[2], off.Rx, uint32(cfg.RxSize), false)
 	s.TX.setup(mems[3], off.Tx, uint32(cfg.TxSize), true)
 	return nil
+}
+
+// ringOffsets reads where in its mapping each of socket fd's rings keeps
+// its indices and entries (XDP_MMAP_OFFSETS).
+func ringOffsets(fd int) (unix.XDPMmapOffsets, error) {
+	var off unix.XDPMmapOffsets
+	optlen := uint32(unsafe.Sizeof(off))
+	if _, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_XDP, unix.XDP_MMAP_OFFSETS,
+		uintptr(unsafe.Pointer(&off)), uintptr(unsafe.Pointer(&optlen)), 0); errno != 0 {
+		return off, fmt.Errorf("read xdp ring offsets: %w", errno)
+	}
+	return off, nil
+}
+
+// mapRing maps one ring of socket fd: n entries of elem bytes at page
+// offset pgoff.
+func mapRing(fd int, pgoff int64, off unix.XDPRingOffset, n int, elem uint64) ([]byte, error) {
+	mem, err := unix.Mmap(fd, pgoff, int(off.Desc+uint64(n)*elem), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, fmt.Errorf("map xdp ring at page offset %#x: %w", pgoff, err)
+	}
+	return mem, nil
 }
 
 // bindRetry binds, retrying for a short while on EBUSY: the kernel frees a

@@ -77,19 +77,29 @@ func apiRound(ctx context.Context, self string, a, b *test.Host, pinA, pinB []st
 		fmt.Fprintf(os.Stderr, "  %-24s p50 %7.2f us  p99 %7.2f us\n", c.id, pct(res.RTTs, 50), pct(res.RTTs, 99))
 	}
 	for _, c := range apiBulk {
-		out, err := apiClient(ctx, self, a, pinA, c, append([]string{"-mode", "bulk", "-seconds", fmt.Sprint(bulkSeconds)}, common...))
+		bps, err := bulkClient(ctx, self, a, pinA, c, append([]string{"-seconds", fmt.Sprint(bulkSeconds)}, common...))
 		if err != nil {
-			return fmt.Errorf("%s: %w", c.id, err)
+			return err
 		}
-		var res bulkResult
-		if err := json.Unmarshal(out, &res); err != nil || res.Seconds == 0 {
-			return fmt.Errorf("%s: output %q: %v", c.id, out, err)
-		}
-		g := float64(res.Bytes) * 8 / res.Seconds / 1e9
+		g := bps / 1e9
 		accs[c.id].gbps = append(accs[c.id].gbps, g)
 		fmt.Fprintf(os.Stderr, "  %-24s %7.3f Gbit/s\n", c.id, g)
 	}
 	return nil
+}
+
+// bulkClient runs one api-client process in bulk mode: the bits per
+// second the sink counted.
+func bulkClient(ctx context.Context, self string, a *test.Host, pinA []string, c apiContender, args []string) (float64, error) {
+	out, err := apiClient(ctx, self, a, pinA, c, append([]string{"-mode", "bulk"}, args...))
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", c.id, err)
+	}
+	var res bulkResult
+	if err := json.Unmarshal(out, &res); err != nil || res.Seconds == 0 {
+		return 0, fmt.Errorf("%s: output %q: %v", c.id, out, err)
+	}
+	return float64(res.Bytes) * 8 / res.Seconds, nil
 }
 
 // apiClient runs one api-client process, retried while the queue is

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -330,15 +329,7 @@ func goBulkRound(ctx context.Context, self string, a, b *test.Host, ours bool) (
 	}
 	i := slices.IndexFunc(apiBulk, func(c apiContender) bool { return c.id == id })
 	c := apiBulk[i]
-	out, err := apiClient(ctx, self, a, nil, c, []string{"-mode", "bulk", "-seconds", "3", "-dst", b.Iface0().Addr().String()})
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", c.id, err)
-	}
-	var res bulkResult
-	if err := json.Unmarshal(out, &res); err != nil || res.Seconds == 0 {
-		return 0, fmt.Errorf("%s: output %q: %v", c.id, out, err)
-	}
-	return float64(res.Bytes) * 8 / res.Seconds, nil
+	return bulkClient(ctx, self, a, nil, c, []string{"-seconds", "3", "-dst", b.Iface0().Addr().String()})
 }
 
 var memcslapTime = regexp.MustCompile(`Time to get\s+(\d+) keys by\s+\d+ threads:\s+([0-9.]+) seconds`)
