@@ -1048,6 +1048,17 @@ func TestDaemonSharedStack(t *testing.T) {
 			t.Error(err)
 		}
 	}
+	if t.Failed() {
+		// The stack's connections that are neither listening nor done:
+		// a stalled one's state and queues.
+		var live []string
+		for _, l := range strings.Split(engineDump(t, sock), "\n") {
+			if !strings.Contains(l, "TIME-WAIT") && !strings.Contains(l, "LISTEN") {
+				live = append(live, l)
+			}
+		}
+		t.Logf("the shared stack after the fetches and dials:\n%s", strings.Join(live, "\n"))
+	}
 	// Each process dials the other's echo listener (the port after its
 	// HTTP one) at the stack's own address: 4 MiB each way, byte-exact.
 	const loops, echoed = 5, 4 << 20

@@ -1,9 +1,11 @@
 // Command testlog reads `go test -json` on its standard input and writes
 // what plain `go test` would (each package's result, and the output of
 // the tests that failed), then every test that was skipped, with its
-// reason: a skipped test is reported, never silent. It exits 1 if a test
-// or a package failed or the build did not; `make test` pipes every run
-// through it.
+// reason: a skipped test is reported, never silent, and last each test
+// that failed with its own messages (t.Error's lines, without the logs
+// its helpers printed), so that the tail of a long log still says what
+// failed and why. It exits 1 if a test or a package failed or the build
+// did not; `make test` pipes every run through it.
 //
 //	go test -json ./... | go run ./test/testlog
 package main
@@ -46,7 +48,7 @@ func main() {
 // anything failed.
 func summarize(r io.Reader, w io.Writer) (failed bool, err error) {
 	out := map[key][]string{} // output of tests still running
-	var skipped []string
+	var skipped, failures []string
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -80,6 +82,10 @@ func summarize(r io.Reader, w io.Writer) (failed bool, err error) {
 				for _, l := range out[k] {
 					fmt.Fprint(w, l)
 				}
+				failures = append(failures, fmt.Sprintf("%s %s (%.2fs)", e.Package, e.Test, e.Elapsed))
+				for _, m := range messages(out[k]) {
+					failures = append(failures, "    "+m)
+				}
 			}
 			failed = true
 			delete(out, k)
@@ -104,7 +110,56 @@ func summarize(r io.Reader, w io.Writer) (failed bool, err error) {
 	} else {
 		fmt.Fprintln(w, "\nno test skipped")
 	}
+	if len(failures) > 0 {
+		fmt.Fprintf(w, "\ntests that failed, with their messages:\n")
+		for _, f := range failures {
+			fmt.Fprintln(w, "  "+f)
+		}
+	}
 	return failed, nil
+}
+
+// messages are a failed test's own lines: those the testing package
+// prefixed with the file and line of t.Error or t.Fatal ("x_test.go:12:
+// ..."), with the lines that continue them (indented deeper), and none
+// of the output its helpers and the code under test printed. A message
+// keeps its first 12 continuation lines (a t.Log of a helper's output can
+// have thousands); there are at most 40 lines in all.
+func messages(lines []string) []string {
+	var msg []string
+	cont := -1 // continuation lines of the current message; -1: none
+	for _, l := range lines {
+		t := strings.TrimRight(l, "\n")
+		s := strings.TrimLeft(t, " ")
+		switch {
+		case isTestLine(s):
+			cont = 0
+			msg = append(msg, s)
+		case cont >= 0 && len(t)-len(s) > 4 && s != "":
+			if cont++; cont <= 12 {
+				msg = append(msg, "    "+s)
+			} else if cont == 13 {
+				msg = append(msg, "    ...")
+			}
+		default:
+			cont = -1
+		}
+		if len(msg) == 40 {
+			return append(msg, "...")
+		}
+	}
+	return msg
+}
+
+// isTestLine reports that s begins as the testing package's report of a
+// t.Error, t.Fatal or t.Log does: "name_test.go:123: ".
+func isTestLine(s string) bool {
+	f, rest, ok := strings.Cut(s, ":")
+	if !ok || !strings.HasSuffix(f, "_test.go") || strings.Contains(f, " ") {
+		return false
+	}
+	n, _, ok := strings.Cut(rest, ":")
+	return ok && n != "" && strings.Trim(n, "0123456789") == ""
 }
 
 // reason is the skip message from a test's output: the lines between
