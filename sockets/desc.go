@@ -144,21 +144,44 @@ func (s *Stack) ListenDesc(kfd int, ip netip.Addr) (*Desc, error) {
 	if ip.IsUnspecified() {
 		ip = netip.Addr{}
 	}
-	if s.enter() {
-		// Another process of a shared stack listens on this port with
-		// the same kernel socket (a pre-fork server's workers) or one of
-		// its SO_REUSEPORT group: share its listener.
-		id, ok := s.st.ShareListener(netip.AddrPortFrom(ip, port))
-		s.leave()
-		if ok {
-			return s.newDesc(id)
+	local := netip.AddrPortFrom(ip, port)
+	// Another process of a shared stack listens on this port with the
+	// same kernel socket (a pre-fork server's workers) or one of its
+	// SO_REUSEPORT group: share its listener.
+	if id, ok := s.shareListener(local); ok {
+		return s.newDesc(id)
+	}
+	id, err := s.openAtFD(stack.TCP, local, true, kfd)
+	if errors.Is(err, syscall.EADDRINUSE) && s.stopShared != nil {
+		// It may be making the listener at this moment: nginx's workers
+		// accelerate the socket they inherited at once, and one of them
+		// found the port bound by the other's listener, which did not
+		// listen yet (and served from the kernel). It is shared as soon
+		// as it listens.
+		deadline := time.Now().Add(listenerWait)
+		for time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+			if id, ok := s.shareListener(local); ok {
+				return s.newDesc(id)
+			}
 		}
 	}
-	id, err := s.openAtFD(stack.TCP, netip.AddrPortFrom(ip, port), true, kfd)
 	if err != nil {
 		return nil, err
 	}
 	return s.newDesc(id)
+}
+
+// listenerWait bounds how long ListenDesc waits for another process of a
+// shared stack to finish the listener it is making on the same port.
+const listenerWait = 200 * time.Millisecond
+
+func (s *Stack) shareListener(local netip.AddrPort) (stack.SockID, bool) {
+	if !s.enter() {
+		return stack.NullSock, false
+	}
+	defer s.leave()
+	return s.st.ShareListener(local)
 }
 
 // ConnectDesc connects a socket on kfd, a kernel TCP socket (bound to
