@@ -225,58 +225,61 @@ func FuzzInput(f *testing.F) {
 	rel(0x12, nil, "")                  // a SYN on the connection (challenge ACK)
 	rel(0x10, []byte{1, 1, 5, 255}, "") // a SACK option longer than the header
 
-	f.Fuzz(func(t *testing.T, in []byte) {
-		if len(in) < 1 || len(in) > 1600 {
-			return
+	f.Fuzz(func(t *testing.T, in []byte) { e.input(t, in) })
+}
+
+// input is one of FuzzInput's inputs, on e.
+func (e *fuzzEnv) input(t *testing.T, in []byte) {
+	if len(in) < 1 || len(in) > 1600 {
+		return
+	}
+	// A hang is a failure too: show where.
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			buf := make([]byte, 1<<20)
+			n := runtime.Stack(buf, true)
+			panic("input hung:\n" + string(buf[:n]))
 		}
-		// A hang is a failure too: show where.
-		done := make(chan struct{})
-		defer close(done)
-		go func() {
-			select {
-			case <-done:
-			case <-time.After(10 * time.Second):
-				buf := make([]byte, 1<<20)
-				n := runtime.Stack(buf, true)
-				panic("input hung:\n" + string(buf[:n]))
-			}
-		}()
-		frame := append([]byte(nil), in[1:]...)
-		// Data in flight, so that ACKs and SACK blocks have something to
-		// act on.
-		e.a.Send(e.c, make([]byte, 8192))
+	}()
+	frame := append([]byte(nil), in[1:]...)
+	// Data in flight, so that ACKs and SACK blocks have something to
+	// act on.
+	e.a.Send(e.c, make([]byte, 8192))
+	e.a.Poll()
+	if in[0]&2 != 0 {
+		e.relative(frame)
+	}
+	if in[0]&1 != 0 {
+		fixChecksums(frame)
+	}
+	e.inject(frame)
+	for range 3 {
 		e.a.Poll()
-		if in[0]&2 != 0 {
-			e.relative(frame)
+		e.b.Poll()
+	}
+	// Drain the UDP socket and the connection.
+	buf := make([]byte, 4096)
+	for range 64 {
+		if _, _, err := e.a.RecvFrom(e.u, buf, false); err != nil {
+			break
 		}
-		if in[0]&1 != 0 {
-			fixChecksums(frame)
-		}
-		e.inject(frame)
-		for range 3 {
+	}
+	e.a.Recv(e.c, buf, false)
+	// The connection still works, or it ended and is made again.
+	if _, err := e.a.Send(e.c, []byte("still alive?")); err != nil && !errors.Is(err, stack.ErrWouldBlock) {
+		e.a.Close(e.c)
+		e.b.Close(e.s)
+		for range 50 {
 			e.a.Poll()
 			e.b.Poll()
 		}
-		// Drain the UDP socket and the connection.
-		buf := make([]byte, 4096)
-		for range 64 {
-			if _, _, err := e.a.RecvFrom(e.u, buf, false); err != nil {
-				break
-			}
-		}
-		e.a.Recv(e.c, buf, false)
-		// The connection still works, or it ended and is made again.
-		if _, err := e.a.Send(e.c, []byte("still alive?")); err != nil && !errors.Is(err, stack.ErrWouldBlock) {
-			e.a.Close(e.c)
-			e.b.Close(e.s)
-			for range 50 {
-				e.a.Poll()
-				e.b.Poll()
-			}
-			e.connect(t)
-		}
-		if e.ma.Pool().Available() < e.ma.Pool().Count()/4 {
-			t.Fatalf("frames leaking: %d of %d free (%s)", e.ma.Pool().Available(), e.ma.Pool().Count(), ptr(e.a.Counters()))
-		}
-	})
+		e.connect(t)
+	}
+	if e.ma.Pool().Available() < e.ma.Pool().Count()/4 {
+		t.Fatalf("frames leaking: %d of %d free (%s)", e.ma.Pool().Available(), e.ma.Pool().Count(), ptr(e.a.Counters()))
+	}
 }

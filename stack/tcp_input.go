@@ -519,6 +519,21 @@ func (s *Stack) ackedDataLocked(sk *sock, ack seqnum.Value, acked seqnum.Size, n
 	return delivered
 }
 
+// rcvCharge is what the receive queues cost against the receive buffer
+// with bytes of data in frames: the bytes, but at least half a frame
+// (minFrameCharge) a frame, as Linux charges a buffer's true size. A frame
+// holds one segment however small, so a peer that sent tiny segments out
+// of order took a frame each and could hold most of the pool within the
+// window's bytes (FuzzInput: 318 frames for 1,592 bytes). Full segments
+// cost their bytes, as before.
+func rcvCharge(bytes, frames uint32) uint32 {
+	return max(bytes, frames*minFrameCharge)
+}
+
+// minFrameCharge is the least a received frame costs (rcvCharge): half of
+// a UMEM frame (vnic's 2 KiB).
+const minFrameCharge = 1024
+
 // dataLocked takes the payload of a segment (RFC 9293 3.10.7.4,
 // seventh): in order, it joins the receive queue and pulls in what waited
 // out of order; ahead of rcvNxt, it waits in the out-of-order queue. It
@@ -548,10 +563,10 @@ func (s *Stack) dataLocked(sk *sock, h vnic.Handle, g *segment) bool {
 		s.pool.Trim(h, 0, n)
 		g.flags &^= flagFIN
 	}
-	if sk.rcvBytes+sk.oooBytes+uint32(n) > sk.rcvBuf+sk.rcvBuf/4 {
+	if limit := sk.rcvBuf + sk.rcvBuf/4; rcvCharge(sk.rcvBytes+sk.oooBytes+uint32(n), sk.rcvFrames+sk.oooFrames+1) > limit {
 		// Out-of-order data is speculative: give it up before refusing
 		// the segment everyone waits for (as Linux prunes its queue).
-		if seq == sk.rcvNxt && sk.rcvBytes+uint32(n) <= sk.rcvBuf+sk.rcvBuf/4 {
+		if seq == sk.rcvNxt && rcvCharge(sk.rcvBytes+uint32(n), sk.rcvFrames+1) <= limit {
 			s.pruneOOOLocked(sk)
 		} else {
 			c.RxTCPBufferFull++

@@ -197,3 +197,44 @@ func TestCongestionOption(t *testing.T) {
 		t.Fatal("transfer with reno")
 	}
 }
+
+// TestTinyOutOfOrderSegments: a peer that sends thousands of tiny
+// segments ahead of rcvNxt, each with a gap before it, cannot hold more
+// frames than the receive buffer (with Linux's quarter more) holds halves
+// of frames: a frame is charged half a frame's bytes at least. Before, each 5-byte segment took a frame of
+// its own within the window's bytes, and FuzzInput found the pool
+// draining (318 frames for 1,592 bytes).
+func TestTinyOutOfOrderSegments(t *testing.T) {
+	e := newFuzzEnv(t)
+	src := pkt.Endpoint{MAC: e.mb.Info().MAC, Addr: netip.AddrPortFrom(addrB.Addr(), 80)}
+	dst := pkt.Endpoint{MAC: e.ma.Info().MAC, Addr: netip.AddrPortFrom(addrA.Addr(), e.lport)}
+	tsFar := []byte{1, 1, 8, 10, 0x40, 0, 0, 0, 0, 0, 0, 1}
+	free := e.ma.Pool().Available()
+	buf := make([]byte, 2048)
+	// Fewer than would run the pool down to its reserve, where the stack
+	// gives up out-of-order data anyway (lowFramesLocked).
+	const segs = 600
+	for i := range segs {
+		n, err := pkt.TCP(buf, src, dst, pkt.TCPSegment{Seq: uint32(10 + 10*i), Flags: header.TCPFlagAck | header.TCPFlagPsh,
+			Window: 1000, Options: tsFar, Payload: []byte("tiny!")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		frame := append([]byte(nil), buf[:n]...)
+		e.relative(frame)
+		fixChecksums(frame)
+		e.inject(frame)
+		e.a.Poll()
+		e.b.Poll()
+	}
+	info, err := e.a.TCPInfo(e.c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("held %d, out of order %d bytes, rcvnxt %d", free-e.ma.Pool().Available(), info.OutOfOrder, info.RcvNxt)
+	most := (info.RcvBuf + info.RcvBuf/4) / 1024
+	if held := free - e.ma.Pool().Available(); held > int(most)+8 {
+		t.Errorf("%d tiny out-of-order segments hold %d frames, want at most %d (a %d-byte buffer, a frame charged 1 KiB)",
+			segs, held, most, info.RcvBuf)
+	}
+}
