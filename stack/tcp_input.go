@@ -311,7 +311,10 @@ func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bo
 	if g.flags&flagFIN != 0 {
 		if g.seq.Add(seqnum.Size(g.n)) == sk.rcvNxt {
 			s.finLocked(sk)
-		} else if !keep && sk.rcvNxt.LessThan(g.seq) && g.n == 0 {
+		} else if !keep && sk.rcvNxt.LessThan(g.seq) && g.n == 0 &&
+			rcvCharge(sk.rcvBytes+sk.oooBytes, sk.rcvFrames+sk.oooFrames+1) <= sk.rcvBuf+sk.rcvBuf/4 {
+			// A FIN ahead of rcvNxt waits in its own frame, charged as
+			// data's are.
 			keep = s.oooInsertLocked(sk, h, g.seq, 0, true)
 		}
 	}

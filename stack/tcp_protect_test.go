@@ -205,6 +205,12 @@ func TestCongestionOption(t *testing.T) {
 // its own within the window's bytes, and FuzzInput found the pool
 // draining (318 frames for 1,592 bytes).
 func TestTinyOutOfOrderSegments(t *testing.T) {
+	t.Run("data", func(t *testing.T) { tinyOutOfOrder(t, header.TCPFlagAck|header.TCPFlagPsh, "tiny!") })
+	// A FIN alone ahead of rcvNxt waits in a frame too.
+	t.Run("FIN", func(t *testing.T) { tinyOutOfOrder(t, header.TCPFlagAck|header.TCPFlagFin, "") })
+}
+
+func tinyOutOfOrder(t *testing.T, flags header.TCPFlags, payload string) {
 	e := newFuzzEnv(t)
 	src := pkt.Endpoint{MAC: e.mb.Info().MAC, Addr: netip.AddrPortFrom(addrB.Addr(), 80)}
 	dst := pkt.Endpoint{MAC: e.ma.Info().MAC, Addr: netip.AddrPortFrom(addrA.Addr(), e.lport)}
@@ -215,8 +221,8 @@ func TestTinyOutOfOrderSegments(t *testing.T) {
 	// gives up out-of-order data anyway (lowFramesLocked).
 	const segs = 600
 	for i := range segs {
-		n, err := pkt.TCP(buf, src, dst, pkt.TCPSegment{Seq: uint32(10 + 10*i), Flags: header.TCPFlagAck | header.TCPFlagPsh,
-			Window: 1000, Options: tsFar, Payload: []byte("tiny!")})
+		n, err := pkt.TCP(buf, src, dst, pkt.TCPSegment{Seq: uint32(10 + 10*i), Flags: flags,
+			Window: 1000, Options: tsFar, Payload: []byte(payload)})
 		if err != nil {
 			t.Fatal(err)
 		}
