@@ -44,7 +44,7 @@ func (s *Stack) predictedLocked(sk *sock, h vnic.Handle, g *segment) (keep, ok b
 			wnd = int(sk.rcvNxt.Size(sk.rcvAdv))
 		}
 		if g.n > wnd || sk.oooHead != vnic.Null || sk.userClosed() ||
-			sk.rcvBytes+sk.oooBytes+uint32(g.n) > sk.rcvBuf+sk.rcvBuf/4 || s.lowFramesLocked() {
+			!sk.rcvFits(sk.rcvBytes+uint32(g.n), sk.rcvFrames+1) || s.lowFramesLocked() {
 			return false, false
 		}
 	}

@@ -311,8 +311,7 @@ func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bo
 	if g.flags&flagFIN != 0 {
 		if g.seq.Add(seqnum.Size(g.n)) == sk.rcvNxt {
 			s.finLocked(sk)
-		} else if !keep && sk.rcvNxt.LessThan(g.seq) && g.n == 0 &&
-			rcvCharge(sk.rcvBytes+sk.oooBytes, sk.rcvFrames+sk.oooFrames+1) <= sk.rcvBuf+sk.rcvBuf/4 {
+		} else if !keep && sk.rcvNxt.LessThan(g.seq) && g.n == 0 && sk.rcvFits(sk.rcvBytes+sk.oooBytes, sk.rcvFrames+sk.oooFrames+1) {
 			// A FIN ahead of rcvNxt waits in its own frame, charged as
 			// data's are.
 			keep = s.oooInsertLocked(sk, h, g.seq, 0, true)
@@ -533,6 +532,15 @@ func rcvCharge(bytes, frames uint32) uint32 {
 	return max(bytes, frames*minFrameCharge)
 }
 
+// rcvFits reports that receive queues of bytes in frames stay within the
+// receive buffer and a quarter (the allowance for a segment that
+// straddles the edge), at rcvCharge's cost. Every path that queues a
+// received frame asks it: the general one (dataLocked, a FIN ahead) and
+// the fast one (predictedLocked).
+func (sk *sock) rcvFits(bytes, frames uint32) bool {
+	return rcvCharge(bytes, frames) <= sk.rcvBuf+sk.rcvBuf/4
+}
+
 // minFrameCharge is the least a received frame costs (rcvCharge): half of
 // a UMEM frame (vnic's 2 KiB).
 const minFrameCharge = 1024
@@ -566,10 +574,10 @@ func (s *Stack) dataLocked(sk *sock, h vnic.Handle, g *segment) bool {
 		s.pool.Trim(h, 0, n)
 		g.flags &^= flagFIN
 	}
-	if limit := sk.rcvBuf + sk.rcvBuf/4; rcvCharge(sk.rcvBytes+sk.oooBytes+uint32(n), sk.rcvFrames+sk.oooFrames+1) > limit {
+	if !sk.rcvFits(sk.rcvBytes+sk.oooBytes+uint32(n), sk.rcvFrames+sk.oooFrames+1) {
 		// Out-of-order data is speculative: give it up before refusing
 		// the segment everyone waits for (as Linux prunes its queue).
-		if seq == sk.rcvNxt && rcvCharge(sk.rcvBytes+uint32(n), sk.rcvFrames+1) <= limit {
+		if seq == sk.rcvNxt && sk.rcvFits(sk.rcvBytes+uint32(n), sk.rcvFrames+1) {
 			s.pruneOOOLocked(sk)
 		} else {
 			c.RxTCPBufferFull++
