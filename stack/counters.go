@@ -56,6 +56,8 @@ type Counters struct {
 	TCPUndos                uint64 // recoveries undone as spurious (timestamps, RFC 3522, or D-SACK)
 	TCPPredicted            uint64 // segments taken by header prediction, the in-order fast path
 	TCPTimeWaitReuse        uint64 // TIME-WAIT sockets recycled for a new socket
+	TCPHandovers            uint64 // connections handed over to the kernel (handover.go)
+	TCPHandoverDrops        uint64 // data segments of a connection being handed over that could not be kept: the peer sends them again
 	TxTCPResets             uint64 // resets sent
 
 	TxFrames      uint64 // frames handed to the NIC

@@ -29,3 +29,14 @@ func (f SteeringFilters) AddListener(p Proto, local netip.AddrPort) error {
 func (f SteeringFilters) RemoveListener(p Proto, local netip.AddrPort) error {
 	return f.Steering.RemoveListener(bpf.Listener{Proto: bpfProto(p), Addr: local.Addr(), Port: local.Port()})
 }
+
+// PinFlow steers one connection's frames to the stack ahead of every
+// listener entry and of the kernel's own sockets (a handover).
+func (f SteeringFilters) PinFlow(p Proto, local, remote netip.AddrPort) error {
+	return f.Steering.AddFlow(bpf.Flow{Proto: bpfProto(p), Local: local, Remote: remote}, f.Stack)
+}
+
+// UnpinFlow removes PinFlow's entry.
+func (f SteeringFilters) UnpinFlow(p Proto, local, remote netip.AddrPort) error {
+	return f.Steering.RemoveFlow(bpf.Flow{Proto: bpfProto(p), Local: local, Remote: remote})
+}

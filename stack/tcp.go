@@ -22,10 +22,11 @@ const (
 	tcpClosing
 	tcpLastAck
 	tcpTimeWait
+	tcpHandedOver // the kernel has the connection now (handover.go)
 )
 
 var tcpStateNames = [...]string{"CLOSED", "LISTEN", "SYN-SENT", "SYN-RECEIVED", "ESTABLISHED",
-	"FIN-WAIT-1", "FIN-WAIT-2", "CLOSE-WAIT", "CLOSING", "LAST-ACK", "TIME-WAIT"}
+	"FIN-WAIT-1", "FIN-WAIT-2", "CLOSE-WAIT", "CLOSING", "LAST-ACK", "TIME-WAIT", "HANDED-OVER"}
 
 func stateName(st uint8) string {
 	if int(st) < len(tcpStateNames) {
@@ -35,7 +36,7 @@ func stateName(st uint8) string {
 }
 
 // synchronized reports whether the state is past the handshake.
-func synchronized(st uint8) bool { return st >= tcpEstablished }
+func synchronized(st uint8) bool { return st >= tcpEstablished && st <= tcpTimeWait }
 
 // TCB flags.
 const (
@@ -61,6 +62,7 @@ const (
 	tfUndo                    // the current recovery may yet be undone as spurious
 	tfTLPOut                  // tail loss probes are out, unacknowledged (tlpCount of them)
 	tfFinLost                 // a timeout found our FIN unacknowledged: send it again after the data
+	tfHolding                 // HANDED-OVER: data segments are held for HandoverCatchUp
 )
 
 // userClosed reports whether the user closed the socket (an unaccepted

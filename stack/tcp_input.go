@@ -75,6 +75,10 @@ func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
 		s.pool.Free(h)
 		return
 	}
+	if sk.state == tcpHandedOver {
+		s.handoverHoldLocked(sk, h, &g, p.l4off+doff)
+		return
+	}
 	p.frame.Trim(p.l4off+doff, g.n)
 	c.RxTCP++
 	sk.lastRcv = uint32(s.nowTick())

@@ -232,7 +232,7 @@ func (s *Stack) userTimedOutLocked(sk *sock) bool {
 // keepalive.
 func (s *Stack) twExpiredLocked(sk *sock) {
 	switch {
-	case sk.state == tcpTimeWait, sk.state == tcpFinWait2 && sk.userClosed():
+	case sk.state == tcpTimeWait, sk.state == tcpHandedOver, sk.state == tcpFinWait2 && sk.userClosed():
 		s.tcpCloseFinalLocked(sk)
 	case keepaliveState(sk.state):
 		// A half-closed connection (FIN-WAIT-2 that the user still

@@ -1,0 +1,294 @@
+// Package repair re-creates an established TCP connection in the Linux
+// kernel with TCP_REPAIR, the mechanism CRIU migrates live connections
+// with: a socket in repair mode takes the connection's sequence numbers,
+// options, windows and queued bytes, connects without a handshake, and
+// when it leaves repair mode the connection goes on where it was. The
+// peer sees one window probe and nothing else.
+//
+// It needs CAP_NET_ADMIN in the socket's network namespace. The order of
+// the steps is the kernel's: sequence numbers while the socket is closed,
+// then connect, then options (before any byte is queued), the queues,
+// the windows (which the kernel checks against the restored rcv_nxt).
+package repair
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The queues TCP_REPAIR_QUEUE selects (linux/tcp.h), and the option
+// codes TCP_REPAIR_OPTIONS takes (RFC 9293 3.2, RFC 7323, RFC 2018).
+const (
+	noQueue   = 0
+	recvQueue = 1
+	sendQueue = 2
+
+	optMSS       = 2
+	optWindow    = 3
+	optSACKPerm  = 4
+	optTimestamp = 8
+)
+
+// Conn is an established connection as the kernel restores it. Sequence
+// numbers are the connection's own (RFC 9293 names).
+type Conn struct {
+	Local, Remote netip.AddrPort
+
+	// SndUna is the first byte not acknowledged; Sent follows it (sent,
+	// not acknowledged), then Unsent (queued, never sent).
+	SndUna       uint32
+	Sent, Unsent []byte
+	// RcvNxt is the next byte expected from the peer; Unread ends there
+	// (received, not read by the application).
+	RcvNxt uint32
+	Unread []byte
+
+	MSS          uint16 // the peer's maximum segment size
+	WS           bool   // window scaling was negotiated
+	SndWS, RcvWS uint8  // shifts of the peer's window and of ours
+	SACK         bool   // SACK was negotiated
+	TS           bool   // timestamps were negotiated
+	TSVal        uint32 // our timestamp clock now: the kernel's continues from it
+
+	SndWnd uint32 // the peer's window, scaled, and the sequence number
+	SndWl1 uint32 // of the segment that set it
+	RcvWnd uint32 // the window we advertised, from RcvNxt
+}
+
+// ErrPermission is returned when the process may not repair sockets.
+var ErrPermission = errors.New("TCP_REPAIR needs CAP_NET_ADMIN (run as root or through onloadd)")
+
+// Prepare puts fd, a TCP socket that is not connected, in repair mode
+// and binds it to local unless it is bound already (repair mode lets it
+// share a port another socket holds). Nothing of a connection has
+// changed yet, so a caller that fails here may simply go on.
+func Prepare(fd int, local netip.AddrPort) error {
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 1); err != nil {
+		if errors.Is(err, unix.EPERM) {
+			return ErrPermission
+		}
+		return os.NewSyscallError("setsockopt TCP_REPAIR", err)
+	}
+	if err := bindTo(fd, local); err != nil {
+		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 0)
+		return err
+	}
+	return nil
+}
+
+func bindTo(fd int, local netip.AddrPort) error {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return os.NewSyscallError("getsockname", err)
+	}
+	if in, ok := sa.(*unix.SockaddrInet4); ok && in.Port != 0 {
+		if in.Port != int(local.Port()) {
+			return fmt.Errorf("socket is bound to port %d, the connection's is %d", in.Port, local.Port())
+		}
+		return nil
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: local.Addr().As4(), Port: int(local.Port())}); err != nil {
+		return os.NewSyscallError("bind", err)
+	}
+	return nil
+}
+
+// Restore makes fd, prepared by Prepare, the connection c, and leaves
+// it in repair mode: Receive may add bytes that arrived since c was
+// read, and Finish hands it to the kernel. c.Unsent is not written: the
+// caller writes it (WriteAll) after Finish, once the peer's segments
+// reach the socket, or the kernel could not make room for it.
+func Restore(fd int, c *Conn) error { return restoreRepairing(fd, c) }
+
+// Receive adds b to the receive queue of fd, a socket Restore made and
+// Finish has not finished: bytes that followed on from c.RcvNxt.
+func Receive(fd int, b []byte) error {
+	if err := fitBuffer(fd, unix.SO_RCVBUF, unix.SO_RCVBUFFORCE, len(b)); err != nil {
+		return err
+	}
+	if err := fillQueue(fd, recvQueue, b); err != nil {
+		return err
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR_QUEUE, noQueue); err != nil {
+		return os.NewSyscallError("setsockopt TCP_REPAIR_QUEUE", err)
+	}
+	return nil
+}
+
+// Finish takes fd out of repair mode: the kernel sends a window probe,
+// which the peer answers with its current acknowledgment and window, and
+// the connection is the kernel's.
+func Finish(fd int) error {
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 0); err != nil {
+		return os.NewSyscallError("setsockopt TCP_REPAIR off", err)
+	}
+	return nil
+}
+
+func restoreRepairing(fd int, c *Conn) error {
+	if !c.Local.Addr().Is4() || !c.Remote.Addr().Is4() {
+		return fmt.Errorf("%v to %v: only IPv4 connections", c.Local, c.Remote)
+	}
+	if c.SndWS > 14 || c.RcvWS > 14 {
+		return fmt.Errorf("window scale %d/%d out of range", c.SndWS, c.RcvWS)
+	}
+	// The receive queue starts before the unread bytes, which advance
+	// it to RcvNxt as they are queued; the send queue starts at SndUna.
+	if err := setQueueSeq(fd, recvQueue, c.RcvNxt-uint32(len(c.Unread))); err != nil {
+		return err
+	}
+	if err := setQueueSeq(fd, sendQueue, c.SndUna); err != nil {
+		return err
+	}
+	// The kernel's buffers must hold what is queued now; past that they
+	// tune themselves as usual.
+	if err := fitBuffer(fd, unix.SO_SNDBUF, unix.SO_SNDBUFFORCE, len(c.Sent)+len(c.Unsent)); err != nil {
+		return err
+	}
+	if err := fitBuffer(fd, unix.SO_RCVBUF, unix.SO_RCVBUFFORCE, len(c.Unread)); err != nil {
+		return err
+	}
+	// In repair mode connect sends nothing: the socket is established.
+	if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: c.Remote.Addr().As4(), Port: int(c.Remote.Port())}); err != nil {
+		return os.NewSyscallError("connect (repair)", err)
+	}
+	if err := setOptions(fd, c); err != nil {
+		return err
+	}
+	if c.TS {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_TIMESTAMP, int(c.TSVal)); err != nil {
+			return os.NewSyscallError("setsockopt TCP_TIMESTAMP", err)
+		}
+	}
+	if err := fillQueue(fd, recvQueue, c.Unread); err != nil {
+		return err
+	}
+	// Bytes written to the send queue in repair mode count as sent: the
+	// kernel retransmits them if the peer does not acknowledge them.
+	if err := fillQueue(fd, sendQueue, c.Sent); err != nil {
+		return err
+	}
+	if err := setWindow(fd, c); err != nil {
+		return err
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR_QUEUE, noQueue); err != nil {
+		return os.NewSyscallError("setsockopt TCP_REPAIR_QUEUE", err)
+	}
+	return nil
+}
+
+func setQueueSeq(fd, q int, seq uint32) error {
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR_QUEUE, q); err != nil {
+		return os.NewSyscallError("setsockopt TCP_REPAIR_QUEUE", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUEUE_SEQ, int(int32(seq))); err != nil {
+		return os.NewSyscallError("setsockopt TCP_QUEUE_SEQ", err)
+	}
+	return nil
+}
+
+// fitBuffer raises a socket buffer (force: past the sysctl's ceiling)
+// so that n bytes fit, with the kernel's overhead; a buffer that holds
+// them already is left to tune itself.
+func fitBuffer(fd, opt, force, n int) error {
+	cur, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, opt)
+	if err != nil {
+		return os.NewSyscallError("getsockopt", err)
+	}
+	if n == 0 || cur >= 4*n {
+		return nil
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, force, 2*n); err != nil {
+		return os.NewSyscallError("setsockopt buffer", err)
+	}
+	return nil
+}
+
+func setOptions(fd int, c *Conn) error {
+	opts := make([]unix.TCPRepairOpt, 0, 4)
+	opts = append(opts, unix.TCPRepairOpt{Code: optMSS, Val: uint32(c.MSS)})
+	if c.WS {
+		opts = append(opts, unix.TCPRepairOpt{Code: optWindow, Val: uint32(c.SndWS) | uint32(c.RcvWS)<<16})
+	}
+	if c.SACK {
+		opts = append(opts, unix.TCPRepairOpt{Code: optSACKPerm})
+	}
+	if c.TS {
+		opts = append(opts, unix.TCPRepairOpt{Code: optTimestamp})
+	}
+	_, _, errno := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR_OPTIONS,
+		uintptr(unsafe.Pointer(&opts[0])), uintptr(len(opts))*unsafe.Sizeof(opts[0]), 0)
+	if errno != 0 {
+		return os.NewSyscallError("setsockopt TCP_REPAIR_OPTIONS", errno)
+	}
+	return nil
+}
+
+// tcpRepairWindow is struct tcp_repair_window (linux/tcp.h).
+type tcpRepairWindow struct {
+	sndWl1, sndWnd, maxWindow uint32
+	rcvWnd, rcvWup            uint32
+}
+
+func setWindow(fd int, c *Conn) error {
+	w := tcpRepairWindow{sndWl1: c.SndWl1, sndWnd: c.SndWnd, maxWindow: c.SndWnd, rcvWnd: c.RcvWnd, rcvWup: c.RcvNxt}
+	_, _, errno := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR_WINDOW,
+		uintptr(unsafe.Pointer(&w)), unsafe.Sizeof(w), 0)
+	if errno != 0 {
+		return os.NewSyscallError("setsockopt TCP_REPAIR_WINDOW", errno)
+	}
+	return nil
+}
+
+// fillQueue queues b on queue q of a socket in repair mode.
+func fillQueue(fd, q int, b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR_QUEUE, q); err != nil {
+		return os.NewSyscallError("setsockopt TCP_REPAIR_QUEUE", err)
+	}
+	for len(b) > 0 {
+		n, err := unix.SendmsgN(fd, b, nil, nil, unix.MSG_DONTWAIT)
+		if err != nil {
+			return os.NewSyscallError("send (repair queue)", err)
+		}
+		if n == 0 {
+			return fmt.Errorf("repair queue %d took no bytes, %d left", q, len(b))
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// WriteAll writes b on the connection, waiting for room up to timeout,
+// whatever fd's blocking mode.
+func WriteAll(fd int, b []byte, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for len(b) > 0 {
+		n, err := unix.SendmsgN(fd, b, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		if n > 0 {
+			b = b[n:]
+			continue
+		}
+		if err != nil && err != unix.EAGAIN && err != unix.EINTR {
+			return os.NewSyscallError("send (unsent bytes)", err)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("%d unsent bytes found no room in %v: %w", len(b), timeout, syscall.ETIMEDOUT)
+		}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		if _, err := unix.Poll(pfd, int(min(left, 100*time.Millisecond)/time.Millisecond)+1); err != nil && err != unix.EINTR {
+			return os.NewSyscallError("poll", err)
+		}
+	}
+	return nil
+}

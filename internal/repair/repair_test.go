@@ -1,0 +1,256 @@
+package repair
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// dump reads a kernel connection's state the way CRIU does, in repair
+// mode, and leaves fd in repair mode (its close then sends nothing). It
+// is the reference Restore is checked against: what the kernel dumps,
+// Restore must re-create.
+func dump(t *testing.T, fd int) *Conn {
+	t.Helper()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 1))
+	c := &Conn{}
+	la, err := unix.Getsockname(fd)
+	must(err)
+	ra, err := unix.Getpeername(fd)
+	must(err)
+	c.Local = sockAddr(la)
+	c.Remote = sockAddr(ra)
+
+	inq, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+	must(err)
+	outq, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ)
+	must(err)
+	unsent, err := unix.IoctlGetInt(fd, unix.SIOCOUTQNSD)
+	must(err)
+
+	must(unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR_QUEUE, recvQueue))
+	seq, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUEUE_SEQ)
+	must(err)
+	c.RcvNxt = uint32(seq)
+	c.Unread = peek(t, fd, inq)
+
+	must(unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR_QUEUE, sendQueue))
+	seq, err = unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUEUE_SEQ)
+	must(err)
+	c.SndUna = uint32(seq) - uint32(outq)
+	q := peek(t, fd, outq)
+	c.Sent, c.Unsent = q[:outq-unsent], q[outq-unsent:]
+
+	var info [256]byte
+	l := uint32(len(info))
+	if _, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_INFO,
+		uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&l)), 0); e != 0 {
+		t.Fatal(e)
+	}
+	opts := info[5]
+	c.TS, c.SACK, c.WS = opts&1 != 0, opts&2 != 0, opts&4 != 0
+	c.SndWS, c.RcvWS = info[6]&0xf, info[6]>>4
+	mss, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_MAXSEG)
+	must(err)
+	c.MSS = uint16(mss)
+	ts, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_TIMESTAMP)
+	must(err)
+	c.TSVal = uint32(ts)
+
+	var w tcpRepairWindow
+	wl := uint32(unsafe.Sizeof(w))
+	if _, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR_WINDOW,
+		uintptr(unsafe.Pointer(&w)), uintptr(unsafe.Pointer(&wl)), 0); e != 0 {
+		t.Fatal(e)
+	}
+	c.SndWnd, c.SndWl1 = w.sndWnd, w.sndWl1
+	c.RcvWnd = w.rcvWup + w.rcvWnd - c.RcvNxt
+	return c
+}
+
+func peek(t *testing.T, fd, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if n == 0 {
+		return b
+	}
+	got, _, err := unix.Recvfrom(fd, b, unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	if err != nil || got != n {
+		t.Fatalf("peek at a repair queue: %d of %d bytes, %v", got, n, err)
+	}
+	return b
+}
+
+func sockAddr(sa unix.Sockaddr) netip.AddrPort {
+	in := sa.(*unix.SockaddrInet4)
+	return netip.AddrPortFrom(netip.AddrFrom4(in.Addr), uint16(in.Port))
+}
+
+func repairable(t *testing.T) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 1); err != nil {
+		t.Skipf("TCP_REPAIR is not allowed here (%v): it needs CAP_NET_ADMIN", err)
+	}
+}
+
+// rawConn is a connected kernel socket's fd, taken out of a net.Conn.
+func rawConn(t *testing.T, c net.Conn) int {
+	f, err := c.(*net.TCPConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	fd, err := unix.Dup(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	unix.SetNonblock(fd, false)
+	return fd
+}
+
+// TestRestoreKernelConnection moves one end of a kernel connection to a
+// fresh socket: the peer's bytes the old socket had not read, a byte
+// "sent" that the peer never had (the restored socket must retransmit
+// it), and bytes never sent, then both ways on the new socket. The peer
+// must see every byte once, in order, and no reset.
+func TestRestoreKernelConnection(t *testing.T) {
+	repairable(t)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cc, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	peer.SetDeadline(time.Now().Add(20 * time.Second))
+
+	if _, err := cc.Write([]byte("before|")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := peer.Write([]byte("unread by the old socket|")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 7)
+	if _, err := io.ReadFull(peer, buf); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // the peer's bytes reach cc's queue
+
+	old := rawConn(t, cc)
+	c := dump(t, old)
+	if string(c.Unread) != "unread by the old socket|" {
+		t.Fatalf("dump: unread %q", c.Unread)
+	}
+	unix.Close(old) // in repair mode: no FIN, no reset
+	// The last bytes come in while the connection moves (Receive).
+	later := c.Unread[len(c.Unread)-len("socket|"):]
+	c.Unread = c.Unread[:len(c.Unread)-len(later)]
+	c.RcvNxt -= uint32(len(later))
+	// A byte the old socket "sent" that never reached the peer, and some
+	// never sent.
+	c.Sent = append(c.Sent, "lost|"...)
+	c.Unsent = append(c.Unsent, "unsent|"...)
+
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Prepare(fd, c.Local); err != nil {
+		t.Fatal(err)
+	}
+	if err := Restore(fd, c); err != nil {
+		unix.Close(fd)
+		t.Fatal(err)
+	}
+	// Bytes that came in while the connection moved.
+	if err := Receive(fd, later); err != nil {
+		unix.Close(fd)
+		t.Fatal(err)
+	}
+	if err := Finish(fd); err != nil {
+		unix.Close(fd)
+		t.Fatal(err)
+	}
+	if err := WriteAll(fd, c.Unsent, 5*time.Second); err != nil {
+		unix.Close(fd)
+		t.Fatal(err)
+	}
+	nc, err := net.FileConn(os.NewFile(uintptr(fd), "restored"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(20 * time.Second))
+
+	got := make([]byte, len("unread by the old socket|"))
+	if _, err := io.ReadFull(nc, got); err != nil || string(got) != "unread by the old socket|" {
+		t.Fatalf("restored socket read %q, %v", got, err)
+	}
+	if _, err := nc.Write([]byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	want := "lost|unsent|after"
+	got = make([]byte, len(want))
+	if _, err := io.ReadFull(peer, got); err != nil || string(got) != want {
+		t.Fatalf("peer read %q, %v; want %q", got, err, want)
+	}
+	if _, err := peer.Write([]byte("reply")); err != nil {
+		t.Fatal(err)
+	}
+	got = make([]byte, 5)
+	if _, err := io.ReadFull(nc, got); err != nil || string(got) != "reply" {
+		t.Fatalf("restored socket read %q, %v", got, err)
+	}
+	// Both ends close cleanly: the restored socket's FIN reaches the peer.
+	nc.(*net.TCPConn).CloseWrite()
+	if n, err := peer.Read(got); n != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("peer after the restored socket's FIN: %d bytes, %v", n, err)
+	}
+}
+
+// TestPrepareBoundElsewhere: a socket bound to another port is refused
+// with a sentence, and left out of repair mode.
+func TestPrepareBoundElsewhere(t *testing.T) {
+	repairable(t)
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	err = Prepare(fd, netip.MustParseAddrPort("127.0.0.1:1"))
+	if err == nil {
+		t.Fatal("Prepare took a socket bound to another port")
+	}
+	t.Log(err)
+	if v, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR); err != nil || v != 0 {
+		t.Fatalf("TCP_REPAIR left at %d (%v)", v, err)
+	}
+}

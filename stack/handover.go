@@ -1,0 +1,279 @@
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+
+	"github.com/xdp-onload/onload/internal/repair"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// Live handover to the kernel (docs/ARCHITECTURE.md, "Handover"): an
+// established connection leaves the stack for a kernel socket that
+// TCP_REPAIR re-creates with the same state (internal/repair). The
+// stack's part is to give the state and to step aside without a word to
+// the peer:
+//
+//  1. BeginHandover pins the flow's frames to the stack (FlowPinner), so
+//     that none reaches the kernel socket before it is whole; reads the
+//     connection (sequence numbers, options, windows, the queues' bytes);
+//     and leaves in its place a HANDED-OVER socket, which drops what
+//     arrives (counted: the peer sends it again) and answers nothing.
+//  2. The caller re-creates the connection in the kernel. Meanwhile the
+//     HANDED-OVER socket holds the peer's data segments within the
+//     window (up to handoverHold frames), and HandoverCatchUp gives the
+//     bytes that follow on from the state BeginHandover gave, for the
+//     kernel socket's receive queue before it leaves repair mode: a
+//     stream that keeps coming loses nothing to the handover but the
+//     peer's acknowledgments, which it sends again.
+//  3. EndHandover unpins the flow. Its frames go to the kernel socket:
+//     the steering program passes a listener port's segments of a
+//     connection the kernel has. The HANDED-OVER socket stays
+//     handoverGrace longer, for frames already on their way (a reset
+//     from the stack would end the kernel's connection), then frees its
+//     slot and its port.
+//
+// AbortHandover, when the kernel socket could not be made, resets the
+// peer: the connection is lost, and the peer knows it.
+
+// handoverGrace is how long a HANDED-OVER socket keeps its 4-tuple after
+// EndHandover, dropping the frames that were already steered to the
+// stack.
+const handoverGrace = 2 * time.Second
+
+// FlowPinner is a Filters that can steer one connection's frames to the
+// stack whatever else would catch them (the steering program's flow
+// entries come before its listener entries and its look-up of the
+// kernel's sockets).
+type FlowPinner interface {
+	PinFlow(p Proto, local, remote netip.AddrPort) error
+	UnpinFlow(p Proto, local, remote netip.AddrPort) error
+}
+
+// ErrHandoverState is returned for a connection that is not in a state
+// the kernel can take: only ESTABLISHED, with no FIN sent or received.
+var ErrHandoverState = fmt.Errorf("%w: only an established connection with no FIN either way can be handed over", ErrInvalid)
+
+var errCorruptQueue = errors.New("a queue of the socket is corrupt in the stack image: not handed over")
+
+// BeginHandover takes connection id out of the stack and returns its
+// state for repair.Restore. The socket's ID stays valid for
+// EndHandover or AbortHandover and nothing else.
+func (s *Stack) BeginHandover(id SockID) (*repair.Conn, error) {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return nil, err
+	}
+	if sk.kind != kindTCP || sk.state != tcpEstablished || sk.tflags&(tfFinQueued|tfFinSent|tfRcvFin) != 0 {
+		return nil, ErrHandoverState
+	}
+	local, remote := addrPort(sk.localAddr, sk.localPort), addrPort(sk.remoteAddr, sk.remotePort)
+	if pin, ok := s.filters.(FlowPinner); ok {
+		if err := pin.PinFlow(TCP, local, remote); err != nil {
+			return nil, fmt.Errorf("pin the flow for the handover: %w", err)
+		}
+	}
+	c := &repair.Conn{
+		Local: local, Remote: remote,
+		SndUna: uint32(sk.sndUna), RcvNxt: uint32(sk.rcvNxt),
+		MSS: sk.peerMSS, WS: sk.tflags&tfWSOK != 0, SndWS: sk.sndWS, RcvWS: sk.rcvWS,
+		SACK: sk.tflags&tfSackOK != 0, TS: sk.tflags&tfTSOK != 0, TSVal: s.tsNow(),
+		SndWnd: sk.sndWnd, SndWl1: uint32(sk.sndWl1), RcvWnd: uint32(sk.rcvAdv - sk.rcvNxt),
+	}
+	if c.MSS == 0 {
+		c.MSS = sk.mss
+	}
+	if sk.rcvAdv.LessThan(sk.rcvNxt) {
+		c.RcvWnd = 0
+	}
+	if err := s.handoverQueuesLocked(sk, c); err != nil {
+		s.unpinLocked(sk)
+		return nil, err
+	}
+	// The socket steps aside: no timers, no frames, no user; its tuple
+	// and its port stay until EndHandover's grace ends.
+	s.cancelTimersLocked(sk)
+	s.freeQueuesLocked(sk, false)
+	sk.state = tcpHandedOver
+	sk.tflags |= tfOrphan | tfHolding
+	sk.tflags &^= tfAckNow | tfDelAck
+	s.img.hdr.counters.TCPHandovers++
+	s.touchLocked(sk)
+	return c, nil
+}
+
+// handoverQueuesLocked copies the socket's queued bytes into c: what
+// the application has not read, what was sent and not acknowledged
+// (from sndUna: the first frame may be partly acknowledged) and what was
+// never sent. Out-of-order data is left out: the peer sends it again.
+func (s *Stack) handoverQueuesLocked(sk *sock, c *repair.Conn) error {
+	p := s.pool
+	limit := s.walkLimit()
+	c.Unread = make([]byte, 0, sk.rcvBytes)
+	steps := 0
+	for h := sk.rcvHead; h != vnic.Null; h = p.Next(h) {
+		f, ok := p.Frame(h)
+		if !ok || steps >= limit {
+			s.img.hdr.counters.ImageCorrupt++
+			return errCorruptQueue
+		}
+		steps++
+		c.Unread = append(c.Unread, f.Data()...)
+	}
+	c.Sent = make([]byte, 0, uint32(sk.sndMax-sk.sndUna))
+	c.Unsent = make([]byte, 0, sk.sndBytes)
+	unsent := false
+	for h := sk.sndHead; h != vnic.Null; h = p.Next(h) {
+		f, ok := p.Frame(h)
+		if !ok || steps >= limit {
+			s.img.hdr.counters.ImageCorrupt++
+			return errCorruptQueue
+		}
+		steps++
+		unsent = unsent || h == sk.sndUnsent
+		l := int(f.Aux(auxLen))
+		d := f.Buf()
+		if txPayload+l > len(d) {
+			s.img.hdr.counters.ImageCorrupt++
+			return errCorruptQueue
+		}
+		d = d[txPayload : txPayload+l]
+		if skip := int(int32(uint32(sk.sndUna) - f.Aux(auxSeq))); !unsent && skip > 0 {
+			if skip >= l {
+				continue
+			}
+			d = d[skip:]
+		}
+		if unsent {
+			c.Unsent = append(c.Unsent, d...)
+		} else {
+			c.Sent = append(c.Sent, d...)
+		}
+	}
+	return nil
+}
+
+// handoverHold bounds the frames a HANDED-OVER socket holds for
+// HandoverCatchUp.
+const handoverHold = 512
+
+// handoverHoldLocked keeps a data segment that arrived for a connection
+// being handed over, within the window it was last given, for
+// HandoverCatchUp; what it cannot keep is dropped (counted), and the
+// peer sends it again. The frame ends up held or freed.
+func (s *Stack) handoverHoldLocked(sk *sock, h vnic.Handle, g *segment, payloadOff int) {
+	p := s.pool
+	seq, n := g.seq, g.n
+	end := seq.Add(seqnum.Size(n))
+	if n == 0 {
+		p.Free(h) // an acknowledgment: the peer's next one says as much
+		return
+	}
+	if sk.tflags&tfHolding == 0 || !sk.rcvNxt.LessThan(end) || !seq.LessThan(sk.rcvAdv) ||
+		sk.oooFrames >= handoverHold || s.lowFramesLocked() {
+		s.img.hdr.counters.TCPHandoverDrops++
+		p.Free(h)
+		return
+	}
+	off := payloadOff
+	if seq.LessThan(sk.rcvNxt) {
+		cut := int(seq.Size(sk.rcvNxt))
+		off, n, seq = off+cut, n-cut, sk.rcvNxt
+	}
+	if end := seq.Add(seqnum.Size(n)); sk.rcvAdv.LessThan(end) {
+		n -= int(sk.rcvAdv.Size(end)) // past the window: the peer sends it again
+	}
+	p.Trim(h, off, n)
+	if !s.oooInsertLocked(sk, h, seq, n, false) {
+		p.Free(h)
+	}
+}
+
+// HandoverCatchUp ends the holding of a connection being handed over
+// and returns the bytes held that follow on, without a gap, from the
+// rcvNxt BeginHandover gave; the rest is dropped.
+func (s *Stack) HandoverCatchUp(id SockID) ([]byte, error) {
+	s.lock()
+	defer s.unlock()
+	sk := s.handedOverLocked(id)
+	if sk == nil {
+		return nil, ErrBadSocket
+	}
+	sk.tflags &^= tfHolding
+	p := s.pool
+	var out []byte
+	next := sk.rcvNxt
+	steps := 0
+	for h := sk.oooHead; h != vnic.Null && steps <= handoverHold; h = p.Next(h) {
+		steps++
+		seq, d := seqnum.Value(p.Aux(h, auxOOOSeq)), p.Data(h)
+		if next.LessThan(seq) {
+			break
+		}
+		if end := seq.Add(seqnum.Size(len(d))); next.LessThan(end) {
+			out = append(out, d[seq.Size(next):]...)
+			next = end
+		}
+	}
+	s.pruneOOOLocked(sk)
+	return out, nil
+}
+
+// handedOverLocked resolves the ID of a socket BeginHandover took.
+func (s *Stack) handedOverLocked(id SockID) *sock {
+	idx := id.index()
+	if idx >= uint32(len(s.img.socks)) {
+		return nil
+	}
+	sk := &s.img.socks[idx]
+	if sk.kind != kindTCP || sk.gen != id.gen() || id.gen() == 0 || sk.state != tcpHandedOver {
+		return nil
+	}
+	return sk
+}
+
+// EndHandover unpins the flow of a connection the kernel now has, and
+// frees its socket after handoverGrace.
+func (s *Stack) EndHandover(id SockID) error {
+	s.lock()
+	defer s.unlock()
+	sk := s.handedOverLocked(id)
+	if sk == nil {
+		return ErrBadSocket
+	}
+	if err := s.unpinLocked(sk); err != nil {
+		return fmt.Errorf("unpin the handed-over flow: %w", err)
+	}
+	s.img.wheel.Set(s.sockTimer(sk, timerTW), s.nowTick()+s.ticks(handoverGrace))
+	return nil
+}
+
+// AbortHandover resets the peer of a connection whose kernel socket
+// could not be made, and frees the socket.
+func (s *Stack) AbortHandover(id SockID) error {
+	s.lock()
+	defer s.unlock()
+	sk := s.handedOverLocked(id)
+	if sk == nil {
+		return ErrBadSocket
+	}
+	s.unpinLocked(sk)
+	s.controlLocked(sk, flagRST, sk.sndNxt)
+	s.tcpCloseFinalLocked(sk)
+	s.flushLocked()
+	return nil
+}
+
+func (s *Stack) unpinLocked(sk *sock) error {
+	pin, ok := s.filters.(FlowPinner)
+	if !ok {
+		return nil
+	}
+	return pin.UnpinFlow(TCP, addrPort(sk.localAddr, sk.localPort), addrPort(sk.remoteAddr, sk.remotePort))
+}

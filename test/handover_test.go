@@ -1,0 +1,222 @@
+package test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/xdp-onload/onload/sockets"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// patternAt fills b with the stream's bytes from offset off: every
+// byte depends on its offset, so a byte lost, repeated or moved shows.
+func patternAt(seed uint64, off int, b []byte) {
+	for i := range b {
+		x := uint64(off+i)*0x9e3779b97f4a7c15 ^ seed
+		b[i] = byte(x >> 29)
+	}
+}
+
+// connSwap is one end of a connection that may move to another socket:
+// its users wait for the next one when theirs is closed under them.
+type connSwap struct {
+	mu   sync.Mutex
+	c    net.Conn
+	next chan struct{} // closed when c is replaced
+}
+
+func newConnSwap(c net.Conn) *connSwap { return &connSwap{c: c, next: make(chan struct{})} }
+
+func (s *connSwap) get() (net.Conn, chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.c, s.next
+}
+
+func (s *connSwap) set(c net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.c = c
+	close(s.next)
+	s.next = make(chan struct{})
+}
+
+// streamOut writes n pattern bytes on s, moving to s's next socket when
+// its socket is closed under it (a handover) with the bytes not taken.
+func streamOut(s *connSwap, n int, seed uint64, deadline time.Time) error {
+	buf := make([]byte, 64<<10)
+	for off := 0; off < n; {
+		c, next := s.get()
+		c.SetWriteDeadline(deadline)
+		k := min(len(buf), n-off)
+		patternAt(seed, off, buf[:k])
+		w, err := c.Write(buf[:k])
+		off += w
+		if errors.Is(err, net.ErrClosed) {
+			select {
+			case <-next:
+			case <-time.After(time.Until(deadline)):
+				return fmt.Errorf("write at %d: closed, and no socket came after it", off)
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("write at %d: %w", off, err)
+		}
+	}
+	return nil
+}
+
+// streamIn reads n bytes from s and checks them against the pattern,
+// moving to s's next socket as streamOut does; then it expects the end
+// of the stream.
+func streamIn(s *connSwap, n int, seed uint64, deadline time.Time, progress *atomic.Int64) error {
+	buf := make([]byte, 64<<10)
+	want := make([]byte, len(buf))
+	for off := 0; off < n; {
+		c, next := s.get()
+		c.SetReadDeadline(deadline)
+		r, err := c.Read(buf[:min(len(buf), n-off)])
+		patternAt(seed, off, want[:r])
+		for i := range r {
+			if buf[i] != want[i] {
+				return fmt.Errorf("byte %d is %#x, want %#x", off+i, buf[i], want[i])
+			}
+		}
+		off += r
+		progress.Store(int64(off))
+		if errors.Is(err, net.ErrClosed) {
+			select {
+			case <-next:
+			case <-time.After(time.Until(deadline)):
+				return fmt.Errorf("read at %d: closed, and no socket came after it", off)
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("read at %d of %d: %w", off, n, err)
+		}
+	}
+	return nil
+}
+
+// resetCounters are the kernel's counters that move when its side of a
+// connection sees a reset or sends one.
+var resetCounters = []string{"EstabResets", "OutRsts", "TCPAbortOnData", "TCPAbortOnClose", "TCPAbortOnTimeout"}
+
+// TestHandoverLibrary hands a live connection over to the kernel with
+// (*sockets.TCPConn).Handover, both ways at once mid-transfer, against
+// the kernel's TCP in the other host: with our side dialling and
+// accepting, on a clean path and with 1% loss both ways. Every byte
+// must arrive once and in order on both sides, the kernel peer must
+// see no reset, and the handover is counted.
+func TestHandoverLibrary(t *testing.T) {
+	RequireRoot(t)
+	n := 8 << 20
+	if !testing.Short() {
+		n = 64 << 20
+	}
+	for _, tc := range []struct {
+		name string
+		imp  vnic.Impairment
+	}{{"clean", vnic.Impairment{}}, {"loss1", vnic.Impairment{Loss: 0.01}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := FaultyPath(t, PathConfig{Seed: 7})
+			s := ourSockets(t, p.B, sockets.Balanced)
+			for _, weDial := range []bool{true, false} {
+				t.Run(map[bool]string{true: "dialled", false: "accepted"}[weDial], func(t *testing.T) {
+					handoverMidTransfer(t, p, s, weDial, tc.imp, n)
+				})
+			}
+		})
+	}
+}
+
+func handoverMidTransfer(t *testing.T, p *Path, s *sockets.Stack, weDial bool, imp vnic.Impairment, n int) {
+	if err := p.Impair(vnic.Impairment{}, vnic.Impairment{}); err != nil {
+		t.Fatal(err)
+	}
+	ours, theirs, stop, err := kernelPipe(p.A, p.B, s, weDial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if err := p.Impair(imp, imp); err != nil {
+		t.Fatal(err)
+	}
+	before, err := p.A.TCPCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine0 := s.Engine().Counters()
+	deadline := time.Now().Add(2 * time.Minute)
+	our, their := newConnSwap(ours), newConnSwap(theirs)
+	errs := make(chan error, 4)
+	go func() { errs <- streamOut(our, n, 1, deadline) }()
+	var theirIn, ourIn atomic.Int64
+	go func() { errs <- streamIn(their, n, 1, deadline, &theirIn) }()
+	go func() { errs <- streamOut(their, n, 2, deadline) }()
+	go func() { errs <- streamIn(our, n, 2, deadline, &ourIn) }()
+
+	// At a random moment while both directions move: once each has
+	// moved a random amount between an eighth and a half of the stream.
+	at := int64(n/8 + rand.IntN(3*n/8))
+	for theirIn.Load() < at || ourIn.Load() < at {
+		if time.Now().After(deadline) {
+			t.Fatalf("the streams did not reach %d bytes: %d and %d", at, theirIn.Load(), ourIn.Load())
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	start := time.Now()
+	var kc *net.TCPConn
+	err = p.B.Do(func() (err error) { kc, err = ours.(*sockets.TCPConn).Handover(); return })
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("handover: %v", err)
+	}
+	defer kc.Close()
+	our.set(kc)
+	failed := false
+	for range 4 {
+		if err := <-errs; err != nil && !failed {
+			// The first failure ends the test: the other streams stop
+			// with their sockets.
+			t.Errorf("%v\nstack:\n%s", err, s.Dump())
+			failed = true
+			kc.Close()
+			stop()
+		}
+	}
+	if failed {
+		return
+	}
+	after, err := p.A.TCPCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range resetCounters {
+		if d := after[k] - before[k]; d != 0 {
+			t.Errorf("the kernel peer's %s moved by %d: %s", k, d, CounterDelta(before, after))
+		}
+	}
+	c := s.Engine().Counters()
+	if d := c.TCPHandovers - engine0.TCPHandovers; d != 1 {
+		t.Errorf("TCPHandovers moved by %d, want 1", d)
+	}
+	// The connection ends as any kernel connection does.
+	kc.CloseWrite()
+	theirs.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if k, err := theirs.Read(make([]byte, 1)); k != 0 || err != io.EOF {
+		t.Errorf("the peer after our FIN: %d bytes, %v", k, err)
+	}
+	t.Logf("handover in %v; %d segments dropped during it; peer: %s", took, c.TCPHandoverDrops-engine0.TCPHandoverDrops,
+		strings.TrimSpace(CounterDelta(before, after)))
+}
