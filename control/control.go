@@ -63,20 +63,44 @@ const (
 	// connections are reset and it is released at once. Root, or the
 	// stack's user, may ask.
 	OpKill Op = "kill"
+	// OpHandover hands a connection of one of the client's stacks over
+	// to the kernel, live (TCP_REPAIR, which only onloadd may do). The
+	// request carries one descriptor: the kernel socket the connection
+	// becomes (its own, so that every holder of it holds the kernel's
+	// connection after). Root, or the stack's user, may ask: a child
+	// forked after the stack loaded, which cannot run the stack, asks
+	// on its first use of an inherited connection.
+	OpHandover Op = "handover"
 )
 
 // Request is one message from a client. Exactly the field its Op names is
 // set.
 type Request struct {
-	V       int             `json:"v"`
-	Seq     uint32          `json:"seq"`
-	Op      Op              `json:"op"`
-	Hello   *Hello          `json:"hello,omitempty"`
-	Stack   *StackRequest   `json:"stack,omitempty"`
-	Filter  *FilterRequest  `json:"filter,omitempty"`
-	Dump    *DumpRequest    `json:"dump,omitempty"`
-	Resolve *ResolveRequest `json:"resolve,omitempty"`
-	Kill    *KillRequest    `json:"kill,omitempty"`
+	V        int              `json:"v"`
+	Seq      uint32           `json:"seq"`
+	Op       Op               `json:"op"`
+	Hello    *Hello           `json:"hello,omitempty"`
+	Stack    *StackRequest    `json:"stack,omitempty"`
+	Filter   *FilterRequest   `json:"filter,omitempty"`
+	Dump     *DumpRequest     `json:"dump,omitempty"`
+	Resolve  *ResolveRequest  `json:"resolve,omitempty"`
+	Kill     *KillRequest     `json:"kill,omitempty"`
+	Handover *HandoverRequest `json:"handover,omitempty"`
+}
+
+// HandoverRequest names the connection to hand over: its stack and its
+// socket (stack.SockID).
+type HandoverRequest struct {
+	Stack uint32 `json:"stack"`
+	Sock  uint32 `json:"sock"`
+}
+
+// HandoverReply says what the handover moved.
+type HandoverReply struct {
+	Unread int   `json:"unread"` // bytes received and not read, then in the kernel's receive queue
+	Sent   int   `json:"sent"`   // sent and not acknowledged
+	Unsent int   `json:"unsent"`
+	TookNs int64 `json:"took_ns"` // out of everyone's hands this long
 }
 
 // KillRequest names the orphan stack to end.
@@ -185,14 +209,15 @@ type DumpRequest struct {
 // if set, is a sentence for the user, and Code says what kind of refusal
 // it is; otherwise the field the request's Op names is set.
 type Reply struct {
-	V     int         `json:"v"`
-	Seq   uint32      `json:"seq"`
-	Error string      `json:"error,omitempty"`
-	Code  Code        `json:"code,omitempty"`
-	Hello *HelloReply `json:"hello,omitempty"`
-	Stack *StackReply `json:"stack,omitempty"`
-	Dump  *Dump       `json:"dump,omitempty"`
-	Kill  *KillReply  `json:"kill,omitempty"`
+	V        int            `json:"v"`
+	Seq      uint32         `json:"seq"`
+	Error    string         `json:"error,omitempty"`
+	Code     Code           `json:"code,omitempty"`
+	Hello    *HelloReply    `json:"hello,omitempty"`
+	Stack    *StackReply    `json:"stack,omitempty"`
+	Dump     *Dump          `json:"dump,omitempty"`
+	Kill     *KillReply     `json:"kill,omitempty"`
+	Handover *HandoverReply `json:"handover,omitempty"`
 }
 
 // KillReply says what ending an orphan stack did.
@@ -323,7 +348,7 @@ func ParseRequest(b []byte) (*Request, error) {
 		return &r, fmt.Errorf("protocol version %d: this onloadd speaks version %d (the client and onloadd come from different builds)", r.V, Version)
 	}
 	set := 0
-	for _, p := range []bool{r.Hello != nil, r.Stack != nil, r.Filter != nil, r.Dump != nil, r.Resolve != nil, r.Kill != nil} {
+	for _, p := range []bool{r.Hello != nil, r.Stack != nil, r.Filter != nil, r.Dump != nil, r.Resolve != nil, r.Kill != nil, r.Handover != nil} {
 		if p {
 			set++
 		}
@@ -342,6 +367,8 @@ func ParseRequest(b []byte) (*Request, error) {
 		want = r.Resolve != nil
 	case OpKill:
 		want = r.Kill != nil
+	case OpHandover:
+		want = r.Handover != nil
 	default:
 		return &r, fmt.Errorf("unknown request %q", r.Op)
 	}

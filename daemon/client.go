@@ -131,7 +131,7 @@ func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) 
 		return errReply(req.Seq, refuse(codeInvalid, "request %q before hello: a connection begins with hello", req.Op)), nil
 	}
 	wantFDs := 0
-	if req.Op == control.OpFilter {
+	if req.Op == control.OpFilter || req.Op == control.OpHandover {
 		wantFDs = 1
 	}
 	if len(fds) != wantFDs {
@@ -211,6 +211,12 @@ func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) 
 		d.mu.Lock()
 		rep.Kill, err = d.killLocked(c, bpf.StackID(req.Kill.Stack))
 		d.mu.Unlock()
+		if err != nil {
+			return errReply(req.Seq, d.logRefusal(c, req.Op, err)), nil
+		}
+	case control.OpHandover:
+		// The descriptor is the client's socket: it keeps its own.
+		rep.Handover, err = d.handover(c, req.Handover, fds[0])
 		if err != nil {
 			return errReply(req.Seq, d.logRefusal(c, req.Op, err)), nil
 		}

@@ -51,6 +51,9 @@ func (d *Daemon) settleGoneFiltersLocked(s *dstack) {
 	uses := map[bpf.Listener]*portUse{}
 	live := map[bpf.Flow]bool{}
 	for _, r := range rows {
+		if r.State == "HANDED-OVER" {
+			continue // the kernel's connection now: no frame of it comes here
+		}
 		k := bpf.Listener{Proto: bpf.TCP, Port: r.Local.Port()}
 		if r.Proto == "udp" {
 			k.Proto = bpf.UDP

@@ -124,7 +124,7 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 	if err != nil {
 		return nil, false, fmt.Errorf("stack on %s queue %d: %w", ifname, q, err)
 	}
-	st, err := stack.New(nic, sc, stack.Options{})
+	st, err := stack.New(nic, sc, stack.Options{Filters: pinFilters{steer: ifc.steer, id: id}})
 	if err != nil {
 		nic.Close()
 		return nil, false, refuse(codeInvalid, "stack on %s: %v", ifname, err)

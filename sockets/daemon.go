@@ -113,7 +113,7 @@ func openDaemon(cfg Config) (*Stack, error) {
 		return fail(err)
 	}
 	undo = append(undo, irq.Close)
-	filters := &daemonFilters{c: cl, stack: sr.ID, proofs: map[proofKey]int{}}
+	filters := &daemonFilters{c: cl, stack: sr.ID, path: path, proofs: map[proofKey]int{}}
 	s, err := attachStack(img, nic, irq, cfg, addr, stack.Options{Filters: filters, Resolver: kn})
 	if err != nil {
 		return fail(err)
@@ -144,6 +144,7 @@ func openDaemon(cfg Config) (*Stack, error) {
 type daemonFilters struct {
 	c     *control.Client
 	stack uint32
+	path  string // onloadd's control socket
 
 	mu     sync.Mutex
 	proofs map[proofKey]int // set around the engine's Bind (withProof)

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/xdp-onload/onload/internal/repair"
+	"github.com/xdp-onload/onload/control"
 	"github.com/xdp-onload/onload/stack"
 )
 
@@ -43,18 +43,12 @@ func (c *TCPConn) Handover() (*net.TCPConn, error) {
 	return nc.(*net.TCPConn), nil
 }
 
-// errHandoverDaemon: the stack is onloadd's, and its steering with it.
-var errHandoverDaemon = errors.New("the connection is on a stack of onloadd's: handing it over is onloadd's work, not supported yet")
-
 // handover re-creates the connection on a kernel socket and returns its
 // descriptor (the reservation's, if it had one), retiring c.
 func (c *sock) handover() (int, error) {
 	s := c.stk
 	if err := c.check(nil); err != nil {
 		return -1, err
-	}
-	if s.proofs != nil {
-		return -1, errHandoverDaemon
 	}
 	la, ra, err := c.addrs()
 	if err != nil {
@@ -73,65 +67,34 @@ func (c *sock) handover() (int, error) {
 	giveUp := func() {
 		if own {
 			unix.Close(fd)
-		} else {
-			unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 0)
 		}
 	}
-	if err := repair.Prepare(fd, la); err != nil {
-		giveUp()
-		return -1, err
-	}
-	if !s.enter() {
-		giveUp()
-		return -1, net.ErrClosed
-	}
-	conn, err := s.st.BeginHandover(c.id)
-	if err != nil {
+	var st stack.HandoverStats
+	if s.proofs != nil {
+		// onloadd's stack: onloadd repairs (it has the privilege).
+		st, err = s.proofs.handover(c.id, fd)
+	} else {
+		if !s.enter() {
+			giveUp()
+			return -1, net.ErrClosed
+		}
+		st, err = s.st.Handover(c.id, fd, handoverWrite)
 		s.leave()
+	}
+	switch {
+	case errors.Is(err, stack.ErrHandoverLost):
+		// The connection is gone (the peer was told), and with it c.
+		unix.Close(fd)
+		c.retire(!own)
+		return -1, err
+	case err != nil:
 		giveUp()
 		return -1, c.engineErr("handover", err)
 	}
-	if err := s.restore(fd, c.id, conn); err != nil {
-		s.st.AbortHandover(c.id)
-		s.leave()
-		unix.Close(fd)
-		c.retire(!own)
-		return -1, fmt.Errorf("the kernel socket could not be made, and the connection was reset: %w", err)
-	}
-	// The kernel has the connection: its segments go there now.
-	if err := s.st.EndHandover(c.id); err != nil {
-		logf(levelInfo, "handover of %v->%v: %v", la, ra, err)
-	}
-	s.leave()
-	if err := repair.WriteAll(fd, conn.Unsent, handoverWrite); err != nil {
-		// Bytes the application wrote would be lost: the peer is told.
-		unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1})
-		unix.Close(fd)
-		c.retire(!own)
-		return -1, fmt.Errorf("the kernel socket did not take the bytes not yet sent, and the connection was reset: %w", err)
-	}
 	c.retire(!own)
-	logf(levelDebug, "handed over %v->%v to the kernel: %d unread, %d unacknowledged and %d unsent bytes",
-		la, ra, len(conn.Unread), len(conn.Sent), len(conn.Unsent))
+	logf(levelDebug, "handed over %v->%v to the kernel in %v: %d unread (%d of them during the handover), %d unacknowledged and %d unsent bytes",
+		la, ra, st.Took, st.Unread+st.CaughtUp, st.CaughtUp, st.Sent, st.Unsent)
 	return fd, nil
-}
-
-// restore re-creates conn, which BeginHandover gave for engine socket
-// id, on fd, with the bytes that arrived since, and takes it out of
-// repair mode.
-func (s *Stack) restore(fd int, id stack.SockID, conn *repair.Conn) error {
-	if err := repair.Restore(fd, conn); err != nil {
-		return err
-	}
-	more, err := s.st.HandoverCatchUp(id)
-	if err != nil {
-		return err
-	}
-	if err := repair.Receive(fd, more); err != nil {
-		return err
-	}
-	conn.Unread = append(conn.Unread, more...) // for the log
-	return repair.Finish(fd)
 }
 
 // retire closes c after its engine socket was handed over: the engine
@@ -150,3 +113,40 @@ func (c *sock) retire(tookReservation bool) {
 	c.reserve.release()
 	s.release()
 }
+
+// handover asks onloadd to hand connection id over to the kernel on fd.
+// A refusal leaves the connection as it was; a failure after it left
+// the stack wraps stack.ErrHandoverLost, as stack.Handover's does.
+func (f *daemonFilters) handover(id stack.SockID, fd int) (stack.HandoverStats, error) {
+	var st stack.HandoverStats
+	rep, fds, err := f.c.Call(control.Request{Op: control.OpHandover,
+		Handover: &control.HandoverRequest{Stack: f.stack, Sock: uint32(id)}}, fd)
+	control.CloseFDs(fds)
+	var ce *control.Error
+	switch {
+	case errors.As(err, &ce) && ce.Code == control.CodeInternal:
+		return st, fmt.Errorf("%w: %w", stack.ErrHandoverLost, err)
+	case err != nil:
+		return st, err
+	case rep.Handover == nil:
+		return st, fmt.Errorf("%w: onloadd's handover reply is empty", stack.ErrHandoverLost)
+	}
+	h := rep.Handover
+	st.Unread, st.Sent, st.Unsent, st.Took = h.Unread, h.Sent, h.Unsent, time.Duration(h.TookNs)
+	return st, nil
+}
+
+// HandoverVia says where a process that cannot run this stack (a child
+// forked after the shim's core loaded) asks for a handover of one of its
+// connections: onloadd's control socket and the stack's number there.
+// ok is false for a stack the process made itself: only the process
+// runs it.
+func (s *Stack) HandoverVia() (socket string, stackID uint32, ok bool) {
+	if s.proofs == nil {
+		return "", 0, false
+	}
+	return s.proofs.path, s.proofs.stack, true
+}
+
+// SockID is the engine's name for d (what a handover request names).
+func (d *Desc) SockID() uint32 { return uint32(d.id) }

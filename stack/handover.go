@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
 
 	"github.com/xdp-onload/onload/internal/repair"
@@ -276,4 +277,76 @@ func (s *Stack) unpinLocked(sk *sock) error {
 		return nil
 	}
 	return pin.UnpinFlow(TCP, addrPort(sk.localAddr, sk.localPort), addrPort(sk.remoteAddr, sk.remotePort))
+}
+
+// HandoverStats says what a handover moved and how long the connection
+// was out of everyone's hands (from BeginHandover to EndHandover).
+type HandoverStats struct {
+	Local, Remote        netip.AddrPort
+	Unread, Sent, Unsent int
+	CaughtUp             int
+	Took                 time.Duration
+}
+
+// ErrHandoverLost marks a handover that failed after the connection left
+// the stack: the peer was reset (AbortHandover), or the bytes not yet
+// sent could not be written.
+var ErrHandoverLost = errors.New("the connection was reset")
+
+// Handover hands connection id over to the kernel on fd, a TCP socket
+// that is not connected (bound to the connection's port, or not bound):
+// the steps above, with repair.Prepare first, so that a process without
+// CAP_NET_ADMIN or a connection in another state fails with nothing
+// changed. An error that wraps ErrHandoverLost means the connection is
+// gone; any other means it is still the stack's. fd's blocking mode is
+// kept; the bytes not yet sent are written within writeTimeout.
+func (s *Stack) Handover(id SockID, fd int, writeTimeout time.Duration) (HandoverStats, error) {
+	var st HandoverStats
+	local, err := s.LocalAddr(id)
+	if err != nil {
+		return st, err
+	}
+	if err := repair.Prepare(fd, local); err != nil {
+		return st, err
+	}
+	start := time.Now()
+	c, err := s.BeginHandover(id)
+	if err != nil {
+		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 0)
+		return st, err
+	}
+	st.Local, st.Remote = c.Local, c.Remote
+	st.Unread, st.Sent, st.Unsent = len(c.Unread), len(c.Sent), len(c.Unsent)
+	lost := func(err error) (HandoverStats, error) {
+		s.AbortHandover(id)
+		return st, fmt.Errorf("%w: the kernel socket could not be made: %w", ErrHandoverLost, err)
+	}
+	if err := repair.Restore(fd, c); err != nil {
+		return lost(err)
+	}
+	more, err := s.HandoverCatchUp(id)
+	if err != nil {
+		return lost(err)
+	}
+	st.CaughtUp = len(more)
+	if err := repair.Receive(fd, more); err != nil {
+		return lost(err)
+	}
+	if err := repair.Finish(fd); err != nil {
+		return lost(err)
+	}
+	// The kernel has the connection: its segments go there now.
+	err = s.EndHandover(id)
+	st.Took = time.Since(start)
+	if err != nil {
+		// Its segments still come here, where they are dropped: the
+		// connection stalls. Say so; it cannot be undone.
+		return st, fmt.Errorf("%w: %w", ErrHandoverLost, err)
+	}
+	if err := repair.WriteAll(fd, c.Unsent, writeTimeout); err != nil {
+		// Bytes the application wrote would be lost: the peer is told.
+		unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1})
+		return st, fmt.Errorf("%w: the kernel socket did not take the bytes not yet sent: %w", ErrHandoverLost, err)
+	}
+	return st, nil
 }

@@ -138,6 +138,23 @@ func TestHandoverLibrary(t *testing.T) {
 			}
 		})
 	}
+	// On a stack from onloadd, onloadd repairs (the process may not).
+	t.Run("onloadd", func(t *testing.T) {
+		p := FaultyPath(t, PathConfig{Seed: 8})
+		dir, _ := daemonDir(t)
+		sock, _ := startDaemon(t, p.B, dir)
+		cfg, err := sockets.DefaultConfig(sockets.Balanced)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Daemon, cfg.DaemonSocket = "require", sock
+		s := ourSocketsConfig(t, p.B, cfg)
+		for _, weDial := range []bool{true, false} {
+			t.Run(map[bool]string{true: "dialled", false: "accepted"}[weDial], func(t *testing.T) {
+				handoverMidTransfer(t, p, s, weDial, vnic.Impairment{}, n)
+			})
+		}
+	})
 }
 
 func handoverMidTransfer(t *testing.T, p *Path, s *sockets.Stack, weDial bool, imp vnic.Impairment, n int) {
