@@ -22,8 +22,11 @@
  * eventfd and blocks in the kernel on it beside the program's own fds.
  *
  * The Go runtime cannot run in a child forked after it loaded: there an
- * accelerated socket fails with EOPNOTSUPP (logged once), and close()
- * closes only the child's fd.
+ * inherited connection is handed over to the kernel at its first use
+ * (onloadd, or the parent for a stack it made, re-creates it on its
+ * kernel socket with TCP_REPAIR), and is the kernel's from then on, in
+ * the child and in the parent; close() closes only the child's fd. A
+ * connection passed across exec is handed over before it.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -36,7 +39,9 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <alloca.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +55,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -100,6 +106,9 @@ REAL(int, epoll_wait, int, struct epoll_event *, int, int);
 REAL(int, epoll_pwait, int, struct epoll_event *, int, int, const sigset_t *);
 REAL(int, epoll_pwait2, int, struct epoll_event *, int, const struct timespec *, const sigset_t *);
 REAL(pid_t, fork, void);
+REAL(int, execve, const char *, char *const[], char *const[]);
+REAL(int, execvpe, const char *, char *const[], char *const[]);
+REAL(int, fexecve, int, char *const[], char *const[]);
 REAL(int, sigaction, int, const struct sigaction *, struct sigaction *);
 
 /* maybe_ours has a bit for each fd below NFAST that is accelerated: set
@@ -148,6 +157,8 @@ static struct {
 	int (*sockerr)(int);
 	int (*unread)(int);
 	int (*tcpinfo)(int, struct onl_tcpinfo *);
+	int (*handover_info)(int, uint32_t *, uint32_t *, char *, int);
+	int (*handover)(int, int);
 } core;
 
 static int core_state;	      /* 0 not loaded, 1 loaded, -1 failed */
@@ -243,6 +254,7 @@ static int load_core(void)
 	SYM(events); SYM(arm); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(thread); SYM(spin_ns); SYM(try_spin);
 	SYM(end_spin); SYM(close); SYM(shutdown);
 	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
+	SYM(handover_info); SYM(handover);
 #undef SYM
 	Dl_info ci;
 	if (ok && dladdr((void *)core.listen, &ci))
@@ -291,6 +303,10 @@ struct fdent {
 	};
 	uint32_t rd_eagain, wr_eagain; /* reads/writes that found nothing: EPOLLET */
 	struct ep *ep;	    /* K_EPOLL */
+	/* K_OURS, a connection: its names at onloadd, for a child forked
+	 * after the core loaded to ask for its handover (prepare_fork). */
+	uint8_t ho_ok;
+	uint32_t ho_stack, ho_sock;
 };
 
 static struct fdent *fdt;
@@ -316,13 +332,21 @@ static int refuse_after_fork(void)
 	static int logged;
 	if (!logged) {
 		logged = 1;
-		logf_("an accelerated socket was used in a child forked after the stack loaded: "
-		      "it cannot be served here (handover to the kernel is not done yet); "
-		      "the call fails with EOPNOTSUPP");
+		logf_("an accelerated socket was used in a child forked after the stack loaded, "
+		      "and it could not be handed over to the kernel (that needs a stack from onloadd: "
+		      "run onloadd serve; ONLOAD_LOG=debug says more): the call fails with EOPNOTSUPP");
 	}
 	errno = EOPNOTSUPP;
 	return -1;
 }
+
+/* In a child forked after the core loaded, a connection is handed over
+ * to the kernel at its first use: e becomes NULL, and the call goes to
+ * the kernel. */
+#define CHILD_TAKES(fd, e) do { \
+	if ((e) && after_fork && !(e)->listening && child_takes((fd), (e)) == 0) (e) = NULL; \
+} while (0)
+static int child_takes(int fd, struct fdent *e);
 
 /* A call on an accelerated socket: the core must be usable from here. */
 #define CHECK_USABLE() do { \
@@ -369,6 +393,174 @@ static void drop(int fd)
 		free(e->ep);
 	}
 	memset(e, 0, sizeof *e);
+}
+
+/* ---- handover to the kernel -------------------------------------------
+ *
+ * A connection the kernel has taken over (TCP_REPAIR, done by onloadd or
+ * by the core: docs/ARCHITECTURE.md, "Handover") lives on the fd the
+ * program holds, its kernel socket: every fd naming it becomes the
+ * kernel's again (kernel_now_locked). An accelerated connection's kernel
+ * socket is never connected in the kernel otherwise, so getpeername
+ * succeeding on it says the handover happened: a process learns so from
+ * the core's EBADF (its socket left the stack), or from its error and
+ * hangup in a wait. */
+
+static void epoll_to_kernel(int fd);
+
+/* kernel_now_locked makes every fd naming handle h the kernel's: the
+ * program's O_NONBLOCK back, its epoll registrations moved to the
+ * kernel's sets. Under mu. */
+static void kernel_now_locked(int h)
+{
+	int nb = -1;
+	for (int fd = 0; fd < nfdt; fd++) {
+		struct fdent *e = &fdt[fd];
+		if (e->kind != K_OURS || e->h != h)
+			continue;
+		if (nb < 0) {
+			nb = e->nonblock;
+			int fl = real_fcntl(fd, F_GETFL);
+			if (fl >= 0 && !nb)
+				real_fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+		}
+		epoll_to_kernel(fd);
+		e->kind = K_NONE;
+		mark_ours(fd, 0);
+		memset(e, 0, sizeof *e);
+		if (!after_fork && (unsigned)h < MAX_HANDLES &&
+		    __atomic_sub_fetch(&hrefs[h], 1, __ATOMIC_RELAXED) == 0)
+			CORE_VOID(core.close(h));
+	}
+}
+
+/* kernel_took: the core no longer has connection fd's socket; if the
+ * kernel took it over, fd is the kernel's from now on (1). */
+static int kernel_took(int fd)
+{
+	struct sockaddr_in sa;
+	socklen_t l = sizeof sa;
+	if (real_getpeername(fd, (struct sockaddr *)&sa, &l) < 0)
+		return 0;
+	pthread_mutex_lock(&mu);
+	struct fdent *e = ent(fd);
+	if (e && e->kind == K_OURS) {
+		debugf("fd %d: the kernel has taken the connection over", fd);
+		kernel_now_locked(e->h);
+	}
+	pthread_mutex_unlock(&mu);
+	return 1;
+}
+
+/* ctl_call sends onloadd one request (msg, JSON) on control connection
+ * s, with fd beside it if fd >= 0, and reads the reply into rep: 0, or
+ * -1 if it failed or says why not. */
+static int ctl_call(int s, const char *msg, int fd, char *rep, size_t n)
+{
+	struct iovec iov = {(void *)msg, strlen(msg)};
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (fd >= 0) {
+		memset(&u, 0, sizeof u);
+		mh.msg_control = u.b;
+		mh.msg_controllen = sizeof u.b;
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof fd);
+	}
+	snprintf(rep, n, "no reply");
+	if (real_sendmsg(s, &mh, MSG_NOSIGNAL) < 0) {
+		snprintf(rep, n, "send: %s", strerror(errno));
+		return -1;
+	}
+	ssize_t r = real_recv(s, rep, n - 1, 0);
+	if (r <= 0) {
+		snprintf(rep, n, "onloadd's reply: %s", r < 0 ? strerror(errno) : "connection closed");
+		return -1;
+	}
+	rep[r] = 0;
+	return strstr(rep, "\"error\"") ? -1 : 0;
+}
+
+static char ho_path[108]; /* onloadd's control socket (prepare_fork) */
+
+/* child_takes: a child forked after the core loaded (which cannot run
+ * it) uses inherited connection fd: onloadd hands it over to the kernel,
+ * and fd is the kernel's (0). -1 if that cannot be done: the call is
+ * refused (refuse_after_fork). */
+static int child_takes(int fd, struct fdent *e)
+{
+	if (!e->ho_ok || !ho_path[0] || e->listening) {
+		debugf("fd %d: a child cannot hand it over: %s", fd,
+		       e->listening ? "a listener" : "its parent found nowhere to ask (ONLOAD_LOG=debug in the parent says why)");
+		return -1;
+	}
+	int s = real_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return -1;
+	/* onloadd's control socket, or "@name": the parent's own service
+	 * (an abstract address) for a stack it made. */
+	struct sockaddr_un sun = {.sun_family = AF_UNIX};
+	snprintf(sun.sun_path, sizeof sun.sun_path, "%s", ho_path);
+	socklen_t sl = sizeof sun;
+	if (ho_path[0] == '@') {
+		sun.sun_path[0] = 0;
+		sl = offsetof(struct sockaddr_un, sun_path) + strlen(ho_path);
+	}
+	struct timeval tv = {30, 0};
+	real_setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	real_setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	char msg[256], rep[1024];
+	int ok = real_connect(s, (struct sockaddr *)&sun, sl) == 0;
+	if (!ok)
+		snprintf(rep, sizeof rep, "connect to %s: %s", ho_path, strerror(errno));
+	if (ok) {
+		snprintf(msg, sizeof msg, "{\"v\":1,\"seq\":1,\"op\":\"hello\",\"hello\":{\"program\":\"onload child %d\"}}", getpid());
+		ok = ctl_call(s, msg, -1, rep, sizeof rep) == 0;
+	}
+	if (ok) {
+		snprintf(msg, sizeof msg, "{\"v\":1,\"seq\":2,\"op\":\"handover\",\"handover\":{\"stack\":%u,\"sock\":%u}}",
+			 e->ho_stack, e->ho_sock);
+		ok = ctl_call(s, msg, fd, rep, sizeof rep) == 0;
+	}
+	real_close(s);
+	if (!ok) {
+		logf_("fd %d: a child forked after the stack loaded could not have its inherited connection handed over to the kernel: %s", fd, rep);
+		return -1;
+	}
+	debugf("fd %d: handed over to the kernel, for a child forked after the stack loaded", fd);
+	pthread_mutex_lock(&mu);
+	if (e->kind == K_OURS)
+		kernel_now_locked(e->h);
+	pthread_mutex_unlock(&mu);
+	return 0;
+}
+
+/* prepare_fork runs in the parent before a fork: a child forked after
+ * the core loaded hands an inherited connection over at its first use
+ * (child_takes), and needs its names at onloadd, which only the core
+ * knows. */
+static void prepare_fork(void)
+{
+	if (core_state != 1 || in_core || !fdt)
+		return;
+	pthread_mutex_lock(&mu);
+	for (int fd = 0; fd < nfdt; fd++) {
+		struct fdent *e = &fdt[fd];
+		if (e->kind != K_OURS || e->listening || e->ho_ok)
+			continue;
+		char path[sizeof ho_path];
+		if (CORE(core.handover_info(e->h, &e->ho_stack, &e->ho_sock, path, sizeof path)) == 0) {
+			e->ho_ok = 1;
+			memcpy(ho_path, path, sizeof ho_path);
+		}
+	}
+	pthread_mutex_unlock(&mu);
 }
 
 /* ---- waiting ---------------------------------------------------------- */
@@ -655,6 +847,18 @@ static int check_poll(struct pollfd *p, nfds_t n)
  * that come through loopback); the rest with the kernel. timeout_ns < 0
  * waits for ever.
  */
+/* taken_over: of the k accelerated fds (fds[idx[j]]) whose core events
+ * are evs[j], those whose socket the core no longer has (error and
+ * hangup) may have been taken over by the kernel; 1 if any was. */
+static int taken_over(const struct pollfd *fds, const int *idx, const int *evs, int k)
+{
+	int any = 0;
+	for (int j = 0; j < k; j++)
+		if ((evs[j] & (ONL_ERROR | ONL_HANGUP)) == (ONL_ERROR | ONL_HANGUP) && kernel_took(fds[idx[j]].fd))
+			any = 1;
+	return any;
+}
+
 static int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask)
 {
 	int hs_buf[64], want_buf[64], ev_buf[64], idx_buf[64];
@@ -695,6 +899,12 @@ static int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 	for (;;) {
 		int ready = 0;
 		CORE_VOID(core.events(hs, evs, NULL, k, w.spinning));
+		if (taken_over(fds, idx, evs, k)) {
+			/* Those fds are the kernel's now: wait again. */
+			wait_end(&w);
+			free(heap);
+			return wait_poll(fds, n, timeout_ns, mask);
+		}
 		if (nkernel > 0 && check_poll(tmp, n) < 0) {
 			ret = -1;
 			break;
@@ -759,14 +969,15 @@ static int blocked(struct fdent *e, int fd, int flags, short ev)
 /* ---- the calls ------------------------------------------------------- */
 
 static void child_after_fork(void);
+static void prepare_fork(void);
 
 /* adopt_inherited takes the TCP/IPv4 sockets the program inherited (from
  * the program it was exec'd from: nginx's binary upgrade passes its
  * listening sockets so; systemd's socket activation) as a socket() of its
  * own: a listener is accelerated at its first accept, poll or epoll_ctl,
  * an unconnected socket at its connect. A connected one stays the
- * kernel's: a connection that the previous program had accelerated
- * carries nothing here (live handover to the kernel, issue 15). */
+ * kernel's: the previous program handed its accelerated connections over
+ * to the kernel before the exec (handover_for_exec). */
 static void adopt_inherited(void)
 {
 	DIR *d = opendir("/proc/self/fd");
@@ -818,7 +1029,7 @@ __attribute__((constructor)) static void init(void)
 	LOAD(dup); LOAD(dup2); LOAD(dup3); LOAD(poll); LOAD(ppoll);
 	LOAD(select); LOAD(pselect); LOAD(epoll_create); LOAD(epoll_create1);
 	LOAD(epoll_ctl); LOAD(epoll_wait); LOAD(epoll_pwait); LOAD(epoll_pwait2);
-	LOAD(fork); LOAD(sigaction);
+	LOAD(fork); LOAD(sigaction); LOAD(execve); LOAD(execvpe); LOAD(fexecve);
 #undef LOAD
 	const char *lv = getenv("ONLOAD_LOG");
 	log_debug = lv && strcmp(lv, "debug") == 0;
@@ -838,7 +1049,7 @@ __attribute__((constructor)) static void init(void)
 		return;
 	}
 	pthread_key_create(&thread_key, thread_exit);
-	pthread_atfork(NULL, NULL, child_after_fork);
+	pthread_atfork(prepare_fork, NULL, child_after_fork);
 	adopt_inherited();
 }
 
@@ -848,6 +1059,108 @@ static void child_after_fork(void)
 		after_fork = 1;
 	/* The parent thread's eventfd and epoll set are shared: make our own. */
 	t_efd = t_ep = t_ep_prog = -1;
+}
+
+/* ---- exec ------------------------------------------------------------
+ *
+ * A connection the program passes across exec (not close-on-exec) is
+ * handed over to the kernel first: the new program, with or without the
+ * shim, finds a kernel connection on the fd. If the exec fails, the
+ * connections stay the kernel's, and work. */
+
+static void handover_for_exec(void)
+{
+	if (!fdt || core_state != 1 || in_core)
+		return;
+	for (int fd = 0; fd < nfdt; fd++) {
+		struct fdent *e = &fdt[fd];
+		if (e->kind != K_OURS || e->listening)
+			continue;
+		int fl = real_fcntl(fd, F_GETFD);
+		if (fl < 0 || (fl & FD_CLOEXEC))
+			continue;
+		if (after_fork) {
+			child_takes(fd, e);
+			continue;
+		}
+		int h = e->h;
+		int r = CORE(core.handover(h, fd));
+		if (r == 0) {
+			debugf("fd %d: handed over to the kernel for exec", fd);
+			pthread_mutex_lock(&mu);
+			kernel_now_locked(h);
+			pthread_mutex_unlock(&mu);
+		} else {
+			logf_("fd %d: its connection could not be handed over to the kernel before exec (%s): "
+			      "the new program finds it unusable", fd, strerror(-r));
+		}
+	}
+}
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+	handover_for_exec();
+	return real_execve(path, argv, envp);
+}
+
+EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+	handover_for_exec();
+	return real_execvpe(file, argv, envp);
+}
+
+EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
+{
+	handover_for_exec();
+	return real_fexecve(fd, argv, envp);
+}
+
+extern char **environ;
+
+EXPORT int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }
+EXPORT int execvp(const char *file, char *const argv[]) { return execvpe(file, argv, environ); }
+
+/* The list forms gather their arguments (and execle its environment). */
+#define EXEC_ARGS(first, ap, argv) do { \
+	size_t n_ = 1; \
+	va_list c_; \
+	va_copy(c_, ap); \
+	while (va_arg(c_, char *)) n_++; \
+	va_end(c_); \
+	argv = alloca((n_ + 1) * sizeof(char *)); \
+	argv[0] = (char *)(first); \
+	for (size_t i_ = 1; i_ <= n_; i_++) argv[i_] = va_arg(ap, char *); \
+} while (0)
+
+EXPORT int execl(const char *path, const char *arg, ...)
+{
+	va_list ap;
+	char **argv;
+	va_start(ap, arg);
+	EXEC_ARGS(arg, ap, argv);
+	va_end(ap);
+	return execve(path, argv, environ);
+}
+
+EXPORT int execlp(const char *file, const char *arg, ...)
+{
+	va_list ap;
+	char **argv;
+	va_start(ap, arg);
+	EXEC_ARGS(arg, ap, argv);
+	va_end(ap);
+	return execvpe(file, argv, environ);
+}
+
+EXPORT int execle(const char *path, const char *arg, ...)
+{
+	va_list ap;
+	char **argv;
+	va_start(ap, arg);
+	EXEC_ARGS(arg, ap, argv);
+	char **envp = va_arg(ap, char **);
+	va_end(ap);
+	return execve(path, argv, envp);
 }
 
 /* vfork's child shares our memory and runs no fork handlers: a close()
@@ -1055,6 +1368,9 @@ EXPORT int accept(int fd, struct sockaddr *a, socklen_t *l) { return accept4(fd,
 
 static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags)
 {
+	CHILD_TAKES(fd, e);
+	if (!e || e->kind != K_OURS)
+		return real_recv(fd, buf, n, flags);
 	CHECK_USABLE();
 	if (e->listening) {
 		errno = ENOTCONN;
@@ -1062,6 +1378,8 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 	}
 	size_t got = 0;
 	for (;;) {
+		if (e->kind != K_OURS) /* taken over while this call waited */
+			return got ? (ssize_t)got : real_recv(fd, buf, n, flags);
 		long r = CORE(core.recv(e->h, (char *)buf + got, n - got, flags & MSG_PEEK));
 		if (r > 0) {
 			got += r;
@@ -1074,6 +1392,8 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 		if (r != -EAGAIN) {
 			if (got)
 				return got;
+			if (r == -EBADF && kernel_took(fd))
+				return real_recv(fd, buf, n, flags);
 			errno = -r;
 			return -1;
 		}
@@ -1085,9 +1405,14 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 /* ours_send queues all of buf (blocking) or what fits (non-blocking). */
 static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int flags)
 {
+	CHILD_TAKES(fd, e);
+	if (!e || e->kind != K_OURS)
+		return real_send(fd, buf, n, flags);
 	CHECK_USABLE();
 	size_t done = 0;
 	for (;;) {
+		if (e->kind != K_OURS) /* taken over while this call waited */
+			return done ? (ssize_t)done : real_send(fd, buf, n, flags);
 		/* The frames wait for the kick that this thread's next wait
 		 * gives (flush_kicks): a program answering many clients sends
 		 * all its answers in one system call. */
@@ -1104,6 +1429,8 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 		if (r < 0 && r != -EAGAIN) {
 			if (done)
 				return done;
+			if (r == -EBADF && kernel_took(fd))
+				return real_send(fd, buf, n, flags);
 			if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
 				raise(SIGPIPE);
 			errno = -r;
@@ -1344,10 +1671,13 @@ EXPORT int close(int fd)
 EXPORT int shutdown(int fd, int how)
 {
 	struct fdent *e = ours(fd);
+	CHILD_TAKES(fd, e);
 	if (!e || e->listening)
 		return real_shutdown(fd, how);
 	CHECK_USABLE();
 	int r = CORE(core.shutdown(e->h, how));
+	if (r == -EBADF && kernel_took(fd))
+		return real_shutdown(fd, how);
 	if (r < 0) {
 		errno = -r;
 		return -1;
@@ -1358,6 +1688,7 @@ EXPORT int shutdown(int fd, int how)
 EXPORT int getsockopt(int fd, int level, int name, void *v, socklen_t *l)
 {
 	struct fdent *e = ours(fd);
+	CHILD_TAKES(fd, e);
 	if (!e || e->listening || after_fork)
 		return real_getsockopt(fd, level, name, v, l);
 	if (level == SOL_SOCKET && name == SO_ERROR && v && l && *l >= sizeof(int)) {
@@ -1402,6 +1733,7 @@ EXPORT int getsockopt(int fd, int level, int name, void *v, socklen_t *l)
 EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 {
 	struct fdent *e = ours(fd);
+	CHILD_TAKES(fd, e);
 	int r = real_setsockopt(fd, level, name, v, l);
 	if (!e || e->listening || r < 0 || after_fork || !v || l < sizeof(int))
 		return r;
@@ -1442,11 +1774,14 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 static int name(int fd, struct sockaddr *a, socklen_t *l, int peer)
 {
 	struct fdent *e = ours(fd);
+	CHILD_TAKES(fd, e);
 	if (!e || e->listening || after_fork)
 		return peer ? real_getpeername(fd, a, l) : real_getsockname(fd, a, l);
 	uint32_t ip[2];
 	uint16_t port[2];
 	int r = CORE(core.addrs(e->h, &ip[0], &port[0], &ip[1], &port[1]));
+	if (r == -EBADF && kernel_took(fd))
+		return peer ? real_getpeername(fd, a, l) : real_getsockname(fd, a, l);
 	if (r < 0) {
 		errno = -r;
 		return -1;
@@ -1551,6 +1886,8 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
 	struct fdent *e = ours(fd);
+	if (e && req == FIONREAD)
+		CHILD_TAKES(fd, e);
 	if (e && req == FIONBIO && arg) {
 		e->nonblock = !!*(int *)arg;
 		return 0;
@@ -1580,9 +1917,12 @@ static int any_ours(struct pollfd *fds, nfds_t n)
 	if (!fdt)
 		return 0;
 	int any = 0;
-	for (nfds_t i = 0; i < n; i++)
-		if (ours_or_listener(fds[i].fd))
+	for (nfds_t i = 0; i < n; i++) {
+		struct fdent *e = ours_or_listener(fds[i].fd);
+		CHILD_TAKES(fds[i].fd, e);
+		if (e)
 			any = 1;
+	}
 	return any && !after_fork && !in_core;
 }
 
@@ -1614,12 +1954,16 @@ EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *t, c
 
 static int select_ours(int n, fd_set *r, fd_set *w, fd_set *x)
 {
-	if (!fdt || after_fork || in_core)
+	if (!fdt || in_core)
 		return 0;
+	int any = 0;
 	for (int fd = 0; fd < n && fd < nfdt; fd++)
-		if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (x && FD_ISSET(fd, x))) && ours_or_listener(fd))
-			return 1;
-	return 0;
+		if ((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (x && FD_ISSET(fd, x))) {
+			struct fdent *e = ours_or_listener(fd);
+			CHILD_TAKES(fd, e);
+			any |= e != NULL;
+		}
+	return any && !after_fork;
 }
 
 /* do_select is select() as poll() over the fds in the sets. */
@@ -1724,6 +2068,26 @@ static void epoll_forget(int fd)
 	}
 }
 
+/* epoll_to_kernel moves fd's registrations in the instances' lists of
+ * accelerated members into the kernel's sets (fd is the kernel's now). */
+static void epoll_to_kernel(int fd)
+{
+	for (int i = 0; i < nfdt; i++) {
+		struct ep *ep = fdt[i].kind == K_EPOLL ? fdt[i].ep : NULL;
+		if (!ep)
+			continue;
+		for (int j = 0; j < ep->n; j++)
+			if (ep->items[j].fd == fd) {
+				struct epoll_event ev = {.events = ep->items[j].events, .data = ep->items[j].data};
+				if (real_epoll_ctl(i, EPOLL_CTL_ADD, fd, &ev) < 0 && errno != EEXIST)
+					debugf("fd %d: into epoll %d: %s", fd, i, strerror(errno));
+				ep->items[j] = ep->items[--ep->n];
+				ep->ver++;
+				break;
+			}
+	}
+}
+
 static int note_epoll(int r)
 {
 	struct fdent *e = ent(r);
@@ -1744,6 +2108,7 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
 	struct fdent *fe = ours_or_listener(fd);
 	struct fdent *ee = ent(epfd);
+	CHILD_TAKES(fd, fe);
 	if (!fe || !ee || after_fork)
 		return real_epoll_ctl(epfd, op, fd, ev);
 	if (fe->listening) {
@@ -1888,6 +2253,27 @@ static int ep_collect(struct ep *ep, struct epoll_event *out, int max, int *evs,
 	return k;
 }
 
+/* ep_taken_over is taken_over for an epoll instance's members (hs as
+ * ep_members listed them). */
+static int ep_taken_over(struct fdent *ee, const int *hs, const int *evs, int n)
+{
+	int any = 0;
+	for (int j = 0; j < n; j++) {
+		if ((evs[j] & (ONL_ERROR | ONL_HANGUP)) != (ONL_ERROR | ONL_HANGUP) || hs[j] <= 0)
+			continue;
+		int fd = -1;
+		pthread_mutex_lock(&mu);
+		struct ep *ep = ee->kind == K_EPOLL ? ee->ep : NULL;
+		for (int i = 0; ep && i < ep->n; i++)
+			if (ep->items[i].h == hs[j])
+				fd = ep->items[i].fd;
+		pthread_mutex_unlock(&mu);
+		if (fd >= 0 && kernel_took(fd))
+			any = 1;
+	}
+	return any;
+}
+
 static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns, const sigset_t *mask)
 {
 	struct fdent *ee = ent(epfd);
@@ -1928,6 +2314,8 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		 * were is checked after: a change since (epoll_ctl, close) asks
 		 * again. */
 		CORE_VOID(core.events(hs, evs, edges, n, w.spinning));
+		if (ep_taken_over(ee, hs, evs, n))
+			continue; /* those members are the kernel set's now */
 		pthread_mutex_lock(&mu);
 		if (ee->ep != ep || (ep && ep->ver != ver)) {
 			pthread_mutex_unlock(&mu);
@@ -1975,7 +2363,17 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 static int ep_has_ours(int epfd)
 {
 	struct fdent *e = ent(epfd);
-	return e && e->kind == K_EPOLL && e->ep && e->ep->n > 0 && !after_fork && !in_core;
+	if (e && e->kind == K_EPOLL && e->ep && after_fork) {
+		/* A child's inherited set: its connections go to the kernel
+		 * (and into the kernel's set). */
+		for (int i = e->ep->n - 1; i >= 0; i--) {
+			int fd = e->ep->items[i].fd;
+			struct fdent *m = ours(fd);
+			CHILD_TAKES(fd, m);
+		}
+		return 0;
+	}
+	return e && e->kind == K_EPOLL && e->ep && e->ep->n > 0 && !in_core;
 }
 
 EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)

@@ -46,23 +46,43 @@ func (c *TCPConn) Handover() (*net.TCPConn, error) {
 // handover re-creates the connection on a kernel socket and returns its
 // descriptor (the reservation's, if it had one), retiring c.
 func (c *sock) handover() (int, error) {
-	s := c.stk
 	if err := c.check(nil); err != nil {
 		return -1, err
-	}
-	la, ra, err := c.addrs()
-	if err != nil {
-		return -1, err
-	}
-	if !ra.IsValid() {
-		return -1, unix.ENOTCONN
 	}
 	fd := c.reserve.fd1 - 1
 	own := fd < 0 // a socket made here; a reservation is c's until it succeeds
 	if own {
+		var err error
 		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
 			return -1, os.NewSyscallError("socket", err)
 		}
+	}
+	return fd, c.handoverOn(fd, own)
+}
+
+// Handover hands d's connection over to the kernel on kfd, d's own
+// kernel socket (so that every holder of kfd holds the connection
+// after), and closes d; kfd stays the caller's. The errors are
+// TCPConn.Handover's: one that wraps stack.ErrHandoverLost means the
+// connection is gone; with any other, d is unchanged.
+func (d *Desc) Handover(kfd int) error {
+	if err := d.check(nil); err != nil {
+		return err
+	}
+	return d.handoverOn(kfd, false)
+}
+
+// handoverOn hands c's connection over on fd, which the handover closes
+// on failure if own; on success c is retired (and its reservation, fd
+// unless own, is the caller's).
+func (c *sock) handoverOn(fd int, own bool) error {
+	s := c.stk
+	la, ra, err := c.addrs()
+	if err != nil {
+		return err
+	}
+	if !ra.IsValid() {
+		return unix.ENOTCONN
 	}
 	giveUp := func() {
 		if own {
@@ -76,25 +96,26 @@ func (c *sock) handover() (int, error) {
 	} else {
 		if !s.enter() {
 			giveUp()
-			return -1, net.ErrClosed
+			return net.ErrClosed
 		}
 		st, err = s.st.Handover(c.id, fd, handoverWrite)
 		s.leave()
 	}
 	switch {
 	case errors.Is(err, stack.ErrHandoverLost):
-		// The connection is gone (the peer was told), and with it c.
-		unix.Close(fd)
-		c.retire(!own)
-		return -1, err
+		// The connection is gone (the peer was told), and with it c
+		// and its reservation.
+		giveUp()
+		c.retire(false)
+		return err
 	case err != nil:
 		giveUp()
-		return -1, c.engineErr("handover", err)
+		return c.engineErr("handover", err)
 	}
 	c.retire(!own)
 	logf(levelDebug, "handed over %v->%v to the kernel in %v: %d unread (%d of them during the handover), %d unacknowledged and %d unsent bytes",
 		la, ra, st.Took, st.Unread+st.CaughtUp, st.CaughtUp, st.Sent, st.Unsent)
-	return fd, nil
+	return nil
 }
 
 // retire closes c after its engine socket was handed over: the engine

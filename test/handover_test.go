@@ -1,11 +1,13 @@
 package test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -236,4 +238,96 @@ func handoverMidTransfer(t *testing.T, p *Path, s *sockets.Stack, weDial bool, i
 	}
 	t.Logf("handover in %v; %d segments dropped during it; peer: %s", took, c.TCPHandoverDrops-engine0.TCPHandoverDrops,
 		strings.TrimSpace(CounterDelta(before, after)))
+}
+
+// TestShimHandoverFork runs shim/test/forkho.c under the shim against
+// a kernel echo server in the other host: it forks after its first
+// connection, and the child moves 8 MiB both ways on the inherited
+// connection (which a child forked after the stack loaded cannot do on
+// the stack: it is handed over to the kernel at its first use), then
+// the parent does one more round. Every byte is checked by the program;
+// the kernel peer must count no reset, and the child's first round must
+// take less than a retransmission timeout (the kernel's first, 1 s). On
+// a stack the process made (the parent serves its children's requests)
+// and on one from onloadd (onloadd repairs); and with the child exec'ing
+// a program without the shim that inherits the connection, or the
+// process itself exec'ing it.
+func TestShimHandoverFork(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "forkho")
+	for _, tc := range []struct {
+		name   string
+		daemon bool
+		exec   string // "fork-exec", "exec" or none
+	}{{"standalone", false, ""}, {"onloadd", true, ""}, {"fork-exec", false, "fork-exec"}, {"exec", false, "exec"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := Pair(t, LinkOptions{})
+			ln, err := b.KernelEcho(b.Iface0().Addr().String() + ":0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			var env []string
+			if tc.daemon {
+				dir, _ := daemonDir(t)
+				sock, _ := startDaemon(t, a, dir)
+				env = []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + a.Iface0().Name}
+			}
+			args := []string{b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)}
+			if tc.exec != "" {
+				args = append(args, tc.exec, prog)
+			}
+			before, err := b.TCPCounters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd := shimCommand(t, a, env, prog, args...)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err = <-done:
+			case <-time.After(60 * time.Second):
+				stopGroup(cmd)
+				err = errors.New("not done in 60 s")
+			}
+			out, log := stdout.String(), stderr.String()
+			last := "parent ok"
+			if tc.exec == "exec" {
+				last = "exec'd child ok"
+			}
+			if err != nil || !strings.Contains(out, last) {
+				t.Fatalf("forkho: %v\n%s\nshim log:\n%s", err, out, log)
+			}
+			requireAccelerated(t, log, "connecting")
+			want := "handed over to the kernel, for a child forked after the stack loaded"
+			if tc.exec == "exec" {
+				want = "handed over to the kernel for exec"
+			}
+			if !strings.Contains(log, want) {
+				t.Fatalf("no handover in the shim's log (want %q):\n%s", want, log)
+			}
+			var first float64
+			if _, err := fmt.Sscanf(out[strings.Index(out, "first round "):], "first round %f ms", &first); err != nil {
+				t.Fatalf("forkho said %q", out)
+			}
+			if first >= 1000 {
+				t.Errorf("the child's first round took %.1f ms: a retransmission timeout or worse", first)
+			}
+			after, err := b.TCPCounters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range resetCounters {
+				if d := after[k] - before[k]; d != 0 {
+					t.Errorf("the kernel peer's %s moved by %d: %s", k, d, CounterDelta(before, after))
+				}
+			}
+			t.Logf("%s", strings.TrimSpace(out))
+		})
+	}
 }

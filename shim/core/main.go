@@ -578,3 +578,55 @@ func onl_dump(h C.int, buf *C.char, n C.int) C.int {
 	}
 	return C.int(copy(unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n)), s))
 }
+
+// onl_handover_info gives what a child forked after the core loaded
+// needs to have handle h's connection handed over, which it asks for
+// itself (it cannot run Go; handover.go): the stack's number and the
+// socket's, and where to ask in path (n bytes, NUL-terminated): onloadd's
+// control socket, or this process's own service ("@name", abstract) for
+// a stack it made. -EOPNOTSUPP when there is nowhere.
+//
+//export onl_handover_info
+func onl_handover_info(h C.int, stackID, sock *C.uint32_t, path *C.char, n C.int) C.int {
+	d := get(h)
+	if d == nil || stk == nil {
+		return errno(errBadHandle)
+	}
+	p, id, ok := stk.HandoverVia()
+	if !ok {
+		// Our own stack: this process serves its children's requests.
+		var err error
+		if p, err = handoverService(); err != nil {
+			sockets.LogDebug("%v", err)
+			return -C.int(syscall.EOPNOTSUPP)
+		}
+	}
+	if len(p)+1 > int(n) {
+		return -C.int(syscall.ENAMETOOLONG)
+	}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(path)), int(n))
+	b[copy(b, p)] = 0
+	*stackID, *sock = C.uint32_t(id), C.uint32_t(d.SockID())
+	return 0
+}
+
+// onl_handover hands handle h's connection over to the kernel on kfd,
+// its kernel socket, and closes the handle (0), or fails with an errno:
+// -EBADMSG when the connection was lost doing it (the peer was reset),
+// any other with the connection still the stack's.
+//
+//export onl_handover
+func onl_handover(h, kfd C.int) C.int {
+	d := get(h)
+	if d == nil {
+		return errno(errBadHandle)
+	}
+	if err := d.Handover(int(kfd)); err != nil {
+		sockets.LogDebug("handover of fd %d: %v", int(kfd), err)
+		if errors.Is(err, stack.ErrHandoverLost) {
+			return -C.int(syscall.EBADMSG)
+		}
+		return errno(err)
+	}
+	return 0
+}

@@ -378,6 +378,15 @@ static void test_fork_after(int s)
 	waitpid(p, &st, 0);
 	say("child forked after: exit %d", WEXITSTATUS(st));
 	echo(s, "parent after the child closed its copy", "alive");
+	/* A child that uses the inherited connection, then the parent. */
+	p = fork();
+	if (p == 0) {
+		echo(s, "child using the inherited connection", "from-child-after");
+		_exit(0);
+	}
+	waitpid(p, &st, 0);
+	say("child that used the connection: exit %d", WEXITSTATUS(st));
+	echo(s, "parent after the child used the connection", "parent-again");
 }
 
 static void test_names(int s)
