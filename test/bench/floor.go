@@ -82,7 +82,8 @@ type Report struct {
 		Results []GoodputResult    `json:"results"`
 		Targets map[string]float64 `json:"targets"`
 	} `json:"goodput"`
-	Shim *ShimReport `json:"shim,omitempty"`
+	Shim     *ShimReport     `json:"shim,omitempty"`
+	Handover *HandoverReport `json:"handover,omitempty"`
 }
 
 func floorMain(args []string) error {
@@ -99,6 +100,7 @@ func floorMain(args []string) error {
 	httpSeconds := fs.Float64("http-seconds", 4, "seconds per wrk run")
 	httpConns := fs.String("http-conns", "1,32,256", "wrk connection counts, comma-separated")
 	shimRounds := fs.Int("shim-rounds", 5, "rounds of the LD_PRELOAD shim's contenders: sockperf, redis (0: skip them)")
+	handovers := fs.Int("handovers", 200, "connections handed over to the kernel in the handover section (0: skip it)")
 	out := fs.String("out", "test/bench/results/bench.json", "where to write the JSON ('' for nowhere)")
 	fs.Parse(args)
 	var conns []int
@@ -210,6 +212,11 @@ func floorMain(args []string) error {
 	if *shimRounds > 0 {
 		if rep.Shim, err = shimSection(ctx, self, a, b, pinA, pinB, *shimRounds, *count, *seconds); err != nil {
 			return fmt.Errorf("shim: %w", err)
+		}
+	}
+	if *handovers > 0 {
+		if rep.Handover, err = handoverSection(ctx, a, b, *handovers); err != nil {
+			return fmt.Errorf("handover: %w", err)
 		}
 	}
 	printTable(os.Stdout, &rep)
@@ -457,6 +464,9 @@ func printTable(w io.Writer, rep *Report) {
 	}
 	if len(rep.Goodput.Results) > 0 {
 		printGoodput(w, rep)
+	}
+	if rep.Handover != nil {
+		printHandover(w, rep)
 	}
 	if rep.Shim != nil {
 		printShim(w, rep)
