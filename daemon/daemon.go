@@ -213,8 +213,9 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	}
 }
 
-// Close stops serving: every client is disconnected, every stack
-// released, every filter removed and every interface's program detached.
+// Close stops serving: every connection is handed over to the kernel
+// (handOverAll), every client disconnected, every stack released, every
+// filter removed and every interface's program detached.
 func (d *Daemon) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -222,6 +223,11 @@ func (d *Daemon) Close() error {
 		return nil
 	}
 	d.closed = true
+	d.mu.Unlock()
+	// The connections go to the kernel while the steering program still
+	// brings their frames to the stacks.
+	d.handOverAll()
+	d.mu.Lock()
 	clients := make([]*client, 0, len(d.clients))
 	for c := range d.clients {
 		clients = append(clients, c)

@@ -2,7 +2,11 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -68,6 +72,13 @@ func (d *Daemon) handover(c *client, req *control.HandoverRequest, fd int) (*con
 	if err != nil {
 		return nil, err
 	}
+	var local netip.AddrPort
+	if gerr := guard(func() { local, err = s.st.LocalAddr(stack.SockID(req.Sock)) }); gerr != nil || err != nil {
+		return nil, refuse(codeInvalid, "stack %d socket %#x: %v", req.Stack, req.Sock, errors.Join(gerr, err))
+	}
+	if err := d.mayRepair(s, local, fd); err != nil {
+		return nil, err
+	}
 	var st stack.HandoverStats
 	if gerr := guard(func() { st, err = s.st.Handover(stack.SockID(req.Sock), fd, handoverWrite) }); gerr != nil {
 		d.mu.Lock()
@@ -98,4 +109,127 @@ func (d *Daemon) handover(c *client, req *control.HandoverRequest, fd int) (*con
 	d.log.Info("connection handed over to the kernel", "stack", s.id, "local", st.Local.String(), "remote", st.Remote.String(),
 		"client", c.String(), "unread", st.Unread+st.CaughtUp, "unacked", st.Sent, "unsent", st.Unsent, "took", st.Took.String())
 	return &control.HandoverReply{Unread: st.Unread + st.CaughtUp, Sent: st.Sent, Unsent: st.Unsent, TookNs: st.Took.Nanoseconds()}, nil
+}
+
+// handOverAll hands every connection of every stack over to the kernel,
+// before onloadd stops (the steering program goes with it, and with it
+// the stacks' frames): on the kernel socket that names it in its
+// process (stack.HandoverCandidates), which onloadd takes a copy of with
+// pidfd_getfd, so that the process finds the kernel's connection on its
+// own fd. A connection whose process or socket cannot be reached is
+// left to end with the stack.
+func (d *Daemon) handOverAll() {
+	d.mu.Lock()
+	stacks := make([]*dstack, 0, len(d.stacks))
+	for _, s := range d.stacks {
+		if s.quarantined == "" {
+			stacks = append(stacks, s)
+		}
+	}
+	d.mu.Unlock()
+	for _, s := range stacks {
+		var cands []stack.Candidate
+		if err := guard(func() { cands = s.st.HandoverCandidates() }); err != nil {
+			d.log.Warn("connections not handed over", "stack", s.id, "err", err)
+			continue
+		}
+		moved := 0
+		for _, c := range cands {
+			if err := d.handOverOne(s, c); err != nil {
+				d.log.Warn("connection not handed over", "stack", s.id, "local", c.Local.String(), "remote", c.Remote.String(),
+					"pid", c.PID, "err", err)
+				continue
+			}
+			moved++
+		}
+		if len(cands) > 0 {
+			d.log.Info("connections handed over to the kernel: onloadd stops", "stack", s.id, "moved", moved, "of", len(cands))
+		}
+	}
+}
+
+// handOverOne hands candidate c of stack s over on its process's fd.
+// The image's word for which process and fd is not trusted: the process
+// must be the stack's user's, and the fd an IPv4 TCP socket that is not
+// connected (repair.Prepare checks its port).
+func (d *Daemon) handOverOne(s *dstack, c stack.Candidate) error {
+	if uid, err := processUID(c.PID); err != nil {
+		return err
+	} else if s.uid != 0 && uid != s.uid {
+		return fmt.Errorf("process %d is uid %d's, the stack uid %d's", c.PID, uid, s.uid)
+	}
+	pfd, err := unix.PidfdOpen(c.PID, 0)
+	if err != nil {
+		return fmt.Errorf("process %d: %w", c.PID, err)
+	}
+	defer unix.Close(pfd)
+	fd, err := unix.PidfdGetfd(pfd, c.FD, 0)
+	if err != nil {
+		return fmt.Errorf("fd %d of process %d: %w", c.FD, c.PID, err)
+	}
+	defer unix.Close(fd)
+	if err := d.mayRepair(s, c.Local, fd); err != nil {
+		return fmt.Errorf("fd %d of process %d: %w", c.FD, c.PID, err)
+	}
+	var herr error
+	if err := guard(func() { _, herr = s.st.Handover(c.ID, fd, handoverWrite) }); err != nil {
+		return err
+	}
+	return herr
+}
+
+// processUID is process pid's real user id.
+func processUID(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, fmt.Errorf("process %d: %w", pid, err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "Uid:" {
+			return strconv.Atoi(f[1])
+		}
+	}
+	return 0, fmt.Errorf("process %d: no Uid in its status", pid)
+}
+
+// unconnectedTCP checks that fd is an IPv4 TCP socket the kernel has not
+// connected: what an accelerated connection's kernel socket is.
+func unconnectedTCP(fd int) error {
+	dom, err1 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	typ, err2 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	proto, err3 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	if err := errors.Join(err1, err2, err3); err != nil || dom != unix.AF_INET || typ != unix.SOCK_STREAM || proto != unix.IPPROTO_TCP {
+		return fmt.Errorf("not an IPv4 TCP socket (%v)", err)
+	}
+	if _, err := unix.Getpeername(fd); !errors.Is(err, unix.ENOTCONN) {
+		return fmt.Errorf("a socket the kernel has connected (%v)", err)
+	}
+	return nil
+}
+
+// mayRepair checks what onloadd is asked to repair: TCP_REPAIR binds a
+// socket to a port whoever holds it, so the connection's address must
+// be the stack's and its port one steered to the stack (a filter a
+// process proved it owns, or the flows of a process that went); and fd
+// must be an IPv4 TCP socket the kernel has not connected.
+func (d *Daemon) mayRepair(s *dstack, local netip.AddrPort, fd int) error {
+	if err := unconnectedTCP(fd); err != nil {
+		return refuse(codeInvalid, "the descriptor is %v", err)
+	}
+	if local.Addr() != s.addr.Addr() {
+		return refuse(codeDenied, "%v is not stack %d's address (%v)", local, s.id, s.addr.Addr())
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for k := range s.filters {
+		if k.Proto == bpf.TCP && k.Port == local.Port() {
+			return nil
+		}
+	}
+	for f := range s.flows {
+		if f.Local.Port() == local.Port() {
+			return nil
+		}
+	}
+	return refuse(codeDenied, "port %d is not steered to stack %d", local.Port(), s.id)
 }

@@ -136,7 +136,7 @@ static inline void mark_ours(int fd, int on)
 static struct {
 	int (*listen)(int, uint32_t);
 	int (*connect)(int, uint32_t, uint16_t);
-	int (*accept)(int);
+	int (*accept)(int, int);
 	long (*recv)(int, void *, size_t, int);
 	long (*send)(int, const void *, size_t, int);
 	void (*kick)(void);
@@ -1338,7 +1338,7 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 				return -1;
 			/* The fd first: out of fds, the connection stays queued,
 			 * as the kernel's does. */
-			int h = CORE(core.accept(e->h));
+			int h = CORE(core.accept(e->h, kfd));
 			if (h > 0) {
 				pthread_mutex_lock(&mu);
 				set_ours(kfd, h, !!(flags & SOCK_NONBLOCK), 0);

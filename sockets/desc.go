@@ -211,13 +211,14 @@ func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort) (*Desc, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.recordKernelFD(id, kfd)
 	return s.newDesc(id)
 }
 
-// Accept takes the next connection off listener d (the caller names it
-// by a kernel socket of its own, as every Desc). EAGAIN when there is
-// none.
-func (d *Desc) Accept() (*Desc, error) {
+// Accept takes the next connection off listener d; the caller names it
+// by kfd, a kernel socket of its own, as every Desc. EAGAIN when there
+// is none.
+func (d *Desc) Accept(kfd int) (*Desc, error) {
 	s := d.stk
 	if err := d.check(nil); err != nil {
 		return nil, err
@@ -230,6 +231,7 @@ func (d *Desc) Accept() (*Desc, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.recordKernelFD(id, kfd)
 	return s.newDesc(id)
 }
 

@@ -210,6 +210,7 @@ func (s *Stack) dialTCP(ctx context.Context, laddr, raddr netip.AddrPort, ka net
 	if err != nil {
 		return nil, err
 	}
+	s.recordKernelFD(id, r.fd1-1)
 	c.raddr = tcpAddr(raddr)
 	if err := c.waitConnected(ctx); err != nil {
 		c.close()

@@ -171,3 +171,60 @@ func (s *Stack) HandoverVia() (socket string, stackID uint32, ok bool) {
 
 // SockID is the engine's name for d (what a handover request names).
 func (d *Desc) SockID() uint32 { return uint32(d.id) }
+
+// recordKernelFD tells a stack of onloadd's that fd (if any) names
+// connection id here: onloadd, stopping, hands the connection over on
+// it (stack.HandoverCandidates), and this process then finds the kernel's
+// connection on that fd (TCPConn, and the shim's kernel_took).
+func (s *Stack) recordKernelFD(id stack.SockID, fd int) {
+	if s.proofs == nil || fd < 0 || !s.enter() {
+		return
+	}
+	s.st.SetKernelFD(id, os.Getpid(), fd)
+	s.leave()
+}
+
+// takenOver is asked when c found its engine socket gone (err is
+// net.ErrClosed): onloadd, stopping, hands every connection over to the
+// kernel on its own kernel socket (stack.HandoverCandidates), which for
+// a dialled connection is c's reservation. If the kernel has the
+// connection there, c moves onto it (c.moved, with c's deadlines) and
+// the kernel's connection is returned; nil otherwise.
+func (c *TCPConn) takenOver(err error) *net.TCPConn {
+	if !errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	c.moveMu.Lock()
+	defer c.moveMu.Unlock()
+	if k := c.moved.Load(); k != nil {
+		return k
+	}
+	fd := c.reserve.fd1 - 1
+	if fd < 0 {
+		return nil
+	}
+	if _, err := unix.Getpeername(fd); err != nil {
+		return nil // not connected: the connection is gone
+	}
+	nfd, err := unix.Dup(fd)
+	if err != nil {
+		return nil
+	}
+	f := os.NewFile(uintptr(nfd), fmt.Sprintf("tcp %v->%v", c.laddr, c.raddr))
+	nc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return nil
+	}
+	k := nc.(*net.TCPConn)
+	if ns := c.rd.ns.Load(); ns != 0 {
+		k.SetReadDeadline(time.Unix(0, ns))
+	}
+	if ns := c.wd.ns.Load(); ns != 0 {
+		k.SetWriteDeadline(time.Unix(0, ns))
+	}
+	c.moved.Store(k)
+	c.retire(false)
+	logf(levelInfo, "%v->%v: the kernel has taken the connection over (onloadd stopped); it goes on there", c.laddr, c.raddr)
+	return k
+}

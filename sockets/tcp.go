@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,6 +19,12 @@ type TCPConn struct {
 	sock
 	laddr, raddr *net.TCPAddr
 	rmu, wmu     sync.Mutex // one reader and one writer at a time, as net
+
+	// moved is the kernel's connection once the kernel took this one
+	// over on its reservation (takenOver); from then on c is a shell
+	// around it.
+	moved  atomic.Pointer[net.TCPConn]
+	moveMu sync.Mutex
 }
 
 var _ net.Conn = (*TCPConn)(nil)
@@ -56,6 +63,9 @@ func (c *TCPConn) opErr(op string, err error) error {
 // Read reads data from the connection, as net.TCPConn.Read: io.EOF at the
 // end of the stream, and a *net.OpError otherwise.
 func (c *TCPConn) Read(b []byte) (int, error) {
+	if k := c.moved.Load(); k != nil {
+		return k.Read(b)
+	}
 	if len(b) == 0 {
 		if err := c.check(nil); err != nil {
 			return 0, c.opErr("read", err)
@@ -69,9 +79,15 @@ func (c *TCPConn) Read(b []byte) (int, error) {
 	defer sp.end()
 	for {
 		if err := c.check(&c.rd); err != nil {
+			if k := c.takenOver(err); k != nil {
+				return k.Read(b)
+			}
 			return 0, c.opErr("read", err)
 		}
 		if !s.enter() {
+			if k := c.takenOver(net.ErrClosed); k != nil {
+				return k.Read(b)
+			}
 			return 0, c.opErr("read", net.ErrClosed)
 		}
 		// As in Write: what this poll sends waits for the goroutines
@@ -91,7 +107,11 @@ func (c *TCPConn) Read(b []byte) (int, error) {
 		case err == nil:
 			return 0, io.EOF
 		case err != stack.ErrWouldBlock:
-			return 0, c.opErr("read", c.engineErr("read", err))
+			err = c.engineErr("read", err)
+			if k := c.takenOver(err); k != nil {
+				return k.Read(b)
+			}
+			return 0, c.opErr("read", err)
 		}
 		c.await(&sp, stack.Readable, &c.rd, 0)
 	}
@@ -100,6 +120,9 @@ func (c *TCPConn) Read(b []byte) (int, error) {
 // Write writes data to the connection. It returns when all of b is queued
 // for sending, or with the count written so far and the error.
 func (c *TCPConn) Write(b []byte) (int, error) {
+	if k := c.moved.Load(); k != nil {
+		return k.Write(b)
+	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	s := c.stk
@@ -108,12 +131,20 @@ func (c *TCPConn) Write(b []byte) (int, error) {
 	total := 0
 	for {
 		if err := c.check(&c.wd); err != nil {
+			if k := c.takenOver(err); k != nil {
+				n, err := k.Write(b[total:])
+				return total + n, err
+			}
 			return total, c.opErr("write", err)
 		}
 		if total == len(b) {
 			return total, nil
 		}
 		if !s.enter() {
+			if k := c.takenOver(net.ErrClosed); k != nil {
+				n, err := k.Write(b[total:])
+				return total + n, err
+			}
 			return total, c.opErr("write", net.ErrClosed)
 		}
 		// Goroutines the stack woke are about to run, and likely to send
@@ -136,7 +167,12 @@ func (c *TCPConn) Write(b []byte) (int, error) {
 		case err == stack.ErrFramesBusy:
 			retry = time.Millisecond
 		case err != stack.ErrWouldBlock:
-			return total, c.opErr("write", c.engineErr("write", err))
+			err = c.engineErr("write", err)
+			if k := c.takenOver(err); k != nil {
+				n, err := k.Write(b[total:])
+				return total + n, err
+			}
+			return total, c.opErr("write", err)
 		}
 		c.await(&sp, stack.Writable, &c.wd, retry)
 	}
@@ -146,6 +182,9 @@ func (c *TCPConn) Write(b []byte) (int, error) {
 // (or a reset, if data arrived that was never read, or SetLinger(0)).
 // Blocked Read and Write calls return net.ErrClosed.
 func (c *TCPConn) Close() error {
+	if k := c.moved.Load(); k != nil {
+		return k.Close()
+	}
 	if !c.close() {
 		return c.opErr("close", net.ErrClosed)
 	}
@@ -160,6 +199,12 @@ func (c *TCPConn) CloseRead() error { return c.shutdown(syscall.SHUT_RD) }
 func (c *TCPConn) CloseWrite() error { return c.shutdown(syscall.SHUT_WR) }
 
 func (c *TCPConn) shutdown(how int) error {
+	if k := c.moved.Load(); k != nil {
+		if how == syscall.SHUT_RD {
+			return k.CloseRead()
+		}
+		return k.CloseWrite()
+	}
 	if err := c.check(nil); err != nil {
 		return c.opErr("close", err)
 	}
@@ -180,14 +225,23 @@ func (c *TCPConn) LocalAddr() net.Addr  { return c.laddr }
 func (c *TCPConn) RemoteAddr() net.Addr { return c.raddr }
 
 func (c *TCPConn) SetDeadline(t time.Time) error {
+	if k := c.moved.Load(); k != nil {
+		return k.SetDeadline(t)
+	}
 	return c.setErr(c.setDeadline(t))
 }
 
 func (c *TCPConn) SetReadDeadline(t time.Time) error {
+	if k := c.moved.Load(); k != nil {
+		return k.SetReadDeadline(t)
+	}
 	return c.setErr(c.setReadDeadline(t))
 }
 
 func (c *TCPConn) SetWriteDeadline(t time.Time) error {
+	if k := c.moved.Load(); k != nil {
+		return k.SetWriteDeadline(t)
+	}
 	return c.setErr(c.setWriteDeadline(t))
 }
 

@@ -350,3 +350,47 @@ func (s *Stack) Handover(id SockID, fd int, writeTimeout time.Duration) (Handove
 	}
 	return st, nil
 }
+
+// SetKernelFD records that connection id is named by fd in process pid
+// (as it sees itself), for HandoverCandidates.
+func (s *Stack) SetKernelFD(id SockID, pid, fd int) error {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return err
+	}
+	if pid <= 0 || fd < 0 {
+		return ErrInvalid
+	}
+	sk.kfdPID, sk.kfd1 = uint32(pid), uint32(fd)+1
+	return nil
+}
+
+// Candidate is a connection that can be handed over by whoever can reach
+// its kernel socket: fd FD of process PID (as that process sees itself;
+// read from the image, so not to be trusted further than a syscall that
+// checks it).
+type Candidate struct {
+	ID      SockID
+	PID, FD int
+	Local   netip.AddrPort
+	Remote  netip.AddrPort
+}
+
+// HandoverCandidates lists the established connections whose kernel
+// socket a process recorded (SetKernelFD).
+func (s *Stack) HandoverCandidates() []Candidate {
+	s.lock()
+	defer s.unlock()
+	var out []Candidate
+	for i := range s.img.socks {
+		sk := &s.img.socks[i]
+		if sk.kind != kindTCP || sk.state != tcpEstablished || sk.kfd1 == 0 || sk.kfdPID == 0 || sk.tflags&tfOrphan != 0 {
+			continue
+		}
+		out = append(out, Candidate{ID: s.idOf(sk), PID: int(sk.kfdPID), FD: int(sk.kfd1 - 1),
+			Local: addrPort(sk.localAddr, sk.localPort), Remote: addrPort(sk.remoteAddr, sk.remotePort)})
+	}
+	return out
+}

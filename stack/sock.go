@@ -71,6 +71,12 @@ type sock struct {
 
 	err uint32 // pending error, an errno, reported once
 
+	// The kernel socket that names the connection in a process (its fd
+	// there, plus one; 0: none) and that process's id as it sees
+	// itself: where onloadd, stopping, hands the connection over
+	// (HandoverCandidates).
+	kfdPID, kfd1 uint32
+
 	// Processes of a shared stack, as bits of their procs slots (procBit):
 	// openers hold the socket (opened or accepted it, or share a listener:
 	// ShareListener), and it closes when the last lets go (Close, or its

@@ -7,10 +7,13 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -329,5 +332,177 @@ func TestShimHandoverFork(t *testing.T) {
 			}
 			t.Logf("%s", strings.TrimSpace(out))
 		})
+	}
+}
+
+// TestDaemonStopHandsOver stops onloadd (SIGTERM) while two connections
+// of its stacks carry traffic to the kernel's echo server in the other
+// host: one of a Go program on the library (dialled: the handover is on
+// its reservation), one of a C program under the shim (forkho, paused).
+// onloadd hands both over to the kernel on their own kernel sockets
+// before it goes, and both go on there, byte-exact, with no reset at the
+// kernel peer.
+func TestDaemonStopHandsOver(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "forkho")
+	a, b := Pair(t, LinkOptions{})
+	ln, err := b.KernelEcho(b.Iface0().Addr().String() + ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	// The onloadd command itself, which a SIGTERM stops.
+	dir, _ := daemonDir(t)
+	sock := filepath.Join(dir, "onloadd.sock")
+	daemon := a.Command(shimOnloadd(t), "serve", "-socket", sock, "-log", "debug")
+	var dlog bytes.Buffer
+	daemon.Stdout, daemon.Stderr = &dlog, &dlog
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	dexit := make(chan error, 1)
+	go func() { dexit <- daemon.Wait() }()
+	defer func() {
+		daemon.Process.Kill()
+		<-dexit
+	}()
+	for i := 0; ; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("onloadd did not serve in 5 s:\n%s", dlog.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	before, err := b.TCPCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The C program under the shim, paused after its first line.
+	// One stack that both share (the interface has one queue).
+	env := []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + a.Iface0().Name,
+		"ONLOAD_STACK_NAME=stopping"}
+	cmd := shimCommand(t, a, env, prog, b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), "pause")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer stopGroup(cmd)
+	out := make(chan string, 8)
+	go func() {
+		b := make([]byte, 4096)
+		var acc string
+		ready := false
+		for {
+			n, err := stdout.Read(b)
+			acc += string(b[:n])
+			if err != nil {
+				out <- acc
+				return
+			}
+			if !ready && strings.Contains(acc, "ready\n") {
+				ready = true
+				out <- "ready"
+			}
+		}
+	}()
+	select {
+	case <-out:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("forkho did not get ready\n%s", stderr.String())
+	}
+
+	// The Go program's connection, moving data until onloadd stops and
+	// after.
+	cfg, err := sockets.DefaultConfig(sockets.Balanced)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Daemon, cfg.DaemonSocket, cfg.StackName = "require", sock, "stopping"
+	s := ourSocketsConfig(t, a, cfg)
+	var c net.Conn
+	if err := a.Do(func() (err error) { c, err = (&sockets.Dialer{Stack: s}).Dial("tcp", ln.Addr().String()); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, ok := c.(*sockets.TCPConn); !ok {
+		t.Fatalf("the Go program's connection is not accelerated (%T)", c)
+	}
+	stopped := make(chan struct{})
+	goErr := make(chan error, 1)
+	go func() {
+		c.SetDeadline(time.Now().Add(60 * time.Second))
+		buf, got := make([]byte, 32<<10), make([]byte, 32<<10)
+		after := 0
+		for off := 0; after < 64; off += len(buf) {
+			patternAt(3, off, buf)
+			if _, err := c.Write(buf); err != nil {
+				goErr <- fmt.Errorf("write at %d: %w", off, err)
+				return
+			}
+			if _, err := io.ReadFull(c, got); err != nil {
+				goErr <- fmt.Errorf("read at %d: %w", off, err)
+				return
+			}
+			if !bytes.Equal(buf, got) {
+				goErr <- fmt.Errorf("echo differs at %d", off)
+				return
+			}
+			select {
+			case <-stopped:
+				after++ // rounds on the kernel's connection
+			default:
+				time.Sleep(time.Millisecond)
+			}
+		}
+		goErr <- nil
+	}()
+	time.Sleep(100 * time.Millisecond)
+	daemon.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-dexit:
+		dexit <- err
+		if err != nil {
+			t.Fatalf("onloadd after SIGTERM: %v\n%s", err, dlog.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("onloadd did not stop in 20 s after SIGTERM:\n%s", dlog.String())
+	}
+	if !strings.Contains(dlog.String(), "moved=2") {
+		t.Errorf("onloadd did not say it handed both connections over:\n%s", dlog.String())
+	}
+	close(stopped)
+	if err := <-goErr; err != nil {
+		t.Errorf("the Go program's connection: %v\nonloadd:\n%s", err, dlog.String())
+	}
+	stdin.Write([]byte("go\n"))
+	var res string
+	select {
+	case res = <-out:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("forkho did not finish\n%s", stderr.String())
+	}
+	if !strings.Contains(res, "parent ok") {
+		t.Errorf("forkho after onloadd stopped (%v):\n%s\nshim log:\n%s\nonloadd:\n%s", cmd.Wait(), res, stderr.String(), dlog.String())
+	}
+	after, err := b.TCPCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range resetCounters {
+		if d := after[k] - before[k]; d != 0 {
+			t.Errorf("the kernel peer's %s moved by %d: %s", k, d, CounterDelta(before, after))
+		}
 	}
 }

@@ -150,12 +150,12 @@ func onl_connect(kfd C.int, ip C.uint32_t, p C.uint16_t) C.int {
 }
 
 //export onl_accept
-func onl_accept(h C.int) C.int {
+func onl_accept(h, kfd C.int) C.int {
 	d := get(h)
 	if d == nil {
 		return errno(errBadHandle)
 	}
-	c, err := d.Accept()
+	c, err := d.Accept(int(kfd))
 	if err != nil {
 		return errno(err)
 	}

@@ -14,7 +14,10 @@
  * PROGRAM with the connection on fd 3 and the argument "child-exec", and
  * that program (forkho again, run without the shim) does the rounds.
  * With exec, the process itself does so after its first line, without
- * forking.
+ * forking. With pause, it does not fork: after its first line it prints
+ * "ready" and waits for a line on its standard input (the test stops
+ * onloadd meanwhile, which hands the connection over to the kernel),
+ * then does the rounds itself.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -129,8 +132,8 @@ int main(int argc, char **argv)
 {
 	if (argc == 2 && strcmp(argv[1], "child-exec") == 0)
 		return child_rounds(3, "exec'd child");
-	if (argc != 3 && argc != 5) {
-		fprintf(stderr, "usage: forkho ADDR PORT [fork-exec|exec PROGRAM]\n");
+	if (argc != 3 && argc != 4 && argc != 5) {
+		fprintf(stderr, "usage: forkho ADDR PORT [fork-exec|exec PROGRAM | pause]\n");
 		return 2;
 	}
 	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
@@ -144,6 +147,17 @@ int main(int argc, char **argv)
 	int one = 1;
 	setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 	line(s, "parent before the fork\n");
+	if (argc == 4 && strcmp(argv[3], "pause") == 0) {
+		printf("ready\n");
+		fflush(stdout);
+		char c;
+		if (read(0, &c, 1) != 1)
+			die("stdin");
+		child_rounds(s, "after the pause");
+		line(s, "parent after the pause\n");
+		printf("parent ok\n");
+		return 0;
+	}
 	if (argc == 5 && strcmp(argv[3], "exec") == 0)
 		exec_child(s, argv[4]);
 	pid_t p = fork();
