@@ -54,8 +54,9 @@ docs:
 # the attacks at full size (100,000 spoofed SYNs, a minute of zero window),
 # a minute of a hostile writer of a stack image that onloadd polls, the
 # takeover of stopped and busy processes, the shim's programs (curl with
-# 64 MiB each way, redis-benchmark with 100,000 requests a run) and the
-# frame-pool pressure test. Then short runs of the three fuzzers:
+# 64 MiB each way, redis-benchmark with 100,000 requests a run), the
+# frame-pool pressure test and the handovers to the kernel (256 MiB each
+# way, handed over mid-transfer, clean and with 1% loss). Then short runs of the three fuzzers:
 # hostile frames, a hostile writer of the shared image, and hostile
 # messages to onloadd. Their budgets are counts of inputs, not times: Go
 # 1.26's fuzzing coordinator can fail a time-budgeted run with "context
@@ -70,7 +71,7 @@ test: deps build
 	$(GO) vet ./...
 	$(GO) build -o bin/testlog ./test/testlog
 	$(GO) test -json -race -short -count=1 -timeout 20m ./... | bin/testlog
-	$(GO) test -json -p 1 -count=1 -timeout 25m -run 'Bulk|StackTCP|Many|HTTP|NoLostWakeup|Faults|Attack|FramePressure|Hostile|TakeoverStopped|Shim' ./stack ./test | bin/testlog
+	$(GO) test -json -p 1 -count=1 -timeout 25m -run 'Bulk|StackTCP|Many|HTTP|NoLostWakeup|Faults|Attack|FramePressure|Hostile|TakeoverStopped|Shim|Handover' ./stack ./test | bin/testlog
 	$(GO) test -run '^$$' -fuzz FuzzInput -fuzztime 150000x -timeout 5m ./stack
 	$(GO) test -run '^$$' -fuzz FuzzCorruptImage -fuzztime 1000x -timeout 5m ./stack
 	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 200000x -timeout 5m ./control

@@ -297,6 +297,9 @@ type StackDump struct {
 	// processes did not; StalledMs, how long the current stall has
 	// lasted (0: none); Watch, why onloadd no longer watches it, if so.
 	Takeovers uint64 `json:"takeovers"`
+	// Handovers counts the connections handed over to the kernel
+	// (the engine's TCPHandovers).
+	Handovers uint64 `json:"handovers,omitempty"`
 	StalledMs int64  `json:"stalled_ms,omitempty"`
 	Watch     string `json:"watch,omitempty"`
 	// Orphan: the stack's processes are gone and onloadd finishes its

@@ -72,6 +72,9 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 		var okRows, okText bool
 		if s.quarantined == "" {
 			err := guard(func() {
+				if c, ok := s.st.TryCounters(); ok {
+					sd.Handovers = c.TCPHandovers
+				}
 				rows, okRows = s.st.TrySockets()
 				if engine {
 					text, okText = s.st.TryDump()

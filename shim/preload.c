@@ -442,6 +442,16 @@ static int kernel_took(int fd)
 	socklen_t l = sizeof sa;
 	if (real_getpeername(fd, (struct sockaddr *)&sa, &l) < 0)
 		return 0;
+	/* Connected in repair mode first (the kernel answers
+	 * TCP_REPAIR_WINDOW only then): wait, up to 10 s, for the handover
+	 * to end. */
+	for (int i = 0; i < 200000; i++) {
+		char w[20];
+		socklen_t wl = sizeof w;
+		if (real_getsockopt(fd, IPPROTO_TCP, TCP_REPAIR_WINDOW, w, &wl) < 0)
+			break;
+		usleep(50);
+	}
 	pthread_mutex_lock(&mu);
 	struct fdent *e = ent(fd);
 	if (e && e->kind == K_OURS) {

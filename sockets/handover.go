@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdp-onload/onload/control"
+	"github.com/xdp-onload/onload/internal/repair"
 	"github.com/xdp-onload/onload/stack"
 )
 
@@ -77,6 +78,8 @@ func (d *Desc) Handover(kfd int) error {
 // unless own, is the caller's).
 func (c *sock) handoverOn(fd int, own bool) error {
 	s := c.stk
+	c.handing.Store(true)
+	defer c.handing.Store(false)
 	la, ra, err := c.addrs()
 	if err != nil {
 		return err
@@ -191,8 +194,8 @@ func (s *Stack) recordKernelFD(id stack.SockID, fd int) {
 // connection there, c moves onto it (c.moved, with c's deadlines) and
 // the kernel's connection is returned; nil otherwise.
 func (c *TCPConn) takenOver(err error) *net.TCPConn {
-	if !errors.Is(err, net.ErrClosed) {
-		return nil
+	if !errors.Is(err, net.ErrClosed) || c.handing.Load() {
+		return nil // not gone, or gone by our own Handover (which says so)
 	}
 	c.moveMu.Lock()
 	defer c.moveMu.Unlock()
@@ -205,6 +208,10 @@ func (c *TCPConn) takenOver(err error) *net.TCPConn {
 	}
 	if _, err := unix.Getpeername(fd); err != nil {
 		return nil // not connected: the connection is gone
+	}
+	// Connected in repair mode first: wait for the handover to end.
+	if !repair.WaitDone(fd, handoverWrite) {
+		return nil
 	}
 	nfd, err := unix.Dup(fd)
 	if err != nil {

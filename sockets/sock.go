@@ -21,6 +21,7 @@ type sock struct {
 	closed  atomic.Bool
 	rd, wd  deadline
 	reserve reservation // the kernel socket that keeps our port from the kernel
+	handing atomic.Bool // this process is handing the connection over (handoverOn)
 }
 
 // newSock wraps engine socket id, counted against the stack; false if the

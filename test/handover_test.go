@@ -120,14 +120,15 @@ var resetCounters = []string{"EstabResets", "OutRsts", "TCPAbortOnData", "TCPAbo
 // TestHandoverLibrary hands a live connection over to the kernel with
 // (*sockets.TCPConn).Handover, both ways at once mid-transfer, against
 // the kernel's TCP in the other host: with our side dialling and
-// accepting, on a clean path and with 1% loss both ways. Every byte
+// accepting, on a clean path and with 1% loss both ways, 256 MiB each
+// way (8 MiB with -short). Every byte
 // must arrive once and in order on both sides, the kernel peer must
 // see no reset, and the handover is counted.
 func TestHandoverLibrary(t *testing.T) {
 	RequireRoot(t)
 	n := 8 << 20
 	if !testing.Short() {
-		n = 64 << 20
+		n = 256 << 20
 	}
 	for _, tc := range []struct {
 		name string
@@ -158,6 +159,14 @@ func TestHandoverLibrary(t *testing.T) {
 			t.Run(map[bool]string{true: "dialled", false: "accepted"}[weDial], func(t *testing.T) {
 				handoverMidTransfer(t, p, s, weDial, vnic.Impairment{}, n)
 			})
+		}
+		// Counted where an operator looks: onloadd's stackdump.
+		out, err := p.B.Run(shimOnloadd(t), "stackdump", "-socket", sock)
+		if err != nil {
+			t.Fatalf("stackdump: %v\n%s", err, out)
+		}
+		if !strings.Contains(out, "2 connections handed over to the kernel") {
+			t.Errorf("stackdump does not count the 2 handovers:\n%s", out)
 		}
 	})
 }

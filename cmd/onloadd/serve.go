@@ -208,6 +208,9 @@ func stackdump(args []string, out io.Writer) error {
 		default:
 			fmt.Fprintf(out, "  onloadd polled it %d times when its processes did not\n", s.Takeovers)
 		}
+		if s.Handovers > 0 {
+			fmt.Fprintf(out, "  %d connections handed over to the kernel\n", s.Handovers)
+		}
 		for _, f := range s.Filters {
 			fmt.Fprintf(out, "  filter %s\n", f)
 		}

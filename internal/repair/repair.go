@@ -292,3 +292,28 @@ func WriteAll(fd int, b []byte, timeout time.Duration) error {
 	}
 	return nil
 }
+
+// InProgress reports whether fd's socket is in repair mode: a handover
+// is making it. The kernel answers TCP_REPAIR_WINDOW only then, to
+// anyone. A process that finds its socket connected under it (a
+// handover it did not make) waits for this to end before using it.
+func InProgress(fd int) bool {
+	var w tcpRepairWindow
+	l := uint32(unsafe.Sizeof(w))
+	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR_WINDOW,
+		uintptr(unsafe.Pointer(&w)), uintptr(unsafe.Pointer(&l)), 0)
+	return errno == 0
+}
+
+// WaitDone waits, up to timeout, for fd's socket to leave repair mode;
+// false if it did not.
+func WaitDone(fd int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for InProgress(fd) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	return true
+}

@@ -254,3 +254,29 @@ func TestPrepareBoundElsewhere(t *testing.T) {
 		t.Fatalf("TCP_REPAIR left at %d (%v)", v, err)
 	}
 }
+
+// TestInProgress: a socket reads as in repair mode while Restore's work
+// is on it, and not before nor after.
+func TestInProgress(t *testing.T) {
+	repairable(t)
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if InProgress(fd) {
+		t.Fatal("a new socket reads as in repair mode")
+	}
+	if err := Prepare(fd, netip.MustParseAddrPort("127.0.0.1:0")); err != nil {
+		t.Fatal(err)
+	}
+	if !InProgress(fd) {
+		t.Fatal("a prepared socket does not read as in repair mode")
+	}
+	if err := Finish(fd); err != nil {
+		t.Fatal(err)
+	}
+	if InProgress(fd) || !WaitDone(fd, time.Millisecond) {
+		t.Fatal("a finished socket reads as in repair mode")
+	}
+}
