@@ -71,6 +71,11 @@ const (
 	// forked after the stack loaded, which cannot run the stack, asks
 	// on its first use of an inherited connection.
 	OpHandover Op = "handover"
+	// OpDrain hands every connection of a stack over to the kernel, on
+	// the kernel socket that names it in its process (as onloadd does
+	// for all its stacks when it stops): stackdump handover. Root, or
+	// the stack's user, may ask.
+	OpDrain Op = "drain"
 )
 
 // Request is one message from a client. Exactly the field its Op names is
@@ -86,6 +91,19 @@ type Request struct {
 	Resolve  *ResolveRequest  `json:"resolve,omitempty"`
 	Kill     *KillRequest     `json:"kill,omitempty"`
 	Handover *HandoverRequest `json:"handover,omitempty"`
+	Drain    *DrainRequest    `json:"drain,omitempty"`
+}
+
+// DrainRequest names the stack whose connections to hand over.
+type DrainRequest struct {
+	Stack uint32 `json:"stack"`
+}
+
+// DrainReply says how many of the stack's connections went to the
+// kernel, of how many established ones.
+type DrainReply struct {
+	Moved int `json:"moved"`
+	Of    int `json:"of"`
 }
 
 // HandoverRequest names the connection to hand over: its stack and its
@@ -218,6 +236,7 @@ type Reply struct {
 	Dump     *Dump          `json:"dump,omitempty"`
 	Kill     *KillReply     `json:"kill,omitempty"`
 	Handover *HandoverReply `json:"handover,omitempty"`
+	Drain    *DrainReply    `json:"drain,omitempty"`
 }
 
 // KillReply says what ending an orphan stack did.
@@ -351,7 +370,7 @@ func ParseRequest(b []byte) (*Request, error) {
 		return &r, fmt.Errorf("protocol version %d: this onloadd speaks version %d (the client and onloadd come from different builds)", r.V, Version)
 	}
 	set := 0
-	for _, p := range []bool{r.Hello != nil, r.Stack != nil, r.Filter != nil, r.Dump != nil, r.Resolve != nil, r.Kill != nil, r.Handover != nil} {
+	for _, p := range []bool{r.Hello != nil, r.Stack != nil, r.Filter != nil, r.Dump != nil, r.Resolve != nil, r.Kill != nil, r.Handover != nil, r.Drain != nil} {
 		if p {
 			set++
 		}
@@ -372,6 +391,8 @@ func ParseRequest(b []byte) (*Request, error) {
 		want = r.Kill != nil
 	case OpHandover:
 		want = r.Handover != nil
+	case OpDrain:
+		want = r.Drain != nil
 	default:
 		return &r, fmt.Errorf("unknown request %q", r.Op)
 	}

@@ -214,6 +214,11 @@ func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) 
 		if err != nil {
 			return errReply(req.Seq, d.logRefusal(c, req.Op, err)), nil
 		}
+	case control.OpDrain:
+		rep.Drain, err = d.drain(c, req.Drain.Stack)
+		if err != nil {
+			return errReply(req.Seq, d.logRefusal(c, req.Op, err)), nil
+		}
 	case control.OpHandover:
 		// The descriptor is the client's socket: it keeps its own.
 		rep.Handover, err = d.handover(c, req.Handover, fds[0])

@@ -128,24 +128,51 @@ func (d *Daemon) handOverAll() {
 	}
 	d.mu.Unlock()
 	for _, s := range stacks {
-		var cands []stack.Candidate
-		if err := guard(func() { cands = s.st.HandoverCandidates() }); err != nil {
-			d.log.Warn("connections not handed over", "stack", s.id, "err", err)
-			continue
-		}
-		moved := 0
-		for _, c := range cands {
-			if err := d.handOverOne(s, c); err != nil {
-				d.log.Warn("connection not handed over", "stack", s.id, "local", c.Local.String(), "remote", c.Remote.String(),
-					"pid", c.PID, "err", err)
-				continue
-			}
-			moved++
-		}
-		if len(cands) > 0 {
-			d.log.Info("connections handed over to the kernel: onloadd stops", "stack", s.id, "moved", moved, "of", len(cands))
+		if moved, of := d.handOverStack(s); of > 0 {
+			d.log.Info("connections handed over to the kernel: onloadd stops", "stack", s.id, "moved", moved, "of", of)
 		}
 	}
+}
+
+// handOverStack hands s's connections over (handOverAll's work for one
+// stack) and says how many moved, of how many.
+func (d *Daemon) handOverStack(s *dstack) (moved, of int) {
+	var cands []stack.Candidate
+	if err := guard(func() { cands = s.st.HandoverCandidates() }); err != nil {
+		d.log.Warn("connections not handed over", "stack", s.id, "err", err)
+		return 0, 0
+	}
+	for _, c := range cands {
+		if err := d.handOverOne(s, c); err != nil {
+			d.log.Warn("connection not handed over", "stack", s.id, "local", c.Local.String(), "remote", c.Remote.String(),
+				"pid", c.PID, "err", err)
+			continue
+		}
+		moved++
+	}
+	return moved, len(cands)
+}
+
+// drain is OpDrain: stackdump handover.
+func (d *Daemon) drain(c *client, id uint32) (*control.DrainReply, error) {
+	d.mu.Lock()
+	s := d.stacks[bpf.StackID(id)]
+	var err error
+	switch {
+	case s == nil:
+		err = refuse(codeInvalid, "no stack %d", id)
+	case c.cred.Uid != 0 && int(c.cred.Uid) != s.uid:
+		err = refuse(codeDenied, "stack %d belongs to uid %d; only it and root may hand its connections over", id, s.uid)
+	case s.quarantined != "":
+		err = refuse(codeUnavailable, "stack %d was cut off (%s)", id, s.quarantined)
+	}
+	d.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	moved, of := d.handOverStack(s)
+	d.log.Info("connections handed over to the kernel: asked", "stack", s.id, "by", c.String(), "moved", moved, "of", of)
+	return &control.DrainReply{Moved: moved, Of: of}, nil
 }
 
 // handOverOne hands candidate c of stack s over on its process's fd.

@@ -128,6 +128,8 @@ func (c *sock) retire(tookReservation bool) {
 	if c.closed.Swap(true) {
 		return
 	}
+	c.resMu.Lock()
+	defer c.resMu.Unlock()
 	if tookReservation {
 		c.reserve = reservation{}
 	}
@@ -202,19 +204,8 @@ func (c *TCPConn) takenOver(err error) *net.TCPConn {
 	if k := c.moved.Load(); k != nil {
 		return k
 	}
-	fd := c.reserve.fd1 - 1
-	if fd < 0 {
-		return nil
-	}
-	if _, err := unix.Getpeername(fd); err != nil {
-		return nil // not connected: the connection is gone
-	}
-	// Connected in repair mode first: wait for the handover to end.
-	if !repair.WaitDone(fd, handoverWrite) {
-		return nil
-	}
-	nfd, err := unix.Dup(fd)
-	if err != nil {
+	nfd := c.takeReservation()
+	if nfd < 0 {
 		return nil
 	}
 	f := os.NewFile(uintptr(nfd), fmt.Sprintf("tcp %v->%v", c.laddr, c.raddr))
@@ -234,4 +225,28 @@ func (c *TCPConn) takenOver(err error) *net.TCPConn {
 	c.retire(false)
 	logf(levelInfo, "%v->%v: the kernel has taken the connection over (onloadd stopped); it goes on there", c.laddr, c.raddr)
 	return k
+}
+
+// takeReservation returns a copy of c's reservation if the kernel has
+// connected it (a handover made it the connection), once repair mode
+// has ended; -1 otherwise. The reservation is not closed meanwhile.
+func (c *TCPConn) takeReservation() int {
+	c.resMu.Lock()
+	defer c.resMu.Unlock()
+	fd := c.reserve.fd1 - 1
+	if fd < 0 || c.closed.Load() {
+		return -1
+	}
+	if _, err := unix.Getpeername(fd); err != nil {
+		return -1 // not connected: the connection is gone
+	}
+	// Connected in repair mode first: wait for the handover to end.
+	if !repair.WaitDone(fd, handoverWrite) {
+		return -1
+	}
+	nfd, err := unix.Dup(fd)
+	if err != nil {
+		return -1
+	}
+	return nfd
 }

@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -21,6 +22,7 @@ type sock struct {
 	closed  atomic.Bool
 	rd, wd  deadline
 	reserve reservation // the kernel socket that keeps our port from the kernel
+	resMu   sync.Mutex  // reserve's release, against TCPConn.takenOver's use of it
 	handing atomic.Bool // this process is handing the connection over (handoverOn)
 }
 
@@ -60,7 +62,9 @@ func (c *sock) close() bool {
 		s.st.Close(c.id)
 		s.leave()
 	}
+	c.resMu.Lock()
 	c.reserve.release()
+	c.resMu.Unlock()
 	s.release()
 	return true
 }

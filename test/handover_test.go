@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -360,77 +361,15 @@ func TestDaemonStopHandsOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	// The onloadd command itself, which a SIGTERM stops.
-	dir, _ := daemonDir(t)
-	sock := filepath.Join(dir, "onloadd.sock")
-	daemon := a.Command(shimOnloadd(t), "serve", "-socket", sock, "-log", "debug")
-	var dlog bytes.Buffer
-	daemon.Stdout, daemon.Stderr = &dlog, &dlog
-	if err := daemon.Start(); err != nil {
-		t.Fatal(err)
-	}
-	dexit := make(chan error, 1)
-	go func() { dexit <- daemon.Wait() }()
-	defer func() {
-		daemon.Process.Kill()
-		<-dexit
-	}()
-	for i := 0; ; i++ {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		if i == 100 {
-			t.Fatalf("onloadd did not serve in 5 s:\n%s", dlog.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	sock, daemon, dlog, dexit := startOnloaddCommand(t, a)
 	before, err := b.TCPCounters()
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	// The C program under the shim, paused after its first line.
-	// One stack that both share (the interface has one queue).
-	env := []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + a.Iface0().Name,
-		"ONLOAD_STACK_NAME=stopping"}
-	cmd := shimCommand(t, a, env, prog, b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), "pause")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer stopGroup(cmd)
-	out := make(chan string, 8)
-	go func() {
-		b := make([]byte, 4096)
-		var acc string
-		ready := false
-		for {
-			n, err := stdout.Read(b)
-			acc += string(b[:n])
-			if err != nil {
-				out <- acc
-				return
-			}
-			if !ready && strings.Contains(acc, "ready\n") {
-				ready = true
-				out <- "ready"
-			}
-		}
-	}()
-	select {
-	case <-out:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("forkho did not get ready\n%s", stderr.String())
-	}
+	// The C program under the shim, paused after its first line; one
+	// stack that both share (the interface has one queue).
+	release := pausedForkho(t, prog, a, b, ln, sock, "stopping")
 
 	// The Go program's connection, moving data until onloadd stops and
 	// after.
@@ -495,15 +434,135 @@ func TestDaemonStopHandsOver(t *testing.T) {
 	if err := <-goErr; err != nil {
 		t.Errorf("the Go program's connection: %v\nonloadd:\n%s", err, dlog.String())
 	}
-	stdin.Write([]byte("go\n"))
-	var res string
-	select {
-	case res = <-out:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("forkho did not finish\n%s", stderr.String())
+	if res, log := release(); !strings.Contains(res, "parent ok") {
+		t.Errorf("forkho after onloadd stopped:\n%s\nshim log:\n%s\nonloadd:\n%s", res, log, dlog.String())
 	}
-	if !strings.Contains(res, "parent ok") {
-		t.Errorf("forkho after onloadd stopped (%v):\n%s\nshim log:\n%s\nonloadd:\n%s", cmd.Wait(), res, stderr.String(), dlog.String())
+	after, err := b.TCPCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range resetCounters {
+		if d := after[k] - before[k]; d != 0 {
+			t.Errorf("the kernel peer's %s moved by %d: %s", k, d, CounterDelta(before, after))
+		}
+	}
+}
+
+// startOnloaddCommand runs the onloadd command (bin/onloadd serve, which
+// a SIGTERM stops) in host h, its log in dlog; dexit gets its exit.
+func startOnloaddCommand(t *testing.T, h *Host) (sock string, cmd *exec.Cmd, dlog *SyncBuffer, dexit chan error) {
+	t.Helper()
+	dir, _ := daemonDir(t)
+	sock = filepath.Join(dir, "onloadd.sock")
+	cmd = h.Command(shimOnloadd(t), "serve", "-socket", sock, "-log", "debug")
+	dlog = &SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = dlog, dlog
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	dexit = make(chan error, 1)
+	go func() { dexit <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		dexit <- <-dexit
+	})
+	for i := 0; ; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			return sock, cmd, dlog, dexit
+		}
+		if i == 100 {
+			t.Fatalf("onloadd did not serve in 5 s:\n%s", dlog.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// pausedForkho runs forkho (prog) under the shim in host a, on the
+// stack named stackName from onloadd at sock, against echo server ln in
+// host b, and waits until it has said its first line and paused.
+// release lets it go on (its rounds, its last line) and returns what it
+// printed and the shim's log.
+func pausedForkho(t *testing.T, prog string, a, b *Host, ln net.Listener, sock, stackName string) (release func() (out, log string)) {
+	t.Helper()
+	env := []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + a.Iface0().Name,
+		"ONLOAD_STACK_NAME=" + stackName}
+	cmd := shimCommand(t, a, env, prog, b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), "pause")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr SyncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopGroup(cmd) })
+	out := make(chan string, 2)
+	go func() {
+		b := make([]byte, 4096)
+		var acc string
+		ready := false
+		for {
+			n, err := stdout.Read(b)
+			acc += string(b[:n])
+			if err != nil {
+				out <- acc
+				return
+			}
+			if !ready && strings.Contains(acc, "ready\n") {
+				ready = true
+				out <- "ready"
+			}
+		}
+	}()
+	select {
+	case <-out:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("forkho did not get ready\n%s", stderr.String())
+	}
+	return func() (string, string) {
+		stdin.Write([]byte("go\n"))
+		select {
+		case res := <-out:
+			return res, stderr.String()
+		case <-time.After(30 * time.Second):
+			return "not done in 30 s", stderr.String()
+		}
+	}
+}
+
+// TestStackdumpHandover drains a stack on an operator's word: "onloadd
+// stackdump handover STACK" hands the connection of a paused program
+// under the shim over to the kernel, and the program goes on there,
+// byte-exact, with no reset at the kernel peer; stackdump counts it.
+func TestStackdumpHandover(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "forkho")
+	a, b := Pair(t, LinkOptions{})
+	ln, err := b.KernelEcho(b.Iface0().Addr().String() + ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	sock, _, dlog, _ := startOnloaddCommand(t, a)
+	before, err := b.TCPCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := pausedForkho(t, prog, a, b, ln, sock, "drained")
+	out, err := a.Run(shimOnloadd(t), "stackdump", "-socket", sock, "handover", "1")
+	if err != nil || !strings.Contains(out, "1 of its 1 established connections handed over") {
+		t.Fatalf("stackdump handover 1: %v\n%s\nonloadd:\n%s", err, out, dlog.String())
+	}
+	if res, log := release(); !strings.Contains(res, "parent ok") {
+		t.Fatalf("forkho after the handover:\n%s\nshim log:\n%s\nonloadd:\n%s", res, log, dlog.String())
+	}
+	if out, err := a.Run(shimOnloadd(t), "stackdump", "-socket", sock); err != nil || !strings.Contains(out, "1 connections handed over to the kernel") {
+		t.Errorf("stackdump does not count the handover: %v\n%s", err, out)
 	}
 	after, err := b.TCPCounters()
 	if err != nil {

@@ -28,12 +28,14 @@ const usage = `usage: onloadd <command> [flags]
 commands:
   serve     run the daemon in the foreground (the default command): stacks
             for processes over the control socket; SIGTERM or SIGINT stops
-            it, removing every filter and detaching the program
+            it, handing every connection over to the kernel (they go on
+            there), removing every filter and detaching the program
   stackdump print onloadd's stacks: their processes, filters and sockets
             (netstat's columns with cwnd, RTT and retransmissions); -v adds
             the engine's own dump, -json is for scripts; "stackdump kill
             STACK" ends an orphan stack (its processes are gone), resetting
-            its connections
+            its connections; "stackdump handover STACK" hands the stack's
+            connections over to the kernel, live
   run       run a program with the LD_PRELOAD shim: "onloadd run -- redis-server"
             accelerates its TCP sockets, unmodified
   capture   steer TCP/UDP ports on an interface into an AF_XDP socket and

@@ -140,20 +140,32 @@ func stackdump(args []string, out io.Writer) error {
 	var kill uint64
 	switch {
 	case fs.NArg() == 0:
-	case fs.NArg() == 2 && fs.Arg(0) == "kill":
+	case fs.NArg() == 2 && (fs.Arg(0) == "kill" || fs.Arg(0) == "handover"):
 		n, err := strconv.ParseUint(fs.Arg(1), 10, 32)
 		if err != nil {
-			return fmt.Errorf("stackdump kill %q: a stack number, as stackdump lists them", fs.Arg(1))
+			return fmt.Errorf("stackdump %s %q: a stack number, as stackdump lists them", fs.Arg(0), fs.Arg(1))
 		}
 		kill = n
 	default:
-		return fmt.Errorf("stackdump: unexpected arguments %q (stackdump [-json] [-v], or stackdump kill STACK)", fs.Args())
+		return fmt.Errorf("stackdump: unexpected arguments %q (stackdump [-json] [-v], stackdump kill STACK, or stackdump handover STACK)", fs.Args())
 	}
 	cl, err := control.Dial(*sock, "stackdump")
 	if err != nil {
 		return fmt.Errorf("stackdump: onloadd at %s: %w", *sock, err)
 	}
 	defer cl.Close()
+	if fs.NArg() > 0 && fs.Arg(0) == "handover" {
+		rep, fds, err := cl.Call(control.Request{Op: control.OpDrain, Drain: &control.DrainRequest{Stack: uint32(kill)}})
+		control.CloseFDs(fds)
+		if err != nil {
+			return fmt.Errorf("stackdump handover %d: %w", kill, err)
+		}
+		if rep.Drain == nil {
+			return fmt.Errorf("stackdump handover %d: onloadd's reply says nothing of the handover", kill)
+		}
+		fmt.Fprintf(out, "stack %d: %d of its %d established connections handed over to the kernel\n", kill, rep.Drain.Moved, rep.Drain.Of)
+		return nil
+	}
 	if fs.NArg() > 0 {
 		rep, fds, err := cl.Call(control.Request{Op: control.OpKill, Kill: &control.KillRequest{Stack: uint32(kill)}})
 		control.CloseFDs(fds)
