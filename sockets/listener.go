@@ -105,7 +105,8 @@ func (l *TCPListener) Accept() (net.Conn, error) {
 		id, err := s.st.Accept(l.id)
 		s.leave()
 		if err == nil {
-			c, err := s.newTCPConn(id, reservation{}, l.ka)
+			r := s.acceptedReservation(id)
+			c, err := s.newTCPConn(id, r, l.ka)
 			if err != nil {
 				return nil, l.opErr(err)
 			}

@@ -2,6 +2,7 @@ package test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -118,6 +119,43 @@ func streamIn(s *connSwap, n int, seed uint64, deadline time.Time, progress *ato
 // connection sees a reset or sends one.
 var resetCounters = []string{"EstabResets", "OutRsts", "TCPAbortOnData", "TCPAbortOnClose", "TCPAbortOnTimeout"}
 
+// noResets reads host h's TCP counters now; the check it returns fails
+// the test if any of resetCounters moved since, and returns the counters
+// that moved.
+func noResets(t *testing.T, h *Host) (check func() string) {
+	t.Helper()
+	before, err := h.TCPCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() string {
+		t.Helper()
+		after, err := h.TCPCounters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range resetCounters {
+			if d := after[k] - before[k]; d != 0 {
+				t.Errorf("the kernel peer's %s moved by %d: %s", k, d, CounterDelta(before, after))
+			}
+		}
+		return CounterDelta(before, after)
+	}
+}
+
+// echoHosts makes two test hosts, with the kernel's echo server in the
+// second.
+func echoHosts(t *testing.T) (a, b *Host, ln net.Listener) {
+	t.Helper()
+	a, b = Pair(t, LinkOptions{})
+	ln, err := b.KernelEcho(b.Iface0().Addr().String() + ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return a, b, ln
+}
+
 // TestHandoverLibrary hands a live connection over to the kernel with
 // (*sockets.TCPConn).Handover, both ways at once mid-transfer, against
 // the kernel's TCP in the other host: with our side dialling and
@@ -184,10 +222,7 @@ func handoverMidTransfer(t *testing.T, p *Path, s *sockets.Stack, weDial bool, i
 	if err := p.Impair(imp, imp); err != nil {
 		t.Fatal(err)
 	}
-	before, err := p.A.TCPCounters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	resets := noResets(t, p.A)
 	engine0 := s.Engine().Counters()
 	deadline := time.Now().Add(2 * time.Minute)
 	our, their := newConnSwap(ours), newConnSwap(theirs)
@@ -230,15 +265,7 @@ func handoverMidTransfer(t *testing.T, p *Path, s *sockets.Stack, weDial bool, i
 	if failed {
 		return
 	}
-	after, err := p.A.TCPCounters()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range resetCounters {
-		if d := after[k] - before[k]; d != 0 {
-			t.Errorf("the kernel peer's %s moved by %d: %s", k, d, CounterDelta(before, after))
-		}
-	}
+	moved := resets()
 	c := s.Engine().Counters()
 	if d := c.TCPHandovers - engine0.TCPHandovers; d != 1 {
 		t.Errorf("TCPHandovers moved by %d, want 1", d)
@@ -249,8 +276,7 @@ func handoverMidTransfer(t *testing.T, p *Path, s *sockets.Stack, weDial bool, i
 	if k, err := theirs.Read(make([]byte, 1)); k != 0 || err != io.EOF {
 		t.Errorf("the peer after our FIN: %d bytes, %v", k, err)
 	}
-	t.Logf("handover in %v; %d segments dropped during it; peer: %s", took, c.TCPHandoverDrops-engine0.TCPHandoverDrops,
-		strings.TrimSpace(CounterDelta(before, after)))
+	t.Logf("handover in %v; %d segments dropped during it; peer: %s", took, c.TCPHandoverDrops-engine0.TCPHandoverDrops, moved)
 }
 
 // TestShimHandoverFork runs shim/test/forkho.c under the shim against
@@ -274,12 +300,7 @@ func TestShimHandoverFork(t *testing.T) {
 		exec   string // "fork-exec", "exec" or none
 	}{{"standalone", false, ""}, {"onloadd", true, ""}, {"fork-exec", false, "fork-exec"}, {"exec", false, "exec"}} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, b := Pair(t, LinkOptions{})
-			ln, err := b.KernelEcho(b.Iface0().Addr().String() + ":0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
+			a, b, ln := echoHosts(t)
 			var env []string
 			if tc.daemon {
 				dir, _ := daemonDir(t)
@@ -290,10 +311,7 @@ func TestShimHandoverFork(t *testing.T) {
 			if tc.exec != "" {
 				args = append(args, tc.exec, prog)
 			}
-			before, err := b.TCPCounters()
-			if err != nil {
-				t.Fatal(err)
-			}
+			resets := noResets(t, b)
 			cmd := shimCommand(t, a, env, prog, args...)
 			var stdout, stderr bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -302,6 +320,7 @@ func TestShimHandoverFork(t *testing.T) {
 			}
 			done := make(chan error, 1)
 			go func() { done <- cmd.Wait() }()
+			var err error
 			select {
 			case err = <-done:
 			case <-time.After(60 * time.Second):
@@ -331,41 +350,25 @@ func TestShimHandoverFork(t *testing.T) {
 			if first >= 1000 {
 				t.Errorf("the child's first round took %.1f ms: a retransmission timeout or worse", first)
 			}
-			after, err := b.TCPCounters()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, k := range resetCounters {
-				if d := after[k] - before[k]; d != 0 {
-					t.Errorf("the kernel peer's %s moved by %d: %s", k, d, CounterDelta(before, after))
-				}
-			}
+			resets()
 			t.Logf("%s", strings.TrimSpace(out))
 		})
 	}
 }
 
-// TestDaemonStopHandsOver stops onloadd (SIGTERM) while two connections
-// of its stacks carry traffic to the kernel's echo server in the other
-// host: one of a Go program on the library (dialled: the handover is on
-// its reservation), one of a C program under the shim (forkho, paused).
-// onloadd hands both over to the kernel on their own kernel sockets
-// before it goes, and both go on there, byte-exact, with no reset at the
-// kernel peer.
+// TestDaemonStopHandsOver stops onloadd (SIGTERM) while three
+// connections of its stacks carry traffic with the kernel's TCP in the
+// other host: two of a Go program on the library (one dialled to an echo
+// server, one accepted from a client whose bytes it echoes), one of a C
+// program under the shim (forkho, paused). onloadd hands all three over
+// to the kernel on their own kernel sockets before it goes, and they go
+// on there, byte-exact, with no reset at the kernel peer.
 func TestDaemonStopHandsOver(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "forkho")
-	a, b := Pair(t, LinkOptions{})
-	ln, err := b.KernelEcho(b.Iface0().Addr().String() + ":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	a, b, ln := echoHosts(t)
 	sock, daemon, dlog, dexit := startOnloaddCommand(t, a)
-	before, err := b.TCPCounters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	resets := noResets(t, b)
 
 	// The C program under the shim, paused after its first line; one
 	// stack that both share (the interface has one queue).
@@ -387,35 +390,41 @@ func TestDaemonStopHandsOver(t *testing.T) {
 	if _, ok := c.(*sockets.TCPConn); !ok {
 		t.Fatalf("the Go program's connection is not accelerated (%T)", c)
 	}
-	stopped := make(chan struct{})
-	goErr := make(chan error, 1)
+	// And a connection the Go program accepted, which echoes what a
+	// kernel client in the other host sends.
+	var l net.Listener
+	if err := a.Do(func() (err error) {
+		l, err = (&sockets.ListenConfig{Stack: s}).Listen(context.Background(), "tcp", a.Iface0().Addr().String()+":0")
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
 	go func() {
-		c.SetDeadline(time.Now().Add(60 * time.Second))
-		buf, got := make([]byte, 32<<10), make([]byte, 32<<10)
-		after := 0
-		for off := 0; after < 64; off += len(buf) {
-			patternAt(3, off, buf)
-			if _, err := c.Write(buf); err != nil {
-				goErr <- fmt.Errorf("write at %d: %w", off, err)
-				return
-			}
-			if _, err := io.ReadFull(c, got); err != nil {
-				goErr <- fmt.Errorf("read at %d: %w", off, err)
-				return
-			}
-			if !bytes.Equal(buf, got) {
-				goErr <- fmt.Errorf("echo differs at %d", off)
-				return
-			}
-			select {
-			case <-stopped:
-				after++ // rounds on the kernel's connection
-			default:
-				time.Sleep(time.Millisecond)
-			}
+		var ac net.Conn
+		err := a.Do(func() (err error) { ac, err = l.Accept(); return })
+		if err != nil {
+			close(accepted)
+			return
 		}
-		goErr <- nil
+		accepted <- ac
+		io.Copy(ac, ac)
+		ac.Close()
 	}()
+	var kc net.Conn
+	if err := b.Do(func() (err error) { kc, err = net.Dial("tcp", l.Addr().String()); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	ac := <-accepted
+	if _, ok := ac.(*sockets.TCPConn); !ok {
+		t.Fatalf("the Go program's accepted connection is not accelerated (%T)", ac)
+	}
+	stopped := make(chan struct{})
+	dialled, acc := make(chan error, 1), make(chan error, 1)
+	go func() { dialled <- echoRounds(c, stopped, 3) }()
+	go func() { acc <- echoRounds(kc, stopped, 4) }()
 	time.Sleep(100 * time.Millisecond)
 	daemon.Process.Signal(syscall.SIGTERM)
 	select {
@@ -427,25 +436,20 @@ func TestDaemonStopHandsOver(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatalf("onloadd did not stop in 20 s after SIGTERM:\n%s", dlog.String())
 	}
-	if !strings.Contains(dlog.String(), "moved=2") {
-		t.Errorf("onloadd did not say it handed both connections over:\n%s", dlog.String())
+	if !strings.Contains(dlog.String(), "moved=3") {
+		t.Errorf("onloadd did not say it handed the three connections over:\n%s", dlog.String())
 	}
 	close(stopped)
-	if err := <-goErr; err != nil {
-		t.Errorf("the Go program's connection: %v\nonloadd:\n%s", err, dlog.String())
+	if err := <-dialled; err != nil {
+		t.Errorf("the Go program's dialled connection: %v\nonloadd:\n%s", err, dlog.String())
+	}
+	if err := <-acc; err != nil {
+		t.Errorf("the Go program's accepted connection: %v\nonloadd:\n%s", err, dlog.String())
 	}
 	if res, log := release(); !strings.Contains(res, "parent ok") {
 		t.Errorf("forkho after onloadd stopped:\n%s\nshim log:\n%s\nonloadd:\n%s", res, log, dlog.String())
 	}
-	after, err := b.TCPCounters()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range resetCounters {
-		if d := after[k] - before[k]; d != 0 {
-			t.Errorf("the kernel peer's %s moved by %d: %s", k, d, CounterDelta(before, after))
-		}
-	}
+	resets()
 }
 
 // startOnloaddCommand runs the onloadd command (bin/onloadd serve, which
@@ -542,17 +546,9 @@ func pausedForkho(t *testing.T, prog string, a, b *Host, ln net.Listener, sock, 
 func TestStackdumpHandover(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "forkho")
-	a, b := Pair(t, LinkOptions{})
-	ln, err := b.KernelEcho(b.Iface0().Addr().String() + ":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	a, b, ln := echoHosts(t)
 	sock, _, dlog, _ := startOnloaddCommand(t, a)
-	before, err := b.TCPCounters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	resets := noResets(t, b)
 	release := pausedForkho(t, prog, a, b, ln, sock, "drained")
 	out, err := a.Run(shimOnloadd(t), "stackdump", "-socket", sock, "handover", "1")
 	if err != nil || !strings.Contains(out, "1 of its 1 established connections handed over") {
@@ -564,13 +560,32 @@ func TestStackdumpHandover(t *testing.T) {
 	if out, err := a.Run(shimOnloadd(t), "stackdump", "-socket", sock); err != nil || !strings.Contains(out, "1 connections handed over to the kernel") {
 		t.Errorf("stackdump does not count the handover: %v\n%s", err, out)
 	}
-	after, err := b.TCPCounters()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range resetCounters {
-		if d := after[k] - before[k]; d != 0 {
-			t.Errorf("the kernel peer's %s moved by %d: %s", k, d, CounterDelta(before, after))
+	resets()
+}
+
+// echoRounds moves 32 KiB rounds through an echo on c, checking each,
+// until 64 rounds after stopped is closed.
+func echoRounds(c net.Conn, stopped <-chan struct{}, seed uint64) error {
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	buf, got := make([]byte, 32<<10), make([]byte, 32<<10)
+	after := 0
+	for off := 0; after < 64; off += len(buf) {
+		patternAt(seed, off, buf)
+		if _, err := c.Write(buf); err != nil {
+			return fmt.Errorf("write at %d: %w", off, err)
+		}
+		if _, err := io.ReadFull(c, got); err != nil {
+			return fmt.Errorf("read at %d: %w", off, err)
+		}
+		if !bytes.Equal(buf, got) {
+			return fmt.Errorf("echo differs at %d", off)
+		}
+		select {
+		case <-stopped:
+			after++ // rounds on the kernel's connection
+		default:
+			time.Sleep(time.Millisecond)
 		}
 	}
+	return nil
 }

@@ -63,7 +63,13 @@ func kernelPipe(a, b *Host, s *sockets.Stack, weDial bool) (c1, c2 net.Conn, sto
 			return nil, nil, nil, err
 		}
 		defer ln.Close()
-		go func() { c, err := ln.Accept(); ch <- res{c, err} }()
+		// In b's namespace: on a stack from onloadd, an accepted
+		// connection gets a kernel socket of its own there.
+		go func() {
+			var c net.Conn
+			err := b.Do(func() (err error) { c, err = ln.Accept(); return })
+			ch <- res{c, err}
+		}()
 		var kc net.Conn
 		if err := a.Do(func() (err error) { kc, err = net.Dial("tcp", ln.Addr().String()); return }); err != nil {
 			return nil, nil, nil, err
