@@ -362,7 +362,8 @@ func TestShimHandoverFork(t *testing.T) {
 // server, one accepted from a client whose bytes it echoes), one of a C
 // program under the shim (forkho, paused). onloadd hands all three over
 // to the kernel on their own kernel sockets before it goes, and they go
-// on there, byte-exact, with no reset at the kernel peer.
+// on there, byte-exact, with no reset at the kernel peer. The Go
+// program's listener then serves a new connection from the kernel.
 func TestDaemonStopHandsOver(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "forkho")
@@ -400,17 +401,18 @@ func TestDaemonStopHandsOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	accepted := make(chan net.Conn, 1)
+	accepted := make(chan net.Conn, 2)
 	go func() {
-		var ac net.Conn
-		err := a.Do(func() (err error) { ac, err = l.Accept(); return })
-		if err != nil {
-			close(accepted)
-			return
+		for {
+			var ac net.Conn
+			err := a.Do(func() (err error) { ac, err = l.Accept(); return })
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- ac
+			go func() { io.Copy(ac, ac); ac.Close() }()
 		}
-		accepted <- ac
-		io.Copy(ac, ac)
-		ac.Close()
 	}()
 	var kc net.Conn
 	if err := b.Do(func() (err error) { kc, err = net.Dial("tcp", l.Addr().String()); return }); err != nil {
@@ -445,6 +447,16 @@ func TestDaemonStopHandsOver(t *testing.T) {
 	}
 	if err := <-acc; err != nil {
 		t.Errorf("the Go program's accepted connection: %v\nonloadd:\n%s", err, dlog.String())
+	}
+	// The listener goes on too, in the kernel: its kernel half (which
+	// listens beside the stack's) has the new connections.
+	var kc2 net.Conn
+	if err := b.Do(func() (err error) { kc2, err = net.DialTimeout("tcp", l.Addr().String(), 5*time.Second); return }); err != nil {
+		t.Fatalf("a new connection to the Go program's listener after onloadd stopped: %v", err)
+	}
+	defer kc2.Close()
+	if err := echoRounds(kc2, closedChan(), 5); err != nil {
+		t.Errorf("a new connection to the Go program's listener after onloadd stopped: %v", err)
 	}
 	if res, log := release(); !strings.Contains(res, "parent ok") {
 		t.Errorf("forkho after onloadd stopped:\n%s\nshim log:\n%s\nonloadd:\n%s", res, log, dlog.String())
@@ -588,4 +600,10 @@ func echoRounds(c net.Conn, stopped <-chan struct{}, seed uint64) error {
 		}
 	}
 	return nil
+}
+
+func closedChan() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
 }
