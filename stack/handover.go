@@ -56,8 +56,15 @@ type FlowPinner interface {
 }
 
 // ErrHandoverState is returned for a connection that is not in a state
-// the kernel can take: only ESTABLISHED, with no FIN sent or received.
-var ErrHandoverState = fmt.Errorf("%w: only an established connection with no FIN either way can be handed over", ErrInvalid)
+// the kernel can take: ESTABLISHED, or CLOSE-WAIT (the peer's FIN came),
+// with no FIN of ours queued or sent.
+var ErrHandoverState = fmt.Errorf("%w: only a connection in ESTABLISHED or CLOSE-WAIT, with no FIN of ours queued, can be handed over", ErrInvalid)
+
+// handoverState says whether sk is in a state the kernel can take.
+func handoverState(sk *sock) bool {
+	return sk.kind == kindTCP && (sk.state == tcpEstablished || sk.state == tcpCloseWait) &&
+		sk.tflags&(tfFinQueued|tfFinSent) == 0
+}
 
 var errCorruptQueue = errors.New("a queue of the socket is corrupt in the stack image: not handed over")
 
@@ -71,7 +78,7 @@ func (s *Stack) BeginHandover(id SockID) (*repair.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if sk.kind != kindTCP || sk.state != tcpEstablished || sk.tflags&(tfFinQueued|tfFinSent|tfRcvFin) != 0 {
+	if !handoverState(sk) {
 		return nil, ErrHandoverState
 	}
 	local, remote := addrPort(sk.localAddr, sk.localPort), addrPort(sk.remoteAddr, sk.remotePort)
@@ -86,6 +93,7 @@ func (s *Stack) BeginHandover(id SockID) (*repair.Conn, error) {
 		MSS: sk.peerMSS, WS: sk.tflags&tfWSOK != 0, SndWS: sk.sndWS, RcvWS: sk.rcvWS,
 		SACK: sk.tflags&tfSackOK != 0, TS: sk.tflags&tfTSOK != 0, TSVal: s.tsNow(),
 		SndWnd: sk.sndWnd, SndWl1: uint32(sk.sndWl1), RcvWnd: uint32(sk.rcvAdv - sk.rcvNxt),
+		FinReceived: sk.tflags&tfRcvFin != 0, PeerTSVal: sk.tsRecent,
 	}
 	if c.MSS == 0 {
 		c.MSS = sk.mss
@@ -335,6 +343,14 @@ func (s *Stack) Handover(id SockID, fd int, writeTimeout time.Duration) (Handove
 	if err := repair.Finish(fd); err != nil {
 		return lost(err)
 	}
+	if c.FinReceived {
+		// The peer's FIN, which repair mode cannot give.
+		if err := repair.InjectFIN(c); err != nil {
+			unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1})
+			s.EndHandover(id)
+			return st, fmt.Errorf("%w: the peer's FIN could not be given to the kernel socket: %w", ErrHandoverLost, err)
+		}
+	}
 	// The kernel has the connection: its segments go there now.
 	err = s.EndHandover(id)
 	st.Took = time.Since(start)
@@ -378,15 +394,15 @@ type Candidate struct {
 	Remote  netip.AddrPort
 }
 
-// HandoverCandidates lists the established connections whose kernel
-// socket a process recorded (SetKernelFD).
+// HandoverCandidates lists the connections in a state the kernel can
+// take whose kernel socket a process recorded (SetKernelFD).
 func (s *Stack) HandoverCandidates() []Candidate {
 	s.lock()
 	defer s.unlock()
 	var out []Candidate
 	for i := range s.img.socks {
 		sk := &s.img.socks[i]
-		if sk.kind != kindTCP || sk.state != tcpEstablished || sk.kfd1 == 0 || sk.kfdPID == 0 || sk.tflags&tfOrphan != 0 {
+		if !handoverState(sk) || sk.kfd1 == 0 || sk.kfdPID == 0 || sk.tflags&tfOrphan != 0 {
 			continue
 		}
 		out = append(out, Candidate{ID: s.idOf(sk), PID: int(sk.kfdPID), FD: int(sk.kfd1 - 1),

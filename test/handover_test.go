@@ -607,3 +607,63 @@ func closedChan() chan struct{} {
 	close(c)
 	return c
 }
+
+// TestHandoverCloseWait hands over a connection whose kernel peer has
+// closed its side (CLOSE-WAIT) with data our side has not read: the
+// kernel socket reads the data, then the end of the stream (the peer's
+// FIN, given again: repair.InjectFIN), and what it writes after reaches
+// the peer, which sees no reset.
+func TestHandoverCloseWait(t *testing.T) {
+	RequireRoot(t)
+	a, b := Pair(t, LinkOptions{})
+	s := ourSockets(t, b, sockets.Balanced)
+	for _, weDial := range []bool{true, false} {
+		t.Run(map[bool]string{true: "dialled", false: "accepted"}[weDial], func(t *testing.T) {
+			ours, theirs, stop, err := kernelPipe(a, b, s, weDial)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stop()
+			resets := noResets(t, a)
+			data := make([]byte, 100<<10)
+			patternAt(9, 0, data)
+			theirs.SetDeadline(time.Now().Add(20 * time.Second))
+			if _, err := theirs.Write(data); err != nil {
+				t.Fatal(err)
+			}
+			theirs.(*net.TCPConn).CloseWrite()
+			// Our side has the data and the FIN, unread.
+			tc := ours.(*sockets.TCPConn)
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				info, err := tc.Info()
+				if err == nil && info.State == "CLOSE-WAIT" && int(info.Unread) == len(data) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("our side did not get the data and the FIN: %+v, %v", info, err)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			var kc *net.TCPConn
+			if err := b.Do(func() (err error) { kc, err = tc.Handover(); return }); err != nil {
+				t.Fatal(err)
+			}
+			defer kc.Close()
+			kc.SetDeadline(time.Now().Add(10 * time.Second))
+			got, err := io.ReadAll(kc)
+			if err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("the kernel socket read %d bytes (%v); want the %d the peer sent, then the end of the stream", len(got), err, len(data))
+			}
+			if _, err := kc.Write([]byte("after the end")); err != nil {
+				t.Fatal(err)
+			}
+			kc.CloseWrite()
+			got, err = io.ReadAll(theirs)
+			if err != nil || string(got) != "after the end" {
+				t.Fatalf("the peer read %q, %v", got, err)
+			}
+			resets()
+		})
+	}
+}

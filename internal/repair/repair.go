@@ -12,6 +12,7 @@
 package repair
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -60,6 +61,14 @@ type Conn struct {
 	SndWnd uint32 // the peer's window, scaled, and the sequence number
 	SndWl1 uint32 // of the segment that set it
 	RcvWnd uint32 // the window we advertised, from RcvNxt
+
+	// FinReceived: the peer's FIN came (CLOSE-WAIT), and RcvNxt counts
+	// it. Repair mode cannot make that state: the connection is made
+	// ESTABLISHED without the FIN, and after Finish, InjectFIN hands the
+	// kernel socket the peer's FIN again. PeerTSVal is the peer's last
+	// timestamp, for it.
+	FinReceived bool
+	PeerTSVal   uint32
 }
 
 // ErrPermission is returned when the process may not repair sockets.
@@ -140,8 +149,9 @@ func restoreRepairing(fd int, c *Conn) error {
 		return fmt.Errorf("window scale %d/%d out of range", c.SndWS, c.RcvWS)
 	}
 	// The receive queue starts before the unread bytes, which advance
-	// it to RcvNxt as they are queued; the send queue starts at SndUna.
-	if err := setQueueSeq(fd, recvQueue, c.RcvNxt-uint32(len(c.Unread))); err != nil {
+	// it to RcvNxt (less a FIN, which InjectFIN brings) as they are
+	// queued; the send queue starts at SndUna.
+	if err := setQueueSeq(fd, recvQueue, c.rcvData()-uint32(len(c.Unread))); err != nil {
 		return err
 	}
 	if err := setQueueSeq(fd, sendQueue, c.SndUna); err != nil {
@@ -238,7 +248,10 @@ type tcpRepairWindow struct {
 }
 
 func setWindow(fd int, c *Conn) error {
-	w := tcpRepairWindow{sndWl1: c.SndWl1, sndWnd: c.SndWnd, maxWindow: c.SndWnd, rcvWnd: c.RcvWnd, rcvWup: c.RcvNxt}
+	w := tcpRepairWindow{sndWl1: c.SndWl1, sndWnd: c.SndWnd, maxWindow: c.SndWnd, rcvWnd: c.RcvWnd, rcvWup: c.rcvData()}
+	if c.FinReceived && w.sndWl1 == c.RcvNxt {
+		w.sndWl1-- // set by the FIN itself, which the socket has not had yet
+	}
 	_, _, errno := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR_WINDOW,
 		uintptr(unsafe.Pointer(&w)), unsafe.Sizeof(w), 0)
 	if errno != 0 {
@@ -316,4 +329,88 @@ func WaitDone(fd int, timeout time.Duration) bool {
 		time.Sleep(50 * time.Microsecond)
 	}
 	return true
+}
+
+// rcvData is the next byte of data expected: RcvNxt less the FIN's
+// sequence number, if it came.
+func (c *Conn) rcvData() uint32 {
+	if c.FinReceived {
+		return c.RcvNxt - 1
+	}
+	return c.RcvNxt
+}
+
+// InjectFIN gives the socket Restore made for c the peer's FIN, which
+// came before the handover (c.FinReceived): a segment from the peer's
+// address and port, made with a raw socket and delivered through the
+// host's own routing (the destination is local), as CRIU does. The
+// kernel takes it as the peer's, acknowledges it to the peer (who has
+// had that acknowledgment already) and the socket reads the end of the
+// stream after its data. It needs CAP_NET_RAW.
+func InjectFIN(c *Conn) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		return os.NewSyscallError("socket (raw)", err)
+	}
+	defer unix.Close(fd)
+	// The source is the peer's address, not ours.
+	if err := unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_TRANSPARENT, 1); err != nil {
+		return os.NewSyscallError("setsockopt IP_TRANSPARENT", err)
+	}
+	optLen := 0
+	if c.TS {
+		optLen = 12
+	}
+	pkt := make([]byte, 20+20+optLen)
+	ip, tcp := pkt[:20], pkt[20:]
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(len(pkt)))
+	ip[8], ip[9] = 64, unix.IPPROTO_TCP
+	src, dst := c.Remote.Addr().As4(), c.Local.Addr().As4()
+	copy(ip[12:16], src[:])
+	copy(ip[16:20], dst[:])
+	binary.BigEndian.PutUint16(ip[10:], ^sum16(ip, 0))
+	binary.BigEndian.PutUint16(tcp[0:], c.Remote.Port())
+	binary.BigEndian.PutUint16(tcp[2:], c.Local.Port())
+	binary.BigEndian.PutUint32(tcp[4:], c.RcvNxt-1)
+	binary.BigEndian.PutUint32(tcp[8:], c.SndUna)
+	tcp[12] = byte((20 + optLen) / 4 << 4)
+	tcp[13] = 0x11 // FIN, ACK
+	wnd := c.SndWnd
+	if c.WS {
+		wnd >>= c.SndWS
+	}
+	binary.BigEndian.PutUint16(tcp[14:], uint16(min(wnd, 0xffff)))
+	if c.TS {
+		o := tcp[20:]
+		o[0], o[1], o[2], o[3] = 1, 1, 8, 10 // NOP, NOP, timestamps
+		binary.BigEndian.PutUint32(o[4:], c.PeerTSVal)
+		binary.BigEndian.PutUint32(o[8:], c.TSVal)
+	}
+	// The pseudo-header: addresses, protocol, TCP length.
+	var ph [12]byte
+	copy(ph[0:4], src[:])
+	copy(ph[4:8], dst[:])
+	ph[9] = unix.IPPROTO_TCP
+	binary.BigEndian.PutUint16(ph[10:], uint16(len(tcp)))
+	binary.BigEndian.PutUint16(tcp[16:], ^sum16(tcp, sum16(ph[:], 0)))
+	if err := unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: dst}); err != nil {
+		return os.NewSyscallError("sendto (the peer's FIN)", err)
+	}
+	return nil
+}
+
+// sum16 adds b to the one's-complement sum start, folded to 16 bits.
+func sum16(b []byte, start uint16) uint16 {
+	s := uint32(start)
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s > 0xffff {
+		s = s>>16 + s&0xffff
+	}
+	return uint16(s)
 }

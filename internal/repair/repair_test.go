@@ -133,21 +133,7 @@ func rawConn(t *testing.T, c net.Conn) int {
 // must see every byte once, in order, and no reset.
 func TestRestoreKernelConnection(t *testing.T) {
 	repairable(t)
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	cc, err := net.Dial("tcp4", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
-	peer.SetDeadline(time.Now().Add(20 * time.Second))
+	cc, peer := loopbackPair(t)
 
 	if _, err := cc.Write([]byte("before|")); err != nil {
 		t.Fatal(err)
@@ -176,17 +162,7 @@ func TestRestoreKernelConnection(t *testing.T) {
 	c.Sent = append(c.Sent, "lost|"...)
 	c.Unsent = append(c.Unsent, "unsent|"...)
 
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Prepare(fd, c.Local); err != nil {
-		t.Fatal(err)
-	}
-	if err := Restore(fd, c); err != nil {
-		unix.Close(fd)
-		t.Fatal(err)
-	}
+	fd := restored(t, c)
 	// Bytes that came in while the connection moved.
 	if err := Receive(fd, later); err != nil {
 		unix.Close(fd)
@@ -279,4 +255,112 @@ func TestInProgress(t *testing.T) {
 	if InProgress(fd) || !WaitDone(fd, time.Millisecond) {
 		t.Fatal("a finished socket reads as in repair mode")
 	}
+}
+
+// TestRestoreCloseWait moves a connection whose peer has closed its side
+// (CLOSE-WAIT: the FIN came, the data before it not yet read): after
+// Restore, Finish and InjectFIN, the new socket reads the data, then the
+// end of the stream, and can still send.
+func TestRestoreCloseWait(t *testing.T) {
+	repairable(t)
+	cc, peer := loopbackPair(t)
+	if _, err := peer.Write([]byte("last words|")); err != nil {
+		t.Fatal(err)
+	}
+	peer.(*net.TCPConn).CloseWrite()
+	time.Sleep(20 * time.Millisecond) // the data and the FIN reach cc
+
+	old := rawConn(t, cc)
+	c := dump(t, old)
+	if st := tcpState(old); st != 8 { // TCP_CLOSE_WAIT
+		t.Fatalf("the old socket is in state %d, not CLOSE-WAIT", st)
+	}
+	unix.Close(old)
+	c.FinReceived = true
+
+	fd := restored(t, c)
+	if err := Finish(fd); err != nil {
+		unix.Close(fd)
+		t.Fatal(err)
+	}
+	if st := tcpState(fd); st != 1 {
+		t.Errorf("before InjectFIN the socket is in state %d, not ESTABLISHED", st)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if st := tcpState(fd); st != 1 {
+		t.Errorf("50 ms later, with no FIN, the socket is in state %d, not ESTABLISHED", st)
+	}
+	if err := InjectFIN(c); err != nil {
+		unix.Close(fd)
+		t.Fatal(err)
+	}
+	if st := tcpState(fd); st != 8 {
+		t.Errorf("after InjectFIN the socket is in state %d, not CLOSE-WAIT", st)
+	}
+	nc, err := net.FileConn(os.NewFile(uintptr(fd), "restored"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(nc)
+	if err != nil || string(got) != "last words|" {
+		t.Fatalf("the restored socket read %q, %v; want the data, then the end of the stream", got, err)
+	}
+	if _, err := nc.Write([]byte("reply")); err != nil {
+		t.Fatal(err)
+	}
+	nc.(*net.TCPConn).CloseWrite()
+	got, err = io.ReadAll(peer)
+	if err != nil || string(got) != "reply" {
+		t.Fatalf("the peer read %q, %v", got, err)
+	}
+}
+
+// tcpState is the socket's state, as TCP_INFO gives it (Linux's numbers:
+// 1 ESTABLISHED, 8 CLOSE-WAIT).
+func tcpState(fd int) byte {
+	var info [8]byte
+	l := uint32(len(info))
+	unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_INFO, uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&l)), 0)
+	return info[0]
+}
+
+// loopbackPair is a kernel connection over loopback: cc dialled, peer
+// accepted (closed, with its deadline, when the test ends).
+func loopbackPair(t *testing.T) (cc, peer net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if cc, err = net.Dial("tcp4", ln.Addr().String()); err != nil {
+		t.Fatal(err)
+	}
+	if peer, err = ln.Accept(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peer.Close() })
+	peer.SetDeadline(time.Now().Add(20 * time.Second))
+	return cc, peer
+}
+
+// restored is a fresh socket, prepared and restored as c, still in
+// repair mode.
+func restored(t *testing.T, c *Conn) int {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Prepare(fd, c.Local); err != nil {
+		unix.Close(fd)
+		t.Fatal(err)
+	}
+	if err := Restore(fd, c); err != nil {
+		unix.Close(fd)
+		t.Fatal(err)
+	}
+	return fd
 }
