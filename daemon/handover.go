@@ -128,7 +128,10 @@ func (d *Daemon) handOverAll() {
 	}
 	d.mu.Unlock()
 	for _, s := range stacks {
-		if moved, of := d.handOverStack(s); of > 0 {
+		moved, of, err := d.handOverStack(s)
+		if err != nil {
+			d.log.Warn("connections not handed over: onloadd stops", "stack", s.id, "err", err)
+		} else if of > 0 {
 			d.log.Info("connections handed over to the kernel: onloadd stops", "stack", s.id, "moved", moved, "of", of)
 		}
 	}
@@ -136,11 +139,10 @@ func (d *Daemon) handOverAll() {
 
 // handOverStack hands s's connections over (handOverAll's work for one
 // stack) and says how many moved, of how many.
-func (d *Daemon) handOverStack(s *dstack) (moved, of int) {
+func (d *Daemon) handOverStack(s *dstack) (moved, of int, err error) {
 	var cands []stack.Candidate
-	if err := guard(func() { cands = s.st.HandoverCandidates() }); err != nil {
-		d.log.Warn("connections not handed over", "stack", s.id, "err", err)
-		return 0, 0
+	if gerr := guard(func() { cands, err = s.st.HandoverCandidates() }); gerr != nil || err != nil {
+		return 0, 0, errors.Join(gerr, err)
 	}
 	for _, c := range cands {
 		if err := d.handOverOne(s, c); err != nil {
@@ -150,7 +152,7 @@ func (d *Daemon) handOverStack(s *dstack) (moved, of int) {
 		}
 		moved++
 	}
-	return moved, len(cands)
+	return moved, len(cands), nil
 }
 
 // drain is OpDrain: stackdump handover.
@@ -170,7 +172,10 @@ func (d *Daemon) drain(c *client, id uint32) (*control.DrainReply, error) {
 	if err != nil {
 		return nil, err
 	}
-	moved, of := d.handOverStack(s)
+	moved, of, err := d.handOverStack(s)
+	if err != nil {
+		return nil, refuse(codeUnavailable, "stack %d: %v", id, err)
+	}
 	d.log.Info("connections handed over to the kernel: asked", "stack", s.id, "by", c.String(), "moved", moved, "of", of)
 	return &control.DrainReply{Moved: moved, Of: of}, nil
 }

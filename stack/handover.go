@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -41,6 +42,39 @@ import (
 // AbortHandover, when the kernel socket could not be made, resets the
 // peer: the connection is lost, and the peer knows it.
 
+// The waits for the stack lock of onloadd's handle, which only ever
+// trylocks (handoverLock): before a handover begins (nothing has changed
+// yet: the caller is told the stack is busy), and at its later steps.
+const (
+	handoverFirstWait = time.Second
+	handoverStepWait  = 10 * time.Second
+)
+
+// ErrStackBusy: onloadd could not take the stack's lock in time (one of
+// its processes is stopped, or dead, holding it).
+var ErrStackBusy = &Errno{"the stack's lock stayed held: one of its processes is stopped inside the stack", syscall.EBUSY}
+
+// handoverLock takes the stack lock for a step of a handover: as every
+// call does in a process of the stack; on onloadd's handle (a watcher),
+// which only ever trylocks, by trylock for at most wait.
+func (s *Stack) handoverLock(wait time.Duration) (unlock func(), err error) {
+	if !s.watcher {
+		s.lock()
+		return s.unlock, nil
+	}
+	s.mu.Lock()
+	if !s.tryLockWithin(wait) {
+		s.mu.Unlock()
+		return nil, ErrStackBusy
+	}
+	s.lockedLocked()
+	s.setClock(s.fast.now())
+	return func() {
+		s.unlockTried()
+		s.mu.Unlock()
+	}, nil
+}
+
 // handoverGrace is how long a HANDED-OVER socket keeps its 4-tuple after
 // EndHandover, dropping the frames that were already steered to the
 // stack.
@@ -72,8 +106,11 @@ var errCorruptQueue = errors.New("a queue of the socket is corrupt in the stack 
 // state for repair.Restore. The socket's ID stays valid for
 // EndHandover or AbortHandover and nothing else.
 func (s *Stack) BeginHandover(id SockID) (*repair.Conn, error) {
-	s.lock()
-	defer s.unlock()
+	unlock, err := s.handoverLock(handoverFirstWait)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	sk, err := s.sockLocked(id)
 	if err != nil {
 		return nil, err
@@ -208,8 +245,11 @@ func (s *Stack) handoverHoldLocked(sk *sock, h vnic.Handle, g *segment, payloadO
 // and returns the bytes held that follow on, without a gap, from the
 // rcvNxt BeginHandover gave; the rest is dropped.
 func (s *Stack) HandoverCatchUp(id SockID) ([]byte, error) {
-	s.lock()
-	defer s.unlock()
+	unlock, err := s.handoverLock(handoverStepWait)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	sk := s.handedOverLocked(id)
 	if sk == nil {
 		return nil, ErrBadSocket
@@ -250,8 +290,11 @@ func (s *Stack) handedOverLocked(id SockID) *sock {
 // EndHandover unpins the flow of a connection the kernel now has, and
 // frees its socket after handoverGrace.
 func (s *Stack) EndHandover(id SockID) error {
-	s.lock()
-	defer s.unlock()
+	unlock, err := s.handoverLock(handoverStepWait)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	sk := s.handedOverLocked(id)
 	if sk == nil {
 		return ErrBadSocket
@@ -266,8 +309,11 @@ func (s *Stack) EndHandover(id SockID) error {
 // AbortHandover resets the peer of a connection whose kernel socket
 // could not be made, and frees the socket.
 func (s *Stack) AbortHandover(id SockID) error {
-	s.lock()
-	defer s.unlock()
+	unlock, err := s.handoverLock(handoverStepWait)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	sk := s.handedOverLocked(id)
 	if sk == nil {
 		return ErrBadSocket
@@ -354,6 +400,13 @@ func (s *Stack) Handover(id SockID, fd int, writeTimeout time.Duration) (Handove
 	// The kernel has the connection: its segments go there now.
 	err = s.EndHandover(id)
 	st.Took = time.Since(start)
+	if errors.Is(err, ErrStackBusy) {
+		// The flow must go to the kernel even so; the socket's slot
+		// stays HANDED-OVER until the stack ends.
+		if pin, ok := s.filters.(FlowPinner); ok {
+			err = pin.UnpinFlow(TCP, c.Local, c.Remote)
+		}
+	}
 	if err != nil {
 		// Its segments still come here, where they are dropped: the
 		// connection stalls. Say so; it cannot be undone.
@@ -396,9 +449,13 @@ type Candidate struct {
 
 // HandoverCandidates lists the connections in a state the kernel can
 // take whose kernel socket a process recorded (SetKernelFD).
-func (s *Stack) HandoverCandidates() []Candidate {
-	s.lock()
-	defer s.unlock()
+// ErrStackBusy if onloadd's handle could not take the lock.
+func (s *Stack) HandoverCandidates() ([]Candidate, error) {
+	unlock, err := s.handoverLock(handoverFirstWait)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	var out []Candidate
 	for i := range s.img.socks {
 		sk := &s.img.socks[i]
@@ -408,5 +465,5 @@ func (s *Stack) HandoverCandidates() []Candidate {
 		out = append(out, Candidate{ID: s.idOf(sk), PID: int(sk.kfdPID), FD: int(sk.kfd1 - 1),
 			Local: addrPort(sk.localAddr, sk.localPort), Remote: addrPort(sk.remoteAddr, sk.remotePort)})
 	}
-	return out
+	return out, nil
 }

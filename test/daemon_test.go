@@ -89,7 +89,8 @@ func init() {
 	// A process that dies inside its stack: on a stack of its own from
 	// onloadd, told "send ADDR N", it sends (sendStream) from the port
 	// after its listener's; told "die", it takes the stack's lock and
-	// kills itself (SIGKILL) holding it. READY <its listener's port>.
+	// kills itself (SIGKILL) holding it; told "hold", it takes the lock
+	// and keeps it until told "release". READY <its listener's port>.
 	helpers["daemon-locker"] = func() error {
 		cfg, err := sockets.ConfigFromEnv()
 		if err != nil {
@@ -116,6 +117,15 @@ func init() {
 				fmt.Sscan(rest, &addr, &n)
 				d := sockets.Dialer{Stack: s, LocalAddr: &net.TCPAddr{Port: port + 1}}
 				fmt.Printf("send: %v\n", sendStream(d, addr, n))
+			}
+			if sc.Text() == "hold" {
+				// As a process stopped inside the stack would.
+				release := s.Engine().HoldLock()
+				fmt.Println("held")
+				if sc.Scan() && sc.Text() == "release" {
+					release()
+					fmt.Println("released")
+				}
 			}
 			if sc.Text() == "die" {
 				s.Engine().HoldLock()

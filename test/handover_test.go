@@ -667,3 +667,41 @@ func TestHandoverCloseWait(t *testing.T) {
 		})
 	}
 }
+
+// TestHandoverLockHeld: onloadd only ever trylocks a stack. Asked to
+// hand a stack's connections over while a process of the stack holds
+// its lock (as one stopped inside the stack would), it gives up within a
+// second or so and says why; once the lock is free, the connection (of
+// a paused program under the shim) is handed over, and goes on.
+func TestHandoverLockHeld(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "forkho")
+	a, b, ln := echoHosts(t)
+	sock, _, dlog, _ := startOnloaddCommand(t, a)
+	release := pausedForkho(t, prog, a, b, ln, sock, "busy")
+	holder := startHelper(t, a, "daemon-locker", "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET="+sock,
+		"ONLOAD_INTERFACE="+a.Iface0().Name, "ONLOAD_STACK_NAME=busy")
+	say := func(cmd, want string) {
+		t.Helper()
+		fmt.Fprintln(holder.In, cmd)
+		if l, err := holder.line(10 * time.Second); err != nil || l != want {
+			t.Fatalf("the lock holder, told %q: %q, %v", cmd, l, err)
+		}
+	}
+	say("hold", "held")
+	start := time.Now()
+	out, err := a.Run(shimOnloadd(t), "stackdump", "-socket", sock, "handover", "1")
+	if err == nil || !strings.Contains(out, "lock stayed held") {
+		t.Fatalf("stackdump handover with the lock held: %v\n%s", err, out)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Errorf("the refusal took %v", el)
+	}
+	say("release", "released")
+	if out, err := a.Run(shimOnloadd(t), "stackdump", "-socket", sock, "handover", "1"); err != nil || !strings.Contains(out, "1 of its 1") {
+		t.Fatalf("stackdump handover once the lock is free: %v\n%s\nonloadd:\n%s", err, out, dlog.String())
+	}
+	if res, log := release(); !strings.Contains(res, "parent ok") {
+		t.Fatalf("forkho after the handover:\n%s\nshim log:\n%s", res, log)
+	}
+}
