@@ -161,7 +161,10 @@ func (s *Stack) BeginHandover(id SockID) (*repair.Conn, error) {
 func (s *Stack) handoverQueuesLocked(sk *sock, c *repair.Conn) error {
 	p := s.pool
 	limit := s.walkLimit()
-	c.Unread = make([]byte, 0, sk.rcvBytes)
+	// The counts are the image's, which a client writes: onloadd sizes
+	// nothing from them beyond what the pool's frames can hold.
+	most := uint32(limit * p.FrameSize())
+	c.Unread = make([]byte, 0, min(sk.rcvBytes, most))
 	steps := 0
 	for h := sk.rcvHead; h != vnic.Null; h = p.Next(h) {
 		f, ok := p.Frame(h)
@@ -172,8 +175,8 @@ func (s *Stack) handoverQueuesLocked(sk *sock, c *repair.Conn) error {
 		steps++
 		c.Unread = append(c.Unread, f.Data()...)
 	}
-	c.Sent = make([]byte, 0, uint32(sk.sndMax-sk.sndUna))
-	c.Unsent = make([]byte, 0, sk.sndBytes)
+	c.Sent = make([]byte, 0, min(uint32(sk.sndMax-sk.sndUna), most))
+	c.Unsent = make([]byte, 0, min(sk.sndBytes, most))
 	unsent := false
 	for h := sk.sndHead; h != vnic.Null; h = p.Next(h) {
 		f, ok := p.Frame(h)
@@ -245,15 +248,11 @@ func (s *Stack) handoverHoldLocked(sk *sock, h vnic.Handle, g *segment, payloadO
 // and returns the bytes held that follow on, without a gap, from the
 // rcvNxt BeginHandover gave; the rest is dropped.
 func (s *Stack) HandoverCatchUp(id SockID) ([]byte, error) {
-	unlock, err := s.handoverLock(handoverStepWait)
+	sk, unlock, err := s.lockHandedOver(id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	sk := s.handedOverLocked(id)
-	if sk == nil {
-		return nil, ErrBadSocket
-	}
 	sk.tflags &^= tfHolding
 	p := s.pool
 	var out []byte
@@ -274,6 +273,19 @@ func (s *Stack) HandoverCatchUp(id SockID) ([]byte, error) {
 	return out, nil
 }
 
+// lockHandedOver takes the lock for a later step of a handover and
+// resolves the socket BeginHandover took; unlock when err is nil.
+func (s *Stack) lockHandedOver(id SockID) (sk *sock, unlock func(), err error) {
+	if unlock, err = s.handoverLock(handoverStepWait); err != nil {
+		return nil, nil, err
+	}
+	if sk = s.handedOverLocked(id); sk == nil {
+		unlock()
+		return nil, nil, ErrBadSocket
+	}
+	return sk, unlock, nil
+}
+
 // handedOverLocked resolves the ID of a socket BeginHandover took.
 func (s *Stack) handedOverLocked(id SockID) *sock {
 	idx := id.index()
@@ -290,15 +302,11 @@ func (s *Stack) handedOverLocked(id SockID) *sock {
 // EndHandover unpins the flow of a connection the kernel now has, and
 // frees its socket after handoverGrace.
 func (s *Stack) EndHandover(id SockID) error {
-	unlock, err := s.handoverLock(handoverStepWait)
+	sk, unlock, err := s.lockHandedOver(id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	sk := s.handedOverLocked(id)
-	if sk == nil {
-		return ErrBadSocket
-	}
 	if err := s.unpinLocked(sk); err != nil {
 		return fmt.Errorf("unpin the handed-over flow: %w", err)
 	}
@@ -309,15 +317,11 @@ func (s *Stack) EndHandover(id SockID) error {
 // AbortHandover resets the peer of a connection whose kernel socket
 // could not be made, and frees the socket.
 func (s *Stack) AbortHandover(id SockID) error {
-	unlock, err := s.handoverLock(handoverStepWait)
+	sk, unlock, err := s.lockHandedOver(id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	sk := s.handedOverLocked(id)
-	if sk == nil {
-		return ErrBadSocket
-	}
 	s.unpinLocked(sk)
 	s.controlLocked(sk, flagRST, sk.sndNxt)
 	s.tcpCloseFinalLocked(sk)
@@ -326,11 +330,17 @@ func (s *Stack) AbortHandover(id SockID) error {
 }
 
 func (s *Stack) unpinLocked(sk *sock) error {
+	return s.unpin(addrPort(sk.localAddr, sk.localPort), addrPort(sk.remoteAddr, sk.remotePort))
+}
+
+// unpin removes PinFlow's entry for a connection (a map update: the
+// stack lock is not needed for it).
+func (s *Stack) unpin(local, remote netip.AddrPort) error {
 	pin, ok := s.filters.(FlowPinner)
 	if !ok {
 		return nil
 	}
-	return pin.UnpinFlow(TCP, addrPort(sk.localAddr, sk.localPort), addrPort(sk.remoteAddr, sk.remotePort))
+	return pin.UnpinFlow(TCP, local, remote)
 }
 
 // HandoverStats says what a handover moved and how long the connection
@@ -403,9 +413,7 @@ func (s *Stack) Handover(id SockID, fd int, writeTimeout time.Duration) (Handove
 	if errors.Is(err, ErrStackBusy) {
 		// The flow must go to the kernel even so; the socket's slot
 		// stays HANDED-OVER until the stack ends.
-		if pin, ok := s.filters.(FlowPinner); ok {
-			err = pin.UnpinFlow(TCP, c.Local, c.Remote)
-		}
+		err = s.unpin(c.Local, c.Remote)
 	}
 	if err != nil {
 		// Its segments still come here, where they are dropped: the
