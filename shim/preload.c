@@ -159,6 +159,7 @@ static struct {
 	int (*tcpinfo)(int, struct onl_tcpinfo *);
 	int (*handover_info)(int, uint32_t *, uint32_t *, char *, int);
 	int (*handover)(int, int);
+	int (*handed_over)(int);
 } core;
 
 static int core_state;	      /* 0 not loaded, 1 loaded, -1 failed */
@@ -254,7 +255,7 @@ static int load_core(void)
 	SYM(events); SYM(arm); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(thread); SYM(spin_ns); SYM(try_spin);
 	SYM(end_spin); SYM(close); SYM(shutdown);
 	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
-	SYM(handover_info); SYM(handover);
+	SYM(handover_info); SYM(handover); SYM(handed_over);
 #undef SYM
 	Dl_info ci;
 	if (ok && dladdr((void *)core.listen, &ci))
@@ -434,24 +435,30 @@ static void kernel_now_locked(int h)
 	}
 }
 
-/* kernel_took: the core no longer has connection fd's socket; if the
- * kernel took it over, fd is the kernel's from now on (1). */
+/* kernel_took: the core no longer has connection fd's socket; if a
+ * handover took it, fd is the kernel's from then on (1). The handover
+ * takes the core's socket first, then connects the kernel socket in
+ * repair mode (the kernel answers TCP_REPAIR_WINDOW only then), then
+ * ends repair mode: wait for that, up to 10 s. */
 static int kernel_took(int fd)
 {
-	struct sockaddr_in sa;
-	socklen_t l = sizeof sa;
-	if (real_getpeername(fd, (struct sockaddr *)&sa, &l) < 0)
-		return 0;
-	/* Connected in repair mode first (the kernel answers
-	 * TCP_REPAIR_WINDOW only then): wait, up to 10 s, for the handover
-	 * to end. */
-	for (int i = 0; i < 200000; i++) {
+	struct fdent *ke = ent(fd);
+	int h = ke && ke->kind == K_OURS ? ke->h : 0, done = 0;
+	for (int i = 0; i < 200000 && !done; i++) {
+		struct sockaddr_in sa;
+		socklen_t l = sizeof sa;
 		char w[20];
 		socklen_t wl = sizeof w;
-		if (real_getsockopt(fd, IPPROTO_TCP, TCP_REPAIR_WINDOW, w, &wl) < 0)
-			break;
-		usleep(50);
+		if (real_getpeername(fd, (struct sockaddr *)&sa, &l) == 0) {
+			done = real_getsockopt(fd, IPPROTO_TCP, TCP_REPAIR_WINDOW, w, &wl) < 0; /* out of repair mode */
+		} else if (h <= 0 || after_fork || core_state != 1 || !CORE(core.handed_over(h))) {
+			return 0; /* not handed over: the connection is gone */
+		}
+		if (!done)
+			usleep(50);
 	}
+	if (!done)
+		return 0;
 	pthread_mutex_lock(&mu);
 	struct fdent *e = ent(fd);
 	if (e && e->kind == K_OURS) {

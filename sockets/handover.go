@@ -174,6 +174,11 @@ func (s *Stack) HandoverVia() (socket string, stackID uint32, ok bool) {
 	return s.proofs.path, s.proofs.stack, true
 }
 
+// HandedOver reports whether a handover took d's engine socket (under
+// way, or ended moments ago): the caller, which found the socket gone,
+// waits for the kernel's connection on its kernel socket.
+func (d *Desc) HandedOver() bool { return d.stk.HandedOver(d.id) }
+
 // SockID is the engine's name for d (what a handover request names).
 func (d *Desc) SockID() uint32 { return uint32(d.id) }
 
@@ -227,21 +232,15 @@ func (c *TCPConn) takenOver(err error) *net.TCPConn {
 	return k
 }
 
-// takeReservation returns a copy of c's reservation if the kernel has
-// connected it (a handover made it the connection), once repair mode
-// has ended; -1 otherwise. The reservation is not closed meanwhile.
+// takeReservation returns a copy of c's reservation once the kernel has
+// made the connection on it (a handover, whose end it waits for, up to
+// handoverWrite); -1 if no handover took c's engine socket. The
+// reservation is not closed meanwhile.
 func (c *TCPConn) takeReservation() int {
 	c.resMu.Lock()
 	defer c.resMu.Unlock()
 	fd := c.reserve.fd1 - 1
-	if fd < 0 || c.closed.Load() {
-		return -1
-	}
-	if _, err := unix.Getpeername(fd); err != nil {
-		return -1 // not connected: the connection is gone
-	}
-	// Connected in repair mode first: wait for the handover to end.
-	if !repair.WaitDone(fd, handoverWrite) {
+	if fd < 0 || c.closed.Load() || !c.stk.waitHandedOver(c.id, fd) {
 		return -1
 	}
 	nfd, err := unix.Dup(fd)
@@ -269,4 +268,35 @@ func (s *Stack) acceptedReservation(id stack.SockID) reservation {
 	}
 	s.recordKernelFD(id, fd)
 	return reservation{fd1: fd + 1}
+}
+
+// waitHandedOver waits, up to handoverWrite, for a handover that took
+// engine socket id to make the connection on fd, its kernel socket: the
+// engine's socket goes first (BeginHandover), then the kernel socket is
+// connected in repair mode, then it leaves repair mode. false if no
+// handover took the socket, or it did not end in time.
+func (s *Stack) waitHandedOver(id stack.SockID, fd int) bool {
+	deadline := time.Now().Add(handoverWrite)
+	for {
+		if _, err := unix.Getpeername(fd); err == nil && !repair.InProgress(fd) {
+			return true
+		} else if err != nil && !s.HandedOver(id) {
+			return false // the connection is gone, not handed over
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// HandedOver reports whether a handover took engine socket id (under
+// way, or ended moments ago): for the shim's core, whose process found
+// the socket gone.
+func (s *Stack) HandedOver(id stack.SockID) bool {
+	if !s.enter() {
+		return false
+	}
+	defer s.leave()
+	return s.st.HandedOver(id)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -284,6 +285,20 @@ func (s *Stack) lockHandedOver(id SockID) (sk *sock, unlock func(), err error) {
 		return nil, nil, ErrBadSocket
 	}
 	return sk, unlock, nil
+}
+
+// HandedOver reports whether id names a socket BeginHandover took: its
+// handover is under way, or ended less than handoverGrace ago. Lock-free
+// (each word read atomically), for a holder of the connection's kernel
+// socket that found the engine's socket gone and waits for the kernel's
+// connection to be made on it.
+func (s *Stack) HandedOver(id SockID) bool {
+	idx := id.index()
+	if idx >= uint32(len(s.img.socks)) {
+		return false
+	}
+	sk := &s.img.socks[idx]
+	return atomic.LoadUint32(&sk.gen) == id.gen() && sk.racyKind() == kindTCP && sk.racyState() == tcpHandedOver
 }
 
 // handedOverLocked resolves the ID of a socket BeginHandover took.

@@ -630,3 +630,15 @@ func onl_handover(h, kfd C.int) C.int {
 	}
 	return 0
 }
+
+// onl_handed_over is 1 if a handover took handle h's socket (under way,
+// or ended moments ago): the caller found it gone and waits for the
+// kernel's connection on its kernel socket (preload.c, kernel_took).
+//
+//export onl_handed_over
+func onl_handed_over(h C.int) C.int {
+	if d := get(h); d != nil && d.HandedOver() {
+		return 1
+	}
+	return 0
+}
