@@ -51,24 +51,30 @@ func tcpFlow(local, remote netip.AddrPort) bpf.Flow {
 	return bpf.Flow{Proto: bpf.TCP, Local: local, Remote: remote}
 }
 
+// handoverStack is stack id, whose connections client c asks to hand
+// over: root, or the stack's user, may; not a stack cut off.
+func (d *Daemon) handoverStack(c *client, id uint32) (*dstack, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.stacks[bpf.StackID(id)]
+	switch {
+	case s == nil:
+		return nil, refuse(codeInvalid, "no stack %d", id)
+	case c.cred.Uid != 0 && int(c.cred.Uid) != s.uid:
+		return nil, refuse(codeDenied, "stack %d belongs to uid %d; only it and root may hand its connections over", id, s.uid)
+	case s.quarantined != "":
+		return nil, refuse(codeUnavailable, "stack %d was cut off (%s)", id, s.quarantined)
+	}
+	return s, nil
+}
+
 // handover hands connection req.Sock of stack req.Stack over to the
 // kernel on fd, for client c.
 func (d *Daemon) handover(c *client, req *control.HandoverRequest, fd int) (*control.HandoverReply, error) {
 	if c.netnsErr != nil {
 		return nil, c.netnsErr
 	}
-	d.mu.Lock()
-	s := d.stacks[bpf.StackID(req.Stack)]
-	var err error
-	switch {
-	case s == nil:
-		err = refuse(codeInvalid, "no stack %d", req.Stack)
-	case c.cred.Uid != 0 && int(c.cred.Uid) != s.uid:
-		err = refuse(codeDenied, "stack %d belongs to uid %d; only it and root may hand its connections over", req.Stack, s.uid)
-	case s.quarantined != "":
-		err = refuse(codeUnavailable, "stack %d was cut off (%s)", req.Stack, s.quarantined)
-	}
-	d.mu.Unlock()
+	s, err := d.handoverStack(c, req.Stack)
 	if err != nil {
 		return nil, err
 	}
@@ -157,18 +163,7 @@ func (d *Daemon) handOverStack(s *dstack) (moved, of int, err error) {
 
 // drain is OpDrain: stackdump handover.
 func (d *Daemon) drain(c *client, id uint32) (*control.DrainReply, error) {
-	d.mu.Lock()
-	s := d.stacks[bpf.StackID(id)]
-	var err error
-	switch {
-	case s == nil:
-		err = refuse(codeInvalid, "no stack %d", id)
-	case c.cred.Uid != 0 && int(c.cred.Uid) != s.uid:
-		err = refuse(codeDenied, "stack %d belongs to uid %d; only it and root may hand its connections over", id, s.uid)
-	case s.quarantined != "":
-		err = refuse(codeUnavailable, "stack %d was cut off (%s)", id, s.quarantined)
-	}
-	d.mu.Unlock()
+	s, err := d.handoverStack(c, id)
 	if err != nil {
 		return nil, err
 	}

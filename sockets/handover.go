@@ -25,21 +25,32 @@ const handoverWrite = 10 * time.Second
 // progress on it returns net.ErrClosed, and what it had moved before the
 // handover stays moved.
 //
-// It needs CAP_NET_ADMIN (TCP_REPAIR) and a stack this process made; an
-// established connection with no FIN sent or received. When it fails
+// On a stack this process made it needs CAP_NET_ADMIN (TCP_REPAIR); on
+// one from onloadd, onloadd repairs. The connection must be ESTABLISHED
+// or CLOSE-WAIT, with no FIN of ours queued or sent. When it fails
 // before the connection left the stack, c is unchanged; when the kernel
 // socket could not be made after that, the peer is reset and c closed,
 // and the error says so.
 func (c *TCPConn) Handover() (*net.TCPConn, error) {
 	fd, err := c.handover()
+	var k *net.TCPConn
+	if err == nil {
+		k, err = c.kernelConn(fd)
+	}
 	if err != nil {
 		return nil, &net.OpError{Op: "handover", Net: "tcp", Source: c.laddr, Addr: c.raddr, Err: err}
 	}
+	return k, nil
+}
+
+// kernelConn makes fd, the kernel's socket of c's connection, a
+// *net.TCPConn (fd is its: closed either way).
+func (c *TCPConn) kernelConn(fd int) (*net.TCPConn, error) {
 	f := os.NewFile(uintptr(fd), fmt.Sprintf("tcp %v->%v", c.laddr, c.raddr))
 	nc, err := net.FileConn(f)
 	f.Close()
 	if err != nil {
-		return nil, &net.OpError{Op: "handover", Net: "tcp", Source: c.laddr, Addr: c.raddr, Err: err}
+		return nil, err
 	}
 	return nc.(*net.TCPConn), nil
 }
@@ -124,21 +135,7 @@ func (c *sock) handoverOn(fd int, own bool) error {
 // retire closes c after its engine socket was handed over: the engine
 // socket is not c's to close any more, nor, when tookReservation, its
 // kernel socket.
-func (c *sock) retire(tookReservation bool) {
-	if c.closed.Swap(true) {
-		return
-	}
-	c.resMu.Lock()
-	defer c.resMu.Unlock()
-	if tookReservation {
-		c.reserve = reservation{}
-	}
-	close(c.closing)
-	s := c.stk
-	s.waits[c.id.Slot()].CompareAndSwap(&c.wq, nil)
-	c.reserve.release()
-	s.release()
-}
+func (c *sock) retire(tookReservation bool) { c.shut(false, tookReservation) }
 
 // handover asks onloadd to hand connection id over to the kernel on fd.
 // A refusal leaves the connection as it was; a failure after it left
@@ -213,13 +210,10 @@ func (c *TCPConn) takenOver(err error) *net.TCPConn {
 	if nfd < 0 {
 		return nil
 	}
-	f := os.NewFile(uintptr(nfd), fmt.Sprintf("tcp %v->%v", c.laddr, c.raddr))
-	nc, err := net.FileConn(f)
-	f.Close()
+	k, err := c.kernelConn(nfd)
 	if err != nil {
 		return nil
 	}
-	k := nc.(*net.TCPConn)
 	if ns := c.rd.ns.Load(); ns != 0 {
 		k.SetReadDeadline(time.Unix(0, ns))
 	}
@@ -255,8 +249,8 @@ func (c *TCPConn) takeReservation() int {
 // the port), recorded for onloadd, which hands the connection over on it
 // when it stops. It is made in the calling thread's network namespace,
 // as a dialled connection's reservation is. A stack this process made
-// needs none: it dies with the process. The zero reservation if none could be made (the connection
-// then dies with onloadd, as before).
+// needs none: it dies with the process. The zero reservation if none
+// could be made (the connection then dies with onloadd, as before).
 func (s *Stack) acceptedReservation(id stack.SockID) reservation {
 	if s.proofs == nil {
 		return reservation{}

@@ -51,18 +51,27 @@ func (c *sock) init(s *Stack, id stack.SockID, r reservation) (la, ra netip.Addr
 }
 
 // close releases the socket; false if it was closed already.
-func (c *sock) close() bool {
+func (c *sock) close() bool { return c.shut(true, false) }
+
+// shut ends c, once: its waiters go, its engine socket is closed (unless
+// a handover took it), its reservation released (unless the caller
+// keeps it), its hold on the stack given back. False if c was ended
+// already.
+func (c *sock) shut(closeEngine, keepReservation bool) bool {
 	if c.closed.Swap(true) {
 		return false
 	}
 	close(c.closing)
 	s := c.stk
 	s.waits[c.id.Slot()].CompareAndSwap(&c.wq, nil)
-	if s.enter() {
+	if closeEngine && s.enter() {
 		s.st.Close(c.id)
 		s.leave()
 	}
 	c.resMu.Lock()
+	if keepReservation {
+		c.reserve = reservation{}
+	}
 	c.reserve.release()
 	c.resMu.Unlock()
 	s.release()

@@ -22,6 +22,7 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip/checksum"
 )
 
 // The queues TCP_REPAIR_QUEUE selects (linux/tcp.h), and the option
@@ -369,7 +370,7 @@ func InjectFIN(c *Conn) error {
 	src, dst := c.Remote.Addr().As4(), c.Local.Addr().As4()
 	copy(ip[12:16], src[:])
 	copy(ip[16:20], dst[:])
-	binary.BigEndian.PutUint16(ip[10:], ^sum16(ip, 0))
+	binary.BigEndian.PutUint16(ip[10:], ^checksum.Checksum(ip, 0))
 	binary.BigEndian.PutUint16(tcp[0:], c.Remote.Port())
 	binary.BigEndian.PutUint16(tcp[2:], c.Local.Port())
 	binary.BigEndian.PutUint32(tcp[4:], c.RcvNxt-1)
@@ -393,24 +394,9 @@ func InjectFIN(c *Conn) error {
 	copy(ph[4:8], dst[:])
 	ph[9] = unix.IPPROTO_TCP
 	binary.BigEndian.PutUint16(ph[10:], uint16(len(tcp)))
-	binary.BigEndian.PutUint16(tcp[16:], ^sum16(tcp, sum16(ph[:], 0)))
+	binary.BigEndian.PutUint16(tcp[16:], ^checksum.Checksum(tcp, checksum.Checksum(ph[:], 0)))
 	if err := unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: dst}); err != nil {
 		return os.NewSyscallError("sendto (the peer's FIN)", err)
 	}
 	return nil
-}
-
-// sum16 adds b to the one's-complement sum start, folded to 16 bits.
-func sum16(b []byte, start uint16) uint16 {
-	s := uint32(start)
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	if len(b)%2 == 1 {
-		s += uint32(b[len(b)-1]) << 8
-	}
-	for s > 0xffff {
-		s = s>>16 + s&0xffff
-	}
-	return uint16(s)
 }
