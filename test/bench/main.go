@@ -60,6 +60,8 @@ func main() {
 			err = apiClientMain(os.Args[2:])
 		case "http-server":
 			err = httpServerMain(os.Args[2:])
+		case "respond":
+			err = respondMain(os.Args[2:])
 		case "onloadd":
 			err = onloaddMain(os.Args[2:])
 		default:

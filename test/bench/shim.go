@@ -39,6 +39,11 @@ import (
 //     nginx (a master and 2 workers sharing one listening socket) under
 //     the shim, its workers on one stack from onloadd, against nginx on
 //     the kernel, loaded by wrk (2 threads, 50 connections, a 1 KiB file).
+//   - the server floor (respond.go) in each server's place, the same
+//     clients, in the same round: raw AF_XDP with canned replies and no
+//     TCP, one thread that spins 50 µs and then blocks, as the shim's
+//     balanced profile does. It says whether a kernel ratio is within
+//     the path's reach, and what share of it the shim takes.
 //   - the cost of interposition on a call that is not ours: read() of
 //     an empty pipe beyond the same system call through syscall(2), with
 //     the shim and without (bin/shim-mixed bench).
@@ -124,10 +129,8 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 					v, err = iperfRound(ctx, a, b, run)
 				case "gobulk":
 					v, err = goBulkRound(ctx, self, a, b, side == "shim")
-				case "memcslap":
-					v, err = memcachedRound(ctx, a, b, run)
 				default:
-					v, err = nginxRound(ctx, a, b, run)
+					v, err = serverRound(ctx, a, b, tool, server{side: side, onloadd: run})
 				}
 				if err != nil {
 					return nil, fmt.Errorf("shim round %d, %s %s: %w", r+1, tool, side, err)
@@ -137,7 +140,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				fmt.Fprintf(os.Stderr, "shim round %d %s %-6s %12.0f/s\n", r+1, tool, side, v)
 			}
 			for _, pipe := range []int{1, 16} {
-				rps, err := redisRound(ctx, a, b, run, pipe)
+				rps, err := serverRound(ctx, a, b, fmt.Sprintf("redis-p%d", pipe), server{side: side, onloadd: run})
 				if err != nil {
 					return nil, fmt.Errorf("shim round %d, redis %s -P %d: %w", r+1, side, pipe, err)
 				}
@@ -145,6 +148,16 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				redis[id] = append(redis[id], rps)
 				fmt.Fprintf(os.Stderr, "shim round %d redis %-6s -P %-2d %9.0f GET/s\n", r+1, side, pipe, rps)
 			}
+		}
+		// The server floor in the programs' place, the same clients.
+		fl := server{side: "floor", self: self}
+		for _, tool := range []string{"memcslap", "nginx", "redis-p1", "redis-p16"} {
+			v, err := serverRound(ctx, a, b, tool, fl)
+			if err != nil {
+				return nil, fmt.Errorf("shim round %d, %s floor: %w", r+1, tool, err)
+			}
+			redis[tool+"-floor"] = append(redis[tool+"-floor"], v)
+			fmt.Fprintf(os.Stderr, "shim round %d %s floor %12.0f/s\n", r+1, tool, v)
 		}
 	}
 	rep := &ShimReport{Rounds: nRounds, ReadNs: map[string]float64{}}
@@ -170,6 +183,10 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			rep.Redis = append(rep.Redis, ThroughputResult{ID: id, Name: name, PerSec: median(redis[id]), RoundsPerSec: redis[id]})
 		}
 		rep.Ratios[fmt.Sprintf("redis_p%d_shim_vs_kernel", pipe)] = round3(medianRatio(redis[fmt.Sprintf("redis-shim-p%d", pipe)], redis[fmt.Sprintf("redis-kernel-p%d", pipe)]))
+		fid := fmt.Sprintf("redis-p%d-floor", pipe)
+		rep.Redis = append(rep.Redis, ThroughputResult{ID: fid, PerSec: median(redis[fid]), RoundsPerSec: redis[fid],
+			Name: fmt.Sprintf("the server floor in redis-server's place (raw AF_XDP, canned replies), redis-benchmark -c 50 -t get -P %d", pipe)})
+		floorRatios(rep, fmt.Sprintf("redis_p%d", pipe), redis[fmt.Sprintf("redis-shim-p%d", pipe)], redis[fmt.Sprintf("redis-kernel-p%d", pipe)], redis[fid])
 	}
 	for _, tool := range []string{"iperf3", "gobulk", "memcslap", "nginx"} {
 		for _, side := range []string{"shim", "kernel"} {
@@ -187,6 +204,14 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			rep.Redis = append(rep.Redis, ThroughputResult{ID: id, Name: name, PerSec: median(redis[id]), RoundsPerSec: redis[id]})
 		}
 		rep.Ratios[tool+"_shim_vs_kernel"] = round3(medianRatio(redis[tool+"-shim"], redis[tool+"-kernel"]))
+		if fl, ok := redis[tool+"-floor"]; ok {
+			name := map[string]string{
+				"memcslap": "the server floor in memcached's place (raw AF_XDP, one thread, canned replies), memcslap -c 8 get, keys/s",
+				"nginx":    "the server floor in nginx's place (raw AF_XDP, one thread, canned replies), wrk -t 2 -c 50, requests/s",
+			}[tool]
+			rep.Redis = append(rep.Redis, ThroughputResult{ID: tool + "-floor", Name: name, PerSec: median(fl), RoundsPerSec: fl})
+			floorRatios(rep, tool, redis[tool+"-shim"], redis[tool+"-kernel"], fl)
+		}
 	}
 	// The iperf3 target: the shim's client beside the kernel's, against
 	// the Go library beside net in the same round (a ratio of ratios,
@@ -253,13 +278,66 @@ func sockperfPingPong(ctx context.Context, a, b *test.Host, pinA, pinB []string,
 
 var redisGets = regexp.MustCompile(`(?m)^GET: ([0-9.]+) requests per second`)
 
-// redisRound serves redis-benchmark from redis-server in host b (under
-// the shim when onloadd is set): GET requests per second.
-func redisRound(ctx context.Context, a, b *test.Host, onloadd string, pipeline int) (float64, error) {
-	argv := shimmed(onloadd, "redis-server", "--bind", "0.0.0.0", "--port", "6380", "--save", "", "--appendonly", "no",
-		"--protected-mode", "no", "--daemonize", "no")
-	srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
-	stop, err := startServer(srv, listening(b, 6380))
+// serverRound is one round of tool's server (memcslap, nginx, redis-p1 or
+// redis-p16) served as sv says: its clients' requests per second.
+func serverRound(ctx context.Context, a, b *test.Host, tool string, sv server) (float64, error) {
+	switch tool {
+	case "memcslap":
+		return memcachedRound(ctx, a, b, sv)
+	case "nginx":
+		return nginxRound(ctx, a, b, sv)
+	case "redis-p1":
+		return redisRound(ctx, a, b, sv, 1)
+	case "redis-p16":
+		return redisRound(ctx, a, b, sv, 16)
+	}
+	return 0, fmt.Errorf("no server round for %q", tool)
+}
+
+// server is how a round serves its clients: the program on the kernel,
+// under the shim (onloadd set), or the server floor in its place.
+type server struct {
+	side    string // "kernel", "shim" or "floor"
+	onloadd string // the shim's: set for "shim"
+	self    string // the bench binary, whose respond is the floor: set for "floor"
+}
+
+// start starts the round's server in host b: program, or for the floor
+// the bench's respond on port, answering proto.
+func (sv server) start(ctx context.Context, b *test.Host, port int, proto string, program func() (func(), error)) (stop func(), err error) {
+	if sv.side != "floor" {
+		return program()
+	}
+	err = queueRetry(ctx, 200*time.Millisecond, func() error {
+		cmd := inHost(ctx, b, nil, sv.self, "respond", "-iface", b.Iface0().Name, "-port", strconv.Itoa(port), "-proto", proto)
+		out := new(test.LimitedBuffer)
+		cmd.Stdout = out
+		var err error
+		if stop, err = startServer(cmd, func() bool { return strings.Contains(out.String(), "ready") }); err != nil {
+			return fmt.Errorf("floor: %w: %s", err, cmd.Stderr)
+		}
+		return nil
+	})
+	return stop, err
+}
+
+// floorRatios puts the shim and the kernel beside the server floor
+// (median of per-round ratios): what share of the floor the shim reaches,
+// and whether the floor itself reaches a kernel ratio.
+func floorRatios(rep *ShimReport, key string, shim, kernel, floor []float64) {
+	rep.Ratios[key+"_shim_vs_floor"] = round3(medianRatio(shim, floor))
+	rep.Ratios[key+"_floor_vs_kernel"] = round3(medianRatio(floor, kernel))
+}
+
+// redisRound serves redis-benchmark from redis-server in host b (or the
+// floor in its place): GET requests per second.
+func redisRound(ctx context.Context, a, b *test.Host, sv server, pipeline int) (float64, error) {
+	stop, err := sv.start(ctx, b, 6380, "redis", func() (func(), error) {
+		argv := shimmed(sv.onloadd, "redis-server", "--bind", "0.0.0.0", "--port", "6380", "--save", "", "--appendonly", "no",
+			"--protected-mode", "no", "--daemonize", "no")
+		srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
+		return startServer(srv, listening(b, 6380))
+	})
 	if err != nil {
 		return 0, fmt.Errorf("redis-server: %w", err)
 	}
@@ -335,12 +413,14 @@ func goBulkRound(ctx context.Context, self string, a, b *test.Host, ours bool) (
 var memcslapTime = regexp.MustCompile(`Time to get\s+(\d+) keys by\s+\d+ threads:\s+([0-9.]+) seconds`)
 
 // memcachedRound serves memcslap (8 threads, get) in host a from
-// memcached -t 2 in host b (under the shim when onloadd is set): keys
-// read per second.
-func memcachedRound(ctx context.Context, a, b *test.Host, onloadd string) (float64, error) {
-	argv := shimmed(onloadd, "memcached", "-t", "2", "-p", "11290", "-U", "0", "-l", "0.0.0.0", "-u", "root", "-c", "1024")
-	srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
-	stop, err := startServer(srv, listening(b, 11290))
+// memcached -t 2 in host b (or the floor in its place): keys read per
+// second.
+func memcachedRound(ctx context.Context, a, b *test.Host, sv server) (float64, error) {
+	stop, err := sv.start(ctx, b, 11290, "memcache", func() (func(), error) {
+		argv := shimmed(sv.onloadd, "memcached", "-t", "2", "-p", "11290", "-U", "0", "-l", "0.0.0.0", "-u", "root", "-c", "1024")
+		srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
+		return startServer(srv, listening(b, 11290))
+	})
 	if err != nil {
 		return 0, fmt.Errorf("memcached: %w", err)
 	}
@@ -387,40 +467,16 @@ http {
 `
 
 // nginxRound serves wrk (2 threads, 50 connections, 3 s) in host a from
-// nginx in host b, a master and two workers: under the shim when onloadd
-// is set, its workers sharing one stack from onloadd (run in host b for
-// the round), as the shim runs a pre-fork server. Requests per second.
-func nginxRound(ctx context.Context, a, b *test.Host, onloadd string) (float64, error) {
+// nginx in host b (startNginx), or the floor in its place. Requests per
+// second.
+func nginxRound(ctx context.Context, a, b *test.Host, sv server) (float64, error) {
 	dir, err := os.MkdirTemp("", "onload-bench-nginx-")
 	if err != nil {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
-	if err := os.WriteFile(filepath.Join(dir, "index.html"), []byte(strings.Repeat("0123456789abcdef", 64)), 0o644); err != nil {
-		return 0, err
-	}
-	conf := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, dir), 0o644); err != nil {
-		return 0, err
-	}
-	argv := []string{"nginx", "-c", conf, "-p", dir}
-	if onloadd != "" {
-		sock := filepath.Join(dir, "onloadd.sock")
-		od := inHost(ctx, b, nil, "env", "ONLOAD_DAEMON_SOCKET="+sock, onloadd, "serve")
-		stopD, err := startServer(od, func() bool { _, err := os.Stat(sock); return err == nil })
-		if err != nil {
-			return 0, fmt.Errorf("onloadd: %w", err)
-		}
-		defer stopD()
-		argv = append([]string{"env", "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock,
-			"ONLOAD_INTERFACE=" + b.Iface0().Name, onloadd, "run", "-n", "nginx", "--"}, argv...)
-	}
 	url := "http://" + b.Iface0().Addr().String() + ":8090/index.html"
-	srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
-	stop, err := startServer(srv, func() bool {
-		out, err := a.RunFor(5*time.Second, "curl", "-sS", "--fail", "-o", "/dev/null", url)
-		return err == nil && out == ""
-	})
+	stop, err := sv.start(ctx, b, 8090, "http", func() (func(), error) { return startNginx(ctx, a, b, sv.onloadd, dir, url) })
 	if err != nil {
 		return 0, fmt.Errorf("nginx: %w", err)
 	}
@@ -434,6 +490,43 @@ func nginxRound(ctx context.Context, a, b *test.Host, onloadd string) (float64, 
 		return 0, fmt.Errorf("wrk:\n%s", out)
 	}
 	return strconv.ParseFloat(m[1], 64)
+}
+
+// startNginx starts nginx in host b from dir, a master and two workers:
+// under the shim when onloadd is set, its workers sharing one stack from
+// onloadd (run in host b for the round), as the shim runs a pre-fork
+// server.
+func startNginx(ctx context.Context, a, b *test.Host, onloadd, dir, url string) (func(), error) {
+	if err := os.WriteFile(filepath.Join(dir, "index.html"), []byte(strings.Repeat("0123456789abcdef", 64)), 0o644); err != nil {
+		return nil, err
+	}
+	conf := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, dir), 0o644); err != nil {
+		return nil, err
+	}
+	argv := []string{"nginx", "-c", conf, "-p", dir}
+	stopD := func() {}
+	if onloadd != "" {
+		sock := filepath.Join(dir, "onloadd.sock")
+		od := inHost(ctx, b, nil, "env", "ONLOAD_DAEMON_SOCKET="+sock, onloadd, "serve")
+		var err error
+		stopD, err = startServer(od, func() bool { _, err := os.Stat(sock); return err == nil })
+		if err != nil {
+			return nil, fmt.Errorf("onloadd: %w", err)
+		}
+		argv = append([]string{"env", "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock,
+			"ONLOAD_INTERFACE=" + b.Iface0().Name, onloadd, "run", "-n", "nginx", "--"}, argv...)
+	}
+	srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
+	stopN, err := startServer(srv, func() bool {
+		out, err := a.RunFor(5*time.Second, "curl", "-sS", "--fail", "-o", "/dev/null", url)
+		return err == nil && out == ""
+	})
+	if err != nil {
+		stopD()
+		return nil, err
+	}
+	return func() { stopN(); stopD() }, nil
 }
 
 var readNs = regexp.MustCompile(`difference ([-0-9.]+) ns/op`)
@@ -473,4 +566,7 @@ func printShim(w io.Writer, rep *Report) {
 		s.Ratios["sockperf_shim_vs_floor_p50"], s.Ratios["redis_p1_shim_vs_kernel"], s.Ratios["redis_p16_shim_vs_kernel"])
 	fmt.Fprintf(w, "iperf3 client shim / kernel %.3f, the Go library's bulk sockets / net %.3f, the one over the other %.3f (target >= 1); memcached shim / kernel %.3f; nginx shim / kernel %.3f (target >= 1.3)\n",
 		s.Ratios["iperf3_shim_vs_kernel"], s.Ratios["gobulk_shim_vs_kernel"], s.Ratios["iperf3_vs_gobulk"], s.Ratios["memcslap_shim_vs_kernel"], s.Ratios["nginx_shim_vs_kernel"])
+	fmt.Fprintf(w, "the server floor / kernel: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f; shim / the server floor: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f\n",
+		s.Ratios["redis_p1_floor_vs_kernel"], s.Ratios["redis_p16_floor_vs_kernel"], s.Ratios["memcslap_floor_vs_kernel"], s.Ratios["nginx_floor_vs_kernel"],
+		s.Ratios["redis_p1_shim_vs_floor"], s.Ratios["redis_p16_shim_vs_floor"], s.Ratios["memcslap_shim_vs_floor"], s.Ratios["nginx_shim_vs_floor"])
 }
