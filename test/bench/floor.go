@@ -99,7 +99,7 @@ func floorMain(args []string) error {
 	httpRounds := fs.Int("http-rounds", 5, "rounds of the net/http server contenders (0: skip them)")
 	httpSeconds := fs.Float64("http-seconds", 4, "seconds per wrk run")
 	httpConns := fs.String("http-conns", "1,32,256", "wrk connection counts, comma-separated")
-	shimRounds := fs.Int("shim-rounds", 5, "rounds of the LD_PRELOAD shim's contenders: sockperf, redis (0: skip them)")
+	shimRounds := fs.Int("shim-rounds", 5, "rounds of the LD_PRELOAD shim's contenders: sockperf, redis, iperf3, memcached, nginx, and the server floor in the servers' places (0: skip them)")
 	handovers := fs.Int("handovers", 200, "connections handed over to the kernel in the handover section (0: skip it)")
 	out := fs.String("out", "test/bench/results/bench.json", "where to write the JSON ('' for nowhere)")
 	fs.Parse(args)
