@@ -80,6 +80,7 @@ enum counter {
 	CTR_WAKEUP_LOST,       // wake events lost: ring buffer full
 	CTR_PASS_KERNEL_FLOW,  // a listener's port, but a connection of the kernel's
 	CTR_REDIRECT_LANE,     // redirected (by a flow or listener entry) to a lane
+	CTR_PASS_FULL,         // a SYN for a listener of a stack whose socket table is full
 	CTR_MAX,
 };
 
@@ -103,7 +104,8 @@ struct flow_key {
 struct stack_ctl {
 	__u32 armed;   // 1: the stack sleeps and wants a wake event
 	__u32 wakeups; // wake events posted for this stack
-	__u32 pad[14];
+	__u32 full;    // 1: its socket table is (nearly) full: new connections go to the kernel
+	__u32 pad[13];
 };
 
 struct wake_event {
@@ -328,6 +330,16 @@ int steer(struct xdp_md *ctx)
 	if (!bpf_map_lookup_elem(&xsks, &slot)) {
 		count(CTR_DROP_NO_XSK);
 		return XDP_DROP;
+	}
+
+	// A stack that has no socket left for a new connection lets the
+	// kernel take it: the listener listens there too, and the steering
+	// passes the connection's later segments to the kernel, which has
+	// it (CTR_PASS_KERNEL_FLOW above).
+	if (redirect_ctr == CTR_REDIRECT_LISTENER && l4proto == IPPROTO_TCP && (l4[13] & (TCP_SYN | TCP_ACK)) == TCP_SYN) {
+		struct stack_ctl *ctl = bpf_map_lookup_elem(&control, &id);
+		if (ctl && *(volatile __u32 *)&ctl->full)
+			return pass(CTR_PASS_FULL);
 	}
 
 	wake(id, queue);

@@ -35,7 +35,8 @@ type steerStackCtl struct {
 	_       structs.HostLayout
 	Armed   uint32
 	Wakeups uint32
-	Pad     [14]uint32
+	Full    uint32
+	Pad     [13]uint32
 }
 
 type steerWakeEvent struct {

@@ -320,6 +320,23 @@ func (c Control) Disarm() {
 // Armed reports whether the stack is armed.
 func (c Control) Armed() bool { return atomic.LoadUint32(&c.ctl.Armed) != 0 }
 
+// SetFull says whether the stack's socket table is (nearly) full: while it
+// is, a SYN for one of its listeners goes to the kernel, whose half of
+// the listener takes the connection. Written only when it changes, as
+// Arm's flag is: the program reads the line for every SYN.
+func (c Control) SetFull(full bool) {
+	v := uint32(0)
+	if full {
+		v = 1
+	}
+	if atomic.LoadUint32(&c.ctl.Full) != v {
+		atomic.StoreUint32(&c.ctl.Full, v)
+	}
+}
+
+// Full reports SetFull's flag.
+func (c Control) Full() bool { return atomic.LoadUint32(&c.ctl.Full) != 0 }
+
 // Wakeups is how many wake events the program has posted for the stack.
 func (c Control) Wakeups() uint32 { return atomic.LoadUint32(&c.ctl.Wakeups) }
 

@@ -295,6 +295,20 @@ func TestSteeringKernelFlowsOnListenerPort(t *testing.T) {
 	other := netip.AddrPortFrom(ipA, 40000)
 	r.expect("ack of a connection the kernel does not have", frame(other, header.TCPFlagAck), 0, xdpRedirect, bpf.CounterRedirectListener)
 	r.expect("syn", frame(kernel, header.TCPFlagSyn), 0, xdpRedirect, bpf.CounterRedirectListener)
+
+	// A stack whose socket table is full leaves new connections to the
+	// kernel: SYNs pass, and the segments of its own connections still
+	// come to it.
+	ctl, err := r.s.Control(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl.SetFull(true)
+	r.expect("syn to a full stack", frame(other, header.TCPFlagSyn), 0, xdpPass, bpf.CounterPassFull)
+	r.expect("ack to a full stack", frame(other, header.TCPFlagAck), 0, xdpRedirect, bpf.CounterRedirectListener)
+	r.expect("syn-ack to a full stack", frame(other, header.TCPFlagSyn|header.TCPFlagAck), 0, xdpRedirect, bpf.CounterRedirectListener)
+	ctl.SetFull(false)
+	r.expect("syn once it has room", frame(other, header.TCPFlagSyn), 0, xdpRedirect, bpf.CounterRedirectListener)
 }
 
 // withIPOptions inserts 4 bytes of IP options (NOP NOP NOP EOL) and fixes

@@ -113,7 +113,14 @@ func (w *watcher) run(d *Daemon) {
 	}
 	st := w.s.st
 	grace := int64(w.grace)
+	ctl, ctlErr := w.s.ifc.steer.Control(w.s.id)
 	for {
+		if ctlErr == nil {
+			// A stack nearly full of connections gives new ones to the
+			// kernel (stack.Stack.Overflow): its processes cannot write
+			// the steering's control word; onloadd mirrors it.
+			ctl.SetFull(st.Overflow())
+		}
 		now := int64(stack.Now())
 		last := st.AppPolledAt()
 		switch {

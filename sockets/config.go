@@ -91,7 +91,7 @@ var Options = []Option{
 		Doc: "How long a goroutine that finds its socket not ready polls the stack before it sleeps.",
 		set: func(c *Config, v int64, _ string) { c.Spin = time.Duration(v) * time.Microsecond }},
 	{Env: "ONLOAD_SOCKETS", Default: "1024", Min: 1, Max: 1 << 20, Unit: "sockets",
-		Doc: "Size of the stack's socket table, TIME-WAIT included (the oldest TIME-WAIT is recycled when it is full).",
+		Doc: "Size of the stack's socket table, TIME-WAIT included (the oldest TIME-WAIT is recycled when it is full). When 7/8 of it hold live sockets, new connections to its listeners go to the kernel (not accelerated) until it is below 3/4.",
 		set: func(c *Config, v int64, _ string) { c.Sockets = int(v) }},
 	{Env: "ONLOAD_UMEM_FRAMES", Default: "16384", Profiles: map[Profile]string{Throughput: "65536"},
 		Min: 256, Max: 1 << 20, Unit: "frames",

@@ -117,6 +117,7 @@ func Open(cfg Config) (*Stack, error) {
 	s, err := newStack(nic, irq, sc, cfg, stack.Options{
 		Filters:  stack.SteeringFilters{Steering: steer, Stack: standaloneStack},
 		Resolver: kn,
+		Overflow: overflowTo(ctl),
 	})
 	if err != nil {
 		return fail(err)
@@ -252,4 +253,18 @@ func hostAddrs() []netip.Addr {
 		}
 	}
 	return out
+}
+
+// overflowTo gives a stack's new connections to the kernel while its
+// socket table is full (stack.Options.Overflow), through its steering
+// control word, and says so the first time.
+func overflowTo(ctl bpf.Control) func(bool) {
+	warned := false // the hook runs under the stack lock
+	return func(full bool) {
+		ctl.SetFull(full)
+		if full && !warned {
+			warned = true
+			logf(levelInfo, "the stack's socket table is nearly full of connections: new connections go to the kernel (not accelerated) until it has room; raise ONLOAD_SOCKETS to accelerate more")
+		}
+	}
 }

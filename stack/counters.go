@@ -68,6 +68,7 @@ type Counters struct {
 	LoopDropped   uint64 // such frames dropped: too many waiting, or no free frame
 
 	SocketsExhausted uint64 // socket creations refused: table full
+	SocketsOverflow  uint64 // times the table filled with live sockets and new connections went to the kernel (Options.Overflow)
 	ImageCorrupt     uint64 // inconsistencies found in the image and stepped around
 }
 

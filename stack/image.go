@@ -75,6 +75,9 @@ type header struct {
 	sndFrames                    uint32 // frames in TCP send queues, all sockets
 	sockFree                     uint32 // head of the free socket list (a slot index)
 	sockInUse                    uint32
+	sockTimeWait                 uint32 // of those, in TIME-WAIT: recycled when the table is full
+	sockSynRcvd                  uint32 // of those, passive and half-open: a flood's are answered by cookies
+	overflow                     uint32 // 1: the table is nearly full of live sockets: new connections go to the kernel (Options.Overflow)
 	ephemeral                    uint32 // next ephemeral port to try
 	isnKey                       [16]byte
 	ipID                         uint32 // next IPv4 identification

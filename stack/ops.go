@@ -41,6 +41,7 @@ func (s *Stack) Open(p Proto) (SockID, error) {
 	s.lock()
 	defer s.unlock()
 	_, id, err := s.allocSockLocked(uint8(p))
+	s.overflowCheckLocked()
 	return id, err
 }
 

@@ -177,6 +177,37 @@ func (s *Stack) allocSockLocked(kind uint8) (*sock, SockID, error) {
 	return sk, makeSockID(idx, gen), nil
 }
 
+// overflowCheckLocked tells Options.Overflow when the socket table fills
+// with live sockets (TIME-WAIT ones are recycled for new connections, and
+// a SYN flood's half-open ones make way for cookies, so neither counts):
+// at 7/8 of the table, where SYNs start to be
+// answered with cookies, new connections go to the listeners' kernel
+// halves instead, so that the cookies' connections still find a slot;
+// below 3/4 they come back.
+func (s *Stack) overflowCheckLocked() {
+	h := s.img.hdr
+	live := h.sockInUse - min(h.sockTimeWait+h.sockSynRcvd, h.sockInUse)
+	switch {
+	case h.overflow == 0 && live >= h.sockets-h.sockets/8:
+		atomic.StoreUint32(&h.overflow, 1) // Overflow reads it without the lock
+		h.counters.SocketsOverflow++
+		if s.overflow != nil {
+			s.overflow(true)
+		}
+	case h.overflow != 0 && live < h.sockets-h.sockets/4:
+		atomic.StoreUint32(&h.overflow, 0)
+		if s.overflow != nil {
+			s.overflow(false)
+		}
+	}
+}
+
+// Overflow reports, without the lock, that the socket table is nearly
+// full of live sockets (overflowCheckLocked): onloadd gives the new
+// connections of the stacks it made to the kernel meanwhile, as a
+// standalone stack's Options.Overflow does.
+func (s *Stack) Overflow() bool { return atomic.LoadUint32(&s.img.hdr.overflow) != 0 }
+
 // recycleTimeWaitLocked frees the TIME-WAIT socket closest to its end
 // when the table is full (as Linux does past tcp_max_tw_buckets).
 func (s *Stack) recycleTimeWaitLocked() bool {
@@ -208,9 +239,13 @@ func (s *Stack) freeSockLocked(sk *sock) {
 	if gen == 0 {
 		gen = 1
 	}
+	if sk.kind == kindTCP && sk.state == tcpTimeWait {
+		h.sockTimeWait -= min(h.sockTimeWait, 1)
+	}
 	*sk = sock{gen: gen, next: h.sockFree}
 	h.sockFree = idx
 	h.sockInUse -= min(h.sockInUse, 1)
+	s.overflowCheckLocked()
 }
 
 // tupleHash spreads a connection's 4-tuple over the buckets.

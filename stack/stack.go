@@ -60,6 +60,7 @@ type Resolver interface {
 type Stack struct {
 	img       *Image
 	nic       vnic.NIC
+	overflow  func(bool)      // Options.Overflow
 	kicks     vnic.KickHolder // nic, if its kicks can be held (SendMore, RecvMore)
 	late      vnic.LateKicker // nic, if it leaves its kicks for after the lock
 	pool      *vnic.Pool
@@ -113,6 +114,12 @@ type Options struct {
 	// changed while a thread waited on it (WaitFor). It must not block or
 	// call into the stack.
 	Wake func(SockID)
+	// Overflow, if set, is called with the stack lock held when the
+	// socket table fills with live connections (true: nearly full) and
+	// when it has room again (false): while it is full, the steering
+	// program gives new connections to the listeners' kernel halves
+	// (bpf.Control.SetFull). It must not block or call into the stack.
+	Overflow func(full bool)
 }
 
 // New makes a stack over nic: a new image, configured by cfg.
@@ -166,7 +173,7 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 		threads: threadCallers.Load(),
 		id:      uint64(os.Getpid())<<32 | stackIDs.Add(1),
 		reserve: max(16, nic.Pool().Count()/32),
-		img:     img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver,
+		img:     img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver, overflow: opt.Overflow,
 		tickNs: int64(img.hdr.tickNs), tickRecip: recip(img.hdr.tickNs), fast: newClock(), mtu: int(img.hdr.mtu),
 		maxMTU: frameMTU(nic),
 		rx:     make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),

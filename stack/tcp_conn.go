@@ -132,7 +132,12 @@ func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segmen
 	if g.flags&flagSYN == 0 {
 		return
 	}
-	if l.acceptLen >= l.backlog {
+	if l.acceptLen >= l.backlog || s.img.hdr.overflow != 0 {
+		// A full accept queue; or a socket table nearly full of live
+		// connections, whose new ones go to the listener's kernel half:
+		// the steering passes their SYNs there once it knows
+		// (Options.Overflow; onloadd mirrors it for its stacks within a
+		// grace period), and this one's retransmission goes there.
 		c.TCPListenDrops++
 		return
 	}
@@ -161,6 +166,7 @@ func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segmen
 	child.synTime = s.micros()
 	s.hashLocked(child)
 	l.synLen++
+	s.img.hdr.sockSynRcvd++
 	c.TCPPassiveOpens++
 	s.controlLocked(child, flagSYN|flagACK, child.iss)
 	s.armRTOLocked(child, true)
@@ -195,6 +201,8 @@ func (s *Stack) passiveChildLocked(l *sock, h vnic.Handle, p *ipPacket, g *segme
 // establishedChildLocked moves a passive child that completed its
 // handshake to its listener's accept queue.
 func (s *Stack) establishedChildLocked(child *sock) {
+	s.img.hdr.sockSynRcvd -= min(s.img.hdr.sockSynRcvd, 1)
+	s.overflowCheckLocked() // one more live connection
 	l := s.parentLocked(child)
 	if l == nil {
 		// The listener is gone: nobody will accept this connection.
@@ -347,6 +355,9 @@ func (s *Stack) tcpCloseFinalLocked(sk *sock) {
 		s.freeQueuesLocked(sk, false)
 	}
 	if sk.tflags&tfPassive != 0 && sk.tflags&tfAccepted == 0 {
+		if sk.state == tcpSynReceived {
+			s.img.hdr.sockSynRcvd -= min(s.img.hdr.sockSynRcvd, 1)
+		}
 		if l := s.parentLocked(sk); l != nil {
 			if sk.tflags&tfInAcceptQ != 0 {
 				s.unlinkAcceptLocked(l, sk)
@@ -354,6 +365,9 @@ func (s *Stack) tcpCloseFinalLocked(sk *sock) {
 				l.synLen -= min(l.synLen, 1)
 			}
 		}
+	}
+	if sk.state == tcpTimeWait {
+		s.img.hdr.sockTimeWait -= min(s.img.hdr.sockTimeWait, 1)
 	}
 	sk.state = tcpClosed
 	sk.tflags &^= tfAckNow | tfDelAck

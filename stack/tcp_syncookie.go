@@ -217,6 +217,7 @@ func (s *Stack) cookieAckLocked(l *sock, h vnic.Handle, p *ipPacket, g *segment)
 	c.TCPEstablished++
 	s.hashLocked(child)
 	l.synLen++ // establishedChildLocked takes it off again
+	s.img.hdr.sockSynRcvd++
 	s.establishedChildLocked(child)
 	if child.kind != kindTCP {
 		s.pool.Free(h)

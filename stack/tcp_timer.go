@@ -279,6 +279,10 @@ func (s *Stack) armKeepaliveLocked(sk *sock) {
 
 // enterTimeWaitLocked moves to TIME-WAIT and starts the 2MSL clock.
 func (s *Stack) enterTimeWaitLocked(sk *sock) {
+	if sk.state != tcpTimeWait {
+		s.img.hdr.sockTimeWait++
+		s.overflowCheckLocked()
+	}
 	sk.state = tcpTimeWait
 	w := s.img.wheel
 	s.stopRTOLocked(sk)

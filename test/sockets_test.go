@@ -54,12 +54,8 @@ func kernelPipe(a, b *Host, s *sockets.Stack, weDial bool) (c1, c2 net.Conn, sto
 		d := sockets.Dialer{Stack: s}
 		err = b.Do(func() (err error) { c1, err = d.Dial("tcp", ln.Addr().String()); return })
 	} else {
-		lc := sockets.ListenConfig{Stack: s}
-		var ln net.Listener
-		if err := b.Do(func() (err error) {
-			ln, err = lc.Listen(context.Background(), "tcp", b.Iface0().Addr().String()+":0")
-			return
-		}); err != nil {
+		ln, err := ourListener(b, s)
+		if err != nil {
 			return nil, nil, nil, err
 		}
 		defer ln.Close()
@@ -100,6 +96,18 @@ func kernelPipe(a, b *Host, s *sockets.Stack, weDial bool) (c1, c2 net.Conn, sto
 		return nil, nil, nil, errNotOurs
 	}
 	return c1, r.c, func() { c1.Close(); r.c.Close() }, nil
+}
+
+// ourListener listens on stack s, in host b, on its address and a port
+// the stack picks.
+func ourListener(b *Host, s *sockets.Stack) (net.Listener, error) {
+	lc := sockets.ListenConfig{Stack: s}
+	var ln net.Listener
+	err := b.Do(func() (err error) {
+		ln, err = lc.Listen(context.Background(), "tcp", b.Iface0().Addr().String()+":0")
+		return
+	})
+	return ln, err
 }
 
 var errNotOurs = errorString("the connection is not accelerated: it fell back to the kernel")
