@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xdp-onload/onload/internal/gvisorpeer"
 	"github.com/xdp-onload/onload/stack"
 	"github.com/xdp-onload/onload/vnic"
 )
@@ -204,23 +205,7 @@ func TestTCPSimultaneousOpen(t *testing.T) {
 func TestTCPManyConnections(t *testing.T) {
 	const n = 1000
 	s, peer := withNetstack(t, vnic.MemConfig{FrameCount: 16384, WireSlots: 16384}, stack.Config{Sockets: 2048, RecvBuffer: 16 << 10, SendBuffer: 16 << 10})
-	l, err := peer.ListenTCP(6000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	netstackServe(t, peer, 6000, func(c io.ReadWriter) { io.Copy(c, c) })
 	ids := make([]stack.SockID, n)
 	for i := range ids {
 		ids[i], _ = s.Open(stack.TCP)
@@ -365,4 +350,82 @@ func TestTCPHalfClosedKeepalive(t *testing.T) {
 	if string(got) != "still here" {
 		t.Fatalf("client read %q", got)
 	}
+}
+
+// TestOverflowCountsLiveSockets: Options.Overflow says the socket table is
+// full when 7/8 of it hold live connections, and has room again below
+// 3/4; TIME-WAIT sockets, which a new connection recycles, never make it
+// full: a client that opens and closes connections one after another
+// fills the table with TIME-WAIT and stays accelerated.
+func TestOverflowCountsLiveSockets(t *testing.T) {
+	const table = 32
+	var calls []bool
+	s, peer := withNetstackOptions(t, vnic.MemConfig{}, stack.Config{Sockets: table},
+		stack.Options{Overflow: func(full bool) { calls = append(calls, full) }})
+	netstackServe(t, peer, 6000, func(c io.ReadWriter) { io.Copy(io.Discard, c) })
+	poll := func() { s.Poll() }
+	dial := func() stack.SockID {
+		t.Helper()
+		id, err := s.Open(stack.TCP)
+		if err != nil {
+			t.Fatalf("open: %v (%d sockets in use)", err, s.InUse())
+		}
+		if err := s.Connect(id, netip.AddrPortFrom(addrB.Addr(), 6000)); !errors.Is(err, syscall.EINPROGRESS) {
+			t.Fatalf("connect: %v", err)
+		}
+		waitFor(t, "established", 5*time.Second, poll, func() bool { return s.Events(id)&stack.Writable != 0 })
+		return id
+	}
+	// We close first: each connection ends in TIME-WAIT on our side.
+	for i := range 2 * table {
+		id := dial()
+		s.Close(id)
+		waitFor(t, fmt.Sprintf("connection %d in TIME-WAIT", i), 5*time.Second, poll, func() bool {
+			info, err := s.TCPInfo(id)
+			return err != nil || info.State == "TIME-WAIT"
+		})
+	}
+	if c := s.Counters(); c.TCPTimeWaitReuse == 0 || c.SocketsOverflow != 0 || len(calls) != 0 {
+		t.Fatalf("after %d connections closed into TIME-WAIT: %d recycled, overflow counted %d, calls %v: want recycling and no overflow",
+			2*table, c.TCPTimeWaitReuse, c.SocketsOverflow, calls)
+	}
+	// Live connections fill it.
+	var live []stack.SockID
+	for len(calls) == 0 && len(live) < table {
+		live = append(live, dial())
+	}
+	if len(calls) != 1 || !calls[0] || len(live) != table-table/8 {
+		t.Fatalf("overflow calls %v after %d live connections: want one call, full, at the %dth", calls, len(live), table-table/8)
+	}
+	// And it has room again once they go (into TIME-WAIT).
+	for _, id := range live {
+		s.Close(id)
+	}
+	waitFor(t, "room again", 5*time.Second, poll, func() bool { return len(calls) > 1 })
+	if len(calls) != 2 || calls[1] {
+		t.Fatalf("overflow calls %v: want full, then room", calls)
+	}
+}
+
+// netstackServe serves each connection to the peer's port with serve,
+// then closes it, until the test ends.
+func netstackServe(t *testing.T, peer *gvisorpeer.Peer, port uint16, serve func(io.ReadWriter)) {
+	t.Helper()
+	l, err := peer.ListenTCP(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
 }

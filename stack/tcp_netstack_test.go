@@ -20,13 +20,21 @@ import (
 // in-memory wire, netstack pumped by its own goroutine.
 func withNetstack(t *testing.T, cfg vnic.MemConfig, scfg stack.Config) (*stack.Stack, *gvisorpeer.Peer) {
 	t.Helper()
+	return withNetstackOptions(t, cfg, scfg, stack.Options{})
+}
+
+// withNetstackOptions is withNetstack with the stack's options (its
+// neighbours are set).
+func withNetstackOptions(t *testing.T, cfg vnic.MemConfig, scfg stack.Config, opt stack.Options) (*stack.Stack, *gvisorpeer.Peer) {
+	t.Helper()
 	a, b, err := vnic.NewMemPair(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
 	scfg.Addr, scfg.MAC = addrA, a.Info().MAC
-	s, err := stack.New(a, scfg, stack.Options{Neighbours: map[netip.Addr]net.HardwareAddr{addrB.Addr(): b.Info().MAC}})
+	opt.Neighbours = map[netip.Addr]net.HardwareAddr{addrB.Addr(): b.Info().MAC}
+	s, err := stack.New(a, scfg, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
