@@ -19,8 +19,11 @@ func nanotime() int64
 // fastClock is CLOCK_MONOTONIC read through the TSC where it runs at a
 // constant rate: rdtsc costs a third of the vDSO's clock_gettime here, and
 // a busy-poller reads the clock on every poll. Calibrated once against
-// nanotime; every second of TSC it is anchored to nanotime again, so that
-// it cannot drift from what other processes read.
+// nanotime; every 100 ms of TSC it is anchored to nanotime again, so that
+// it cannot drift from what other processes read: CLOCK_MONOTONIC is
+// slewed by NTP (up to 500 ppm) and the TSC is not, and a calibration of
+// 2 ms is off by some parts per million. At one anchoring a second,
+// CI saw the clock 106 µs behind CLOCK_MONOTONIC.
 type fastClock struct {
 	ok     bool
 	mult   uint64 // ns per TSC tick, 32.32 fixed point
@@ -43,17 +46,39 @@ func init() {
 	if !tscUsable() {
 		return
 	}
-	c0, n0 := rdtsc(), nanotime()
+	c0, n0 := tscPair()
 	for nanotime()-n0 < int64(2*time.Millisecond) {
 	}
-	c1, n1 := rdtsc(), nanotime()
+	c1, n1 := tscPair()
 	if c1 <= c0 || n1 <= n0 {
 		return
 	}
 	clk.ok = true
 	clk.mult = uint64(n1-n0) << 32 / (c1 - c0)
-	clk.period = (c1 - c0) * 500 // about a second
+	clk.period = (c1 - c0) * 50 // about 100 ms
 	clk.anchor.Store(&tscAnchor{c1, n1})
+}
+
+// tscPair reads the TSC and nanotime at one moment: the TSC halfway
+// between two reads that bracket nanotime's, from the tightest of a few
+// tries. A thread descheduled between the reads widens its bracket and
+// is not chosen; read once, such a pause between the TSC and nanotime
+// went into the calibration (a few µs in its 2 ms skewed the rate enough
+// to put the clock 100 µs off CLOCK_MONOTONIC a second later, on a busy
+// machine) or into an anchor.
+func tscPair() (uint64, int64) {
+	var tsc uint64
+	var ns int64
+	best := ^uint64(0)
+	for range 5 {
+		t0 := rdtsc()
+		n := nanotime()
+		t1 := rdtsc()
+		if t1 >= t0 && t1-t0 < best {
+			best, tsc, ns = t1-t0, t0+(t1-t0)/2, n
+		}
+	}
+	return tsc, ns
 }
 
 // newClock is a clock for one Stack, sharing the process's calibration.
@@ -74,8 +99,10 @@ func (c *fastClock) now() int64 {
 	t := rdtsc()
 	a := c.anchor.Load()
 	if t-a.tsc > c.period {
-		a = &tscAnchor{t, nanotime()}
+		at, an := tscPair()
+		a = &tscAnchor{at, an}
 		c.anchor.Store(a)
+		t = max(t, at)
 	}
 	hi, lo := bits.Mul64(t-a.tsc, c.mult)
 	ns := a.ns + int64(hi<<32|lo>>32)
