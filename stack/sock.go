@@ -180,10 +180,9 @@ func (s *Stack) allocSockLocked(kind uint8) (*sock, SockID, error) {
 // overflowCheckLocked tells Options.Overflow when the socket table fills
 // with live sockets (TIME-WAIT ones are recycled for new connections, and
 // a SYN flood's half-open ones make way for cookies, so neither counts):
-// at 7/8 of the table, where SYNs start to be
-// answered with cookies, new connections go to the listeners' kernel
-// halves instead, so that the cookies' connections still find a slot;
-// below 3/4 they come back.
+// at 7/8 of the table, where SYNs start to be answered with cookies, new
+// connections go to the listeners' kernel halves instead, so that the
+// cookies' connections still find a slot; below 3/4 they come back.
 func (s *Stack) overflowCheckLocked() {
 	h := s.img.hdr
 	live := h.sockInUse - min(h.sockTimeWait+h.sockSynRcvd, h.sockInUse)
