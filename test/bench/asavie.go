@@ -7,6 +7,8 @@ import (
 	"net"
 
 	axdp "github.com/asavie/xdp"
+
+	"github.com/xdp-onload/onload/bpf"
 )
 
 // asavie is github.com/asavie/xdp's socket with its default options, fed by
@@ -26,7 +28,7 @@ func openAsavie(iface string, port uint16) (bouncer, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := steer(iface, port, xsk.FD())
+	st, err := steer(iface, bpf.UDP, port, xsk.FD())
 	if err != nil {
 		xsk.Close()
 		return nil, err

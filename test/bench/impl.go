@@ -43,13 +43,13 @@ func swap(f []byte) {
 }
 
 // steering attaches the steering program to iface and registers fd (the
-// AF_XDP socket on queue 0) as stack 0, receiving UDP on port.
+// AF_XDP socket on queue 0) as stack 0, receiving proto on port.
 type steering struct {
 	s *bpf.Steering
 	a *xdp.Attachment
 }
 
-func steer(iface string, port uint16, fd int) (*steering, error) {
+func steer(iface string, proto bpf.Proto, port uint16, fd int) (*steering, error) {
 	s, err := bpf.Load()
 	if err != nil {
 		return nil, err
@@ -64,7 +64,7 @@ func steer(iface string, port uint16, fd int) (*steering, error) {
 		st.close()
 		return nil, err
 	}
-	if err := s.AddListener(bpf.Listener{Proto: bpf.UDP, Port: port}, 0); err != nil {
+	if err := s.AddListener(bpf.Listener{Proto: proto, Port: port}, 0); err != nil {
 		st.close()
 		return nil, err
 	}
@@ -85,7 +85,7 @@ func openOurs(iface string, port uint16) (bouncer, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := steer(iface, port, nic.FD())
+	st, err := steer(iface, bpf.UDP, port, nic.FD())
 	if err != nil {
 		nic.Close()
 		return nil, err

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"hash/crc32"
-	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -18,7 +17,6 @@ import (
 	"github.com/xdp-onload/onload/bpf"
 	"github.com/xdp-onload/onload/internal/pkt"
 	"github.com/xdp-onload/onload/vnic"
-	"github.com/xdp-onload/onload/xdp"
 )
 
 // The server floor: what any AF_XDP server could at most serve a kernel
@@ -132,22 +130,11 @@ func respondMain(args []string) error {
 		return fmt.Errorf("respond: %w", err)
 	}
 	defer nic.Close()
-	s, err := bpf.Load()
+	st, err := steer(*iface, bpf.TCP, uint16(*port), nic.FD())
 	if err != nil {
 		return fmt.Errorf("respond: %w", err)
 	}
-	defer s.Close()
-	a, err := xdp.Attach(s.Program(), *iface, xdp.AttachNative)
-	if err != nil {
-		return fmt.Errorf("respond: %w", err)
-	}
-	defer a.Close()
-	if err := s.SetSocket(0, 0, nic.FD()); err != nil {
-		return fmt.Errorf("respond: %w", err)
-	}
-	if err := s.AddListener(bpf.Listener{Proto: bpf.TCP, Port: uint16(*port)}, 0); err != nil {
-		return fmt.Errorf("respond: %w", err)
-	}
+	defer st.close()
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	r := responder{nic: nic, pool: nic.Pool(), protocol: answer}
@@ -264,8 +251,8 @@ func (r *responder) queue(f pkt.Frame, seg pkt.TCPSegment) bool {
 	if h == vnic.Null {
 		return false
 	}
-	src := pkt.Endpoint{MAC: net.HardwareAddr(f.DstMAC), Addr: f.Dst}
-	dst := pkt.Endpoint{MAC: net.HardwareAddr(f.SrcMAC), Addr: f.Src}
+	src := pkt.Endpoint{MAC: f.DstMAC, Addr: f.Dst}
+	dst := pkt.Endpoint{MAC: f.SrcMAC, Addr: f.Src}
 	n, err := pkt.TCP(r.pool.Buf(h), src, dst, seg)
 	if err != nil {
 		r.pool.Free(h)
