@@ -344,13 +344,22 @@ func queueRetry(ctx context.Context, pause time.Duration, fn func() error) error
 	return err
 }
 
-func helperRoundOnce(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, echoArgs, pingArgs []string) (*pingResult, error) {
-	echo := inHost(ctx, b, pinB, self, echoArgs...)
+// startHelper starts one of the bench's own server roles (self with
+// args) in host h and waits until it says "ready".
+func startHelper(ctx context.Context, h *test.Host, pin []string, self string, args ...string) (stop func(), err error) {
+	cmd := inHost(ctx, h, pin, self, args...)
 	out := new(test.LimitedBuffer)
-	echo.Stdout = out
-	stop, err := startServer(echo, func() bool { return strings.Contains(out.String(), "ready") })
+	cmd.Stdout = out
+	if stop, err = startServer(cmd, func() bool { return strings.Contains(out.String(), "ready") }); err != nil {
+		return nil, fmt.Errorf("%w: %s", err, cmd.Stderr)
+	}
+	return stop, nil
+}
+
+func helperRoundOnce(ctx context.Context, self string, a, b *test.Host, pinA, pinB []string, echoArgs, pingArgs []string) (*pingResult, error) {
+	stop, err := startHelper(ctx, b, pinB, self, echoArgs...)
 	if err != nil {
-		return nil, fmt.Errorf("echo: %w: %s", err, echo.Stderr)
+		return nil, fmt.Errorf("echo: %w", err)
 	}
 	defer stop()
 	cmd := inHost(ctx, a, pinA, self, pingArgs...)

@@ -308,13 +308,10 @@ func (sv server) start(ctx context.Context, b *test.Host, port int, proto string
 	if sv.side != "floor" {
 		return program()
 	}
-	err = queueRetry(ctx, 200*time.Millisecond, func() error {
-		cmd := inHost(ctx, b, nil, sv.self, "respond", "-iface", b.Iface0().Name, "-port", strconv.Itoa(port), "-proto", proto)
-		out := new(test.LimitedBuffer)
-		cmd.Stdout = out
-		var err error
-		if stop, err = startServer(cmd, func() bool { return strings.Contains(out.String(), "ready") }); err != nil {
-			return fmt.Errorf("floor: %w: %s", err, cmd.Stderr)
+	err = queueRetry(ctx, 200*time.Millisecond, func() (err error) {
+		stop, err = startHelper(ctx, b, nil, sv.self, "respond", "-iface", b.Iface0().Name, "-port", strconv.Itoa(port), "-proto", proto)
+		if err != nil {
+			return fmt.Errorf("floor: %w", err)
 		}
 		return nil
 	})
