@@ -238,9 +238,6 @@ func (s *Stack) freeSockLocked(sk *sock) {
 	if gen == 0 {
 		gen = 1
 	}
-	if sk.kind == kindTCP && sk.state == tcpTimeWait {
-		h.sockTimeWait -= min(h.sockTimeWait, 1)
-	}
 	*sk = sock{gen: gen, next: h.sockFree}
 	h.sockFree = idx
 	h.sockInUse -= min(h.sockInUse, 1)

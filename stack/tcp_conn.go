@@ -367,6 +367,8 @@ func (s *Stack) tcpCloseFinalLocked(sk *sock) {
 		}
 	}
 	if sk.state == tcpTimeWait {
+		// Every TCP socket's slot is freed through here, CLOSED first:
+		// the one place a TIME-WAIT socket leaves the count.
 		s.img.hdr.sockTimeWait -= min(s.img.hdr.sockTimeWait, 1)
 	}
 	sk.state = tcpClosed
