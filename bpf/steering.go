@@ -282,8 +282,8 @@ func (s *Steering) ClearSocket(id StackID, queue int) error {
 }
 
 // Control is a stack's word in the mmapped control array: its lazy-interrupt
-// armed flag and wake counter. Reads and writes are plain memory accesses,
-// no system calls.
+// armed flag, wake counter and full flag. Reads and writes are plain
+// memory accesses, no system calls.
 type Control struct {
 	ctl *steerStackCtl
 }
@@ -304,18 +304,10 @@ func (s *Steering) Control(id StackID) (Control, error) {
 // The word is read by the steering program on every frame for the stack,
 // on whichever CPU receives it: it is written only when it changes, so
 // that a disarmed stack's line stays shared in every cache.
-func (c Control) Arm() {
-	if atomic.LoadUint32(&c.ctl.Armed) != 1 {
-		atomic.StoreUint32(&c.ctl.Armed, 1)
-	}
-}
+func (c Control) Arm() { setWord(&c.ctl.Armed, 1) }
 
 // Disarm withdraws the request.
-func (c Control) Disarm() {
-	if atomic.LoadUint32(&c.ctl.Armed) != 0 {
-		atomic.StoreUint32(&c.ctl.Armed, 0)
-	}
-}
+func (c Control) Disarm() { setWord(&c.ctl.Armed, 0) }
 
 // Armed reports whether the stack is armed.
 func (c Control) Armed() bool { return atomic.LoadUint32(&c.ctl.Armed) != 0 }
@@ -329,8 +321,14 @@ func (c Control) SetFull(full bool) {
 	if full {
 		v = 1
 	}
-	if atomic.LoadUint32(&c.ctl.Full) != v {
-		atomic.StoreUint32(&c.ctl.Full, v)
+	setWord(&c.ctl.Full, v)
+}
+
+// setWord stores v in a control word only if it changes it, so that the
+// line stays shared in the caches of the CPUs the program reads it on.
+func setWord(w *uint32, v uint32) {
+	if atomic.LoadUint32(w) != v {
+		atomic.StoreUint32(w, v)
 	}
 }
 
