@@ -141,6 +141,7 @@ static struct {
 	long (*send)(int, const void *, size_t, int);
 	void (*kick)(void);
 	void (*events)(int *, int *, unsigned *, int, int);
+	int (*ready)(int *, int *, unsigned *, int, int, unsigned *, int);
 	int (*arm)(int *, int *, int *, unsigned *, int, int, int);
 	void (*disarm)(int *, int, int, int);
 	int (*irq_fd)(void);
@@ -252,7 +253,7 @@ static int load_core(void)
 	int ok = lib != NULL;
 #define SYM(name) do { if (ok && !(*(void **)&core.name = dlsym(lib, "onl_" #name))) ok = 0; } while (0)
 	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send); SYM(kick);
-	SYM(events); SYM(arm); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(thread); SYM(spin_ns); SYM(try_spin);
+	SYM(events); SYM(ready); SYM(arm); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(thread); SYM(spin_ns); SYM(try_spin);
 	SYM(end_spin); SYM(close); SYM(shutdown);
 	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
 	SYM(handover_info); SYM(handover); SYM(handed_over);
@@ -375,6 +376,7 @@ static void set_ours(int fd, int h, int nonblock, int listening)
 }
 
 static void epoll_forget(int fd);
+static void ep_free(struct ep *ep);
 
 /* drop forgets fd's entry; the core's socket closes with its last fd. */
 static void drop(int fd)
@@ -391,7 +393,7 @@ static void drop(int fd)
 		    __atomic_sub_fetch(&hrefs[h], 1, __ATOMIC_RELAXED) == 0)
 			CORE_VOID(core.close(h));
 	} else if (e->kind == K_EPOLL) {
-		free(e->ep);
+		ep_free(e->ep);
 	}
 	memset(e, 0, sizeof *e);
 }
@@ -2050,13 +2052,39 @@ struct epi {
 	uint8_t disabled;	      /* EPOLLONESHOT, reported */
 	uint32_t rd_seen, wr_seen;    /* EPOLLET: the EAGAIN counts when last reported */
 	uint32_t edge_seen;	      /* EPOLLET: the socket's edge count then */
+	unsigned stamp;		      /* the check that last looked at it (ep.round) */
 };
 
+/*
+ * An instance checks, at each epoll_wait, only the members that may be
+ * ready, as the kernel's epoll keeps a ready list that its sockets'
+ * wake-ups fill: those it found ready last time (level-triggered) or
+ * could not report for the caller's max, those waiting for write space,
+ * new and changed ones (epoll_ctl), and those the stack's ready log names
+ * since it last read it (onl_ready: a segment, a timer, a connection came
+ * for them). It checks every member when the log cannot say (it wrapped,
+ * or another thread read it meanwhile) and before it blocks, to arm them
+ * all.
+ */
 struct ep {
 	int n, cap, next;
-	unsigned ver; /* counts changes of the members (under mu) */
+	unsigned ver;	  /* counts changes of the members (under mu) */
+	unsigned seq;	  /* the stack's ready log, read up to here */
+	uint8_t full;	  /* check every member at the next call */
+	uint8_t multi;	  /* a socket is in twice (dup'd fds): check all, always */
+	unsigned round;	  /* counts checks (epi.stamp) */
+	int *hidx, nhidx; /* by handle: its member's index + 1 (0: none) */
+	int *pend, npend; /* handles to check at the next call; room for cap */
 	struct epi items[];
 };
+
+/* ep_log_room is how many of the ready log's entries a check takes: more
+ * and it checks every member instead. */
+static int ep_log_room(const struct ep *ep)
+{
+	int r = 2 * ep->n + 64;
+	return r < 2048 ? r : 2048;
+}
 
 static struct ep *ep_of(int epfd)
 {
@@ -2070,6 +2098,37 @@ static struct ep *ep_of(int epfd)
 	return e->ep;
 }
 
+static void ep_free(struct ep *ep)
+{
+	if (ep) {
+		free(ep->hidx);
+		free(ep->pend);
+		free(ep);
+	}
+}
+
+/* ep_pend asks for member h to be checked at the next call. */
+static void ep_pend(struct ep *ep, int h)
+{
+	if (ep->npend < ep->cap)
+		ep->pend[ep->npend++] = h;
+	else
+		ep->full = 1;
+}
+
+/* ep_remove takes member i out; the last takes its place. */
+static void ep_remove(struct ep *ep, int i)
+{
+	int h = ep->items[i].h;
+	if ((unsigned)h < (unsigned)ep->nhidx && ep->hidx[h] == i + 1)
+		ep->hidx[h] = 0;
+	ep->items[i] = ep->items[--ep->n];
+	int m = ep->items[i].h;
+	if (i < ep->n && (unsigned)m < (unsigned)ep->nhidx && ep->hidx[m] == ep->n + 1)
+		ep->hidx[m] = i + 1;
+	ep->ver++;
+}
+
 static void epoll_forget(int fd)
 {
 	for (int i = 0; i < nfdt; i++) {
@@ -2078,8 +2137,7 @@ static void epoll_forget(int fd)
 			continue;
 		for (int j = 0; j < ep->n; j++)
 			if (ep->items[j].fd == fd) {
-				ep->items[j] = ep->items[--ep->n];
-				ep->ver++;
+				ep_remove(ep, j);
 				break;
 			}
 	}
@@ -2098,8 +2156,7 @@ static void epoll_to_kernel(int fd)
 				struct epoll_event ev = {.events = ep->items[j].events, .data = ep->items[j].data};
 				if (real_epoll_ctl(i, EPOLL_CTL_ADD, fd, &ev) < 0 && errno != EEXIST)
 					debugf("fd %d: into epoll %d: %s", fd, i, strerror(errno));
-				ep->items[j] = ep->items[--ep->n];
-				ep->ver++;
+				ep_remove(ep, j);
 				break;
 			}
 	}
@@ -2120,6 +2177,50 @@ static int note_epoll(int r)
 
 EXPORT int epoll_create(int size) { return note_epoll(real_epoll_create(size)); }
 EXPORT int epoll_create1(int flags) { return note_epoll(real_epoll_create1(flags)); }
+
+/* ep_grow makes room in ee's instance for one more member, and for handle
+ * h in its index; NULL (errno set) if memory runs out. */
+static struct ep *ep_grow(struct fdent *ee, struct ep *ep, int h)
+{
+	if (!ep || ep->n == ep->cap) {
+		int cap = ep ? ep->cap * 2 : 8;
+		int *pend = realloc(ep ? ep->pend : NULL, cap * sizeof(int));
+		if (!pend) {
+			errno = ENOMEM;
+			return NULL;
+		}
+		struct ep *n = realloc(ep, sizeof *ep + cap * sizeof(struct epi));
+		if (!n) {
+			if (!ep)
+				free(pend);
+			else
+				ep->pend = pend;
+			errno = ENOMEM;
+			return NULL;
+		}
+		if (!ep) {
+			memset(n, 0, sizeof *n);
+			n->full = 1; /* the first check starts the log */
+		}
+		n->pend = pend;
+		n->cap = cap;
+		ee->ep = ep = n;
+	}
+	if ((unsigned)h >= (unsigned)ep->nhidx) {
+		int nh = ep->nhidx ? ep->nhidx : 64;
+		while (nh <= h)
+			nh *= 2;
+		int *hidx = realloc(ep->hidx, nh * sizeof(int));
+		if (!hidx) {
+			errno = ENOMEM;
+			return NULL;
+		}
+		memset(hidx + ep->nhidx, 0, (nh - ep->nhidx) * sizeof(int));
+		ep->hidx = hidx;
+		ep->nhidx = nh;
+	}
+	return ep;
+}
 
 EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
@@ -2148,21 +2249,12 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 			r = -1;
 			break;
 		}
-		if (!ep || ep->n == ep->cap) {
-			int cap = ep ? ep->cap * 2 : 8;
-			struct ep *n = realloc(ep, sizeof *ep + cap * sizeof(struct epi));
-			if (!n) {
-				errno = ENOMEM;
-				r = -1;
-				break;
-			}
-			if (!ep) {
-				n->n = n->next = 0;
-				n->ver = 0;
-			}
-			n->cap = cap;
-			ee->ep = ep = n;
+		if (!(ep = ep_grow(ee, ep, fe->h))) {
+			r = -1;
+			break;
 		}
+		if (ep->hidx[fe->h])
+			ep->multi = 1;
 		i = ep->n++;
 		/* fallthrough */
 	case EPOLL_CTL_MOD:
@@ -2174,12 +2266,19 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 		if (!ev) {
 			errno = EFAULT;
 			r = -1;
+			if (op == EPOLL_CTL_ADD)
+				ep->n--;
 			break;
 		}
 		ep->items[i] = (struct epi){
 			.fd = fd, .h = fe->h, .events = ev->events, .data = ev->data,
 			.rd_seen = fe->rd_eagain - 1, .wr_seen = fe->wr_eagain - 1,
 		};
+		if ((unsigned)fe->h < (unsigned)ep->nhidx)
+			ep->hidx[fe->h] = i + 1;
+		else
+			ep->multi = 1; /* not indexed: always check all */
+		ep_pend(ep, fe->h);
 		break;
 	case EPOLL_CTL_DEL:
 		if (!found) {
@@ -2187,7 +2286,7 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 			r = -1;
 			break;
 		}
-		ep->items[i] = ep->items[--ep->n];
+		ep_remove(ep, i);
 		break;
 	default:
 		errno = EINVAL;
@@ -2223,24 +2322,45 @@ static int ep_members(struct ep *ep, int *hs, int *want)
 	return conns;
 }
 
-/* ep_collect reports ready accelerated members into out, up to max, from
- * the events the core gave for ep_members's list, and sets what each
- * would wait for: its events, or, for an edge-triggered member whose
- * readiness was reported already, its next change (ONL_EDGE from the
- * edge count in edges). */
-static int ep_collect(struct ep *ep, struct epoll_event *out, int max, int *evs, int *want, unsigned *edges)
+/* ep_collect reports ready members into out, up to max, from the events
+ * the core gave for hs[0..m): every member in order if full (ep_members),
+ * else the handles of those to check, some perhaps twice or no longer
+ * members. For a full check it sets what each member would wait for in
+ * want: its events, or, for an edge-triggered member whose readiness was
+ * reported already, its next change (ONL_EDGE from the edge count in
+ * edges). It refills the list of those to check at the next call: the
+ * ones it could not report for max first, then the level-triggered ones
+ * ready and those waiting for write space (later is scratch for them). */
+static int ep_collect(struct ep *ep, int full, struct epoll_event *out, int max, const int *hs, const int *evs,
+		      int *want, const unsigned *edges, int m, int *later)
 {
-	int n = ep->n;
-	int k = 0;
-	for (int c = 0; c < n && k < max; c++) {
-		int j = (ep->next + c) % n;
-		struct epi *it = &ep->items[j];
+	unsigned round = ++ep->round;
+	int k = 0, first = 0, nlater = 0;
+	for (int c = 0; c < m; c++) {
+		int j = full ? (ep->next + c) % m : c;
+		struct epi *it;
+		if (full) {
+			it = &ep->items[j];
+		} else {
+			int h = hs[j];
+			if ((unsigned)h >= (unsigned)ep->nhidx || !ep->hidx[h])
+				continue;
+			it = &ep->items[ep->hidx[h] - 1];
+			if (it->stamp == round)
+				continue;
+		}
+		it->stamp = round;
 		if (it->disabled)
 			continue;
-		uint32_t got = to_epoll(evs[j]) & (it->events | EPOLLERR | EPOLLHUP);
+		if (k == max) {
+			ep->pend[first++] = it->h;
+			continue;
+		}
+		uint32_t ready = to_epoll(evs[j]) & (it->events | EPOLLERR | EPOLLHUP);
+		uint32_t got = ready;
 		if (it->events & EPOLLET) {
 			struct fdent *fe = ent(it->fd);
-			if (got) /* reported now or before: wait for the next edge */
+			if (got && full) /* reported now or before: wait for the next edge */
 				want[j] = ONL_EDGE;
 			/* An edge, as the kernel's: the socket's edge count moved
 			 * (new data, a connection, a state change, an error) since
@@ -2257,6 +2377,8 @@ static int ep_collect(struct ep *ep, struct epoll_event *out, int max, int *evs,
 				it->rd_seen = fe->rd_eagain;
 			if (fe && (got & (EPOLLOUT | EPOLLWRNORM)))
 				it->wr_seen = fe->wr_eagain;
+		} else if (ready || ((it->events & EPOLLOUT) && !(evs[j] & ONL_WRITABLE))) {
+			later[nlater++] = it->h;
 		}
 		if (!got)
 			continue;
@@ -2266,7 +2388,10 @@ static int ep_collect(struct ep *ep, struct epoll_event *out, int max, int *evs,
 		if (it->events & EPOLLONESHOT)
 			it->disabled = 1;
 	}
-	ep->next = n ? (ep->next + 1) % n : 0;
+	memcpy(ep->pend + first, later, nlater * sizeof(int));
+	ep->npend = first + nlater;
+	if (full)
+		ep->next = m ? (ep->next + 1) % m : 0;
 	return k;
 }
 
@@ -2294,7 +2419,7 @@ static int ep_taken_over(struct fdent *ee, const int *hs, const int *evs, int n)
 static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns, const sigset_t *mask)
 {
 	struct fdent *ee = ent(epfd);
-	struct ep *ep = ee && ee->kind == K_EPOLL ? ee->ep : NULL;
+	struct ep *ep;
 	if (max <= 0) {
 		errno = EINVAL;
 		return -1;
@@ -2302,15 +2427,18 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	struct wait w;
 	wait_begin(&w, timeout_ns);
 	int ret;
-	/* Scratch for the members' handles, events and wants: grown, not
-	 * allocated again for every check of a spin. */
+	/* Scratch for the members' handles, events, wants and edge counts:
+	 * grown, not allocated again for every check of a spin. */
 	int *hs = NULL, room = 0;
+	int blocking = 0; /* the spin is over: check all, to arm them */
 	for (;;) {
 		pthread_mutex_lock(&mu);
 		ep = ee->ep;
-		int n = ep ? ep->n : 0;
-		if (n + 1 > room) {
-			int *grown = realloc(hs, sizeof(int) * 4 * (n + 1));
+		int full = !ep || ep->full || ep->multi || blocking;
+		int logroom = full ? -1 : ep_log_room(ep);
+		int len = !ep ? 0 : full ? ep->n : ep->npend + logroom;
+		if (len + 1 > room) {
+			int *grown = realloc(hs, sizeof(int) * 5 * (len + 1));
 			if (!grown) {
 				pthread_mutex_unlock(&mu);
 				errno = ENOMEM;
@@ -2318,27 +2446,51 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 				break;
 			}
 			hs = grown;
-			room = n + 1;
+			room = len + 1;
 		}
-		int *evs = hs + room, *want = evs + room;
-		unsigned *edges = (unsigned *)(want + room);
-		int conns = ep ? ep_members(ep, hs, want) : 0;
-		unsigned ver = ep ? ep->ver : 0;
+		int *evs = hs + room, *want = evs + room, *later = want + room;
+		unsigned *edges = (unsigned *)(later + room);
+		int conns = 0, k0 = 0;
+		if (full && ep) {
+			conns = ep_members(ep, hs, want);
+			k0 = ep->n;
+		} else if (ep) {
+			memcpy(hs, ep->pend, ep->npend * sizeof(int));
+			k0 = ep->npend;
+		}
+		unsigned ver = ep ? ep->ver : 0, seq0 = ep ? ep->seq : 0, seq = seq0;
 		pthread_mutex_unlock(&mu);
 		/* The core is asked without the table's lock: it takes the stack
 		 * lock, may poll and kick, and the other threads' waits (each on
 		 * its own instance) need the table meanwhile. What the members
 		 * were is checked after: a change since (epoll_ctl, close) asks
-		 * again. */
-		CORE_VOID(core.events(hs, evs, edges, n, w.spinning));
-		if (ep_taken_over(ee, hs, evs, n))
+		 * again, and reads the log again from where it was. */
+		int m = CORE(core.ready(hs, evs, edges, k0, logroom, &seq, w.spinning));
+		if (m < 0) {
+			pthread_mutex_lock(&mu);
+			if (ee->ep == ep && ep)
+				ep->full = 1;
+			pthread_mutex_unlock(&mu);
+			continue;
+		}
+		if (ep_taken_over(ee, hs, evs, m))
 			continue; /* those members are the kernel set's now */
 		pthread_mutex_lock(&mu);
 		if (ee->ep != ep || (ep && ep->ver != ver)) {
 			pthread_mutex_unlock(&mu);
 			continue;
 		}
-		int k = ep ? ep_collect(ep, out, max, evs, want, edges) : 0;
+		int k = 0;
+		if (ep) {
+			k = ep_collect(ep, full, out, max, hs, evs, want, edges, m, later);
+			/* Another thread waiting on the instance read the log
+			 * meanwhile: what it took is not in this check. */
+			if (ep->seq != seq0)
+				ep->full = 1;
+			else if (full)
+				ep->full = 0;
+			ep->seq = seq;
+		}
 		pthread_mutex_unlock(&mu);
 		if (k < max) {
 			int r;
@@ -2366,8 +2518,13 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			ret = k;
 			break;
 		}
+		if (!full && !(w.spinning && now < w.spin_end)) {
+			blocking = 1; /* check all before blocking */
+			continue;
+		}
+		blocking = 0;
 		struct pollfd p[4] = {{.fd = epfd, .events = POLLIN}};
-		if (wait_block(&w, now, hs, want, evs, edges, n, p, 1, epfd, conns, mask) < 0) {
+		if (wait_block(&w, now, hs, want, evs, edges, k0, p, 1, epfd, conns, mask) < 0) {
 			ret = -1;
 			break;
 		}

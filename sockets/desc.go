@@ -290,6 +290,38 @@ func (s *Stack) EventsOf(ds []*Desc, ids []stack.SockID, out []stack.Events, edg
 	}
 }
 
+// ID is the engine's name for the socket; its Slot is what the stack's
+// ready log names (ReadySince).
+func (d *Desc) ID() stack.SockID { return d.id }
+
+// Sockets is the size of the stack's socket table: every slot the ready
+// log names is below it.
+func (s *Stack) Sockets() int { return len(s.waits) }
+
+// ReadySince reads the stack's ready log from *seq (stack.Stack.ReadySince):
+// the slots of the sockets whose readiness may have risen since, for a
+// caller that checks those instead of all it watches. ok false: check
+// them all. A closed stack says so too.
+func (s *Stack) ReadySince(seq *uint32, slots []uint32) (n int, ok bool) {
+	if !s.enter() {
+		return 0, false
+	}
+	n, ok = s.st.ReadySince(seq, slots)
+	s.leave()
+	return n, ok
+}
+
+// ReadyHead is the ready log's head (stack.Stack.ReadyHead): where a
+// caller that is about to check all it watches reads on from.
+func (s *Stack) ReadyHead() uint32 {
+	if !s.enter() {
+		return 0
+	}
+	h := s.st.ReadyHead()
+	s.leave()
+	return h
+}
+
 // ArmAll asks for eventfd efd to be written at the next change of the
 // state of any of ds (ds[i] for the events in want[i]; nil, or want 0:
 // skipped), under one taking of the lock, unless one of them is ready

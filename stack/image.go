@@ -93,6 +93,13 @@ type header struct {
 	// The processes that share the stack and wake one another's threads
 	// (JoinWakes): a socket's owner is an index here, plus one.
 	procs [maxProcs]procSlot
+
+	// The ready log (ready.go): the slots of the sockets whose readiness
+	// may have risen, the last readyLogLen of them, for callers that
+	// emulate epoll over many sockets and check only those.
+	readySeq  uint32 // entries ever written; the next goes at readySeq % readyLogLen
+	readyRead uint32 // readySeq when a reader last read the log
+	readyLog  [readyLogLen]uint32
 }
 
 // maxProcs is how many processes may share one stack's wake-ups.

@@ -457,6 +457,10 @@ func (s *Stack) Shutdown(id SockID, how int) error {
 		sk.tflags |= tfFinQueued
 		s.tcpOutputLocked(sk)
 	}
+	// Reads now end (and a FIN sent after one received hangs up): the
+	// socket's waiters, and the ready log, hear of it, as the kernel's
+	// shutdown wakes its socket's.
+	s.touchLocked(sk)
 	s.flushLocked()
 	return nil
 }

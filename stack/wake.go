@@ -102,6 +102,7 @@ func (s *Stack) WaitForAll(ids []SockID, want, out []Events, edges []uint32) int
 // let go), and it wakes its own threads (TakeRemoteWakes).
 func (s *Stack) touchLocked(sk *sock) {
 	s.edgeLocked(sk)
+	s.logReadyLocked(sk)
 	if sk.flags&sfWake == 0 && sk.waiters == 0 {
 		return
 	}

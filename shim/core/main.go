@@ -55,9 +55,18 @@ var (
 )
 
 func theStack() (*sockets.Stack, error) {
-	stkOnce.Do(func() { stk, stkErr = sockets.DefaultStack() })
+	stkOnce.Do(func() {
+		stk, stkErr = sockets.DefaultStack()
+		if stk != nil {
+			bySlot = make([]atomic.Int32, stk.Sockets())
+		}
+	})
 	return stk, stkErr
 }
+
+// bySlot maps a slot of the stack's socket table to the handle of this
+// process's socket there (0: none), for the ready log (onl_ready).
+var bySlot []atomic.Int32
 
 func put(d *sockets.Desc) C.int {
 	mu.Lock()
@@ -73,6 +82,9 @@ func put(d *sockets.Desc) C.int {
 		return -C.int(syscall.EMFILE)
 	}
 	descs[h].Store(d)
+	if sl := d.ID().Slot(); sl < len(bySlot) {
+		bySlot[sl].Store(h)
+	}
 	return C.int(h)
 }
 
@@ -220,6 +232,7 @@ type batch struct {
 	evs   []stack.Events
 	want  []stack.Events
 	edges []uint32
+	slots []uint32 // the ready log's (onl_ready)
 }
 
 var batches = sync.Pool{New: func() any { return new(batch) }}
@@ -280,6 +293,62 @@ func onl_events(hs *C.int, evs *C.int, edges *C.uint, n C.int, poll C.int) {
 		copy(unsafe.Slice((*uint32)(unsafe.Pointer(edges)), int(n)), eb)
 	}
 	b.free()
+}
+
+// onl_ready is onl_events for an epoll instance that checks only some of
+// its members: hs[0..n) are those it checks anyway (the ones it found
+// ready, or waiting for write space, or new), and to them it appends the
+// handles of this process's sockets that the stack's ready log names
+// since *seq (stack.Stack.ReadySince), at most room of them (hs has room
+// for n+room), before it reports the events of all. *seq moves to the
+// log's head. It returns how many handles hs holds then, or -1 when the
+// log cannot say which changed (it wrapped since *seq, or more than room
+// changed): the caller checks all its members. A room < 0 is that check:
+// hs holds every member, and *seq only moves to the head (first, so that
+// what changes during the check is logged after it).
+//
+//export onl_ready
+func onl_ready(hs, evs *C.int, edges *C.uint, n, room C.int, seq *C.uint, poll C.int) C.int {
+	if stk == nil {
+		return -1
+	}
+	if poll != 0 {
+		stk.Poll()
+	}
+	q := (*uint32)(unsafe.Pointer(seq))
+	m := int(n)
+	if room < 0 {
+		*q = stk.ReadyHead()
+	} else {
+		b := batches.Get().(*batch)
+		if cap(b.slots) < int(room) {
+			b.slots = make([]uint32, max(int(room), 256))
+		}
+		k, ok := stk.ReadySince(q, b.slots[:room])
+		if !ok {
+			batches.Put(b)
+			return -1
+		}
+		all := unsafe.Slice(hs, int(n)+int(room))
+		prev := ^uint32(0)
+		for _, sl := range b.slots[:k] {
+			if sl == prev || int(sl) >= len(bySlot) {
+				continue // the same socket again, in a burst of segments
+			}
+			prev = sl
+			if h := bySlot[sl].Load(); h != 0 {
+				all[m] = C.int(h)
+				m++
+			}
+		}
+		batches.Put(b)
+	}
+	b := newBatch(hs, m)
+	stk.EventsOf(b.ds, b.ids, b.evs, b.edges)
+	b.out(evs)
+	copy(unsafe.Slice((*uint32)(unsafe.Pointer(edges)), m), b.edges)
+	b.free()
+	return C.int(m)
 }
 
 // onl_arm arms n sockets (hs, each for the events in want; 0: none) to
@@ -448,6 +517,9 @@ func onl_close(h C.int) {
 		return
 	}
 	descs[h].Store(nil)
+	if sl := d.ID().Slot(); sl < len(bySlot) {
+		bySlot[sl].CompareAndSwap(int32(h), 0)
+	}
 	d.Close()
 	mu.Lock()
 	free = append(free, int32(h))

@@ -212,6 +212,106 @@ static void test_epoll(int s, int pr, int pw, int file)
 	close(ep);
 }
 
+/* epoll_report prints what an epoll_wait reported, its data sorted. */
+static int epoll_report(const char *what, int ep, int max, int timeout)
+{
+	struct epoll_event out[64];
+	int n = epoll_wait(ep, out, max, timeout);
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && out[j - 1].data.u64 > out[j].data.u64; j--) {
+			struct epoll_event t = out[j];
+			out[j] = out[j - 1];
+			out[j - 1] = t;
+		}
+	char buf[512];
+	int o = snprintf(buf, sizeof buf, "%s: %d:", what, n);
+	for (int i = 0; i < n && o < (int)sizeof buf - 8; i++)
+		o += snprintf(buf + o, sizeof buf - o, " %lu/%#x", (unsigned long)out[i].data.u64,
+			      out[i].events & ~(EPOLLRDNORM | EPOLLWRNORM));
+	say("%s", buf);
+	return n;
+}
+
+#define NMANY 40
+
+static int many[NMANY];
+
+static void *send_later(void *arg)
+{
+	usleep(100000);
+	send(many[(long)arg], "w", 1, 0);
+	return NULL;
+}
+
+/* test_epoll_many: one instance over many sockets, where the shim checks
+ * only those its stack says may have changed: each ready one reported,
+ * again while unread (level-triggered), all of them through a small
+ * maxevents, a socket that turns ready while the caller blocks, a
+ * write-space interest added later, and one socket in twice (dup). */
+static void test_epoll_many(void)
+{
+	int ep = epoll_create1(0);
+	for (int i = 0; i < NMANY; i++) {
+		many[i] = dial();
+		struct epoll_event e = {.events = EPOLLIN, .data.u64 = i};
+		if (epoll_ctl(ep, EPOLL_CTL_ADD, many[i], &e) < 0)
+			die("epoll_ctl many");
+	}
+	epoll_report("many idle", ep, 64, 0);
+	int some[] = {5, 17, 33};
+	for (int i = 0; i < 3; i++)
+		send(many[some[i]], "m", 1, 0);
+	for (int i = 0; i < 3; i++)
+		wait_readable(many[some[i]]);
+	/* Without waiting: what is ready now is reported now. */
+	epoll_report("many: three ready", ep, 64, 0);
+	epoll_report("many: still ready, unread", ep, 64, 0);
+	/* Two at a time: the third comes in the second call. */
+	struct epoll_event out[2];
+	int seen[NMANY] = {0}, n1 = epoll_wait(ep, out, 2, 0);
+	for (int i = 0; i < n1; i++)
+		seen[out[i].data.u64] = 1;
+	int n2 = epoll_wait(ep, out, 2, 0);
+	for (int i = 0; i < n2; i++)
+		seen[out[i].data.u64] = 1;
+	int nseen = 0;
+	for (int i = 0; i < NMANY; i++)
+		nseen += seen[i];
+	say("many: two calls of maxevents 2: %d and %d, %d distinct", n1, n2, nseen);
+	drain(many[17]);
+	epoll_report("many: one read", ep, 64, 0);
+	drain(many[5]);
+	drain(many[33]);
+	epoll_report("many: all read", ep, 64, 0);
+	/* Data that comes while the caller blocks. */
+	pthread_t th;
+	pthread_create(&th, NULL, send_later, (void *)29L);
+	epoll_report("many: woken by a socket", ep, 64, 5000);
+	pthread_join(th, NULL);
+	wait_readable(many[29]);
+	drain(many[29]);
+	epoll_report("many: read again", ep, 64, 0);
+	/* Write space, asked for later. */
+	struct epoll_event e = {.events = EPOLLIN | EPOLLOUT, .data.u64 = 11};
+	check("many: mod for write", epoll_ctl(ep, EPOLL_CTL_MOD, many[11], &e));
+	epoll_report("many: writable", ep, 64, 1000);
+	e.events = EPOLLIN;
+	epoll_ctl(ep, EPOLL_CTL_MOD, many[11], &e);
+	/* The same socket through two fds. */
+	int d = dup(many[3]);
+	e = (struct epoll_event){.events = EPOLLIN, .data.u64 = 100};
+	check("many: add a dup", epoll_ctl(ep, EPOLL_CTL_ADD, d, &e));
+	send(many[3], "d", 1, 0);
+	wait_readable(many[3]);
+	epoll_report("many: both fds of one socket", ep, 64, 0);
+	drain(many[3]);
+	close(d);
+	epoll_report("many: dup closed, read", ep, 64, 0);
+	close(ep);
+	for (int i = 0; i < NMANY; i++)
+		close(many[i]);
+}
+
 static void test_nonblocking(int s)
 {
 	int fl = fcntl(s, F_GETFL);
@@ -539,6 +639,7 @@ int main(int argc, char **argv)
 	test_poll(s, pp[0], pp[1], ev, file);
 	test_select(s, pp[0], pp[1], ev);
 	test_epoll(s, pp[0], pp[1], file);
+	test_epoll_many();
 	test_nonblocking(s);
 	test_dup(s, pp[0], pp[1]);
 	test_names(s);
