@@ -141,7 +141,7 @@ static struct {
 	long (*send)(int, const void *, size_t, int);
 	void (*kick)(void);
 	void (*events)(int *, int *, unsigned *, int, int);
-	int (*ready)(int *, int *, unsigned *, int, int, unsigned *, int);
+	int (*ready)(int *, int *, unsigned *, int, int, unsigned *, int *);
 	int (*arm)(int *, int *, int *, unsigned *, int, int, int);
 	void (*disarm)(int *, int, int, int);
 	int (*irq_fd)(void);
@@ -2424,8 +2424,12 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		errno = EINVAL;
 		return -1;
 	}
-	struct wait w;
-	wait_begin(&w, timeout_ns);
+	/* The first check kicks what sends left and polls (unless another
+	 * thread is in the stack), in the one call into the core a busy
+	 * server's epoll_wait makes; only if it finds nothing does the
+	 * thread claim the spin slot and spin (wait_begin's work, put off). */
+	struct wait w = {.deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns};
+	int spin_tried = timeout_ns == 0 || spin_ns <= 0, spin_try = 0;
 	int ret;
 	/* Scratch for the members' handles, events, wants and edge counts:
 	 * grown, not allocated again for every check of a spin. */
@@ -2465,7 +2469,22 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		 * its own instance) need the table meanwhile. What the members
 		 * were is checked after: a change since (epoll_ctl, close) asks
 		 * again, and reads the log again from where it was. */
-		int m = CORE(core.ready(hs, evs, edges, k0, logroom, &seq, w.spinning));
+		int fl = w.spinning ? ONL_READY_POLL : ONL_READY_TRY_POLL;
+		if (kick_owed) {
+			kick_owed = 0;
+			fl |= ONL_READY_KICK;
+		}
+		if (spin_try)
+			fl |= ONL_READY_TRY_SPIN;
+		int m = CORE(core.ready(hs, evs, edges, k0, logroom, &seq, &fl));
+		if (spin_try) {
+			spin_try = 0;
+			spin_tried = 1;
+			if (fl & ONL_READY_SPINNING) {
+				w.spinning = 1;
+				w.spin_end = now_ns() + spin_ns;
+			}
+		}
 		if (m < 0) {
 			pthread_mutex_lock(&mu);
 			if (ee->ep == ep && ep)
@@ -2517,6 +2536,10 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		if (k > 0 || wait_over(&w, &now)) {
 			ret = k;
 			break;
+		}
+		if (!spin_tried) {
+			spin_try = 1;
+			continue;
 		}
 		if (!full && !(w.spinning && now < w.spin_end)) {
 			blocking = 1; /* check all before blocking */

@@ -68,6 +68,16 @@ func (s *Stack) Poll() bool {
 	return true
 }
 
+// TryPoll polls the stack once unless another thread is in it (which
+// then polls before it lets go): a caller's look before it waits, that
+// does not queue behind a spinner.
+func (s *Stack) TryPoll() {
+	if s.enter() {
+		s.st.TryPoll()
+		s.leave()
+	}
+}
+
 // TrySpin claims the stack's one spin slot (see interrupts.Sleeper): a
 // caller that gets it polls while it waits, and gives it back with
 // EndSpin; one that does not blocks at once (the spinner's polls wake it).

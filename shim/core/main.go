@@ -307,13 +307,29 @@ func onl_events(hs *C.int, evs *C.int, edges *C.uint, n C.int, poll C.int) {
 // hs holds every member, and *seq only moves to the head (first, so that
 // what changes during the check is logged after it).
 //
+// Before it looks it does what *flags asks (ONL_READY_*: a kick, a poll,
+// a claim of the spin slot), so that a busy caller's epoll_wait is one
+// call into the core; *flags then says whether the caller holds the spin
+// slot.
+//
 //export onl_ready
-func onl_ready(hs, evs *C.int, edges *C.uint, n, room C.int, seq *C.uint, poll C.int) C.int {
+func onl_ready(hs, evs *C.int, edges *C.uint, n, room C.int, seq *C.uint, flags *C.int) C.int {
 	if stk == nil {
 		return -1
 	}
-	if poll != 0 {
+	fl := *flags
+	if fl&C.ONL_READY_KICK != 0 {
+		stk.KickHeld()
+	}
+	*flags = 0
+	if fl&C.ONL_READY_TRY_SPIN != 0 && stk.TrySpin() {
+		*flags = C.ONL_READY_SPINNING
+		fl |= C.ONL_READY_POLL
+	}
+	if fl&C.ONL_READY_POLL != 0 {
 		stk.Poll()
+	} else if fl&C.ONL_READY_TRY_POLL != 0 {
+		stk.TryPoll()
 	}
 	q := (*uint32)(unsafe.Pointer(seq))
 	m := int(n)
