@@ -2073,6 +2073,7 @@ struct ep {
 	uint8_t full;	  /* check every member at the next call */
 	uint8_t multi;	  /* a socket is in twice (dup'd fds): check all, always */
 	unsigned round;	  /* counts checks (epi.stamp) */
+	int64_t kernel_at; /* when the kernel's set is due a look (ep_kernel_due) */
 	int *hidx, nhidx; /* by handle: its member's index + 1 (0: none) */
 	int *pend, npend; /* handles to check at the next call; room for cap */
 	struct epi items[];
@@ -2084,6 +2085,22 @@ static int ep_log_room(const struct ep *ep)
 {
 	int r = 2 * ep->n + 64;
 	return r < 2048 ? r : 2048;
+}
+
+/* ep_kernel_due says whether a check that found accelerated members ready
+ * also looks at the kernel's set (a system call): at most every
+ * EP_KERNEL_NS, as Onload's EF_POLL_NONBLOCK_FAST_USEC, so that a busy
+ * server's loop is not a system call a turn, and its kernel fds (a
+ * listener's kernel half, a pipe) wait that long at most. A check that
+ * found none always looks. */
+#define EP_KERNEL_NS 100000
+static int ep_kernel_due(struct ep *ep)
+{
+	int64_t now = now_ns();
+	if (now < __atomic_load_n(&ep->kernel_at, __ATOMIC_RELAXED))
+		return 0;
+	__atomic_store_n(&ep->kernel_at, now + EP_KERNEL_NS, __ATOMIC_RELAXED);
+	return 1;
 }
 
 static struct ep *ep_of(int epfd)
@@ -2511,7 +2528,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			ep->seq = seq;
 		}
 		pthread_mutex_unlock(&mu);
-		if (k < max) {
+		if (k < max && (k == 0 || ep_kernel_due(ep))) {
 			int r;
 			while ((r = real_epoll_wait(epfd, out + k, max - k, 0)) < 0 && errno == EINTR)
 				;
