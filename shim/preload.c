@@ -2087,17 +2087,19 @@ static int ep_log_room(const struct ep *ep)
 	return r < 2048 ? r : 2048;
 }
 
-/* ep_kernel_due says whether a check that found accelerated members ready
- * also looks at the kernel's set (a system call): at most every
- * EP_KERNEL_NS, as Onload's EF_POLL_NONBLOCK_FAST_USEC, so that a busy
- * server's loop is not a system call a turn, and its kernel fds (a
- * listener's kernel half, a pipe) wait that long at most. A check that
- * found none always looks. */
+/* ep_kernel_due says whether a check that found accelerated members ready,
+ * or one of a spin, also looks at the kernel's set (a system call): at
+ * most every EP_KERNEL_NS, as Onload's EF_POLL_NONBLOCK_FAST_USEC, so that
+ * a busy server's loop, or a spin, is not a system call a turn, and its
+ * kernel fds (a listener's kernel half, a pipe) wait that long at most.
+ * Near the caller's deadline it always looks, and so does a check that
+ * is not spinning and found nothing. */
 #define EP_KERNEL_NS 100000
-static int ep_kernel_due(struct ep *ep)
+static int ep_kernel_due(struct ep *ep, int64_t deadline)
 {
 	int64_t now = now_ns();
-	if (now < __atomic_load_n(&ep->kernel_at, __ATOMIC_RELAXED))
+	if (now < __atomic_load_n(&ep->kernel_at, __ATOMIC_RELAXED) &&
+	    (deadline < 0 || deadline - now > EP_KERNEL_NS))
 		return 0;
 	__atomic_store_n(&ep->kernel_at, now + EP_KERNEL_NS, __ATOMIC_RELAXED);
 	return 1;
@@ -2528,7 +2530,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			ep->seq = seq;
 		}
 		pthread_mutex_unlock(&mu);
-		if (k < max && (k == 0 || ep_kernel_due(ep))) {
+		if (k < max && ((k == 0 && (!w.spinning || blocking)) || !ep || ep_kernel_due(ep, w.deadline))) {
 			int r;
 			while ((r = real_epoll_wait(epfd, out + k, max - k, 0)) < 0 && errno == EINTR)
 				;
