@@ -2095,13 +2095,12 @@ static int ep_log_room(const struct ep *ep)
  * Near the caller's deadline it always looks, and so does a check that
  * is not spinning and found nothing. */
 #define EP_KERNEL_NS 100000
-static int ep_kernel_due(struct ep *ep, int64_t deadline)
+static int ep_kernel_due(struct ep *ep, int64_t deadline) /* under mu */
 {
 	int64_t now = now_ns();
-	if (now < __atomic_load_n(&ep->kernel_at, __ATOMIC_RELAXED) &&
-	    (deadline < 0 || deadline - now > EP_KERNEL_NS))
+	if (now < ep->kernel_at && (deadline < 0 || deadline - now > EP_KERNEL_NS))
 		return 0;
-	__atomic_store_n(&ep->kernel_at, now + EP_KERNEL_NS, __ATOMIC_RELAXED);
+	ep->kernel_at = now + EP_KERNEL_NS;
 	return 1;
 }
 
@@ -2518,9 +2517,10 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			pthread_mutex_unlock(&mu);
 			continue;
 		}
-		int k = 0;
+		int k = 0, kernel = 1;
 		if (ep) {
 			k = ep_collect(ep, full, out, max, hs, evs, want, edges, m, later);
+			kernel = k < max && ((k == 0 && (!w.spinning || blocking)) || ep_kernel_due(ep, w.deadline));
 			/* Another thread waiting on the instance read the log
 			 * meanwhile: what it took is not in this check. */
 			if (ep->seq != seq0)
@@ -2530,7 +2530,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			ep->seq = seq;
 		}
 		pthread_mutex_unlock(&mu);
-		if (k < max && ((k == 0 && (!w.spinning || blocking)) || !ep || ep_kernel_due(ep, w.deadline))) {
+		if (kernel && k < max) {
 			int r;
 			while ((r = real_epoll_wait(epfd, out + k, max - k, 0)) < 0 && errno == EINTR)
 				;
