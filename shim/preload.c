@@ -143,6 +143,8 @@ static struct {
 	void (*events)(int *, int *, unsigned *, int, int);
 	int (*ready)(int *, int *, unsigned *, int, int, unsigned *, int *);
 	int (*arm)(int *, int *, int *, unsigned *, int, int, int);
+	int (*arm_ready)(int, unsigned, int);
+	void (*disarm_ready)(int, int);
 	void (*disarm)(int *, int, int, int);
 	int (*irq_fd)(void);
 	int (*remote_fd)(void);
@@ -253,7 +255,7 @@ static int load_core(void)
 	int ok = lib != NULL;
 #define SYM(name) do { if (ok && !(*(void **)&core.name = dlsym(lib, "onl_" #name))) ok = 0; } while (0)
 	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send); SYM(kick);
-	SYM(events); SYM(ready); SYM(arm); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(thread); SYM(spin_ns); SYM(try_spin);
+	SYM(events); SYM(ready); SYM(arm); SYM(arm_ready); SYM(disarm_ready); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(thread); SYM(spin_ns); SYM(try_spin);
 	SYM(end_spin); SYM(close); SYM(shutdown);
 	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
 	SYM(handover_info); SYM(handover); SYM(handed_over);
@@ -762,10 +764,16 @@ static int wait_over(struct wait *w, int64_t *now)
 	return w->deadline >= 0 && *now >= w->deadline;
 }
 
+/* log_wait_off: the stack cannot wake a thread at its ready log's next
+ * entry (it is shared with other processes): epoll arms each member. */
+static int log_wait_off;
+
 /* wait_block spins on (returns at once) or blocks: it arms the k
- * sockets hs for want and polls p[0..np-1] with the thread's eventfd in
- * p[np] (and the stack's interrupt fd in p[np+1]) until either side is
- * ready, the deadline or a signal. 0: check again; -1 with errno.
+ * sockets hs for want (or, if logseq is set, the stack's ready log from
+ * that position: onl_arm_ready) and polls p[0..np-1] with the thread's
+ * eventfd in p[np] (and the stack's interrupt fd in p[np+1]) until
+ * either side is ready, the deadline or a signal. 0: check again; -1
+ * with errno.
  *
  * The thread waits on the stack's interrupt itself, as a thread blocked
  * on a kernel socket is woken by the kernel at a packet's arrival: the
@@ -777,7 +785,7 @@ static int wait_over(struct wait *w, int64_t *now)
  * this is one. The eventfd still wakes the thread when another thread
  * or process polls the stack and makes one of its sockets ready. */
 static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsigned *edges, int k,
-		      struct pollfd *p, int np, int epfd, int conns, const sigset_t *mask)
+		      const unsigned *logseq, struct pollfd *p, int np, int epfd, int conns, const sigset_t *mask)
 {
 	if (w->spinning && now < w->spin_end)
 		return 0;
@@ -791,8 +799,16 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 	/* epoll_pwait2 (glibc 2.35) takes the deadline to the nanosecond;
 	 * without it, ppoll. */
 	int tep = direct && epfd >= 0 && real_epoll_pwait2 ? thread_ep(epfd) : -1;
-	if (CORE(core.arm(hs, want, evs, edges, k, efd, direct ? ONL_PARK_DIRECT : ONL_PARK)) > 0)
+	int park = direct ? ONL_PARK_DIRECT : ONL_PARK;
+	if (logseq) {
+		int a = CORE(core.arm_ready(efd, *logseq, park));
+		if (a < 0)
+			log_wait_off = 1; /* check again, and arm each member */
+		if (a != 0)
+			return 0;
+	} else if (CORE(core.arm(hs, want, evs, edges, k, efd, park)) > 0) {
 		return 0;
+	}
 	struct timespec ts, *tsp = NULL;
 	if (w->deadline >= 0) {
 		int64_t left = w->deadline - now;
@@ -831,7 +847,10 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 	}
 	int saved = errno;
 	int unpark = !direct ? ONL_PARK : irq ? ONL_UNPARK_POLL : ONL_PARK_DIRECT;
-	CORE_VOID(core.disarm(hs, k, efd, unpark));
+	if (logseq)
+		CORE_VOID(core.disarm_ready(efd, unpark));
+	else
+		CORE_VOID(core.disarm(hs, k, efd, unpark));
 	if (remote) {
 		/* Another process's poll made ready sockets this process's
 		 * threads wait on: wake them (our own readiness the caller
@@ -941,7 +960,7 @@ static int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 			ret = ready;
 			break;
 		}
-		if (wait_block(&w, now, hs, want, evs, NULL, k, tmp, n, -1, conns, mask) < 0) {
+		if (wait_block(&w, now, hs, want, evs, NULL, k, NULL, tmp, n, -1, conns, mask) < 0) {
 			ret = -1;
 			break;
 		}
@@ -2079,6 +2098,12 @@ struct ep {
 	struct epi items[];
 };
 
+/* EP_LOG_WAIT: an instance of this many members or more blocks until the
+ * stack's ready log moves (any socket of the stack may have turned ready:
+ * onl_arm_ready) instead of arming each member, which costs more than the
+ * wake-ups for sockets not in it that the log's wait may bring. */
+#define EP_LOG_WAIT 128
+
 /* ep_log_room is how many of the ready log's entries a check takes: more
  * and it checks every member instead. */
 static int ep_log_room(const struct ep *ep)
@@ -2472,7 +2497,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		}
 		int *evs = hs + room, *want = evs + room, *later = want + room;
 		unsigned *edges = (unsigned *)(later + room);
-		int conns = 0, k0 = 0;
+		int conns = 0, k0 = 0, nmembers = ep ? ep->n : 0;
 		if (full && ep) {
 			conns = ep_members(ep, hs, want);
 			k0 = ep->n;
@@ -2560,13 +2585,22 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			spin_try = 1;
 			continue;
 		}
+		struct pollfd p[4] = {{.fd = epfd, .events = POLLIN}};
 		if (!full && !(w.spinning && now < w.spin_end)) {
-			blocking = 1; /* check all before blocking */
+			/* A set of many: wait for the stack's ready log to move
+			 * past this check, instead of arming every member. */
+			if (nmembers >= EP_LOG_WAIT && !log_wait_off) {
+				if (wait_block(&w, now, NULL, NULL, NULL, NULL, 0, &seq, p, 1, epfd, 1, mask) < 0) {
+					ret = -1;
+					break;
+				}
+				continue;
+			}
+			blocking = 1; /* check all before blocking, to arm them */
 			continue;
 		}
 		blocking = 0;
-		struct pollfd p[4] = {{.fd = epfd, .events = POLLIN}};
-		if (wait_block(&w, now, hs, want, evs, edges, k0, p, 1, epfd, conns, mask) < 0) {
+		if (wait_block(&w, now, hs, want, evs, edges, k0, NULL, p, 1, epfd, conns, mask) < 0) {
 			ret = -1;
 			break;
 		}

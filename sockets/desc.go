@@ -332,6 +332,30 @@ func (s *Stack) ReadyHead() uint32 {
 	return h
 }
 
+// ArmReady asks for eventfd efd to be written at the ready log's next
+// entry (stack.Stack.ArmReady), for a caller about to block until any of
+// many sockets may be ready, unless the log has moved past seq (its
+// position after its last check): then moved is true and nothing stays
+// asked. ok is false where the stack cannot (it is shared with other
+// processes): the caller arms its sockets (ArmAll). A closed stack says
+// moved, so that the caller looks again and finds its sockets closed.
+func (s *Stack) ArmReady(efd int32, seq uint32) (moved, ok bool) {
+	s.ready.watch(efd)
+	if !s.enter() {
+		s.ready.unwatch(efd)
+		return true, true
+	}
+	moved, ok = s.st.ArmReady(seq)
+	s.leave()
+	if moved || !ok {
+		s.ready.unwatch(efd)
+	}
+	return moved, ok
+}
+
+// DisarmReady takes back what ArmReady asked.
+func (s *Stack) DisarmReady(efd int32) { s.ready.unwatch(efd) }
+
 // ArmAll asks for eventfd efd to be written at the next change of the
 // state of any of ds (ds[i] for the events in want[i]; nil, or want 0:
 // skipped), under one taking of the lock, unless one of them is ready

@@ -40,7 +40,10 @@ type Stack struct {
 	stopShared func()
 	remoteFD   int // RemoteWakeFD
 
-	waits   []atomic.Pointer[waitq] // by socket slot
+	waits []atomic.Pointer[waitq] // by socket slot
+	// ready: the eventfds of threads blocked until the ready log's next
+	// entry (ArmReady), written by its wake-up.
+	ready   waitq
 	closing chan struct{}
 
 	inflight atomic.Int64 // calls into the engine now
@@ -94,7 +97,7 @@ func newStack(nic vnic.NIC, irq interrupts.Source, sc stack.Config, cfg Config, 
 		sc.Congestion = cfg.Congestion
 	}
 	s := &Stack{nic: nic, cfg: cfg, spin: cfg.Spin, addr: sc.Addr, closing: make(chan struct{}), remoteFD: -1}
-	opt.Wake = s.wake
+	opt.Wake, opt.ReadyWake = s.wake, s.readyWake
 	st, err := stack.New(nic, sc, opt)
 	if err != nil {
 		return nil, fmt.Errorf("new stack: %w", err)
@@ -113,7 +116,7 @@ func attachStack(img *stack.Image, nic vnic.NIC, irq interrupts.Source, cfg Conf
 		return nil, err
 	}
 	s := &Stack{nic: nic, cfg: cfg, spin: cfg.Spin, addr: addr, closing: make(chan struct{}), remoteFD: -1}
-	opt.Wake = s.wake
+	opt.Wake, opt.ReadyWake = s.wake, s.readyWake
 	st := stack.Attach(img, nic, opt)
 	if err := s.start(st, irq); err != nil {
 		return nil, err
@@ -140,6 +143,10 @@ func (s *Stack) Engine() *stack.Stack { return s.st }
 
 // Sleeper is the stack's interrupt policy, for inspection (its counters).
 func (s *Stack) Sleeper() *interrupts.Sleeper { return s.sl }
+
+// readyWake is the engine's ReadyWake callback: it runs under the stack
+// lock.
+func (s *Stack) readyWake() { s.ready.wake() }
 
 // wake is the engine's Wake callback: it runs under the stack lock.
 func (s *Stack) wake(id stack.SockID) {

@@ -19,6 +19,10 @@ const readyLogLen = 2048
 // last entry, written since any reader last read, is not written again:
 // every reader that has yet to read that entry sees the change anyway.
 func (s *Stack) logReadyLocked(sk *sock) {
+	if s.readyArmed {
+		s.readyArmed = false
+		s.readyWake()
+	}
 	h := s.img.hdr
 	slot := s.slotOf(sk)
 	if h.readySeq != h.readyRead && h.readyLog[(h.readySeq-1)%readyLogLen] == slot {
@@ -61,4 +65,25 @@ func (s *Stack) ReadyHead() uint32 {
 	h := s.img.hdr
 	h.readyRead = h.readySeq // what is logged from now on, this reader reads
 	return h.readySeq
+}
+
+// ArmReady asks for Options.ReadyWake at the ready log's next entry, for a
+// caller about to block until any socket it watches may be ready (where
+// arming each of many sockets would cost more than a spurious wake-up):
+// moved is true, and nothing asked, if the log has moved past seq (the
+// caller's position after its last check, from ReadySince or ReadyHead).
+// Only this process's polls call ReadyWake: on a stack shared with other
+// processes (JoinWakes) ok is false, and the caller arms its sockets
+// (WaitForAll).
+func (s *Stack) ArmReady(seq uint32) (moved, ok bool) {
+	s.lock()
+	defer s.unlock()
+	if s.proc != 0 || s.readyWake == nil {
+		return false, false
+	}
+	if s.img.hdr.readySeq != seq {
+		return true, true
+	}
+	s.readyArmed = true
+	return false, true
 }

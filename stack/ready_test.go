@@ -1,6 +1,8 @@
 package stack_test
 
 import (
+	"net"
+	"net/netip"
 	"slices"
 	"syscall"
 	"testing"
@@ -20,6 +22,17 @@ func readSlots(t *testing.T, st *stack.Stack, seq *uint32, n int) []uint32 {
 		t.Fatalf("ReadySince: check everything, want the log")
 	}
 	return slots[:k]
+}
+
+// sendArrive sends what on a's socket c and polls until a segment has
+// come in at b.
+func sendArrive(t *testing.T, a *stack.Stack, c stack.SockID, b *stack.Stack, poll func(), what string) {
+	t.Helper()
+	before := b.Counters().RxTCP
+	if _, err := a.Send(c, []byte(what)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, what, 5*time.Second, poll, func() bool { return b.Counters().RxTCP > before })
 }
 
 func hasSlot(slots []uint32, id stack.SockID) bool {
@@ -44,14 +57,7 @@ func TestReadyLog(t *testing.T) {
 	if got := readSlots(t, b, &seq, 64); len(got) != 0 {
 		t.Fatalf("nothing happened, the log names %v", got)
 	}
-	arrive := func(what string) {
-		t.Helper()
-		before := b.Counters().RxTCP
-		if _, err := a.Send(c, []byte(what)); err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, what, 5*time.Second, poll, func() bool { return b.Counters().RxTCP > before })
-	}
+	arrive := func(what string) { t.Helper(); sendArrive(t, a, c, b, poll, what) }
 	arrive("one")
 	if got := readSlots(t, b, &seq, 64); !hasSlot(got, s) {
 		t.Fatalf("data arrived, the log names %v, not the socket's slot %d", got, s.Slot())
@@ -89,5 +95,48 @@ func TestReadyLog(t *testing.T) {
 	}
 	if stale != seq {
 		t.Fatalf("after a full check the reader is at %d, want the head %d", stale, seq)
+	}
+}
+
+// TestArmReady checks the wait on the ready log: armed at the reader's
+// position, the next entry calls ReadyWake once; a position the log has
+// moved past says so at once and arms nothing.
+func TestArmReady(t *testing.T) {
+	a, na, nb := memPair(t, vnic.MemConfig{})
+	wakes := 0
+	b, err := stack.New(nb, stack.Config{Addr: addrB, MAC: nb.Info().MAC}, stack.Options{
+		Neighbours: map[netip.Addr]net.HardwareAddr{addrA.Addr(): na.Info().MAC},
+		ReadyWake:  func() { wakes++ },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy() })
+	poll := pollBoth(a, b)
+	c, _ := connectPair(t, a, b, poll)
+
+	seq := b.ReadyHead()
+	if moved, ok := b.ArmReady(seq); moved || !ok {
+		t.Fatalf("ArmReady at the head: moved %v ok %v, want an armed wait", moved, ok)
+	}
+	poll()
+	if wakes != 0 {
+		t.Fatalf("nothing happened, and ReadyWake was called %d times", wakes)
+	}
+	send := func(what string) { t.Helper(); sendArrive(t, a, c, b, poll, what) }
+	send("one")
+	if wakes != 1 {
+		t.Fatalf("data arrived on an armed wait: ReadyWake called %d times, want 1", wakes)
+	}
+	send("two")
+	if wakes != 1 {
+		t.Fatalf("data again, not armed again: ReadyWake called %d times, want still 1", wakes)
+	}
+	if moved, ok := b.ArmReady(seq); !moved || !ok {
+		t.Fatalf("ArmReady at a position the log has passed: moved %v ok %v, want moved", moved, ok)
+	}
+	send("three")
+	if wakes != 1 {
+		t.Fatalf("ArmReady said moved but armed the wait: ReadyWake called %d times", wakes)
 	}
 }

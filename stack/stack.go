@@ -93,8 +93,12 @@ type Stack struct {
 	looped  atomic.Int32  // len(loop), for idle
 	expired []timers.ID
 
-	wake  func(SockID) // Options.Wake
-	woken int          // sleepers woken since TryPoll began
+	wake func(SockID) // Options.Wake
+	// readyWake is Options.ReadyWake, owed at the ready log's next entry
+	// while readyArmed (ArmReady; under the lock).
+	readyWake  func()
+	readyArmed bool
+	woken      int // sleepers woken since TryPoll began
 
 	polledAt atomic.Int64 // see PolledAt
 	watcher  bool         // onloadd's handle: its polls are not the process's (SetWatcher)
@@ -114,6 +118,10 @@ type Options struct {
 	// changed while a thread waited on it (WaitFor). It must not block or
 	// call into the stack.
 	Wake func(SockID)
+	// ReadyWake is called, with the stack lock held, at the ready log's
+	// first entry after a caller asked for it (ArmReady). It must not
+	// block or call into the stack.
+	ReadyWake func()
 	// Overflow, if set, is called with the stack lock held when the
 	// socket table fills with live connections (true: nearly full) and
 	// when it has room again (false): while it is full, the steering
@@ -178,7 +186,7 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 		maxMTU: frameMTU(nic),
 		rx:     make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
 		loop: make([]vnic.Handle, 0, maxLoop), loopIn: make([]vnic.Handle, 0, maxLoop),
-		expired: make([]timers.ID, 64), wake: opt.Wake, wakes: wakeSockets{own: -1},
+		expired: make([]timers.ID, 64), wake: opt.Wake, readyWake: opt.ReadyWake, wakes: wakeSockets{own: -1},
 	}
 	st.wakes.send.Store(-1)
 	return st

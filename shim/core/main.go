@@ -395,14 +395,68 @@ func onl_arm(hs, want, evs *C.int, edges *C.uint, n C.int, efd C.int, park C.int
 	b.out(evs)
 	b.free()
 	if ready == 0 {
-		switch park {
-		case C.ONL_PARK:
-			stk.Park()
-		case C.ONL_PARK_DIRECT:
-			stk.ParkDirect()
-		}
+		parkAs(park)
 	}
 	return C.int(ready)
+}
+
+// parkAs parks the caller (ONL_PARK_*: onl_arm).
+func parkAs(park C.int) {
+	switch park {
+	case C.ONL_PARK:
+		stk.Park()
+	case C.ONL_PARK_DIRECT:
+		stk.ParkDirect()
+	}
+}
+
+// unparkAs is onl_disarm's unpark.
+func unparkAs(unpark C.int) {
+	switch unpark {
+	case C.ONL_PARK:
+		stk.Unpark()
+	case C.ONL_PARK_DIRECT:
+		stk.UnparkDirect()
+	case C.ONL_UNPARK_POLL:
+		stk.UnparkDirect()
+		stk.Poll()
+	}
+}
+
+// onl_arm_ready is onl_arm for an epoll instance of many members: it asks
+// for eventfd efd to be written at the stack's ready log's next entry
+// (sockets.Stack.ArmReady) instead of arming each member. It returns 1 if
+// the log has moved past seq (the instance's position: look again), 0 if
+// armed (the caller parks as park says and blocks; onl_disarm_ready
+// after), or -1 if the stack cannot (it is shared with other processes):
+// the caller arms its members (onl_arm).
+//
+//export onl_arm_ready
+func onl_arm_ready(efd C.int, seq C.uint, park C.int) C.int {
+	if stk == nil {
+		return -1
+	}
+	moved, ok := stk.ArmReady(int32(efd), uint32(seq))
+	switch {
+	case !ok:
+		return -1
+	case moved:
+		return 1
+	}
+	parkAs(park)
+	return 0
+}
+
+// onl_disarm_ready takes back what onl_arm_ready asked (unpark as in
+// onl_disarm).
+//
+//export onl_disarm_ready
+func onl_disarm_ready(efd C.int, unpark C.int) {
+	if stk == nil {
+		return
+	}
+	unparkAs(unpark)
+	stk.DisarmReady(int32(efd))
 }
 
 // onl_disarm takes back what onl_arm asked, for a caller that woke
@@ -414,15 +468,7 @@ func onl_disarm(hs *C.int, n C.int, efd C.int, unpark C.int) {
 	if stk == nil {
 		return
 	}
-	switch unpark {
-	case C.ONL_PARK:
-		stk.Unpark()
-	case C.ONL_PARK_DIRECT:
-		stk.UnparkDirect()
-	case C.ONL_UNPARK_POLL:
-		stk.UnparkDirect()
-		stk.Poll()
-	}
+	unparkAs(unpark)
 	b := newBatch(hs, int(n))
 	stk.DisarmAll(b.ds, int32(efd))
 	b.free()

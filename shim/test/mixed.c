@@ -232,7 +232,7 @@ static int epoll_report(const char *what, int ep, int max, int timeout)
 	return n;
 }
 
-#define NMANY 40
+#define NMANY 130
 
 static int many[NMANY];
 
@@ -243,8 +243,10 @@ static void *send_later(void *arg)
 	return NULL;
 }
 
-/* test_epoll_many: one instance over many sockets, where the shim checks
- * only those its stack says may have changed: each ready one reported,
+/* test_epoll_many: one instance over many sockets (more than the shim's
+ * EP_LOG_WAIT, so that it blocks on its stack's ready log rather than on
+ * each socket), where the shim checks only those its stack says may have
+ * changed: each ready one reported,
  * again while unread (level-triggered), all of them through a small
  * maxevents, a socket that turns ready while the caller blocks, a
  * write-space interest added later, and one socket in twice (dup). */
