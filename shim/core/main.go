@@ -314,8 +314,10 @@ func onl_events(hs *C.int, evs *C.int, edges *C.uint, n C.int, poll C.int) {
 //
 //export onl_ready
 func onl_ready(hs, evs *C.int, edges *C.uint, n, room C.int, seq *C.uint, flags *C.int) C.int {
-	if stk == nil {
-		return -1
+	if stk == nil { // no stack, so no socket of ours: nothing is ready
+		clear(unsafe.Slice(evs, int(n)))
+		*flags = 0
+		return n
 	}
 	fl := *flags
 	if fl&C.ONL_READY_KICK != 0 {
