@@ -239,6 +239,12 @@ var batches = sync.Pool{New: func() any { return new(batch) }}
 
 func newBatch(hs *C.int, n int) *batch {
 	b := batches.Get().(*batch)
+	b.fill(hs, n)
+	return b
+}
+
+// fill makes b the view of the n handles hs.
+func (b *batch) fill(hs *C.int, n int) {
 	if cap(b.ds) < n {
 		c := max(n, 64)
 		b.ds, b.ids = make([]*sockets.Desc, c), make([]stack.SockID, c)
@@ -249,7 +255,6 @@ func newBatch(hs *C.int, n int) *batch {
 	for i, h := range unsafe.Slice(hs, n) {
 		b.ds[i] = get(h)
 	}
-	return b
 }
 
 func (b *batch) free() {
@@ -283,6 +288,13 @@ func onl_events(hs *C.int, evs *C.int, edges *C.uint, n C.int, poll C.int) {
 		stk.Poll()
 	}
 	b := newBatch(hs, int(n))
+	b.events(evs, edges)
+	b.free()
+}
+
+// events reports the readiness of b's sockets into evs, and their edge
+// counts into edges unless it is NULL (onl_events).
+func (b *batch) events(evs *C.int, edges *C.uint) {
 	var eb []uint32
 	if edges != nil {
 		eb = b.edges
@@ -290,9 +302,8 @@ func onl_events(hs *C.int, evs *C.int, edges *C.uint, n C.int, poll C.int) {
 	stk.EventsOf(b.ds, b.ids, b.evs, eb)
 	b.out(evs)
 	if edges != nil {
-		copy(unsafe.Slice((*uint32)(unsafe.Pointer(edges)), int(n)), eb)
+		copy(unsafe.Slice((*uint32)(unsafe.Pointer(edges)), len(eb)), eb)
 	}
-	b.free()
 }
 
 // onl_ready is onl_events for an epoll instance that checks only some of
@@ -335,10 +346,10 @@ func onl_ready(hs, evs *C.int, edges *C.uint, n, room C.int, seq *C.uint, flags 
 	}
 	q := (*uint32)(unsafe.Pointer(seq))
 	m := int(n)
+	b := batches.Get().(*batch)
 	if room < 0 {
 		*q = stk.ReadyHead()
 	} else {
-		b := batches.Get().(*batch)
 		if cap(b.slots) < int(room) {
 			b.slots = make([]uint32, max(int(room), 256))
 		}
@@ -359,12 +370,9 @@ func onl_ready(hs, evs *C.int, edges *C.uint, n, room C.int, seq *C.uint, flags 
 				m++
 			}
 		}
-		batches.Put(b)
 	}
-	b := newBatch(hs, m)
-	stk.EventsOf(b.ds, b.ids, b.evs, b.edges)
-	b.out(evs)
-	copy(unsafe.Slice((*uint32)(unsafe.Pointer(edges)), m), b.edges)
+	b.fill(hs, m)
+	b.events(evs, edges)
 	b.free()
 	return C.int(m)
 }
