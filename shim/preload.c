@@ -1226,6 +1226,7 @@ static void copy_options(int fd, int h)
 {
 	static const struct { int level, name, opt; } opts[] = {
 		{IPPROTO_TCP, TCP_NODELAY, ONL_OPT_NODELAY},
+		{IPPROTO_TCP, TCP_CORK, ONL_OPT_CORK},
 		{SOL_SOCKET, SO_KEEPALIVE, ONL_OPT_KEEPALIVE},
 		{IPPROTO_TCP, TCP_KEEPIDLE, ONL_OPT_KEEPIDLE},
 		{IPPROTO_TCP, TCP_KEEPINTVL, ONL_OPT_KEEPINTVL},
@@ -1779,6 +1780,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 	if (level == IPPROTO_TCP) {
 		switch (name) {
 		case TCP_NODELAY: opt = ONL_OPT_NODELAY; break;
+		case TCP_CORK: opt = ONL_OPT_CORK; break;
 		case TCP_KEEPIDLE: opt = ONL_OPT_KEEPIDLE; break;
 		case TCP_KEEPINTVL: opt = ONL_OPT_KEEPINTVL; break;
 		case TCP_KEEPCNT: opt = ONL_OPT_KEEPCNT; break;
@@ -1799,7 +1801,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 		}
 	}
 	if (opt) {
-		if (opt == ONL_OPT_NODELAY || opt == ONL_OPT_KEEPALIVE)
+		if (opt == ONL_OPT_NODELAY || opt == ONL_OPT_CORK || opt == ONL_OPT_KEEPALIVE)
 			val = !!val;
 		int rr = CORE(core.setopt(e->h, opt, val));
 		if (rr < 0)

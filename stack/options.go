@@ -15,6 +15,7 @@ const (
 	ReuseAddr                     // SO_REUSEADDR: 0 or 1
 	Congestion                    // TCP_CONGESTION: CongestionCubic or CongestionReno
 	UserTimeout                   // TCP_USER_TIMEOUT (RFC 5482), milliseconds: 0 (off) to 2^31-1
+	Cork                          // TCP_CORK: 0 or 1
 )
 
 // SetOption sets a socket option; a value out of range is ErrInvalid.
@@ -41,9 +42,17 @@ func (s *Stack) SetOption(id SockID, opt Option, v int) error {
 		if err := flag(tfNoDelay); err != nil {
 			return err
 		}
-		if sk.kind == kindTCP {
-			s.tcpOutputLocked(sk) // what Nagle held goes now
-			s.flushLocked()
+		if v == 1 && sk.tflags&tfCork != 0 {
+			sk.tflags |= tfPush // Linux's TCP_NAGLE_PUSH: what the cork held goes once
+		}
+		s.pushLocked(sk) // what Nagle held goes now
+	case Cork:
+		if err := flag(tfCork); err != nil {
+			return err
+		}
+		if v == 0 {
+			sk.corkAt = 0
+			s.pushLocked(sk) // what the cork held goes now, as Nagle allows
 		}
 	case KeepAlive:
 		if err := flag(tfKeepAlive); err != nil {
@@ -106,6 +115,15 @@ func (s *Stack) SetOption(id SockID, opt Option, v int) error {
 	return nil
 }
 
+// pushLocked sends what the send queue holds, as far as the windows,
+// cork and Nagle allow.
+func (s *Stack) pushLocked(sk *sock) {
+	if sk.kind == kindTCP {
+		s.tcpOutputLocked(sk)
+		s.flushLocked()
+	}
+}
+
 // Option reads a socket option.
 func (s *Stack) Option(id SockID, opt Option) (int, error) {
 	s.lock()
@@ -123,6 +141,8 @@ func (s *Stack) Option(id SockID, opt Option) (int, error) {
 	switch opt {
 	case NoDelay:
 		return b(tfNoDelay), nil
+	case Cork:
+		return b(tfCork), nil
 	case KeepAlive:
 		return b(tfKeepAlive), nil
 	case KeepIdle:

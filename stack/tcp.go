@@ -63,6 +63,8 @@ const (
 	tfTLPOut                  // tail loss probes are out, unacknowledged (tlpCount of them)
 	tfFinLost                 // a timeout found our FIN unacknowledged: send it again after the data
 	tfHolding                 // HANDED-OVER: data segments are held for HandoverCatchUp
+	tfCork                    // TCP_CORK: partial segments wait for more data
+	tfPush                    // the next partial segment goes, whatever cork and Nagle say
 )
 
 // userClosed reports whether the user closed the socket (an unaccepted
@@ -176,6 +178,10 @@ type tcb struct {
 	// rcvNxt then) and the least round trip seen from echoed timestamps.
 	rcvSpaceAt, rcvRTT uint32
 	rcvSpaceSeq        seqnum.Value
+	// Nagle: the end of the last partial segment sent (Minshall's
+	// modification). TCP_CORK: when the held data goes anyway (0: none).
+	sndSml seqnum.Value
+	corkAt timers.Tick
 }
 
 // Congestion-avoidance states (Linux's names).
@@ -199,7 +205,11 @@ const (
 	timerRTO    = 0 // retransmission, SYN retries, persist (zero window)
 	timerDelAck = 1
 	timerTW     = 2 // TIME-WAIT, FIN-WAIT-2 for orphans, keepalive
+	timerCork   = 3 // TCP_CORK's ceiling
 )
+
+// corkCeiling is how long TCP_CORK holds data at most (tcp(7)).
+const corkCeiling = 200 * time.Millisecond
 
 func (s *Stack) sockTimer(sk *sock, n int) timers.ID {
 	return timers.ID(s.slotOf(sk)*timersPerSock + uint32(n))

@@ -159,7 +159,7 @@ func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segmen
 	child.rcvWS = rcvWSFor(s.rcvBufMax(child))
 	s.negotiateLocked(child, &g.opts)
 	child.iss = s.isnLocked(child)
-	child.sndUna = child.iss
+	child.sndUna, child.sndSml = child.iss, child.iss
 	child.sndNxt = child.iss.Add(1)
 	child.sndMax = child.sndNxt
 	child.sndWnd = uint32(g.wnd)
@@ -186,7 +186,7 @@ func (s *Stack) passiveChildLocked(l *sock, h vnic.Handle, p *ipPacket, g *segme
 	child.remoteAddr, child.remotePort = p.src, g.sport
 	copy(child.remoteMAC[:], frame[6:12]) // answer the way the segment came
 	child.flags = sfBound | sfConnected | sfRemoteMAC
-	child.tflags = tfPassive | tfOrphan | l.tflags&(tfNoDelay|tfKeepAlive|tfLinger0|tfReuseAddr)
+	child.tflags = tfPassive | tfOrphan | l.tflags&(tfNoDelay|tfCork|tfKeepAlive|tfLinger0|tfReuseAddr)
 	child.rcvBuf, child.sndBuf = l.rcvBuf, l.sndBuf
 	child.flags |= l.flags & (sfRcvBufSet | sfSndBufSet)
 	child.ccAlgo = l.ccAlgo
@@ -324,7 +324,7 @@ func (s *Stack) connectTCPLocked(sk *sock, remote netip.AddrPort) error {
 	sk.cwnd = initialCwnd * uint32(sk.mss)
 	sk.ssthresh = ^uint32(0)
 	sk.iss = s.isnLocked(sk)
-	sk.sndUna = sk.iss
+	sk.sndUna, sk.sndSml = sk.iss, sk.iss
 	sk.sndNxt = sk.iss.Add(1)
 	sk.sndMax = sk.sndNxt
 	sk.state = tcpSynSent

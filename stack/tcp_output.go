@@ -425,16 +425,18 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 			sk.cwndLimited = true
 			break
 		}
-		// Nagle (RFC 896, RFC 1122 4.2.3.4): a small segment waits while
-		// data is unacknowledged, unless it is the last before a FIN.
-		if n < int(sk.mss) && sk.tflags&tfNoDelay == 0 && sk.sndMax != sk.sndUna &&
-			!(sk.tflags&tfFinQueued != 0 && next == vnic.Null) {
+		if n < int(sk.mss) && s.holdPartialLocked(sk, next == vnic.Null) {
 			break
 		}
 		if sk.sndMax == sk.sndUna {
 			sk.progressAt = s.tsNow() // the user timeout counts from here
 		}
 		s.transmitSegLocked(sk, f, seq, n, 0)
+		if n < int(sk.mss) {
+			sk.sndSml = end
+			sk.tflags &^= tfPush
+			sk.corkAt = 0
+		}
 		sk.sndUnsent = next
 		sk.sndNxt = end
 		if sk.sndMax.LessThan(end) {
@@ -465,6 +467,27 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 	if sk.tflags&tfAckNow != 0 {
 		s.sendAckLocked(sk)
 	}
+}
+
+// holdPartialLocked decides whether a partial segment, the next unsent
+// one, waits for more data. A FIN after it pushes it, as Linux's
+// tcp_send_fin does, and so does tfPush. TCP_CORK holds it, for at most
+// corkCeiling (tcp(7)). Otherwise Nagle's algorithm (RFC 896, RFC 1122
+// 4.2.3.4) holds it, with Minshall's modification as Linux has it
+// (tcp_nagle_check): only while an earlier partial segment is
+// unacknowledged, so that a response's tail does not wait a round trip
+// behind its own full segments.
+func (s *Stack) holdPartialLocked(sk *sock, last bool) bool {
+	if sk.tflags&tfPush != 0 || sk.tflags&tfFinQueued != 0 && last {
+		return false
+	}
+	if sk.tflags&tfCork != 0 {
+		if sk.corkAt == 0 {
+			s.setLazyLocked(sk, timerCork, &sk.corkAt, s.nowTick()+s.ticks(corkCeiling))
+		}
+		return true
+	}
+	return sk.tflags&tfNoDelay == 0 && sk.sndUna.LessThan(sk.sndSml) && !sk.sndNxt.LessThan(sk.sndSml)
 }
 
 // sendFinLocked sends our FIN (RFC 9293 3.10.4) and moves to FIN-WAIT-1 or

@@ -128,6 +128,10 @@ func (s *Stack) tcpTimerLocked(sk *sock, n int) {
 		}
 	case timerTW:
 		s.twExpiredLocked(sk)
+	case timerCork:
+		if sk.tflags&tfCork != 0 && s.lazyDueLocked(sk, timerCork, &sk.corkAt) {
+			sk.tflags |= tfPush // tcpOutputLocked below sends what the cork held
+		}
 	}
 	if sk.kind == kindTCP {
 		s.tcpOutputLocked(sk)
@@ -297,7 +301,7 @@ func (s *Stack) enterTimeWaitLocked(sk *sock) {
 
 // cancelTimersLocked stops every timer of a socket.
 func (s *Stack) cancelTimersLocked(sk *sock) {
-	sk.rtoAt, sk.delAckAt = 0, 0
+	sk.rtoAt, sk.delAckAt, sk.corkAt = 0, 0, 0
 	for i := range timersPerSock {
 		s.img.wheel.Cancel(s.sockTimer(sk, i))
 	}

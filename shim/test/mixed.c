@@ -365,6 +365,33 @@ static void test_nonblocking(int s)
 	check("recv MSG_DONTWAIT", recv(s, buf, sizeof buf, MSG_DONTWAIT));
 }
 
+/* test_cork: TCP_CORK holds a partial segment, even with TCP_NODELAY
+ * set, until the cork comes out (nginx's tcp_nopush). */
+static void test_cork(int s)
+{
+	int one = 1, zero = 0, v = 0;
+	socklen_t l = sizeof v;
+	check("TCP_CORK on", setsockopt(s, IPPROTO_TCP, TCP_CORK, &one, sizeof one));
+	getsockopt(s, IPPROTO_TCP, TCP_CORK, &v, &l);
+	say("TCP_CORK reads: %d", v);
+	send(s, "co", 2, 0);
+	send(s, "rk", 2, 0);
+	struct pollfd p = {.fd = s, .events = POLLIN};
+	check("echo of corked data within 100 ms", poll(&p, 1, 100));
+	double t0 = now_ns();
+	check("TCP_CORK off", setsockopt(s, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero));
+	char buf[16];
+	size_t got = 0;
+	while (got < 4) {
+		wait_readable(s);
+		ssize_t n = recv(s, buf + got, sizeof buf - got, 0);
+		if (n <= 0)
+			die("recv");
+		got += n;
+	}
+	say("after uncorking: %.*s, within 100 ms: %d", (int)got, buf, now_ns() - t0 < 100e6);
+}
+
 static void test_dup(int s, int pr, int pw)
 {
 	int d = dup(s);
@@ -663,6 +690,7 @@ int main(int argc, char **argv)
 	test_epoll(s, pp[0], pp[1], file);
 	test_epoll_many(pp[0], pp[1]);
 	test_nonblocking(s);
+	test_cork(s);
 	test_dup(s, pp[0], pp[1]);
 	test_names(s);
 	test_signals(s);

@@ -1,0 +1,144 @@
+package stack_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/xdp-onload/onload/stack"
+	"github.com/xdp-onload/onload/vnic"
+)
+
+// sentHeld is what the send queue of (s, id) has sent and not seen
+// acknowledged, and what it holds unsent.
+func sentHeld(t *testing.T, s *stack.Stack, id stack.SockID) (sent, held uint32) {
+	t.Helper()
+	ti, err := s.TCPInfo(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ti.Unacked, ti.Queued - ti.Unacked
+}
+
+// mustSend queues all of b on (s, id).
+func mustSend(t *testing.T, s *stack.Stack, id stack.SockID, b []byte) {
+	t.Helper()
+	if n, err := s.Send(id, b); n != len(b) || err != nil {
+		t.Fatalf("send of %d bytes: %d, %v", len(b), n, err)
+	}
+}
+
+// recvAll reads what (s, id) has, polling with poll for up to d, until it
+// has want bytes; it returns how many arrived.
+func recvAll(s *stack.Stack, id stack.SockID, want int, d time.Duration, poll func()) int {
+	buf := make([]byte, 64<<10)
+	got := 0
+	for deadline := time.Now().Add(d); got < want && time.Now().Before(deadline); {
+		poll()
+		n, err := s.Recv(id, buf, false)
+		if err == nil {
+			got += n
+		} else if !errors.Is(err, stack.ErrWouldBlock) {
+			return got
+		}
+	}
+	return got
+}
+
+// TestCork checks TCP_CORK as tcp(7) has it: partial segments wait,
+// corked writes leave as one segment when the cork comes out, full
+// segments go at once, TCP_NODELAY pushes what is held once, and corked
+// data waits 200 ms at most.
+func TestCork(t *testing.T) {
+	a, b, _, _ := twoStacksNICs(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, srv := connectPair(t, a, b, poll)
+	if err := a.SetOption(c, stack.Cork, 2); !errors.Is(err, stack.ErrInvalid) {
+		t.Errorf("TCP_CORK 2: %v, want ErrInvalid", err)
+	}
+	if err := a.SetOption(c, stack.Cork, 1); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := a.Option(c, stack.Cork); v != 1 || err != nil {
+		t.Errorf("TCP_CORK reads %d, %v; want 1", v, err)
+	}
+
+	// An HTTP server's header and body: nothing leaves while corked.
+	frames := a.Counters().TxFrames
+	mustSend(t, a, c, make([]byte, 239))
+	mustSend(t, a, c, make([]byte, 1024))
+	if got := recvAll(b, srv, 1, 50*time.Millisecond, poll); got != 0 {
+		t.Fatalf("%d bytes arrived through the cork", got)
+	}
+	if sent, held := sentHeld(t, a, c); sent != 0 || held != 1263 {
+		t.Fatalf("corked: %d bytes sent, %d held; want 0 and 1263", sent, held)
+	}
+	// Out comes the cork: one segment, at once.
+	if err := a.SetOption(c, stack.Cork, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := a.Counters().TxFrames - frames; n != 1 {
+		t.Errorf("uncorking sent %d frames, want 1 (the writes in one segment)", n)
+	}
+	if got := recvAll(b, srv, 1263, 5*time.Second, poll); got != 1263 {
+		t.Fatalf("after uncorking %d of 1263 bytes arrived", got)
+	}
+
+	// Full segments go while corked; the partial tail waits.
+	waitFor(t, "the ACK", 5*time.Second, poll, func() bool { sent, _ := sentHeld(t, a, c); return sent == 0 })
+	ti, _ := a.TCPInfo(c)
+	mss := ti.MSS
+	a.SetOption(c, stack.Cork, 1)
+	mustSend(t, a, c, make([]byte, mss+100))
+	if sent, held := sentHeld(t, a, c); sent != uint32(mss) || held != 100 {
+		t.Errorf("corked, %d bytes: %d sent, %d held; want %d and 100", mss+100, sent, held, mss)
+	}
+	// TCP_NODELAY pushes what is held, once (Linux's TCP_NAGLE_PUSH).
+	a.SetOption(c, stack.NoDelay, 1)
+	if _, held := sentHeld(t, a, c); held != 0 {
+		t.Errorf("TCP_NODELAY left %d bytes held", held)
+	}
+	if got := recvAll(b, srv, mss+100, 5*time.Second, poll); got != mss+100 {
+		t.Fatalf("%d of %d bytes arrived", got, mss+100)
+	}
+	mustSend(t, a, c, make([]byte, 10))
+	if _, held := sentHeld(t, a, c); held != 10 {
+		t.Errorf("still corked after TCP_NODELAY, %d of 10 bytes held", held)
+	}
+
+	// The ceiling: held data goes within 200 ms, not much before.
+	start := time.Now()
+	if got := recvAll(b, srv, 10, 100*time.Millisecond, poll); got != 0 {
+		t.Fatalf("corked data arrived after %v", time.Since(start))
+	}
+	if got := recvAll(b, srv, 10, 2*time.Second, poll); got != 10 {
+		t.Fatalf("corked data not sent in 2 s")
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("corked data waited %v, want about 200 ms", d)
+	}
+}
+
+// TestNagleMinshall checks Nagle's algorithm as Linux has it: a partial
+// segment waits only while an earlier partial one is unacknowledged, so
+// that a reply's tail leaves with its full segments.
+func TestNagleMinshall(t *testing.T) {
+	a, b, _, _ := twoStacksNICs(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, srv := connectPair(t, a, b, poll)
+	ti, _ := a.TCPInfo(c)
+	mss := ti.MSS
+	// Full segments in flight do not hold the tail.
+	mustSend(t, a, c, make([]byte, 2*mss+100))
+	if sent, held := sentHeld(t, a, c); held != 0 || sent != uint32(2*mss+100) {
+		t.Errorf("%d bytes: %d sent, %d held; want all sent", 2*mss+100, sent, held)
+	}
+	// A partial segment in flight holds the next one until its ACK.
+	mustSend(t, a, c, make([]byte, 50))
+	if _, held := sentHeld(t, a, c); held != 50 {
+		t.Errorf("a second small write went with the first unacknowledged (%d held, want 50)", held)
+	}
+	if got := recvAll(b, srv, 2*mss+150, 5*time.Second, poll); got != 2*mss+150 {
+		t.Fatalf("%d of %d bytes arrived", got, 2*mss+150)
+	}
+}
