@@ -470,15 +470,17 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 }
 
 // holdPartialLocked decides whether a partial segment, the next unsent
-// one, waits for more data. A FIN after it pushes it, as Linux's
-// tcp_send_fin does, and so does tfPush. TCP_CORK holds it, for at most
+// one, waits for more data. Only the queue's last can: one split to fit
+// the peer's window goes (Linux's tcp_write_xmit pushes all but the
+// last). A FIN after it pushes it, as Linux's tcp_send_fin does, and so
+// does tfPush. TCP_CORK holds it, for at most
 // corkCeiling (tcp(7)). Otherwise Nagle's algorithm (RFC 896, RFC 1122
 // 4.2.3.4) holds it, with Minshall's modification as Linux has it
 // (tcp_nagle_check): only while an earlier partial segment is
 // unacknowledged, so that a response's tail does not wait a round trip
 // behind its own full segments.
 func (s *Stack) holdPartialLocked(sk *sock, last bool) bool {
-	if sk.tflags&tfPush != 0 || sk.tflags&tfFinQueued != 0 && last {
+	if !last || sk.tflags&tfPush != 0 || sk.tflags&tfFinQueued != 0 {
 		return false
 	}
 	if sk.tflags&tfCork != 0 {
