@@ -50,6 +50,7 @@
 #define ONL_OPT_REUSEADDR 9
 #define ONL_OPT_USER_TIMEOUT 11
 #define ONL_OPT_CORK 12
+#define ONL_OPT_DEFER_ACCEPT 13
 
 /* What TCP_INFO reports, from the engine. */
 struct onl_tcpinfo {

@@ -1227,6 +1227,7 @@ static void copy_options(int fd, int h)
 	static const struct { int level, name, opt; } opts[] = {
 		{IPPROTO_TCP, TCP_NODELAY, ONL_OPT_NODELAY},
 		{IPPROTO_TCP, TCP_CORK, ONL_OPT_CORK},
+		{IPPROTO_TCP, TCP_DEFER_ACCEPT, ONL_OPT_DEFER_ACCEPT},
 		{SOL_SOCKET, SO_KEEPALIVE, ONL_OPT_KEEPALIVE},
 		{IPPROTO_TCP, TCP_KEEPIDLE, ONL_OPT_KEEPIDLE},
 		{IPPROTO_TCP, TCP_KEEPINTVL, ONL_OPT_KEEPINTVL},
@@ -1774,13 +1775,19 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 	struct fdent *e = ours(fd);
 	CHILD_TAKES(fd, e);
 	int r = real_setsockopt(fd, level, name, v, l);
-	if (!e || e->listening || r < 0 || after_fork || !v || l < sizeof(int))
+	if (!e || r < 0 || after_fork || !v || l < sizeof(int))
+		return r;
+	/* A listener's options are the kernel half's (copy_options took
+	 * them when it was accelerated), but for the one the engine's half
+	 * acts on itself. */
+	if (e->listening && !(level == IPPROTO_TCP && name == TCP_DEFER_ACCEPT))
 		return r;
 	int opt = 0, val = *(const int *)v;
 	if (level == IPPROTO_TCP) {
 		switch (name) {
 		case TCP_NODELAY: opt = ONL_OPT_NODELAY; break;
 		case TCP_CORK: opt = ONL_OPT_CORK; break;
+		case TCP_DEFER_ACCEPT: opt = ONL_OPT_DEFER_ACCEPT; break;
 		case TCP_KEEPIDLE: opt = ONL_OPT_KEEPIDLE; break;
 		case TCP_KEEPINTVL: opt = ONL_OPT_KEEPINTVL; break;
 		case TCP_KEEPCNT: opt = ONL_OPT_KEEPCNT; break;

@@ -16,6 +16,7 @@ const (
 	Congestion                    // TCP_CONGESTION: CongestionCubic or CongestionReno
 	UserTimeout                   // TCP_USER_TIMEOUT (RFC 5482), milliseconds: 0 (off) to 2^31-1
 	Cork                          // TCP_CORK: 0 or 1
+	DeferAccept                   // TCP_DEFER_ACCEPT on a listener, seconds: 0 (off) up; more than maxDeferAccept counts as that
 )
 
 // SetOption sets a socket option; a value out of range is ErrInvalid.
@@ -53,6 +54,13 @@ func (s *Stack) SetOption(id SockID, opt Option, v int) error {
 		if v == 0 {
 			sk.corkAt = 0
 			s.pushLocked(sk) // what the cork held goes now, as Nagle allows
+		}
+	case DeferAccept:
+		if v < 0 {
+			return ErrInvalid
+		}
+		if sk.state == tcpListen || sk.state == tcpClosed {
+			sk.deferAccept = uint32(min(v, maxDeferAccept)) // a connection's has no use for it
 		}
 	case KeepAlive:
 		if err := flag(tfKeepAlive); err != nil {
@@ -143,6 +151,11 @@ func (s *Stack) Option(id SockID, opt Option) (int, error) {
 		return b(tfNoDelay), nil
 	case Cork:
 		return b(tfCork), nil
+	case DeferAccept:
+		if sk.state != tcpListen && sk.state != tcpClosed {
+			return 0, nil // a connection's is its deadline, not the option
+		}
+		return int(sk.deferAccept), nil
 	case KeepAlive:
 		return b(tfKeepAlive), nil
 	case KeepIdle:

@@ -182,6 +182,10 @@ type tcb struct {
 	// modification). TCP_CORK: when the held data goes anyway (0: none).
 	sndSml seqnum.Value
 	corkAt timers.Tick
+	// TCP_DEFER_ACCEPT: on a listener, seconds; on a passive child, the
+	// ms clock (tsNow) until which a bare ACK does not complete its
+	// handshake (0: none).
+	deferAccept uint32
 }
 
 // Congestion-avoidance states (Linux's names).
@@ -210,6 +214,11 @@ const (
 
 // corkCeiling is how long TCP_CORK holds data at most (tcp(7)).
 const corkCeiling = 200 * time.Millisecond
+
+// maxDeferAccept bounds TCP_DEFER_ACCEPT, in seconds: the SYN-ACK's
+// retransmissions, which draw the ACK that ends a deferral, give up after
+// about a minute (synRetries).
+const maxDeferAccept = 60
 
 func (s *Stack) sockTimer(sk *sock, n int) timers.ID {
 	return timers.ID(s.slotOf(sk)*timersPerSock + uint32(n))

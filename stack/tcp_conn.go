@@ -195,6 +195,9 @@ func (s *Stack) passiveChildLocked(l *sock, h vnic.Handle, p *ipPacket, g *segme
 	child.parent = s.slotOf(l)
 	child.acceptNext = noSlot
 	child.lastRcv = uint32(s.nowTick())
+	if l.deferAccept > 0 {
+		child.deferAccept = max(s.tsNow()+l.deferAccept*1000, 1)
+	}
 	return child
 }
 

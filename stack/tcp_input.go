@@ -278,6 +278,12 @@ func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bo
 			s.controlLocked(sk, flagRST, g.ack)
 			return
 		}
+		if sk.deferAccept != 0 && g.n == 0 && g.flags&flagFIN == 0 && int32(sk.deferAccept-s.tsNow()) > 0 {
+			// TCP_DEFER_ACCEPT, as Linux has it: a bare ACK leaves the
+			// connection unaccepted until data comes; once the wait is
+			// over, the ACK our SYN-ACK's retransmission draws ends it.
+			return
+		}
 		s.ackedSynLocked(sk, g)
 		sk.sndWnd = uint32(g.wnd) << sk.sndWS
 		if sk.tflags&tfPassive != 0 {

@@ -587,7 +587,7 @@ http {
   fastcgi_temp_path %[1]s/tmp;
   uwsgi_temp_path %[1]s/tmp;
   scgi_temp_path %[1]s/tmp;
-  server { listen 8080%[2]s; root %[1]s/www; }
+  server { listen 8080%[2]s deferred; root %[1]s/www; }
 }
 `, prefix, opt), 0o644)
 	if err != nil {
@@ -724,6 +724,29 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 		t.Fatalf("requests served by worker pid: %v; want both workers serving", served)
 	}
 	t.Logf("requests served by worker pid: %v", served)
+
+	// TCP_DEFER_ACCEPT (listen ... deferred): a client that has sent
+	// nothing is not established, nor accepted; its request ends that.
+	est := counter(engineDump(t, sock), "TCPEstablished")
+	var conn net.Conn
+	if err := b.Do(func() (err error) { conn, err = net.Dial("tcp", a.Iface0().Addr().String()+":8080"); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	time.Sleep(300 * time.Millisecond)
+	if n := counter(engineDump(t, sock), "TCPEstablished"); n != est {
+		t.Errorf("with TCP_DEFER_ACCEPT, a client that sent nothing was established (%d connections, %d before)", n, est)
+	}
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := conn.Write([]byte("GET /index.html HTTP/1.0\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if reply, err := io.ReadAll(conn); err != nil || !bytes.Contains(reply, []byte("hello from nginx")) {
+		t.Fatalf("a deferred connection's request: %q, %v\n%s", reply, err, errorLog())
+	}
+	if n := counter(engineDump(t, sock), "TCPEstablished"); n != est+1 {
+		t.Errorf("the deferred connection, served: %d connections established, want %d", n, est+1)
+	}
 
 	// viaStack fetches big.bin n times and checks that the stack accepted
 	// the connections (the kernel's half of the listener serves them too,

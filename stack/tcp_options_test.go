@@ -2,6 +2,8 @@ package stack_test
 
 import (
 	"errors"
+	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -140,5 +142,77 @@ func TestNagleMinshall(t *testing.T) {
 	}
 	if got := recvAll(b, srv, 2*mss+150, 5*time.Second, poll); got != 2*mss+150 {
 		t.Fatalf("%d of %d bytes arrived", got, 2*mss+150)
+	}
+}
+
+// TestDeferAccept checks TCP_DEFER_ACCEPT as Linux has it: a connection
+// whose client sends nothing is not accepted while the listener waits,
+// one whose client sends is accepted at once with its data, and once the
+// wait is over the silent one is accepted too.
+func TestDeferAccept(t *testing.T) {
+	a, b, _, _ := twoStacksNICs(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	l, _ := b.Open(stack.TCP)
+	if err := b.Bind(l, netip.AddrPortFrom(netip.Addr{}, 81)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Listen(l, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetOption(l, stack.DeferAccept, -1); !errors.Is(err, stack.ErrInvalid) {
+		t.Errorf("TCP_DEFER_ACCEPT -1: %v, want ErrInvalid", err)
+	}
+	if err := b.SetOption(l, stack.DeferAccept, 1); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := b.Option(l, stack.DeferAccept); v != 1 || err != nil {
+		t.Errorf("TCP_DEFER_ACCEPT reads %d, %v; want 1", v, err)
+	}
+	dial := func() stack.SockID {
+		t.Helper()
+		c, _ := a.Open(stack.TCP)
+		if err := a.Connect(c, netip.AddrPortFrom(b.Addr(), 81)); !errors.Is(err, syscall.EINPROGRESS) {
+			t.Fatalf("connect: %v", err)
+		}
+		waitFor(t, "the client's handshake", 5*time.Second, poll, func() bool { return a.Events(c)&stack.Writable != 0 })
+		return c
+	}
+	accept := func(d time.Duration) (stack.SockID, bool) {
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			poll()
+			if c, err := b.Accept(l); err == nil {
+				return c, true
+			}
+		}
+		return stack.NullSock, false
+	}
+	silent := dial()
+	start := time.Now()
+	if _, ok := accept(300 * time.Millisecond); ok {
+		t.Fatal("a connection that sent nothing was accepted during the wait")
+	}
+	talker := dial()
+	mustSend(t, a, talker, []byte("hello"))
+	srv, ok := accept(5 * time.Second)
+	if !ok {
+		t.Fatal("a connection that sent data was not accepted")
+	}
+	buf := make([]byte, 16)
+	if n, err := b.Recv(srv, buf, false); err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("the first accepted: %q, %v; want the talker's hello", buf[:n], err)
+	}
+	srv2, ok := accept(5 * time.Second)
+	if !ok {
+		t.Fatal("the silent connection was not accepted after the wait")
+	}
+	if d := time.Since(start); d < 900*time.Millisecond {
+		t.Errorf("the silent connection was accepted after %v, within the wait of 1 s", d)
+	}
+	if _, err := b.Recv(srv2, buf, false); !errors.Is(err, stack.ErrWouldBlock) {
+		t.Errorf("the silent connection reads %v, want ErrWouldBlock", err)
+	}
+	mustSend(t, a, silent, []byte("late"))
+	if got := recvAll(b, srv2, 4, 5*time.Second, poll); got != 4 {
+		t.Errorf("the silent connection, accepted, got %d of 4 bytes", got)
 	}
 }
