@@ -178,9 +178,7 @@ type tcb struct {
 	// rcvNxt then) and the least round trip seen from echoed timestamps.
 	rcvSpaceAt, rcvRTT uint32
 	rcvSpaceSeq        seqnum.Value
-	// Nagle: the end of the last partial segment sent (Minshall's
-	// modification). TCP_CORK: when the held data goes anyway (0: none).
-	sndSml seqnum.Value
+	// TCP_CORK: when the held data goes anyway (0: none).
 	corkAt timers.Tick
 	// TCP_DEFER_ACCEPT: on a listener, seconds; on a passive child, the
 	// ms clock (tsNow) until which a bare ACK does not complete its

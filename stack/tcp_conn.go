@@ -159,7 +159,7 @@ func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segmen
 	child.rcvWS = rcvWSFor(s.rcvBufMax(child))
 	s.negotiateLocked(child, &g.opts)
 	child.iss = s.isnLocked(child)
-	child.sndUna, child.sndSml = child.iss, child.iss
+	child.sndUna = child.iss
 	child.sndNxt = child.iss.Add(1)
 	child.sndMax = child.sndNxt
 	child.sndWnd = uint32(g.wnd)
@@ -327,7 +327,7 @@ func (s *Stack) connectTCPLocked(sk *sock, remote netip.AddrPort) error {
 	sk.cwnd = initialCwnd * uint32(sk.mss)
 	sk.ssthresh = ^uint32(0)
 	sk.iss = s.isnLocked(sk)
-	sk.sndUna, sk.sndSml = sk.iss, sk.iss
+	sk.sndUna = sk.iss
 	sk.sndNxt = sk.iss.Add(1)
 	sk.sndMax = sk.sndNxt
 	sk.state = tcpSynSent

@@ -433,7 +433,6 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 		}
 		s.transmitSegLocked(sk, f, seq, n, 0)
 		if n < int(sk.mss) {
-			sk.sndSml = end
 			sk.tflags &^= tfPush
 			sk.corkAt = 0
 		}
@@ -475,10 +474,7 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 // last). A FIN after it pushes it, as Linux's tcp_send_fin does, and so
 // does tfPush. TCP_CORK holds it, for at most
 // corkCeiling (tcp(7)). Otherwise Nagle's algorithm (RFC 896, RFC 1122
-// 4.2.3.4) holds it, with Minshall's modification as Linux has it
-// (tcp_nagle_check): only while an earlier partial segment is
-// unacknowledged, so that a response's tail does not wait a round trip
-// behind its own full segments.
+// 4.2.3.4) holds it while data is unacknowledged.
 func (s *Stack) holdPartialLocked(sk *sock, last bool) bool {
 	if !last || sk.tflags&tfPush != 0 || sk.tflags&tfFinQueued != 0 {
 		return false
@@ -489,7 +485,7 @@ func (s *Stack) holdPartialLocked(sk *sock, last bool) bool {
 		}
 		return true
 	}
-	return sk.tflags&tfNoDelay == 0 && sk.sndUna.LessThan(sk.sndSml) && !sk.sndNxt.LessThan(sk.sndSml)
+	return sk.tflags&tfNoDelay == 0 && sk.sndMax != sk.sndUna
 }
 
 // sendFinLocked sends our FIN (RFC 9293 3.10.4) and moves to FIN-WAIT-1 or
