@@ -343,7 +343,10 @@ func (s *Stack) tcpFailLocked(sk *sock, errno uint32) {
 	if sk.tflags&tfOrphan == 0 {
 		sk.err = errno
 	}
-	s.freeQueuesLocked(sk, false) // the error is what the user reads now
+	// What arrived in order stays readable, then the error, as in Linux
+	// (tcp_reset and tcp_done keep the receive queue): the peer has our
+	// ACK for it. What arrived out of order can never be read.
+	s.pruneOOOLocked(sk)
 	s.tcpCloseFinalLocked(sk)
 }
 
