@@ -152,9 +152,6 @@ func (s *Stack) Option(id SockID, opt Option) (int, error) {
 	case Cork:
 		return b(tfCork), nil
 	case DeferAccept:
-		if sk.state != tcpListen && sk.state != tcpClosed {
-			return 0, nil // a connection's is its deadline, not the option
-		}
 		return int(sk.deferAccept), nil
 	case KeepAlive:
 		return b(tfKeepAlive), nil

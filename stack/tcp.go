@@ -180,9 +180,9 @@ type tcb struct {
 	rcvSpaceSeq        seqnum.Value
 	// TCP_CORK: when the held data goes anyway (0: none).
 	corkAt timers.Tick
-	// TCP_DEFER_ACCEPT: on a listener, seconds; on a passive child, the
-	// ms clock (tsNow) until which a bare ACK does not complete its
-	// handshake (0: none).
+	// TCP_DEFER_ACCEPT: on a listener, seconds; on a passive child in
+	// SYN-RECEIVED, the ms clock (tsNow) until which a bare ACK does not
+	// complete its handshake; 0 once it has (and none).
 	deferAccept uint32
 }
 

@@ -153,6 +153,9 @@ func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segmen
 		return
 	}
 	child.state = tcpSynReceived
+	if l.deferAccept > 0 { // TCP_DEFER_ACCEPT: the handshake's ACK waits for data
+		child.deferAccept = max(s.tsNow()+l.deferAccept*1000, 1)
+	}
 	child.irs = g.seq
 	child.rcvNxt = g.seq.Add(1)
 	child.rcvAdv = child.rcvNxt
@@ -195,9 +198,6 @@ func (s *Stack) passiveChildLocked(l *sock, h vnic.Handle, p *ipPacket, g *segme
 	child.parent = s.slotOf(l)
 	child.acceptNext = noSlot
 	child.lastRcv = uint32(s.nowTick())
-	if l.deferAccept > 0 {
-		child.deferAccept = max(s.tsNow()+l.deferAccept*1000, 1)
-	}
 	return child
 }
 

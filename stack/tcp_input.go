@@ -284,6 +284,7 @@ func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bo
 			// over, the ACK our SYN-ACK's retransmission draws ends it.
 			return
 		}
+		sk.deferAccept = 0 // a connection's reads as 0, as on Linux
 		s.ackedSynLocked(sk, g)
 		sk.sndWnd = uint32(g.wnd) << sk.sndWS
 		if sk.tflags&tfPassive != 0 {

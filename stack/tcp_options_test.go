@@ -198,6 +198,9 @@ func TestDeferAccept(t *testing.T) {
 	if n, err := b.Recv(srv, buf, false); err != nil || string(buf[:n]) != "hello" {
 		t.Fatalf("the first accepted: %q, %v; want the talker's hello", buf[:n], err)
 	}
+	if v, err := b.Option(srv, stack.DeferAccept); v != 0 || err != nil {
+		t.Errorf("an accepted connection's TCP_DEFER_ACCEPT reads %d, %v; want 0, as on Linux", v, err)
+	}
 	srv2, ok := accept(5 * time.Second)
 	if !ok {
 		t.Fatal("the silent connection was not accepted after the wait")

@@ -472,9 +472,9 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 // one, waits for more data. Only the queue's last can: one split to fit
 // the peer's window goes (Linux's tcp_write_xmit pushes all but the
 // last). A FIN after it pushes it, as Linux's tcp_send_fin does, and so
-// does tfPush. TCP_CORK holds it, for at most
-// corkCeiling (tcp(7)). Otherwise Nagle's algorithm (RFC 896, RFC 1122
-// 4.2.3.4) holds it while data is unacknowledged.
+// does tfPush. TCP_CORK holds it, for at most corkCeiling (tcp(7)).
+// Otherwise Nagle's algorithm (RFC 896, RFC 1122 4.2.3.4) holds it while
+// data is unacknowledged.
 func (s *Stack) holdPartialLocked(sk *sock, last bool) bool {
 	if !last || sk.tflags&tfPush != 0 || sk.tflags&tfFinQueued != 0 {
 		return false
