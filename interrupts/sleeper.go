@@ -23,6 +23,14 @@ type Stack interface {
 	Clock() int64
 	// PolledAt is when the stack was last polled (on the Clock).
 	PolledAt() int64
+	// ParkedDirect adds d to the count of this process's threads blocked
+	// on the interrupt themselves (ParkDirect), for the other processes
+	// sharing the stack.
+	ParkedDirect(d int32)
+	// Elsewhere says how other processes sharing the stack attend its
+	// frames: a thread of one is blocked on the interrupt itself, and
+	// when one last polled (0: none, or this process).
+	Elsewhere() (parked bool, polledAt int64)
 }
 
 // Policy tunes the spin / arm / sleep cycle.
@@ -164,6 +172,7 @@ func (s *Sleeper) ParkDirect() {
 		s.directSeen.Store(true)
 	}
 	s.direct.Add(1)
+	s.st.ParkedDirect(1)
 }
 
 // UnparkDirect: see ParkDirect. The last thread to leave wakes a
@@ -171,6 +180,7 @@ func (s *Sleeper) ParkDirect() {
 // watches it again from here (ParkDirect's grace counts from the
 // thread's last poll).
 func (s *Sleeper) UnparkDirect() {
+	s.st.ParkedDirect(-1)
 	if s.direct.Add(-1) == 0 && s.deep.Load() {
 		s.wake()
 	}
@@ -184,30 +194,55 @@ func (s *Sleeper) UnparkDirect() {
 // frames wait at most this long. It is onloadd's takeover grace too.
 const DirectGrace = time.Millisecond
 
+// elsewhereBound is how long a Sleeper that leaves the frames to a
+// thread of another process blocked on the interrupt (Stack.Elsewhere)
+// sleeps at most, when no timer is due sooner, before it looks again.
+// That thread's own Sleeper attends the stack if the thread goes away.
+const elsewhereBound = 10 * time.Millisecond
+
 // threadsAttend reports whether threads that block on the interrupt
-// themselves attend the stack's frames now, and for how long at most
+// themselves, this process's or another's, attend the stack's frames
+// now, and for how long at most
 // the Sleeper may leave them to it before it looks again (-1: until
 // UnparkDirect; the Sleeper then sleeps deep). idle says nobody polled
 // the stack while the Sleeper last slept for the timers alone.
 func (s *Sleeper) threadsAttend(idle bool) (bool, time.Duration) {
-	if !s.directSeen.Load() || s.spinning.Load() != 0 {
+	if s.spinning.Load() != 0 {
 		return false, 0
 	}
-	if s.direct.Load() > 0 {
-		if idle {
-			// A thread blocks and nothing happens: no need to look
-			// every grace period (an idle process costs nothing) while
-			// it blocks; its UnparkDirect wakes us.
-			s.deep.Store(true)
-			if s.direct.Load() > 0 {
-				return true, -1
+	if s.directSeen.Load() {
+		if s.direct.Load() > 0 {
+			if idle {
+				// A thread blocks and nothing happens: no need to look
+				// every grace period (an idle process costs nothing)
+				// while it blocks; its UnparkDirect wakes us.
+				s.deep.Store(true)
+				if s.direct.Load() > 0 {
+					return true, -1
+				}
+				s.deep.Store(false)
 			}
-			s.deep.Store(false)
+			return true, DirectGrace
 		}
-		return true, DirectGrace
+		if since := time.Duration(s.st.Clock() - s.st.PolledAt()); since < DirectGrace {
+			return true, DirectGrace - since
+		}
 	}
-	if since := time.Duration(s.st.Clock() - s.st.PolledAt()); since < DirectGrace {
-		return true, DirectGrace - since
+	// None of our threads attends. On a stack shared with other
+	// processes, a frame wakes a thread of theirs blocked on the interrupt
+	// (or one that polled lately comes back to it, or its process's
+	// Sleeper attends it within the grace): ours need not wake for it
+	// too, and then wake the thread that owns the socket. An nginx
+	// worker without a connection woke so for every frame of the other
+	// worker's.
+	parked, at := s.st.Elsewhere()
+	if parked {
+		return true, elsewhereBound
+	}
+	if at != 0 {
+		if since := time.Duration(s.st.Clock() - at); since < DirectGrace {
+			return true, DirectGrace - since
+		}
 	}
 	return false, 0
 }

@@ -114,7 +114,10 @@ type procSlot struct {
 	// key, if not 0, names the process's wake socket instead
 	// (WakeSocket): wake.go's wakeAddr.
 	key uint32
-	_   uint32
+	// direct counts the process's threads blocked on the stack's
+	// interrupt themselves now (ParkedDirect): a frame wakes one of them,
+	// so the other processes' Sleepers may leave it to them (Elsewhere).
+	direct uint32
 }
 
 // neighbour is one entry of the neighbour table. While the kernel

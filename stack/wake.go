@@ -271,6 +271,7 @@ func (s *Stack) JoinWakes() error {
 		p := &s.img.hdr.procs[i]
 		if old := atomic.LoadUint32(&p.pid); old == 0 || old == pid || !alive(int(old)) {
 			atomic.StoreUint32(&p.key, 0)
+			atomic.StoreUint32(&p.direct, 0)
 			atomic.StoreUint32(&p.pid, pid)
 			s.proc = uint8(i + 1)
 			return nil
@@ -285,10 +286,48 @@ func (s *Stack) LeaveWakes() {
 	defer s.unlock()
 	if s.proc != 0 {
 		atomic.StoreUint32(&s.img.hdr.procs[s.proc-1].key, 0)
+		atomic.StoreUint32(&s.img.hdr.procs[s.proc-1].direct, 0)
 		atomic.StoreUint32(&s.img.hdr.procs[s.proc-1].pid, 0)
 		s.proc = 0
 	}
 	s.closeOwnWakeSocket()
+}
+
+// ParkedDirect adds d to the count of this process's threads blocked
+// in the kernel on the stack's interrupt themselves, to poll when it
+// fires (interrupts.Sleeper.ParkDirect): while it is not 0, a frame that
+// arrives wakes one of them, and the other processes sharing the stack
+// need not wait on the interrupt too (Elsewhere). A handle that has not
+// joined the stack's wakes (JoinWakes) counts nothing.
+func (s *Stack) ParkedDirect(d int32) {
+	if s.proc != 0 {
+		atomic.AddUint32(&s.img.hdr.procs[s.proc-1].direct, uint32(d))
+	}
+}
+
+// Elsewhere says, without the lock, how another process sharing the
+// stack attends its frames: parked, a thread of one blocks on the
+// interrupt itself (ParkedDirect); polledAt, when one last polled (the
+// image's AppPolledAt, if this process's handle was not the last to
+// poll; 0 otherwise). The words are the other processes' to write and
+// only advise: a process that died parked keeps its count until onloadd
+// gives its slot back (CloseAbandonedBy), and the frames then wait for
+// onloadd's watcher or for that.
+func (s *Stack) Elsewhere() (parked bool, polledAt int64) {
+	if s.proc == 0 {
+		return false, 0
+	}
+	for i := range s.img.hdr.procs {
+		p := &s.img.hdr.procs[i]
+		if i != int(s.proc)-1 && atomic.LoadUint32(&p.direct) != 0 && atomic.LoadUint32(&p.pid) != 0 {
+			parked = true
+			break
+		}
+	}
+	if at := s.AppPolledAt(); at != s.polledAt.Load() {
+		polledAt = at
+	}
+	return parked, polledAt
 }
 
 // closeOwnWakeSocket closes the handle's wake socket. The one it sends
