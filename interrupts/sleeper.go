@@ -27,6 +27,9 @@ type Stack interface {
 	// on the interrupt themselves (ParkDirect), for the other processes
 	// sharing the stack.
 	ParkedDirect(d int32)
+	// KickOwed reports that sends left frames (or segments) waiting for
+	// their sender's next wait, which a poll sends (SendMore).
+	KickOwed() bool
 	// Elsewhere says how other processes sharing the stack attend its
 	// frames: a thread of one is blocked on the interrupt itself, and
 	// when one last polled (0: none, or this process).
@@ -432,6 +435,13 @@ func (s *Sleeper) run() {
 			s.deep.Store(false)
 			if stop {
 				return
+			}
+			if s.st.KickOwed() {
+				// A send's frames still wait for their sender's next wait
+				// (TimerSet's bound on it has come, or a timer): send
+				// them, as the poll of a Sleeper that arms does.
+				s.st.TryPoll()
+				s.stats.polls.Add(1)
 			}
 			directIdle = s.st.PolledAt() == polled
 			continue

@@ -307,3 +307,55 @@ func TestSleeperLeavesFramesToDirectThreads(t *testing.T) {
 		}
 	}
 }
+
+// TestSleeperSendsWhatSendMoreLeft checks the bound on a send whose
+// caller owes its kick to a wait it does not come back to: a segment
+// SendMore left waiting (autocorking) goes when the Sleeper's timer, set
+// as sockets.Desc.SendMore sets it, comes, though another thread blocks
+// on the interrupt itself and the Sleeper sleeps for the timers alone.
+func TestSleeperSendsWhatSendMoreLeft(t *testing.T) {
+	a, b := pair(t, vnic.MemConfig{})
+	l, _ := b.st.Open(stack.TCP)
+	if err := b.st.Bind(l, netip.AddrPortFrom(netip.Addr{}, 80)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.st.Listen(l, 8); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := a.st.Open(stack.TCP)
+	a.st.SetOption(c, stack.NoDelay, 1)
+	if err := a.st.Connect(c, netip.AddrPortFrom(addrB.Addr(), 80)); !errors.Is(err, stack.ErrInProgress) {
+		t.Fatal(err)
+	}
+	a.wait(t, c, stack.Writable, 2*time.Second)
+	b.wait(t, l, stack.Readable, 2*time.Second)
+	srv, err := b.st.Accept(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another thread of a's blocks on the interrupt itself, and stays.
+	a.sl.ParkDirect()
+	defer a.sl.UnparkDirect()
+	time.Sleep(5 * interrupts.DirectGraceForTest)
+	if n, err := a.st.SendMore(c, []byte("hello")); n != 5 || err != nil {
+		t.Fatalf("SendMore: %d, %v", n, err)
+	}
+	if !a.st.KickOwed() {
+		t.Fatal("SendMore's small segment owes nothing to the sender's next wait")
+	}
+	if a.sl.Armed() {
+		a.sl.TimerSet(a.st.Clock() + int64(time.Millisecond))
+	}
+	// The sender does not come back to a wait.
+	start := time.Now()
+	b.wait(t, srv, stack.Readable, 2*time.Second)
+	// The bound is a millisecond (sockets' heldKickWait); a timer of the
+	// connection's, a second away, sent it before the Sleeper looked.
+	if d := time.Since(start); d > 100*time.Millisecond {
+		t.Errorf("a segment SendMore left arrived after %v, want within about a millisecond", d)
+	}
+	buf := make([]byte, 16)
+	if n, err := b.st.Recv(srv, buf, false); err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("recv: %q, %v", buf[:n], err)
+	}
+}

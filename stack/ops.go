@@ -252,9 +252,9 @@ func (s *Stack) send(id SockID, buf []byte, more bool) (int, error) {
 		return s.SendTo(id, buf, netip.AddrPort{})
 	}
 	held := s.holdKicksLocked(more)
-	s.kickNow = true
+	s.kickNow, s.autocork = true, more
 	n, err := s.tcpSendLocked(sk, buf)
-	s.kickNow = false
+	s.kickNow, s.autocork = false, false
 	s.flushLocked()
 	s.releaseKicksLocked(held)
 	s.unlock()
@@ -281,7 +281,9 @@ func (s *Stack) releaseKicksLocked(held bool) {
 
 // KickOwed reports, without the lock, that frames SendMore or RecvMore
 // left on the NIC's ring wait for their kick (KickHeld).
-func (s *Stack) KickOwed() bool { return s.kicks != nil && s.kicks.KickOwed() }
+func (s *Stack) KickOwed() bool {
+	return s.kicks != nil && s.kicks.KickOwed() || s.corkedN.Load() != 0
+}
 
 // KickHeld hands the NIC the frames SendMore and RecvMore left waiting for
 // their kick. The caller of a More operation owes it once the others it
@@ -294,7 +296,13 @@ func (s *Stack) KickHeld() {
 		return
 	}
 	s.lock()
-	s.kicks.Kick()
+	if len(s.corked) > 0 {
+		s.pushAutoCorkedLocked()
+		s.flushLocked()
+	}
+	if s.kicks != nil {
+		s.kicks.Kick()
+	}
 	s.unlock()
 }
 

@@ -8,7 +8,7 @@ import "github.com/xdp-onload/onload/timers"
 // returns 0 at once. It returns the number of frames it took in.
 func (s *Stack) Poll() int {
 	// A busy-poller's idle polls end here, without the lock.
-	if now := s.fast.nowRacy(); s.nic.Idle() && !s.img.wheel.MayBeDue(s.toTicks(now)) {
+	if now := s.fast.nowRacy(); s.nic.Idle() && s.corkedN.Load() == 0 && !s.img.wheel.MayBeDue(s.toTicks(now)) {
 		s.polledAt.Store(now)
 		s.notePolled(now)
 		return 0
@@ -32,6 +32,9 @@ func (s *Stack) pollLocked() int {
 	}
 	if s.img.wheel.MayBeDue(s.nowTick()) {
 		s.timersLocked()
+	}
+	if len(s.corked) > 0 {
+		s.pushAutoCorkedLocked()
 	}
 	s.flushLocked()
 	return n
@@ -74,7 +77,7 @@ func (s *Stack) timerLocked(id timers.ID) {
 // idle reports, without the lock, that a poll would find nothing to do:
 // nothing arrived, the NIC needs no care and no timer can be due.
 func (s *Stack) idle() bool {
-	return s.nic.Idle() && s.looped.Load() == 0 && !s.img.wheel.MayBeDue(s.toTicks(s.fast.nowRacy()))
+	return s.nic.Idle() && s.looped.Load() == 0 && s.corkedN.Load() == 0 && !s.img.wheel.MayBeDue(s.toTicks(s.fast.nowRacy()))
 }
 
 // PolledAt is when a thread of this process last polled the stack, or

@@ -83,6 +83,12 @@ type Stack struct {
 	// kickNow: the application's Send is running; tcpOutputLocked hands
 	// its segments to the NIC before its timer bookkeeping.
 	kickNow bool
+	// autocork: a SendMore is running: its last partial segment may wait
+	// for the caller's next wait (tcp_autocork.go); corked lists the
+	// sockets so held, corkedN counts them for KickOwed.
+	autocork bool
+	corked   []SockID
+	corkedN  atomic.Int32
 
 	// Scratch, used with the lock held.
 	rx      []vnic.Handle

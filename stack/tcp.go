@@ -65,6 +65,7 @@ const (
 	tfHolding                 // HANDED-OVER: data segments are held for HandoverCatchUp
 	tfCork                    // TCP_CORK: partial segments wait for more data
 	tfPush                    // the next partial segment goes, whatever cork and Nagle say
+	tfAutoCork                // the last partial segment waits for its sender's next wait (tcp_autocork.go)
 )
 
 // userClosed reports whether the user closed the socket (an unaccepted

@@ -142,6 +142,82 @@ func TestNagle(t *testing.T) {
 	}
 }
 
+// TestAutoCork checks autocorking (tcp_autocork.go): with TCP_NODELAY
+// set, a SendMore's partial segment waits for its sender's next wait
+// (KickHeld) or the stack's next poll, a second SendMore tops it up, and
+// out they go as one segment; a Send, a full segment and a FIN go at once.
+func TestAutoCork(t *testing.T) {
+	a, b, _, _ := twoStacksNICs(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, srv := connectPair(t, a, b, poll)
+	a.SetOption(c, stack.NoDelay, 1)
+	ti, _ := a.TCPInfo(c)
+	mss := ti.MSS
+
+	// nginx's header (writev) and body (sendfile): one segment.
+	frames := a.Counters().TxFrames
+	for _, n := range []int{239, 1024} {
+		if k, err := a.SendMore(c, make([]byte, n)); k != n || err != nil {
+			t.Fatalf("SendMore of %d bytes: %d, %v", n, k, err)
+		}
+	}
+	if sent, held := sentHeld(t, a, c); sent != 0 || held != 1263 {
+		t.Fatalf("before the wait: %d bytes sent, %d held; want 0 and 1263", sent, held)
+	}
+	if !a.KickOwed() {
+		t.Error("KickOwed is false with a segment waiting for the sender's wait")
+	}
+	a.KickHeld()
+	if n := a.Counters().TxFrames - frames; n != 1 {
+		t.Errorf("the wait sent %d frames, want 1 (both writes in one segment)", n)
+	}
+	if a.KickOwed() {
+		t.Error("KickOwed is still true after KickHeld")
+	}
+	if got := recvAll(b, srv, 1263, 5*time.Second, poll); got != 1263 {
+		t.Fatalf("%d of 1263 bytes arrived", got)
+	}
+
+	// A poll of the stack sends it too.
+	mustSendMore := func(n int) {
+		t.Helper()
+		if k, err := a.SendMore(c, make([]byte, n)); k != n || err != nil {
+			t.Fatalf("SendMore of %d bytes: %d, %v", n, k, err)
+		}
+	}
+	waitFor(t, "the ACK", 5*time.Second, poll, func() bool { sent, _ := sentHeld(t, a, c); return sent == 0 })
+	mustSendMore(100)
+	a.Poll()
+	if sent, held := sentHeld(t, a, c); sent != 100 || held != 0 {
+		t.Errorf("after a poll: %d sent, %d held; want 100 sent", sent, held)
+	}
+	// Full segments go at once, the partial tail waits.
+	waitFor(t, "the ACK", 5*time.Second, poll, func() bool { sent, _ := sentHeld(t, a, c); return sent == 0 })
+	mustSendMore(mss + 50)
+	if sent, held := sentHeld(t, a, c); sent != uint32(mss) || held != 50 {
+		t.Errorf("SendMore of %d bytes: %d sent, %d held; want %d and 50", mss+50, sent, held, mss)
+	}
+	a.KickHeld()
+	// A plain Send is not held.
+	waitFor(t, "the ACK", 5*time.Second, poll, func() bool { sent, _ := sentHeld(t, a, c); return sent == 0 })
+	mustSend(t, a, c, make([]byte, 10))
+	if sent, held := sentHeld(t, a, c); sent != 10 || held != 0 {
+		t.Errorf("Send of 10 bytes: %d sent, %d held; want them sent", sent, held)
+	}
+	// A FIN pushes what waits.
+	waitFor(t, "the ACK", 5*time.Second, poll, func() bool { sent, _ := sentHeld(t, a, c); return sent == 0 })
+	mustSendMore(20)
+	if err := a.Shutdown(c, syscall.SHUT_WR); err != nil {
+		t.Fatal(err)
+	}
+	if sent, _ := sentHeld(t, a, c); sent != 21 {
+		t.Errorf("after shutdown: %d sent; want the 20 bytes and the FIN", sent)
+	}
+	if got := recvAll(b, srv, mss+50+100+10+20, 5*time.Second, poll); got != mss+50+100+10+20 {
+		t.Fatalf("%d of %d bytes arrived", got, mss+50+100+10+20)
+	}
+}
+
 // TestDeferAccept checks TCP_DEFER_ACCEPT as Linux has it: a connection
 // whose client sends nothing is not accepted while the listener waits,
 // one whose client sends is accepted at once with its data, and once the

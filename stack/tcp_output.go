@@ -433,7 +433,7 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 		}
 		s.transmitSegLocked(sk, f, seq, n, 0)
 		if n < int(sk.mss) {
-			sk.tflags &^= tfPush
+			sk.tflags &^= tfPush | tfAutoCork
 			sk.corkAt = 0
 		}
 		sk.sndUnsent = next
@@ -474,7 +474,8 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 // last). A FIN after it pushes it, as Linux's tcp_send_fin does, and so
 // does tfPush. TCP_CORK holds it, for at most corkCeiling (tcp(7)).
 // Otherwise Nagle's algorithm (RFC 896, RFC 1122 4.2.3.4) holds it while
-// data is unacknowledged.
+// data is unacknowledged, and autocorking until the sender's next wait
+// (tcp_autocork.go).
 func (s *Stack) holdPartialLocked(sk *sock, last bool) bool {
 	if !last || sk.tflags&tfPush != 0 || sk.tflags&tfFinQueued != 0 {
 		return false
@@ -485,7 +486,10 @@ func (s *Stack) holdPartialLocked(sk *sock, last bool) bool {
 		}
 		return true
 	}
-	return sk.tflags&tfNoDelay == 0 && sk.sndMax != sk.sndUna
+	if sk.tflags&tfNoDelay == 0 && sk.sndMax != sk.sndUna {
+		return true
+	}
+	return s.autoCorkLocked(sk)
 }
 
 // sendFinLocked sends our FIN (RFC 9293 3.10.4) and moves to FIN-WAIT-1 or
