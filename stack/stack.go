@@ -85,9 +85,11 @@ type Stack struct {
 	kickNow bool
 	// autocork: a SendMore is running: its last partial segment may wait
 	// for the caller's next wait (tcp_autocork.go); corked lists the
-	// sockets so held, corkedN counts them for KickOwed.
+	// sockets so held, since corkedAt (nowNs), and corkedN counts them for
+	// KickOwed.
 	autocork bool
 	corked   []SockID
+	corkedAt int64
 	corkedN  atomic.Int32
 
 	// Scratch, used with the lock held.

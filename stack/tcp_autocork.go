@@ -7,9 +7,9 @@ package stack
 // kick anyway. So the segment waits in the send queue instead, and a
 // second send before the wait tops it up: nginx's header (writev) and
 // body (sendfile) leave as one segment, not two, and the client's
-// acknowledgement of the pair, which a second segment draws at once
-// (RFC 9293 3.8.6.3: every second full segment; Linux's quick ACKs),
-// rides on its next request. Linux does the same (tcp_autocorking): a
+// acknowledgement, which a second segment draws at once (Linux
+// acknowledges every second segment without delay, after RFC 9293
+// 3.8.6.3), rides on its next request. Linux does the same (tcp_autocorking): a
 // small write waits while an earlier frame of the socket is still on its
 // way to the device.
 //
@@ -18,11 +18,17 @@ package stack
 // poll of the process, its Sleeper's among them (KickOwed counts them,
 // so SendMore's bound on a held kick covers them too). Only the send
 // queue's last segment is held, as with TCP_CORK and Nagle, and a FIN, a
-// full segment or a push sends it.
+// full segment or a push sends it; what was held longest goes once the
+// bounds below are passed, as held kicks do.
 
-// maxAutoCorked bounds the sockets one handle holds so between waits;
-// a send past it sends at once.
-const maxAutoCorked = 64
+// Bounds of a hold, as the NIC's on kicks (vnic's maxHeld, maxHoldNs): a
+// sender that answers many sockets in one turn (redis-server, 50
+// clients) has its first answers go while it makes the others, rather
+// than all of them at the end of the turn.
+const (
+	maxAutoCorked = 64
+	maxAutoCorkNs = 50_000
+)
 
 // autoCorkLocked decides, for holdPartialLocked, whether the last partial
 // segment of sk waits for the caller's next wait, and lists sk if so.
@@ -30,8 +36,14 @@ func (s *Stack) autoCorkLocked(sk *sock) bool {
 	if sk.tflags&tfAutoCork != 0 {
 		return true
 	}
-	if !s.autocork || len(s.corked) == maxAutoCorked {
+	if !s.autocork {
 		return false
+	}
+	if len(s.corked) > 0 && (len(s.corked) == maxAutoCorked || s.nowNs-s.corkedAt > maxAutoCorkNs) {
+		s.pushAutoCorkedLocked()
+	}
+	if len(s.corked) == 0 {
+		s.corkedAt = s.nowNs
 	}
 	sk.tflags |= tfAutoCork
 	s.corked = append(s.corked, s.idOf(sk))
@@ -42,6 +54,8 @@ func (s *Stack) autoCorkLocked(sk *sock) bool {
 // pushAutoCorkedLocked sends what autoCorkLocked held, as the windows and
 // Nagle allow.
 func (s *Stack) pushAutoCorkedLocked() {
+	corking := s.autocork
+	s.autocork = false // what goes now goes, and the list is not added to
 	for _, id := range s.corked {
 		idx := id.index()
 		if idx >= uint32(len(s.img.socks)) {
@@ -56,4 +70,5 @@ func (s *Stack) pushAutoCorkedLocked() {
 	}
 	s.corked = s.corked[:0]
 	s.corkedN.Store(0)
+	s.autocork = corking
 }

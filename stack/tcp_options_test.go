@@ -216,6 +216,27 @@ func TestAutoCork(t *testing.T) {
 	if got := recvAll(b, srv, mss+50+100+10+20, 5*time.Second, poll); got != mss+50+100+10+20 {
 		t.Fatalf("%d of %d bytes arrived", got, mss+50+100+10+20)
 	}
+
+	// A sender that answers many sockets in one turn: what it held
+	// longer than the bound (50 µs) goes at its next SendMore.
+	c2, _ := connectPair(t, a, b, poll)
+	c3, _ := connectPair(t, a, b, poll)
+	a.SetOption(c2, stack.NoDelay, 1)
+	a.SetOption(c3, stack.NoDelay, 1)
+	if k, err := a.SendMore(c2, make([]byte, 30)); k != 30 || err != nil {
+		t.Fatalf("SendMore: %d, %v", k, err)
+	}
+	time.Sleep(time.Millisecond)
+	if k, err := a.SendMore(c3, make([]byte, 30)); k != 30 || err != nil {
+		t.Fatalf("SendMore: %d, %v", k, err)
+	}
+	if sent, held := sentHeld(t, a, c2); sent != 30 || held != 0 {
+		t.Errorf("held for a millisecond, then another socket's SendMore: %d sent, %d held; want 30 sent", sent, held)
+	}
+	if sent, held := sentHeld(t, a, c3); sent != 0 || held != 30 {
+		t.Errorf("the other socket: %d sent, %d held; want 30 held", sent, held)
+	}
+	a.KickHeld()
 }
 
 // TestDeferAccept checks TCP_DEFER_ACCEPT as Linux has it: a connection
