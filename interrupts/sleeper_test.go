@@ -310,7 +310,7 @@ func TestSleeperLeavesFramesToDirectThreads(t *testing.T) {
 
 // TestSleeperSendsWhatSendMoreLeft checks the bound on a send whose
 // caller owes its kick to a wait it does not come back to: a segment
-// SendMore left waiting (autocorking) goes when the Sleeper's timer, set
+// SendCorked left waiting (autocorking) goes when the Sleeper's timer, set
 // as sockets.Desc.SendMore sets it, comes, though another thread blocks
 // on the interrupt itself and the Sleeper sleeps for the timers alone.
 func TestSleeperSendsWhatSendMoreLeft(t *testing.T) {
@@ -337,11 +337,11 @@ func TestSleeperSendsWhatSendMoreLeft(t *testing.T) {
 	a.sl.ParkDirect()
 	defer a.sl.UnparkDirect()
 	time.Sleep(5 * interrupts.DirectGraceForTest)
-	if n, err := a.st.SendMore(c, []byte("hello")); n != 5 || err != nil {
-		t.Fatalf("SendMore: %d, %v", n, err)
+	if n, err := a.st.SendCorked(c, []byte("hello")); n != 5 || err != nil {
+		t.Fatalf("SendCorked: %d, %v", n, err)
 	}
 	if !a.st.KickOwed() {
-		t.Fatal("SendMore's small segment owes nothing to the sender's next wait")
+		t.Fatal("SendCorked's small segment owes nothing to the sender's next wait")
 	}
 	if a.sl.Armed() {
 		a.sl.TimerSet(a.st.Clock() + int64(time.Millisecond))
@@ -352,7 +352,7 @@ func TestSleeperSendsWhatSendMoreLeft(t *testing.T) {
 	// The bound is a millisecond (sockets' heldKickWait); a timer of the
 	// connection's, a second away, sent it before the Sleeper looked.
 	if d := time.Since(start); d > 100*time.Millisecond {
-		t.Errorf("a segment SendMore left arrived after %v, want within about a millisecond", d)
+		t.Errorf("a segment SendCorked left arrived after %v, want within about a millisecond", d)
 	}
 	buf := make([]byte, 16)
 	if n, err := b.st.Recv(srv, buf, false); err != nil || string(buf[:n]) != "hello" {

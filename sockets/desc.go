@@ -407,7 +407,7 @@ func (d *Desc) SendMore(b []byte) (int, error) {
 	if !s.enter() {
 		return 0, net.ErrClosed
 	}
-	n, err := s.st.SendMore(d.id, b)
+	n, err := s.st.SendCorked(d.id, b)
 	if s.sl.Armed() && s.st.KickOwed() {
 		s.sl.TimerSet(s.st.Clock() + int64(heldKickWait))
 	}

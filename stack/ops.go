@@ -231,16 +231,22 @@ func (s *Stack) RecvFrom(id SockID, buf []byte, peek bool) (int, netip.AddrPort,
 // Send sends on a connected socket: a TCP stream, or a UDP datagram to the
 // connected peer. A TCP send takes what fits the send buffer and returns
 // how much; ErrWouldBlock if nothing fits.
-func (s *Stack) Send(id SockID, buf []byte) (int, error) { return s.send(id, buf, false) }
+func (s *Stack) Send(id SockID, buf []byte) (int, error) { return s.send(id, buf, false, false) }
 
 // SendMore is Send from a caller who knows more sends follow in a moment
 // (other threads of this process are about to send): the segments go on
 // the NIC's ring, and its kick waits for the next send or poll, which
 // gives the kernel them all in one system call (vnic.KickHolder; a NIC
 // that cannot hold its kicks kicks as usual).
-func (s *Stack) SendMore(id SockID, buf []byte) (int, error) { return s.send(id, buf, true) }
+func (s *Stack) SendMore(id SockID, buf []byte) (int, error) { return s.send(id, buf, true, false) }
 
-func (s *Stack) send(id SockID, buf []byte, more bool) (int, error) {
+// SendCorked is SendMore from a caller that will come back to a wait
+// (KickHeld) or poll the stack itself before long, whatever other
+// threads do (the LD_PRELOAD shim's): its last partial segment may wait
+// for that too (autocorking, tcp_autocork.go).
+func (s *Stack) SendCorked(id SockID, buf []byte) (int, error) { return s.send(id, buf, true, true) }
+
+func (s *Stack) send(id SockID, buf []byte, more, cork bool) (int, error) {
 	s.lock()
 	sk, err := s.sockLocked(id)
 	if err != nil {
@@ -252,7 +258,7 @@ func (s *Stack) send(id SockID, buf []byte, more bool) (int, error) {
 		return s.SendTo(id, buf, netip.AddrPort{})
 	}
 	held := s.holdKicksLocked(more)
-	s.kickNow, s.autocork = true, more
+	s.kickNow, s.autocork = true, cork
 	n, err := s.tcpSendLocked(sk, buf)
 	s.kickNow, s.autocork = false, false
 	s.flushLocked()

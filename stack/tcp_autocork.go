@@ -1,8 +1,8 @@
 package stack
 
 // Autocorking. A send whose caller owes the kick to its next wait
-// (SendMore: the LD_PRELOAD shim, which kicks when the thread comes back
-// to poll, epoll or block) has nothing to gain from building its last
+// (SendCorked: the LD_PRELOAD shim, which kicks when the thread comes
+// back to poll, epoll or block) has nothing to gain from building its last
 // partial segment at once: the frame would wait on the ring for that
 // kick anyway. So the segment waits in the send queue instead, and a
 // second send before the wait tops it up: nginx's header (writev) and
@@ -16,7 +16,10 @@ package stack
 // The held sockets are this handle's (a process's), listed in
 // Stack.corked: its next wait pushes them (KickHeld), and so does any
 // poll of the process, its Sleeper's among them (KickOwed counts them,
-// so SendMore's bound on a held kick covers them too). Only the send
+// so sockets.Desc.SendMore's bound on a held kick covers them too). The
+// Go library's sends are not held so: its goroutines hand held kicks to
+// whichever of them runs last, and a reader that finds its data need
+// never come back. Only the send
 // queue's last segment is held, as with TCP_CORK and Nagle, and a FIN, a
 // full segment or a push sends it; what was held longest goes once the
 // bounds below are passed, as held kicks do.

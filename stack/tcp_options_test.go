@@ -143,8 +143,8 @@ func TestNagle(t *testing.T) {
 }
 
 // TestAutoCork checks autocorking (tcp_autocork.go): with TCP_NODELAY
-// set, a SendMore's partial segment waits for its sender's next wait
-// (KickHeld) or the stack's next poll, a second SendMore tops it up, and
+// set, a SendCorked's partial segment waits for its sender's next wait
+// (KickHeld) or the stack's next poll, a second SendCorked tops it up, and
 // out they go as one segment; a Send, a full segment and a FIN go at once.
 func TestAutoCork(t *testing.T) {
 	a, b, _, _ := twoStacksNICs(t, vnic.MemConfig{})
@@ -157,7 +157,7 @@ func TestAutoCork(t *testing.T) {
 	// nginx's header (writev) and body (sendfile): one segment.
 	frames := a.Counters().TxFrames
 	for _, n := range []int{239, 1024} {
-		if k, err := a.SendMore(c, make([]byte, n)); k != n || err != nil {
+		if k, err := a.SendCorked(c, make([]byte, n)); k != n || err != nil {
 			t.Fatalf("SendMore of %d bytes: %d, %v", n, k, err)
 		}
 	}
@@ -181,7 +181,7 @@ func TestAutoCork(t *testing.T) {
 	// A poll of the stack sends it too.
 	mustSendMore := func(n int) {
 		t.Helper()
-		if k, err := a.SendMore(c, make([]byte, n)); k != n || err != nil {
+		if k, err := a.SendCorked(c, make([]byte, n)); k != n || err != nil {
 			t.Fatalf("SendMore of %d bytes: %d, %v", n, k, err)
 		}
 	}
@@ -204,6 +204,15 @@ func TestAutoCork(t *testing.T) {
 	if sent, held := sentHeld(t, a, c); sent != 10 || held != 0 {
 		t.Errorf("Send of 10 bytes: %d sent, %d held; want them sent", sent, held)
 	}
+	// Nor is the Go library's SendMore (its kick is held, not its segment).
+	waitFor(t, "the ACK", 5*time.Second, poll, func() bool { sent, _ := sentHeld(t, a, c); return sent == 0 })
+	if k, err := a.SendMore(c, make([]byte, 10)); k != 10 || err != nil {
+		t.Fatalf("SendMore: %d, %v", k, err)
+	}
+	if sent, held := sentHeld(t, a, c); sent != 10 || held != 0 {
+		t.Errorf("SendMore of 10 bytes: %d sent, %d held; want them sent", sent, held)
+	}
+	a.KickHeld()
 	// A FIN pushes what waits.
 	waitFor(t, "the ACK", 5*time.Second, poll, func() bool { sent, _ := sentHeld(t, a, c); return sent == 0 })
 	mustSendMore(20)
@@ -213,8 +222,8 @@ func TestAutoCork(t *testing.T) {
 	if sent, _ := sentHeld(t, a, c); sent != 21 {
 		t.Errorf("after shutdown: %d sent; want the 20 bytes and the FIN", sent)
 	}
-	if got := recvAll(b, srv, mss+50+100+10+20, 5*time.Second, poll); got != mss+50+100+10+20 {
-		t.Fatalf("%d of %d bytes arrived", got, mss+50+100+10+20)
+	if got := recvAll(b, srv, mss+50+100+10+10+20, 5*time.Second, poll); got != mss+50+100+10+10+20 {
+		t.Fatalf("%d of %d bytes arrived", got, mss+50+100+10+10+20)
 	}
 
 	// A sender that answers many sockets in one turn: what it held
@@ -223,11 +232,11 @@ func TestAutoCork(t *testing.T) {
 	c3, _ := connectPair(t, a, b, poll)
 	a.SetOption(c2, stack.NoDelay, 1)
 	a.SetOption(c3, stack.NoDelay, 1)
-	if k, err := a.SendMore(c2, make([]byte, 30)); k != 30 || err != nil {
+	if k, err := a.SendCorked(c2, make([]byte, 30)); k != 30 || err != nil {
 		t.Fatalf("SendMore: %d, %v", k, err)
 	}
 	time.Sleep(time.Millisecond)
-	if k, err := a.SendMore(c3, make([]byte, 30)); k != 30 || err != nil {
+	if k, err := a.SendCorked(c3, make([]byte, 30)); k != 30 || err != nil {
 		t.Fatalf("SendMore: %d, %v", k, err)
 	}
 	if sent, held := sentHeld(t, a, c2); sent != 30 || held != 0 {
