@@ -28,7 +28,7 @@ type Stack interface {
 	// sharing the stack.
 	ParkedDirect(d int32)
 	// KickOwed reports that sends left frames (or segments) waiting for
-	// their sender's next wait, which a poll sends (SendMore).
+	// their sender's next wait, which a poll sends (SendMore, SendCorked).
 	KickOwed() bool
 	// Elsewhere says how other processes sharing the stack attend its
 	// frames: a thread of one is blocked on the interrupt itself, and

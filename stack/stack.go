@@ -83,7 +83,7 @@ type Stack struct {
 	// kickNow: the application's Send is running; tcpOutputLocked hands
 	// its segments to the NIC before its timer bookkeeping.
 	kickNow bool
-	// autocork: a SendMore is running: its last partial segment may wait
+	// autocork: a SendCorked is running: its last partial segment may wait
 	// for the caller's next wait (tcp_autocork.go); corked lists the
 	// sockets so held, since corkedAt (nowNs), and corkedN counts them for
 	// KickOwed.

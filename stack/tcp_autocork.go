@@ -2,16 +2,16 @@ package stack
 
 // Autocorking. A send whose caller owes the kick to its next wait
 // (SendCorked: the LD_PRELOAD shim, which kicks when the thread comes
-// back to poll, epoll or block) has nothing to gain from building its last
-// partial segment at once: the frame would wait on the ring for that
-// kick anyway. So the segment waits in the send queue instead, and a
-// second send before the wait tops it up: nginx's header (writev) and
+// back to poll, epoll or block) has nothing to gain from building its
+// last partial segment at once: the frame would wait on the ring for
+// that kick anyway. So the segment waits in the send queue instead, and
+// a second send before the wait tops it up: nginx's header (writev) and
 // body (sendfile) leave as one segment, not two, and the client's
 // acknowledgement, which a second segment draws at once (Linux
 // acknowledges every second segment without delay, after RFC 9293
-// 3.8.6.3), rides on its next request. Linux does the same (tcp_autocorking): a
-// small write waits while an earlier frame of the socket is still on its
-// way to the device.
+// 3.8.6.3), rides on its next request. Linux does the same
+// (tcp_autocorking): a small write waits while an earlier frame of the
+// socket is still on its way to the device.
 //
 // The held sockets are this handle's (a process's), listed in
 // Stack.corked: its next wait pushes them (KickHeld), and so does any
@@ -19,10 +19,10 @@ package stack
 // so sockets.Desc.SendMore's bound on a held kick covers them too). The
 // Go library's sends are not held so: its goroutines hand held kicks to
 // whichever of them runs last, and a reader that finds its data need
-// never come back. Only the send
-// queue's last segment is held, as with TCP_CORK and Nagle, and a FIN, a
-// full segment or a push sends it; what was held longest goes once the
-// bounds below are passed, as held kicks do.
+// never come back. Only the send queue's last segment is held, as with
+// TCP_CORK and Nagle, and a FIN, a full segment or a push sends it; what
+// was held longest goes once the bounds below are passed, as held kicks
+// do.
 
 // Bounds of a hold, as the NIC's on kicks (vnic's maxHeld, maxHoldNs): a
 // sender that answers many sockets in one turn (redis-server, 50
