@@ -208,7 +208,7 @@ func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort) (*Desc, error) {
 	}
 	id, err := s.st.Open(stack.TCP)
 	if err == nil {
-		if err = s.bind(stack.TCP, id, netip.AddrPortFrom(s.addr.Addr(), port), kfd); err != nil {
+		if err = s.bind(stack.TCP, id, netip.AddrPortFrom(s.addr.Addr(), port), kfd, true); err != nil {
 			err = sysErr("bind", err)
 		} else if err = s.st.Connect(id, dst); err == stack.ErrInProgress {
 			err = nil

@@ -239,7 +239,7 @@ func (s *Stack) openBound(p stack.Proto, laddr netip.AddrPort) (stack.SockID, re
 			return stack.NullSock, reservation{}, err
 		}
 	}
-	if err := s.bind(p, id, netip.AddrPortFrom(s.addr.Addr(), port), r.fd1-1); err != nil {
+	if err := s.bind(p, id, netip.AddrPortFrom(s.addr.Addr(), port), r.fd1-1, p == stack.TCP); err != nil {
 		s.st.Close(id)
 		r.release()
 		return stack.NullSock, reservation{}, sysErr("bind", err)

@@ -178,7 +178,7 @@ func (s *Stack) openAtFD(p stack.Proto, ap netip.AddrPort, listen bool, proof in
 	if listen {
 		s.st.SetOption(id, stack.ReuseAddr, 1)
 	}
-	if err = s.bind(p, id, ap, proof); err != nil {
+	if err = s.bind(p, id, ap, proof, false); err != nil {
 		err = sysErr("bind", err)
 	} else if listen {
 		if err = s.st.Listen(id, 4096); err != nil {
@@ -213,13 +213,21 @@ func (s *Stack) connect(p stack.Proto, laddr, raddr netip.AddrPort) (stack.SockI
 	return id, r, nil
 }
 
-// bind binds engine socket id to ap. On a stack of onloadd's, the port is
-// steered by a request that carries proof, the kernel socket holding it.
-func (s *Stack) bind(p stack.Proto, id stack.SockID, ap netip.AddrPort, proof int) error {
-	if s.proofs == nil {
+// bind binds engine socket id to ap; connecting: the socket connects
+// next (stack.BindConnecting: only its four-tuple must be free). On a
+// stack of onloadd's, the port is steered by a request that carries
+// proof, the kernel socket holding it.
+func (s *Stack) bind(p stack.Proto, id stack.SockID, ap netip.AddrPort, proof int, connecting bool) error {
+	bind := func() error {
+		if connecting {
+			return s.st.BindConnecting(id, ap)
+		}
 		return s.st.Bind(id, ap)
 	}
-	return s.proofs.withProof(p, ap.Port(), proof, func() error { return s.st.Bind(id, ap) })
+	if s.proofs == nil {
+		return bind()
+	}
+	return s.proofs.withProof(p, ap.Port(), proof, bind)
 }
 
 // connFD is c's descriptor (valid while c is open), or -1.

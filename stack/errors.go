@@ -42,6 +42,9 @@ var (
 	ErrAddrInUse = &Errno{"address already in use", syscall.EADDRINUSE}
 	// ErrAddrNotAvail: not one of the stack's addresses (EADDRNOTAVAIL).
 	ErrAddrNotAvail = &Errno{"address not available: not this stack's address", syscall.EADDRNOTAVAIL}
+	// ErrTupleInUse: a connection from the socket's port to that peer
+	// exists already (EADDRNOTAVAIL, as Linux's connect).
+	ErrTupleInUse = &Errno{"address not available: a connection from this port to that peer exists already", syscall.EADDRNOTAVAIL}
 	// ErrNoPorts: every ephemeral port is taken (EADDRNOTAVAIL).
 	ErrNoPorts = &Errno{"no free ephemeral port", syscall.EADDRNOTAVAIL}
 	// ErrInvalid: an argument is wrong for this socket (EINVAL).

@@ -54,10 +54,45 @@ func (s *Stack) Bind(id SockID, local netip.AddrPort) error {
 	if err != nil {
 		return err
 	}
-	return s.bindLocked(sk, local)
+	claim := claimBind
+	if sk.tflags&tfReuseAddr != 0 {
+		claim = claimReuse
+	}
+	return s.bindLocked(sk, local, claim)
 }
 
-func (s *Stack) bindLocked(sk *sock, local netip.AddrPort) error {
+// BindConnecting binds a TCP socket that is about to connect (Connect
+// next) to a port its kernel reservation holds. The kernel had the last
+// word on the port: it does not know the stack's connections whose users
+// closed them (their reservations went with their descriptors), so it
+// may hand out one of their ports, in TIME-WAIT. As for the kernel's own
+// connect (__inet_hash_connect), connections on the port do not hold it
+// against a connecting socket: Connect refuses only a four-tuple in use,
+// and takes one over from TIME-WAIT.
+func (s *Stack) BindConnecting(id SockID, local netip.AddrPort) error {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return err
+	}
+	if sk.kind != kindTCP {
+		return s.bindLocked(sk, local, claimBind)
+	}
+	return s.bindLocked(sk, local, claimConnect)
+}
+
+// portClaim is who asks for a port, which decides what holds it against
+// them (portInUseLocked).
+type portClaim uint8
+
+const (
+	claimBind    portClaim = iota // bind(2)
+	claimReuse                    // bind(2) with SO_REUSEADDR
+	claimConnect                  // a socket about to connect (BindConnecting)
+)
+
+func (s *Stack) bindLocked(sk *sock, local netip.AddrPort, claim portClaim) error {
 	if sk.flags&sfBound != 0 {
 		return ErrInvalid
 	}
@@ -74,7 +109,7 @@ func (s *Stack) bindLocked(sk *sock, local netip.AddrPort) error {
 		if port, ok = s.ephemeralLocked(sk.kind, addr); !ok {
 			return ErrNoPorts
 		}
-	} else if s.portInUseLocked(sk.kind, addr, port, sk.tflags&tfReuseAddr != 0) {
+	} else if s.portInUseLocked(sk.kind, addr, port, claim) {
 		return ErrAddrInUse
 	}
 	if s.filters != nil {
@@ -99,7 +134,7 @@ func (s *Stack) ephemeralLocked(kind uint8, addr [4]byte) (uint16, bool) {
 			p = ephemeralLow
 		}
 		h.ephemeral = p + 1
-		if !s.portInUseLocked(kind, addr, uint16(p), false) {
+		if !s.portInUseLocked(kind, addr, uint16(p), claimBind) {
 			return uint16(p), true
 		}
 	}
@@ -128,7 +163,7 @@ func (s *Stack) Connect(id SockID, remote netip.AddrPort) error {
 		return err
 	}
 	if sk.flags&sfBound == 0 {
-		if err := s.bindLocked(sk, netip.AddrPort{}); err != nil {
+		if err := s.bindLocked(sk, netip.AddrPort{}, claimBind); err != nil {
 			return err
 		}
 	}
@@ -193,7 +228,7 @@ func (s *Stack) SendTo(id SockID, buf []byte, to netip.AddrPort) (int, error) {
 		}
 	}
 	if sk.flags&sfBound == 0 {
-		if err := s.bindLocked(sk, netip.AddrPort{}); err != nil {
+		if err := s.bindLocked(sk, netip.AddrPort{}, claimBind); err != nil {
 			return 0, err
 		}
 	}

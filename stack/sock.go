@@ -320,25 +320,33 @@ func (s *Stack) findLocked(kind uint8, laddr [4]byte, lport uint16, raddr [4]byt
 
 // portInUseLocked reports whether a socket of kind is bound to port on
 // addr, or on any address if addr is the wildcard (and, bound to the
-// wildcard, clashes with every address).
+// wildcard, clashes with every address), against a claim of that kind.
 //
-// With reuse (SO_REUSEADDR), connections in TIME-WAIT, and connections
-// that have SO_REUSEADDR too, do not count.
-func (s *Stack) portInUseLocked(kind uint8, addr [4]byte, port uint16, reuse bool) bool {
+// With SO_REUSEADDR (claimReuse), connections in TIME-WAIT, and
+// connections that have SO_REUSEADDR too, do not count. For a socket
+// about to connect (claimConnect), no connection counts: a connection is
+// told apart by its four-tuple, which Connect checks.
+func (s *Stack) portInUseLocked(kind uint8, addr [4]byte, port uint16, claim portClaim) bool {
 	var zero [4]byte
 	for i := range s.img.socks {
 		sk := &s.img.socks[i]
 		if sk.kind != kind || sk.flags&sfBound == 0 || sk.localPort != port {
 			continue
 		}
-		// SO_REUSEADDR on both (a connection accepted from a listener
-		// that had it has it too) lets a socket bind beside TCP
-		// connections: a server restarted while its predecessor's
-		// connections finish (as Linux's inet_csk_bind_conflict lets
-		// it). TIME-WAIT never holds the port against it. A listener,
-		// or a socket only bound, always does.
-		if reuse && sk.kind == kindTCP && (sk.state == tcpTimeWait || sk.state != tcpListen && sk.flags&sfConnected != 0 && sk.tflags&tfReuseAddr != 0) {
-			continue
+		if sk.kind == kindTCP && sk.state != tcpListen && sk.flags&sfConnected != 0 {
+			// SO_REUSEADDR on both (a connection accepted from a
+			// listener that had it has it too) lets a socket bind
+			// beside TCP connections: a server restarted while its
+			// predecessor's connections finish (as Linux's
+			// inet_csk_bind_conflict lets it). TIME-WAIT never holds
+			// the port against it. A listener, or a socket only
+			// bound, always does.
+			switch {
+			case claim == claimConnect:
+				continue
+			case claim == claimReuse && (sk.state == tcpTimeWait || sk.tflags&tfReuseAddr != 0):
+				continue
+			}
 		}
 		if addr == zero || sk.localAddr == zero || sk.localAddr == addr {
 			return true

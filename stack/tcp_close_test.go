@@ -438,3 +438,98 @@ func netstackServe(t *testing.T, peer *gvisorpeer.Peer, port uint16, serve func(
 		}
 	}()
 }
+
+// TestConnectOverTimeWait: a socket about to connect (BindConnecting) may
+// take a port on which a connection the user closed sits in TIME-WAIT, as
+// happens when the kernel, which no longer knows that connection, picks
+// the port for the next one's reservation. Connecting to the same peer
+// recycles the TIME-WAIT connection; a live connection to the same peer
+// keeps its four-tuple (EADDRNOTAVAIL), and a plain bind still finds the
+// port in use, as Linux's does.
+func TestConnectOverTimeWait(t *testing.T) {
+	s, peer := withNetstack(t, vnic.MemConfig{}, stack.Config{})
+	netstackServe(t, peer, 6000, func(c io.ReadWriter) { io.Copy(c, c) })
+	netstackServe(t, peer, 6001, func(c io.ReadWriter) { io.Copy(c, c) })
+	poll := func() { s.Poll() }
+	local := netip.AddrPortFrom(addrA.Addr(), 40000)
+	dial := func(port uint16) (stack.SockID, error) {
+		t.Helper()
+		id, err := s.Open(stack.TCP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.BindConnecting(id, local); err != nil {
+			s.Close(id)
+			return stack.NullSock, fmt.Errorf("bind: %w", err)
+		}
+		if err := s.Connect(id, netip.AddrPortFrom(addrB.Addr(), port)); !errors.Is(err, syscall.EINPROGRESS) {
+			s.Close(id)
+			return stack.NullSock, fmt.Errorf("connect: %w", err)
+		}
+		waitFor(t, "established", 5*time.Second, poll, func() bool { return s.Events(id)&stack.Writable != 0 })
+		return id, nil
+	}
+	echo := func(id stack.SockID, msg string) {
+		t.Helper()
+		if _, err := s.Send(id, []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		waitFor(t, "the echo", 5*time.Second, poll, func() bool {
+			buf := make([]byte, 64)
+			n, _ := s.Recv(id, buf, false)
+			got = append(got, buf[:n]...)
+			return len(got) >= len(msg)
+		})
+		if string(got) != msg {
+			t.Fatalf("echo %q, want %q", got, msg)
+		}
+	}
+
+	first, err := dial(6000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo(first, "first")
+	s.Close(first) // we close first: TIME-WAIT on our side
+	state := func(id stack.SockID) string {
+		for _, r := range s.Sockets() {
+			if r.ID == id {
+				return r.State
+			}
+		}
+		return ""
+	}
+	waitFor(t, "TIME-WAIT", 5*time.Second, poll, func() bool { return state(first) == "TIME-WAIT" })
+
+	plain, err := s.Open(stack.TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Bind(plain, local); !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("plain bind over TIME-WAIT: %v, want EADDRINUSE", err)
+	}
+	s.Close(plain)
+
+	second, err := dial(6000)
+	if err != nil {
+		t.Fatalf("connecting from the port of a connection in TIME-WAIT, to the same peer: %v", err)
+	}
+	if c := s.Counters(); c.TCPTimeWaitReuse != 1 {
+		t.Fatalf("TIME-WAIT connections recycled: %d, want 1", c.TCPTimeWaitReuse)
+	}
+	if st := state(first); st != "" {
+		t.Fatalf("the TIME-WAIT connection is still there (%s) beside its successor", st)
+	}
+	echo(second, "second")
+
+	if _, err := dial(6000); !errors.Is(err, syscall.EADDRNOTAVAIL) {
+		t.Fatalf("connecting on the four-tuple of a live connection: %v, want EADDRNOTAVAIL", err)
+	}
+	third, err := dial(6001)
+	if err != nil {
+		t.Fatalf("connecting from a live connection's port to another peer: %v", err)
+	}
+	echo(third, "third")
+	echo(second, "second, still")
+}

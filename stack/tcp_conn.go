@@ -63,7 +63,7 @@ func (s *Stack) Listen(id SockID, backlog int) error {
 		return ErrInvalid
 	}
 	if sk.flags&sfBound == 0 {
-		if err := s.bindLocked(sk, netip.AddrPort{}); err != nil {
+		if err := s.bindLocked(sk, netip.AddrPort{}, claimBind); err != nil {
 			return err
 		}
 	}
@@ -312,9 +312,24 @@ func (s *Stack) connectTCPLocked(sk *sock, remote netip.AddrPort) error {
 	}
 	ra := remote.Addr().Unmap()
 	if sk.flags&sfBound == 0 {
-		if err := s.bindLocked(sk, netip.AddrPort{}); err != nil {
+		if err := s.bindLocked(sk, netip.AddrPort{}, claimBind); err != nil {
 			return err
 		}
+	}
+	// The four-tuple must be free (RFC 9293 3.4, as Linux's
+	// __inet_check_established): a connection on it in TIME-WAIT ends
+	// now, and the new one starts past its sequence space (RFC 6191's
+	// condition, as Linux's tcp_twsk_unique gives write_seq); any other
+	// keeps it.
+	var twNxt seqnum.Value
+	tw := false
+	if old := s.findLocked(kindTCP, s.img.hdr.addr, sk.localPort, ra.As4(), remote.Port()); old != nil && old != sk {
+		if old.state != tcpTimeWait {
+			return ErrTupleInUse
+		}
+		twNxt, tw = old.sndNxt, true
+		s.tcpCloseFinalLocked(old)
+		s.img.hdr.counters.TCPTimeWaitReuse++
 	}
 	s.unhashLocked(sk)
 	sk.localAddr = s.img.hdr.addr
@@ -327,6 +342,9 @@ func (s *Stack) connectTCPLocked(sk *sock, remote netip.AddrPort) error {
 	sk.cwnd = initialCwnd * uint32(sk.mss)
 	sk.ssthresh = ^uint32(0)
 	sk.iss = s.isnLocked(sk)
+	if floor := twNxt.Add(0xffff + 2); tw && sk.iss.LessThan(floor) {
+		sk.iss = floor
+	}
 	sk.sndUna = sk.iss
 	sk.sndNxt = sk.iss.Add(1)
 	sk.sndMax = sk.sndNxt

@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -222,5 +223,69 @@ func TestDefaultStackLifetime(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+	}
+}
+
+// TestDialPortInTimeWait: a connection we closed first stays in TIME-WAIT
+// in the stack, but its kernel reservation went with it, so the kernel
+// may pick its port for the next dial's reservation: with one ephemeral
+// port in the host, it must. The next dial to the same server takes the
+// four-tuple over from TIME-WAIT (it once failed with EADDRINUSE, seen
+// under the shim in CI).
+func TestDialPortInTimeWait(t *testing.T) {
+	RequireRoot(t)
+	a, b := Pair(t, LinkOptions{})
+	if out, err := b.Run("sysctl", "-qw", "net.ipv4.ip_local_port_range=40000 40000"); err != nil {
+		Missing(t, "cannot narrow the host's ephemeral ports (sysctl): %v %s", err, out)
+	}
+	s := ourSockets(t, b, sockets.Balanced)
+	ln, err := a.KernelEcho(a.Iface0().Addr().String() + ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	d := sockets.Dialer{Stack: s}
+	timeWait := func() int {
+		n := 0
+		for _, r := range s.Engine().Sockets() {
+			if r.State == "TIME-WAIT" && r.Local.Port() == 40000 {
+				n++
+			}
+		}
+		return n
+	}
+	for i := range 3 {
+		var c net.Conn
+		if err := b.Do(func() (err error) { c, err = d.Dial("tcp", ln.Addr().String()); return }); err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		if _, ok := c.(*sockets.TCPConn); !ok {
+			c.Close()
+			t.Fatalf("dial %d: %v", i, errNotOurs)
+		}
+		if port := c.LocalAddr().(*net.TCPAddr).Port; port != 40000 {
+			c.Close()
+			t.Fatalf("dial %d: from port %d, want the host's only ephemeral port, 40000", i, port)
+		}
+		msg := fmt.Sprintf("hello %d", i)
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		got := make([]byte, len(msg))
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatalf("dial %d: write: %v", i, err)
+		}
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
+			t.Fatalf("dial %d: echo %q, %v", i, got, err)
+		}
+		c.Close()
+		deadline := time.Now().Add(5 * time.Second)
+		for timeWait() != 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("dial %d: the closed connection is not in TIME-WAIT in the stack:\n%s", i, s.Dump())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if n := s.Engine().Counters().TCPTimeWaitReuse; n != 2 {
+		t.Fatalf("TIME-WAIT connections taken over: %d, want 2", n)
 	}
 }
