@@ -31,6 +31,7 @@ build:
 	rm -f bin/libonload-core.h
 	$(CC) $(SHIM_CFLAGS) -o bin/libonload.so shim/preload.c -ldl -lpthread
 	$(CC) -O2 -Wall -o bin/shim-mixed shim/test/mixed.c -lpthread
+	$(CC) -O2 -Wall -o bin/mcping test/bench/mcping/mcping.c -lpthread
 	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o bin/onload-bench ./test/bench
 	$(GO) build -o bin/onload-demo ./test/demo
 

@@ -39,6 +39,10 @@ import (
 //     nginx (a master and 2 workers sharing one listening socket) under
 //     the shim, its workers on one stack from onloadd, against nginx on
 //     the kernel, loaded by wrk (2 threads, 50 connections, a 1 KiB file).
+//   - memcached with one worker (-t 1) and with two (-t 2), under the
+//     shim and on the kernel, loaded by mcping (mcping/mcping.c: 8 connections,
+//     each one get at a time, a client that costs little a request): what
+//     a server's second thread costs on each stack.
 //   - the server floor (respond.go) in each server's place, the same
 //     clients, in the same round: raw AF_XDP with canned replies and no
 //     TCP, one thread that spins 50 µs and then blocks, as the shim's
@@ -71,7 +75,7 @@ type ThroughputResult struct {
 // build puts them all in bin/).
 func shimTools(self string) (onloadd, mixed string, err error) {
 	dir := filepath.Dir(self)
-	for _, f := range []string{"onloadd", "libonload.so", "libonload-core.so", "shim-mixed"} {
+	for _, f := range []string{"onloadd", "libonload.so", "libonload-core.so", "shim-mixed", "mcping"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			return "", "", fmt.Errorf("%s: run make build", err)
 		}
@@ -138,6 +142,15 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				id := tool + "-" + side
 				redis[id] = append(redis[id], v)
 				fmt.Fprintf(os.Stderr, "shim round %d %s %-6s %12.0f/s\n", r+1, tool, side, v)
+			}
+			for _, workers := range []int{1, 2} {
+				v, err := memcachedPingRound(ctx, self, a, b, server{side: side, onloadd: run}, workers)
+				if err != nil {
+					return nil, fmt.Errorf("shim round %d, memcached -t %d %s: %w", r+1, workers, side, err)
+				}
+				id := fmt.Sprintf("mcping-t%d-%s", workers, side)
+				redis[id] = append(redis[id], v)
+				fmt.Fprintf(os.Stderr, "shim round %d memcached -t %d mcping %-6s %9.0f/s\n", r+1, workers, side, v)
 			}
 			for _, pipe := range []int{1, 16} {
 				rps, err := serverRound(ctx, a, b, fmt.Sprintf("redis-p%d", pipe), server{side: side, onloadd: run})
@@ -212,6 +225,17 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			rep.Redis = append(rep.Redis, ThroughputResult{ID: tool + "-floor", Name: name, PerSec: median(fl), RoundsPerSec: fl})
 			floorRatios(rep, tool, redis[tool+"-shim"], redis[tool+"-kernel"], fl)
 		}
+	}
+	for _, workers := range []int{1, 2} {
+		for _, side := range []string{"shim", "kernel"} {
+			id := fmt.Sprintf("mcping-t%d-%s", workers, side)
+			name := fmt.Sprintf("memcached -t %d on the kernel, mcping 8 connections, gets", workers)
+			if side == "shim" {
+				name = fmt.Sprintf("memcached -t %d under the shim, mcping 8 connections, gets", workers)
+			}
+			rep.Redis = append(rep.Redis, ThroughputResult{ID: id, Name: name, PerSec: median(redis[id]), RoundsPerSec: redis[id]})
+		}
+		rep.Ratios[fmt.Sprintf("memcached_t%d_mcping_shim_vs_kernel", workers)] = round3(medianRatio(redis[fmt.Sprintf("mcping-t%d-shim", workers)], redis[fmt.Sprintf("mcping-t%d-kernel", workers)]))
 	}
 	// The iperf3 target: the shim's client beside the kernel's, against
 	// the Go library beside net in the same round (a ratio of ratios,
@@ -439,6 +463,34 @@ func memcachedRound(ctx context.Context, a, b *test.Host, sv server) (float64, e
 	return keys / secs, nil
 }
 
+var mcpingGets = regexp.MustCompile(`^gets (\d+) seconds (\d+) `)
+
+// memcachedPingRound serves mcping (8 connections, 3 s) in host a from
+// memcached with workers threads in host b, under the shim or on the
+// kernel: gets per second.
+func memcachedPingRound(ctx context.Context, self string, a, b *test.Host, sv server, workers int) (float64, error) {
+	stop, err := sv.start(ctx, b, 11291, "memcache", func() (func(), error) {
+		argv := shimmed(sv.onloadd, "memcached", "-t", strconv.Itoa(workers), "-p", "11291", "-U", "0", "-l", "0.0.0.0", "-u", "root", "-c", "1024")
+		srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
+		return startServer(srv, listening(b, 11291))
+	})
+	if err != nil {
+		return 0, fmt.Errorf("memcached: %w", err)
+	}
+	defer stop()
+	out, err := a.RunFor(time.Minute, filepath.Join(filepath.Dir(self), "mcping"), b.Iface0().Addr().String(), "11291", "8", "3")
+	if err != nil {
+		return 0, fmt.Errorf("mcping: %w\n%s", err, out)
+	}
+	m := mcpingGets.FindStringSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("mcping:\n%s", out)
+	}
+	gets, _ := strconv.ParseFloat(m[1], 64)
+	secs, _ := strconv.ParseFloat(m[2], 64)
+	return gets / secs, nil
+}
+
 var wrkRate = regexp.MustCompile(`Requests/sec:\s*([0-9.]+)`)
 
 // nginxConf is the bench's nginx: a master and two workers sharing one
@@ -563,6 +615,8 @@ func printShim(w io.Writer, rep *Report) {
 		s.Ratios["sockperf_shim_vs_floor_p50"], s.Ratios["redis_p1_shim_vs_kernel"], s.Ratios["redis_p16_shim_vs_kernel"])
 	fmt.Fprintf(w, "iperf3 client shim / kernel %.3f, the Go library's bulk sockets / net %.3f, the one over the other %.3f (target >= 1); memcached shim / kernel %.3f; nginx shim / kernel %.3f (target >= 1.3)\n",
 		s.Ratios["iperf3_shim_vs_kernel"], s.Ratios["gobulk_shim_vs_kernel"], s.Ratios["iperf3_vs_gobulk"], s.Ratios["memcslap_shim_vs_kernel"], s.Ratios["nginx_shim_vs_kernel"])
+	fmt.Fprintf(w, "memcached under mcping, shim / kernel: one worker (-t 1) %.3f, two (-t 2) %.3f\n",
+		s.Ratios["memcached_t1_mcping_shim_vs_kernel"], s.Ratios["memcached_t2_mcping_shim_vs_kernel"])
 	fmt.Fprintf(w, "the server floor / kernel: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f; shim / the server floor: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f\n",
 		s.Ratios["redis_p1_floor_vs_kernel"], s.Ratios["redis_p16_floor_vs_kernel"], s.Ratios["memcslap_floor_vs_kernel"], s.Ratios["nginx_floor_vs_kernel"],
 		s.Ratios["redis_p1_shim_vs_floor"], s.Ratios["redis_p16_shim_vs_floor"], s.Ratios["memcslap_shim_vs_floor"], s.Ratios["nginx_shim_vs_floor"])
