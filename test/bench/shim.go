@@ -40,9 +40,9 @@ import (
 //     the shim, its workers on one stack from onloadd, against nginx on
 //     the kernel, loaded by wrk (2 threads, 50 connections, a 1 KiB file).
 //   - memcached with one worker (-t 1) and with two (-t 2), under the
-//     shim and on the kernel, loaded by mcping (mcping/mcping.c: 8 connections,
-//     each one get at a time, a client that costs little a request): what
-//     a server's second thread costs on each stack.
+//     shim and on the kernel, loaded by mcping (mcping/mcping.c: 8
+//     connections, each one get at a time, a client that costs little a
+//     request): what a server's second thread costs on each stack.
 //   - the server floor (respond.go) in each server's place, the same
 //     clients, in the same round: raw AF_XDP with canned replies and no
 //     TCP, one thread that spins 50 µs and then blocks, as the shim's
@@ -463,7 +463,7 @@ func memcachedRound(ctx context.Context, a, b *test.Host, sv server) (float64, e
 	return keys / secs, nil
 }
 
-var mcpingGets = regexp.MustCompile(`^gets (\d+) seconds (\d+) `)
+var mcpingGets = regexp.MustCompile(`(?m)^gets (\d+) seconds (\d+) `)
 
 // memcachedPingRound serves mcping (8 connections, 3 s) in host a from
 // memcached with workers threads in host b, under the shim or on the
