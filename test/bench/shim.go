@@ -437,13 +437,9 @@ var memcslapTime = regexp.MustCompile(`Time to get\s+(\d+) keys by\s+\d+ threads
 // memcached -t 2 in host b (or the floor in its place): keys read per
 // second.
 func memcachedRound(ctx context.Context, a, b *test.Host, sv server) (float64, error) {
-	stop, err := sv.start(ctx, b, 11290, "memcache", func() (func(), error) {
-		argv := shimmed(sv.onloadd, "memcached", "-t", "2", "-p", "11290", "-U", "0", "-l", "0.0.0.0", "-u", "root", "-c", "1024")
-		srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
-		return startServer(srv, listening(b, 11290))
-	})
+	stop, err := startMemcached(ctx, b, sv, 2, 11290)
 	if err != nil {
-		return 0, fmt.Errorf("memcached: %w", err)
+		return 0, err
 	}
 	defer stop()
 	out, err := a.RunFor(2*time.Minute, "memcslap", "--servers="+b.Iface0().Addr().String()+":11290", "--test=get",
@@ -463,19 +459,30 @@ func memcachedRound(ctx context.Context, a, b *test.Host, sv server) (float64, e
 	return keys / secs, nil
 }
 
+// startMemcached starts memcached with workers threads on port in host
+// b as sv says (or the floor in its place).
+func startMemcached(ctx context.Context, b *test.Host, sv server, workers, port int) (func(), error) {
+	p := strconv.Itoa(port)
+	stop, err := sv.start(ctx, b, port, "memcache", func() (func(), error) {
+		argv := shimmed(sv.onloadd, "memcached", "-t", strconv.Itoa(workers), "-p", p, "-U", "0", "-l", "0.0.0.0", "-u", "root", "-c", "1024")
+		srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
+		return startServer(srv, listening(b, port))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("memcached: %w", err)
+	}
+	return stop, nil
+}
+
 var mcpingGets = regexp.MustCompile(`(?m)^gets (\d+) seconds (\d+) `)
 
 // memcachedPingRound serves mcping (8 connections, 3 s) in host a from
 // memcached with workers threads in host b, under the shim or on the
 // kernel: gets per second.
 func memcachedPingRound(ctx context.Context, self string, a, b *test.Host, sv server, workers int) (float64, error) {
-	stop, err := sv.start(ctx, b, 11291, "memcache", func() (func(), error) {
-		argv := shimmed(sv.onloadd, "memcached", "-t", strconv.Itoa(workers), "-p", "11291", "-U", "0", "-l", "0.0.0.0", "-u", "root", "-c", "1024")
-		srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
-		return startServer(srv, listening(b, 11291))
-	})
+	stop, err := startMemcached(ctx, b, sv, workers, 11291)
 	if err != nil {
-		return 0, fmt.Errorf("memcached: %w", err)
+		return 0, err
 	}
 	defer stop()
 	out, err := a.RunFor(time.Minute, filepath.Join(filepath.Dir(self), "mcping"), b.Iface0().Addr().String(), "11291", "8", "3")

@@ -173,7 +173,11 @@ int main(int argc, char **argv)
 		gets += cs[i].gets;
 		total += cs[i].n;
 	}
-	float *all = malloc(sizeof(float) * (size_t)(total > 0 ? total : 1));
+	if (total == 0) {
+		fprintf(stderr, "mcping: no request completed\n");
+		return 1;
+	}
+	float *all = malloc(sizeof(float) * (size_t)total);
 	if (!all) {
 		fprintf(stderr, "mcping: out of memory\n");
 		return 1;
@@ -182,10 +186,6 @@ int main(int argc, char **argv)
 	for (int i = 0; i < conns; i++) {
 		memcpy(all + k, cs[i].lat_us, sizeof(float) * (size_t)cs[i].n);
 		k += cs[i].n;
-	}
-	if (total == 0) {
-		fprintf(stderr, "mcping: no request completed\n");
-		return 1;
 	}
 	qsort(all, (size_t)total, sizeof(float), cmp);
 	printf("gets %ld seconds %d p50_us %.1f p99_us %.1f\n", gets, secs, all[total / 2], all[total * 99 / 100]);
