@@ -439,7 +439,7 @@ func (s *Stack) Close(id SockID) error {
 	if err != nil {
 		return err
 	}
-	if self := procBit(s.proc); self != 0 && sk.openers&^self != 0 {
+	if self := procBit(s.proc()); self != 0 && sk.openers&^self != 0 {
 		sk.openers &^= self
 		sk.waiters &^= self
 		return nil

@@ -78,7 +78,7 @@ func (s *Stack) ReadyHead() uint32 {
 func (s *Stack) ArmReady(seq uint32) (moved, ok bool) {
 	s.lock()
 	defer s.unlock()
-	if s.proc != 0 || s.readyWake == nil {
+	if s.proc() != 0 || s.readyWake == nil {
 		return false, false
 	}
 	if s.img.hdr.readySeq != seq {

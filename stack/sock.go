@@ -169,7 +169,7 @@ func (s *Stack) allocSockLocked(kind uint8) (*sock, SockID, error) {
 		h.sockHigh = idx + 1
 	}
 	gen := sk.gen
-	*sk = sock{kind: kind, gen: gen, next: noSlot, rcvBuf: h.recvBuffer, sndBuf: h.sendBuffer, openers: procBit(s.proc)}
+	*sk = sock{kind: kind, gen: gen, next: noSlot, rcvBuf: h.recvBuffer, sndBuf: h.sendBuffer, openers: procBit(s.proc())}
 	sk.ccAlgo = uint8(min(h.ccAlgo, ccReno))
 	sk.tcb.acceptHead, sk.tcb.acceptTail, sk.tcb.acceptNext, sk.tcb.parent = noSlot, noSlot, noSlot, noSlot
 	sk.keepIdle, sk.keepIntvl, sk.keepCnt = keepIdleDefault, keepIntvlDefault, keepCntDefault

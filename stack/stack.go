@@ -70,7 +70,7 @@ type Stack struct {
 	tickNs    int64
 	tickRecip uint64 // 2^64 / tickNs, for toTicks
 	fast      *fastClock
-	proc      uint8         // this process's procs slot plus one (JoinWakes); 0: not joined
+	joined    atomic.Uint32 // this process's procs slot plus one (JoinWakes); 0: not joined. Set under the lock, read without it too (proc)
 	remote    atomic.Uint32 // procs (bits) whose threads this handle's polls must wake
 	wakes     wakeSockets   // this handle's wake socket (WakeSocket) and the one it wakes others from
 	mtu       int           // the image's, as this handle last took it (syncMTULocked)

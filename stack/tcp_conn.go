@@ -85,7 +85,7 @@ func (s *Stack) Listen(id SockID, backlog int) error {
 // stack has no such listener, or when this handle shares no wakes
 // (JoinWakes).
 func (s *Stack) ShareListener(local netip.AddrPort) (id SockID, ok bool) {
-	self := procBit(s.proc)
+	self := procBit(s.proc())
 	if self == 0 {
 		return NullSock, false
 	}
@@ -270,7 +270,7 @@ func (s *Stack) Accept(id SockID) (SockID, error) {
 	child.acceptNext, child.parent = noSlot, noSlot
 	child.tflags &^= tfInAcceptQ | tfOrphan
 	child.tflags |= tfAccepted
-	child.openers = procBit(s.proc)
+	child.openers = procBit(s.proc())
 	return s.idOf(child), nil
 }
 

@@ -44,12 +44,17 @@ func (s *Stack) WaitFor(id SockID, want Events) Events {
 
 // waitLocked asks for a wake-up of this process's threads on sk.
 func (s *Stack) waitLocked(sk *sock) {
-	if s.proc == 0 {
+	if s.proc() == 0 {
 		sk.flags |= sfWake
 	} else {
-		sk.waiters |= procBit(s.proc)
+		sk.waiters |= procBit(s.proc())
 	}
 }
+
+// proc is this process's procs slot plus one (JoinWakes); 0 where it has
+// not joined. It is set under the lock; the readers without it
+// (Elsewhere, ParkedDirect, WaitRemote) take it once.
+func (s *Stack) proc() uint8 { return uint8(s.joined.Load()) }
 
 // procBit is process slot proc's bit in a socket's openers and waiters
 // (0 for a handle that shares no wakes).
@@ -110,7 +115,7 @@ func (s *Stack) touchLocked(sk *sock) {
 	sk.flags &^= sfWake
 	if w := sk.waiters; w != 0 {
 		sk.waiters = 0
-		if self := procBit(s.proc); w&self != 0 {
+		if self := procBit(s.proc()); w&self != 0 {
 			local, w = true, w&^self
 		}
 		if w != 0 {
@@ -263,7 +268,7 @@ func (s *Stack) Capacity() int { return len(s.img.socks) }
 func (s *Stack) JoinWakes() error {
 	s.lock()
 	defer s.unlock()
-	if s.proc != 0 {
+	if s.proc() != 0 {
 		return nil
 	}
 	pid := uint32(os.Getpid())
@@ -273,7 +278,7 @@ func (s *Stack) JoinWakes() error {
 			atomic.StoreUint32(&p.key, 0)
 			atomic.StoreUint32(&p.direct, 0)
 			atomic.StoreUint32(&p.pid, pid)
-			s.proc = uint8(i + 1)
+			s.joined.Store(uint32(i + 1))
 			return nil
 		}
 	}
@@ -284,11 +289,11 @@ func (s *Stack) JoinWakes() error {
 func (s *Stack) LeaveWakes() {
 	s.lock()
 	defer s.unlock()
-	if s.proc != 0 {
-		atomic.StoreUint32(&s.img.hdr.procs[s.proc-1].key, 0)
-		atomic.StoreUint32(&s.img.hdr.procs[s.proc-1].direct, 0)
-		atomic.StoreUint32(&s.img.hdr.procs[s.proc-1].pid, 0)
-		s.proc = 0
+	if p := s.proc(); p != 0 {
+		atomic.StoreUint32(&s.img.hdr.procs[p-1].key, 0)
+		atomic.StoreUint32(&s.img.hdr.procs[p-1].direct, 0)
+		atomic.StoreUint32(&s.img.hdr.procs[p-1].pid, 0)
+		s.joined.Store(0)
 	}
 	s.closeOwnWakeSocket()
 }
@@ -300,8 +305,8 @@ func (s *Stack) LeaveWakes() {
 // need not wait on the interrupt too (Elsewhere). A handle that has not
 // joined the stack's wakes (JoinWakes) counts nothing.
 func (s *Stack) ParkedDirect(d int32) {
-	if s.proc != 0 {
-		atomic.AddUint32(&s.img.hdr.procs[s.proc-1].direct, uint32(d))
+	if p := s.proc(); p != 0 {
+		atomic.AddUint32(&s.img.hdr.procs[p-1].direct, uint32(d))
 	}
 }
 
@@ -314,12 +319,13 @@ func (s *Stack) ParkedDirect(d int32) {
 // gives its slot back (CloseAbandonedBy), and the frames then wait for
 // onloadd's watcher or for that.
 func (s *Stack) Elsewhere() (parked bool, polledAt int64) {
-	if s.proc == 0 {
+	self := s.proc()
+	if self == 0 {
 		return false, 0
 	}
 	for i := range s.img.hdr.procs {
 		p := &s.img.hdr.procs[i]
-		if i != int(s.proc)-1 && atomic.LoadUint32(&p.direct) != 0 && atomic.LoadUint32(&p.pid) != 0 {
+		if i != int(self)-1 && atomic.LoadUint32(&p.direct) != 0 && atomic.LoadUint32(&p.pid) != 0 {
 			parked = true
 			break
 		}
@@ -387,7 +393,7 @@ func wakeAddr(sa *unix.RawSockaddrUnix, pid, key uint32) uint32 {
 // directly, where the word takes a goroutine's wake-up and an eventfd's.
 // The socket is the handle's: LeaveWakes closes it.
 func (s *Stack) WakeSocket() (int, error) {
-	if s.proc == 0 {
+	if s.proc() == 0 {
 		return -1, errors.New("stack: wake socket before JoinWakes")
 	}
 	if s.wakes.own >= 0 {
@@ -408,7 +414,7 @@ func (s *Stack) WakeSocket() (int, error) {
 		l := wakeAddr(&sa, pid, key)
 		_, _, errno := unix.Syscall(unix.SYS_BIND, uintptr(fd), uintptr(unsafe.Pointer(&sa)), uintptr(l))
 		if errno == 0 {
-			atomic.StoreUint32(&s.img.hdr.procs[s.proc-1].key, key)
+			atomic.StoreUint32(&s.img.hdr.procs[s.proc()-1].key, key)
 			s.wakes.own = fd
 			return fd, nil
 		}
@@ -467,10 +473,11 @@ func (s *Stack) wakeRemotes() {
 // process's word past seq, and returns the word. A process that has not
 // joined returns seq at once.
 func (s *Stack) WaitRemote(seq uint32, timeout time.Duration) uint32 {
-	if s.proc == 0 {
+	p := s.proc()
+	if p == 0 {
 		return seq
 	}
-	w := &s.img.hdr.procs[s.proc-1].wake
+	w := &s.img.hdr.procs[p-1].wake
 	if v := atomic.LoadUint32(w); v != seq {
 		return v
 	}
@@ -483,7 +490,7 @@ func (s *Stack) WaitRemote(seq uint32, timeout time.Duration) uint32 {
 func (s *Stack) TakeRemoteWakes() int {
 	s.lock()
 	defer s.unlock()
-	self := procBit(s.proc)
+	self := procBit(s.proc())
 	if self == 0 {
 		return 0
 	}

@@ -29,7 +29,7 @@ func TestWakeSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	// a stands for another process: another slot.
-	a.proc = h.proc + 1
+	a.joined.Store(h.joined.Load() + 1)
 
 	// The waiting socket in a slot above others (TakeRemoteWakes reads
 	// the slots ever used).
@@ -45,7 +45,7 @@ func TestWakeSocket(t *testing.T) {
 	if ev := h.WaitFor(u, Readable); ev != 0 {
 		t.Fatalf("WaitFor: ready at once (%v)", ev)
 	}
-	word := atomic.LoadUint32(&a.img.hdr.procs[h.proc-1].wake)
+	word := atomic.LoadUint32(&a.img.hdr.procs[h.proc()-1].wake)
 	ub, _ := b.Open(UDP)
 	if _, err := b.SendTo(ub, []byte("wake"), netip.AddrPortFrom(a.Addr(), 5000)); err != nil {
 		t.Fatal(err)
@@ -58,7 +58,7 @@ func TestWakeSocket(t *testing.T) {
 	if n := h.TakeRemoteWakes(); n != 1 || len(woken) != 1 || woken[0] != u {
 		t.Errorf("TakeRemoteWakes = %d, woke %v; want 1, [%v]", n, woken, u)
 	}
-	if w := atomic.LoadUint32(&a.img.hdr.procs[h.proc-1].wake); w != word {
+	if w := atomic.LoadUint32(&a.img.hdr.procs[h.proc()-1].wake); w != word {
 		t.Errorf("the futex word moved (%d to %d): the wake went both ways", word, w)
 	}
 	var buf [16]byte
