@@ -115,8 +115,14 @@ func (l *TCPListener) Accept() (net.Conn, error) {
 		if err != stack.ErrWouldBlock {
 			return nil, l.opErr(l.engineErr("accept", err))
 		}
-		l.await(&sp, stack.Readable, &l.rd, 0)
+		l.awaitUnless(&sp, stack.Readable, &l.rd, 0, l.kernelWaiting)
 	}
+}
+
+// kernelWaiting says whether the kernel's half has a connection or an
+// error for Accept. acceptKernel queues it before it wakes the listener.
+func (l *TCPListener) kernelWaiting() bool {
+	return l.kern != nil && (len(l.kconn) > 0 || len(l.kerr) > 0)
 }
 
 func (l *TCPListener) opErr(err error) error {

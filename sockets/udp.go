@@ -150,9 +150,13 @@ func (c *UDPConn) ReadFromUDPAddrPort(b []byte) (int, netip.AddrPort, error) {
 		if err != stack.ErrWouldBlock {
 			return 0, netip.AddrPort{}, c.opErr("read", nil, c.engineErr("recvfrom", err))
 		}
-		c.await(&sp, stack.Readable, &c.rd, 0)
+		c.awaitUnless(&sp, stack.Readable, &c.rd, 0, c.kernelWaiting)
 	}
 }
+
+// kernelWaiting says whether the kernel's half has a datagram queued for
+// reading. readKernel queues it before it wakes the readers.
+func (c *UDPConn) kernelWaiting() bool { return len(c.kq) > 0 }
 
 // ReadFromUDP reads one datagram and says who sent it.
 func (c *UDPConn) ReadFromUDP(b []byte) (int, *net.UDPAddr, error) {

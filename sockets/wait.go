@@ -201,6 +201,15 @@ func (sp *spin) end() {
 // goroutine in 61. A goroutine alone on its stack spins on its own socket
 // for the spin time: the one-connection latency win.
 func (c *sock) await(sp *spin, want stack.Events, dl *deadline, retry time.Duration) {
+	c.awaitUnless(sp, want, dl, retry, nil)
+}
+
+// awaitUnless is await for a socket that may also become ready outside
+// the stack (a listener's kernel half): it returns at once, after taking
+// the channel that the next wake closes, if ready says so. Checked before
+// that, a readiness whose wake came between the check and the channel
+// would be lost.
+func (c *sock) awaitUnless(sp *spin, want stack.Events, dl *deadline, retry time.Duration, ready func() bool) {
 	s := c.stk
 	if !sp.started {
 		sp.started, sp.stk = true, s
@@ -220,6 +229,9 @@ func (c *sock) await(sp *spin, want stack.Events, dl *deadline, retry time.Durat
 		sp.end()
 	}
 	ch := c.wq.prepare()
+	if ready != nil && ready() {
+		return
+	}
 	if !s.enter() {
 		return
 	}

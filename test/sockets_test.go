@@ -289,3 +289,63 @@ func TestDialPortInTimeWait(t *testing.T) {
 		t.Fatalf("TIME-WAIT connections taken over: %d, want 2", n)
 	}
 }
+
+// TestUDPKernelHalfWakes: a reader blocked on an accelerated UDP socket
+// wakes for every datagram that arrives through the socket's kernel half
+// (a sender on the same host, through loopback), one datagram at a time,
+// so that nothing but that datagram can wake it. A wake that came
+// between the reader's check of the kernel's queue and its sleep was
+// lost, and the reader slept until the stack's next datagram.
+func TestUDPKernelHalfWakes(t *testing.T) {
+	RequireRoot(t)
+	a, b := Pair(t, LinkOptions{})
+	s := ourSockets(t, b, sockets.Balanced)
+	var pc net.PacketConn
+	if err := b.Do(func() (err error) {
+		pc, err = (&sockets.ListenConfig{Stack: s}).ListenPacket(context.Background(), "udp", b.Iface0().Addr().String()+":0")
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	if _, ok := pc.(*sockets.UDPConn); !ok {
+		t.Fatalf("the socket is %T, not accelerated", pc)
+	}
+	got := make(chan string, 1)
+	go func() {
+		defer close(got)
+		buf := make([]byte, 512)
+		for {
+			n, _, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			got <- string(buf[:n])
+		}
+	}()
+	send := func(h *Host, msg string) {
+		t.Helper()
+		var c net.Conn
+		if err := h.Do(func() (err error) { c, err = net.Dial("udp", pc.LocalAddr().String()); return }); err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, msg); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case m := <-got:
+			if m != msg {
+				t.Fatalf("read %q, want %q", m, msg)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatalf("%q not read within 2 s", msg)
+		}
+	}
+	// The stack's half, from the other host; then the kernel's, from this
+	// one.
+	send(a, "through the stack")
+	for i := range 300 {
+		send(b, fmt.Sprintf("through the kernel %d", i))
+	}
+}
