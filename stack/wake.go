@@ -44,10 +44,10 @@ func (s *Stack) WaitFor(id SockID, want Events) Events {
 
 // waitLocked asks for a wake-up of this process's threads on sk.
 func (s *Stack) waitLocked(sk *sock) {
-	if s.proc() == 0 {
+	if self := procBit(s.proc()); self == 0 {
 		sk.flags |= sfWake
 	} else {
-		sk.waiters |= procBit(s.proc())
+		sk.waiters |= self
 	}
 }
 
@@ -393,7 +393,8 @@ func wakeAddr(sa *unix.RawSockaddrUnix, pid, key uint32) uint32 {
 // directly, where the word takes a goroutine's wake-up and an eventfd's.
 // The socket is the handle's: LeaveWakes closes it.
 func (s *Stack) WakeSocket() (int, error) {
-	if s.proc() == 0 {
+	self := s.proc()
+	if self == 0 {
 		return -1, errors.New("stack: wake socket before JoinWakes")
 	}
 	if s.wakes.own >= 0 {
@@ -414,7 +415,7 @@ func (s *Stack) WakeSocket() (int, error) {
 		l := wakeAddr(&sa, pid, key)
 		_, _, errno := unix.Syscall(unix.SYS_BIND, uintptr(fd), uintptr(unsafe.Pointer(&sa)), uintptr(l))
 		if errno == 0 {
-			atomic.StoreUint32(&s.img.hdr.procs[s.proc()-1].key, key)
+			atomic.StoreUint32(&s.img.hdr.procs[self-1].key, key)
 			s.wakes.own = fd
 			return fd, nil
 		}
