@@ -480,12 +480,13 @@ var mcpingGets = regexp.MustCompile(`(?m)^gets (\d+) seconds (\d+) `)
 // memcached with workers threads in host b, under the shim or on the
 // kernel: gets per second.
 func memcachedPingRound(ctx context.Context, self string, a, b *test.Host, sv server, workers int) (float64, error) {
-	stop, err := startMemcached(ctx, b, sv, workers, 11291)
+	const port = 11291
+	stop, err := startMemcached(ctx, b, sv, workers, port)
 	if err != nil {
 		return 0, err
 	}
 	defer stop()
-	out, err := a.RunFor(time.Minute, filepath.Join(filepath.Dir(self), "mcping"), b.Iface0().Addr().String(), "11291", "8", "3")
+	out, err := a.RunFor(time.Minute, filepath.Join(filepath.Dir(self), "mcping"), b.Iface0().Addr().String(), strconv.Itoa(port), "8", "3")
 	if err != nil {
 		return 0, fmt.Errorf("mcping: %w\n%s", err, out)
 	}
