@@ -150,6 +150,7 @@ static struct {
 	int (*remote_fd)(void);
 	void (*take_remote)(void);
 	void (*thread)(void);
+	void (*resched)(void);
 	long (*spin_ns)(void);
 	int (*try_spin)(void);
 	void (*end_spin)(void);
@@ -255,7 +256,7 @@ static int load_core(void)
 	int ok = lib != NULL;
 #define SYM(name) do { if (ok && !(*(void **)&core.name = dlsym(lib, "onl_" #name))) ok = 0; } while (0)
 	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send); SYM(kick);
-	SYM(events); SYM(ready); SYM(arm); SYM(arm_ready); SYM(disarm_ready); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(thread); SYM(spin_ns); SYM(try_spin);
+	SYM(events); SYM(ready); SYM(arm); SYM(arm_ready); SYM(disarm_ready); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(thread); SYM(resched); SYM(spin_ns); SYM(try_spin);
 	SYM(end_spin); SYM(close); SYM(shutdown);
 	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
 	SYM(handover_info); SYM(handover); SYM(handed_over);
@@ -738,10 +739,31 @@ static inline void flush_kicks(void)
 	}
 }
 
+/* keep_p: a thread that waits on the stack has its Go processor go
+ * through the scheduler (onl_resched) once every RESCHED_NS. The Go
+ * runtime's monitor (sysmon) takes a processor back from a thread in C
+ * once the processor has run no goroutine for 10 ms, and a thread that
+ * comes in from C runs none: from then on it lost its processor at
+ * nearly every wait, and its next call took one again and woke the
+ * monitor (onl_resched has the figures). RESCHED_NS stays below the
+ * 10 ms with room for the monitor's own tick. */
+#define RESCHED_NS 5000000
+static __thread int64_t t_resched;
+
+static inline void keep_p(int64_t now)
+{
+	if (now - t_resched >= RESCHED_NS && core_state == 1 && !after_fork) {
+		t_resched = now;
+		CORE_VOID(core.resched());
+	}
+}
+
 static void wait_begin(struct wait *w, int64_t timeout_ns)
 {
 	flush_kicks();
-	w->deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
+	int64_t now = now_ns();
+	keep_p(now);
+	w->deadline = timeout_ns < 0 ? -1 : now + timeout_ns;
 	w->spinning = 0;
 	if (timeout_ns != 0 && spin_ns > 0 && CORE(core.try_spin())) {
 		w->spinning = 1;
@@ -2480,7 +2502,9 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	 * thread is in the stack), in the one call into the core a busy
 	 * server's epoll_wait makes; only if it finds nothing does the
 	 * thread claim the spin slot and spin (wait_begin's work, put off). */
-	struct wait w = {.deadline = timeout_ns < 0 ? -1 : now_ns() + timeout_ns};
+	int64_t now0 = now_ns();
+	keep_p(now0);
+	struct wait w = {.deadline = timeout_ns < 0 ? -1 : now0 + timeout_ns};
 	int spin_tried = timeout_ns == 0 || spin_ns <= 0, spin_try = 0;
 	int ret;
 	/* Scratch for the members' handles, events, wants and edge counts:
