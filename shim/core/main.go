@@ -570,6 +570,7 @@ func onl_thread() {
 // 19 µs for the same loop calling C, and 20 µs with this every 5 ms;
 // under redis-server with redis-benchmark, sysmon's ticks fell from
 // about 1,650 a second to 100.
+//
 //export onl_resched
 func onl_resched() {
 	runtime.Gosched()
