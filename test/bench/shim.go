@@ -58,6 +58,12 @@ type ShimReport struct {
 	Results []Result           `json:"results"`
 	Redis   []ThroughputResult `json:"throughput"` // redis, iperf3, memcached
 	ReadNs  map[string]float64 `json:"read_ns"`    // ns a read() of an empty pipe costs beyond syscall(2): "kernel", "shim"
+	// CPU: redis-server's threads during redis-benchmark, medians over
+	// rounds: µs of CPU a GET (all threads; on the kernel, TCP's receive
+	// runs in the client's context, under the shim in redis-server's),
+	// and under the shim its other threads' CPU (the Go runtime's) over
+	// its main thread's.
+	CPU     map[string]float64 `json:"cpu"`
 	Ratios  map[string]float64 `json:"ratios"`
 	Targets map[string]float64 `json:"targets"`
 }
@@ -105,6 +111,9 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 	ib := b.Iface0()
 	accs := map[string]*rounds{"floor": {}, "kernel": {}, "kernel-busy": {}, "shim": {}}
 	redis := map[string][]float64{}
+	// redis-server's CPU a GET (all its threads) and its other threads'
+	// CPU over its main thread's, by round.
+	cpuUs, others := map[string][]float64{}, map[string][]float64{}
 	for r := range nRounds {
 		res, err := xdpRound(ctx, self, a, b, pinA, pinB, "ours", ib.MAC.String(), count)
 		if err != nil {
@@ -153,13 +162,17 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				fmt.Fprintf(os.Stderr, "shim round %d memcached -t %d mcping %-6s %9.0f/s\n", r+1, workers, side, v)
 			}
 			for _, pipe := range []int{1, 16} {
-				rps, err := serverRound(ctx, a, b, fmt.Sprintf("redis-p%d", pipe), server{side: side, onloadd: run})
+				var cpu cpuUse
+				rps, err := redisRound(ctx, a, b, server{side: side, onloadd: run}, pipe, &cpu)
 				if err != nil {
 					return nil, fmt.Errorf("shim round %d, redis %s -P %d: %w", r+1, side, pipe, err)
 				}
 				id := fmt.Sprintf("redis-%s-p%d", side, pipe)
 				redis[id] = append(redis[id], rps)
-				fmt.Fprintf(os.Stderr, "shim round %d redis %-6s -P %-2d %9.0f GET/s\n", r+1, side, pipe, rps)
+				cpuUs[id] = append(cpuUs[id], cpu.perRequest())
+				others[id] = append(others[id], cpu.othersShare())
+				fmt.Fprintf(os.Stderr, "shim round %d redis %-6s -P %-2d %9.0f GET/s, %.2f us of CPU a GET, other threads %.3f of the main one's\n",
+					r+1, side, pipe, rps, cpu.perRequest(), cpu.othersShare())
 			}
 		}
 		// The server floor in the programs' place, the same clients.
@@ -173,7 +186,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			fmt.Fprintf(os.Stderr, "shim round %d %s floor %12.0f/s\n", r+1, tool, v)
 		}
 	}
-	rep := &ShimReport{Rounds: nRounds, ReadNs: map[string]float64{}}
+	rep := &ShimReport{Rounds: nRounds, ReadNs: map[string]float64{}, CPU: map[string]float64{}}
 	floor := accs["floor"].result("xdp-ours", "floor: this project's rings (xdp + vnic), AF_XDP busy-poll")
 	kern := accs["kernel"].result("sockperf-kernel", "sockperf ping-pong -m 64, both ends on the kernel (blocking)")
 	busy := accs["kernel-busy"].result("sockperf-kernel-busy", "sockperf ping-pong -m 64 --nonblocked, both ends on the kernel (busy-poll)")
@@ -200,6 +213,12 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 		rep.Redis = append(rep.Redis, ThroughputResult{ID: fid, PerSec: median(redis[fid]), RoundsPerSec: redis[fid],
 			Name: fmt.Sprintf("the server floor in redis-server's place (raw AF_XDP, canned replies), redis-benchmark -c 50 -t get -P %d", pipe)})
 		floorRatios(rep, fmt.Sprintf("redis_p%d", pipe), redis[fmt.Sprintf("redis-shim-p%d", pipe)], redis[fmt.Sprintf("redis-kernel-p%d", pipe)], redis[fid])
+		for _, side := range []string{"shim", "kernel"} {
+			id := fmt.Sprintf("redis-%s-p%d", side, pipe)
+			rep.CPU[fmt.Sprintf("redis_p%d_%s_us_per_get", pipe, side)] = round3(median(cpuUs[id]))
+		}
+		rep.CPU[fmt.Sprintf("redis_p%d_shim_others_vs_main", pipe)] = round3(median(others[fmt.Sprintf("redis-shim-p%d", pipe)]))
+		rep.Ratios[fmt.Sprintf("redis_p%d_cpu_per_get_shim_vs_kernel", pipe)] = round3(medianRatio(cpuUs[fmt.Sprintf("redis-shim-p%d", pipe)], cpuUs[fmt.Sprintf("redis-kernel-p%d", pipe)]))
 	}
 	for _, tool := range []string{"iperf3", "gobulk", "memcslap", "nginx"} {
 		for _, side := range []string{"shim", "kernel"} {
@@ -311,9 +330,9 @@ func serverRound(ctx context.Context, a, b *test.Host, tool string, sv server) (
 	case "nginx":
 		return nginxRound(ctx, a, b, sv)
 	case "redis-p1":
-		return redisRound(ctx, a, b, sv, 1)
+		return redisRound(ctx, a, b, sv, 1, nil)
 	case "redis-p16":
-		return redisRound(ctx, a, b, sv, 16)
+		return redisRound(ctx, a, b, sv, 16, nil)
 	}
 	return 0, fmt.Errorf("no server round for %q", tool)
 }
@@ -351,13 +370,19 @@ func floorRatios(rep *ShimReport, key string, shim, kernel, floor []float64) {
 }
 
 // redisRound serves redis-benchmark from redis-server in host b (or the
-// floor in its place): GET requests per second.
-func redisRound(ctx context.Context, a, b *test.Host, sv server, pipeline int) (float64, error) {
+// floor in its place): GET requests per second. If cpu is set, it gets
+// the CPU redis-server's threads ran during the load (not the floor's).
+func redisRound(ctx context.Context, a, b *test.Host, sv server, pipeline int, cpu *cpuUse) (float64, error) {
+	pid := 0
 	stop, err := sv.start(ctx, b, 6380, "redis", func() (func(), error) {
 		argv := shimmed(sv.onloadd, "redis-server", "--bind", "0.0.0.0", "--port", "6380", "--save", "", "--appendonly", "no",
 			"--protected-mode", "no", "--daemonize", "no")
 		srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
-		return startServer(srv, listening(b, 6380))
+		stop, err := startServer(srv, listening(b, 6380))
+		if err == nil {
+			pid = srv.Process.Pid // ip, env and onloadd run exec it
+		}
+		return stop, err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("redis-server: %w", err)
@@ -372,10 +397,24 @@ func redisRound(ctx context.Context, a, b *test.Host, sv server, pipeline int) (
 	if out, err := a.RunFor(30*time.Second, "redis-cli", "-h", addr, "-p", "6380", "ping"); err != nil || !strings.Contains(out, "PONG") {
 		return 0, fmt.Errorf("redis-cli ping: %v %s", err, out)
 	}
+	var cpu0 cpuUse
+	if cpu != nil && pid != 0 {
+		if cpu0, err = threadsCPU(pid); err != nil {
+			return 0, err
+		}
+	}
 	out, err := a.RunFor(2*time.Minute, "redis-benchmark", "-h", addr, "-p", "6380", "-c", "50", "-n", strconv.Itoa(n),
 		"-t", "get", "-P", strconv.Itoa(pipeline), "-q")
 	if err != nil {
 		return 0, err
+	}
+	if cpu != nil && pid != 0 {
+		u, err := threadsCPU(pid)
+		if err != nil {
+			return 0, err
+		}
+		*cpu = u.since(cpu0)
+		cpu.requests = n
 	}
 	out = strings.ReplaceAll(out, "\r", "\n")
 	m := redisGets.FindStringSubmatch(out)
@@ -628,4 +667,8 @@ func printShim(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "the server floor / kernel: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f; shim / the server floor: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f\n",
 		s.Ratios["redis_p1_floor_vs_kernel"], s.Ratios["redis_p16_floor_vs_kernel"], s.Ratios["memcslap_floor_vs_kernel"], s.Ratios["nginx_floor_vs_kernel"],
 		s.Ratios["redis_p1_shim_vs_floor"], s.Ratios["redis_p16_shim_vs_floor"], s.Ratios["memcslap_shim_vs_floor"], s.Ratios["nginx_shim_vs_floor"])
+	fmt.Fprintf(w, "redis-server's CPU a GET, µs (medians): shim %.2f, kernel %.2f (shim / kernel %.3f); pipelined %.2f, %.2f (%.3f); the Go runtime's threads over redis' own under the shim %.3f, pipelined %.3f\n",
+		s.CPU["redis_p1_shim_us_per_get"], s.CPU["redis_p1_kernel_us_per_get"], s.Ratios["redis_p1_cpu_per_get_shim_vs_kernel"],
+		s.CPU["redis_p16_shim_us_per_get"], s.CPU["redis_p16_kernel_us_per_get"], s.Ratios["redis_p16_cpu_per_get_shim_vs_kernel"],
+		s.CPU["redis_p1_shim_others_vs_main"], s.CPU["redis_p16_shim_others_vs_main"])
 }
