@@ -175,6 +175,7 @@ static int remote_fd = -1;    /* the stack's wake socket (onl_remote_fd) */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;	     /* the table */
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER; /* loading the core */
 static __thread int in_core;  /* this thread is in the Go core */
+static __thread int in_handler; /* the program's signal handlers running on this thread */
 static __thread int kick_owed; /* this thread's sends left frames for a kick */
 
 /* Signals that come while their thread is in the core wait for it to
@@ -746,13 +747,15 @@ static inline void flush_kicks(void)
  * comes in from C runs none: from then on it lost its processor at
  * nearly every wait, and its next call took one again and woke the
  * monitor (onl_resched has the figures). RESCHED_NS stays below the
- * 10 ms with room for the monitor's own tick. */
+ * 10 ms with room for the monitor's own tick. A wait in a signal
+ * handler leaves it to the thread's next wait outside one: the turn
+ * blocks the thread until the runtime hands its processor back. */
 #define RESCHED_NS 5000000
 static __thread int64_t t_resched;
 
 static inline void keep_p(int64_t now)
 {
-	if (now - t_resched >= RESCHED_NS && core_state == 1 && !after_fork) {
+	if (now - t_resched >= RESCHED_NS && core_state == 1 && !after_fork && !in_handler) {
 		t_resched = now;
 		CORE_VOID(core.resched());
 	}
@@ -2706,10 +2709,12 @@ static void call_handler(int sig, siginfo_t *si, void *uc)
 	const struct sigaction *a = &prog_act[sig];
 	if (!(a->sa_flags & SA_RESTART))
 		sig_norestart = 1;
+	in_handler++;
 	if (a->sa_flags & SA_SIGINFO)
 		a->sa_sigaction(sig, si, uc);
 	else if (a->sa_handler != SIG_DFL && a->sa_handler != SIG_IGN)
 		a->sa_handler(sig);
+	in_handler--;
 }
 
 /* on_signal stands in for the program's handlers (Onload defers its
