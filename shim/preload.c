@@ -741,21 +741,25 @@ static inline void flush_kicks(void)
 }
 
 /* keep_p: a thread that waits on the stack has its Go processor go
- * through the scheduler (onl_resched) once every RESCHED_NS. The Go
+ * through the scheduler (onl_resched) every few milliseconds. The Go
  * runtime's monitor (sysmon) takes a processor back from a thread in C
  * once the processor has run no goroutine for 10 ms, and a thread that
  * comes in from C runs none: from then on it lost its processor at
  * nearly every wait, and its next call took one again and woke the
- * monitor (onl_resched has the figures). RESCHED_NS stays below the
- * 10 ms with room for the monitor's own tick. A wait in a signal
- * handler leaves it to the thread's next wait outside one: the turn
- * blocks the thread until the runtime hands its processor back. */
-#define RESCHED_NS 5000000
+ * monitor (onl_resched has the figures). The turn costs the thread
+ * about 40 us here, so it is taken where the thread would block anyway
+ * (wait_block, RESCHED_IDLE_NS after the last), and by a thread that
+ * does not block only at the start of a wait RESCHED_BUSY_NS after the
+ * last, below the 10 ms with room for the monitor's own tick. A wait in
+ * a signal handler leaves it to the thread's next wait outside one: the
+ * turn blocks the thread until the runtime hands its processor back. */
+#define RESCHED_IDLE_NS 5000000
+#define RESCHED_BUSY_NS 8000000
 static __thread int64_t t_resched;
 
-static inline void keep_p(int64_t now)
+static inline void keep_p(int64_t now, int64_t every)
 {
-	if (now - t_resched >= RESCHED_NS && core_state == 1 && !after_fork && !in_handler) {
+	if (now - t_resched >= every && core_state == 1 && !after_fork && !in_handler) {
 		t_resched = now;
 		CORE_VOID(core.resched());
 	}
@@ -765,7 +769,7 @@ static void wait_begin(struct wait *w, int64_t timeout_ns)
 {
 	flush_kicks();
 	int64_t now = now_ns();
-	keep_p(now);
+	keep_p(now, RESCHED_BUSY_NS);
 	w->deadline = timeout_ns < 0 ? -1 : now + timeout_ns;
 	w->spinning = 0;
 	if (timeout_ns != 0 && spin_ns > 0 && CORE(core.try_spin())) {
@@ -825,6 +829,7 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 	 * without it, ppoll. */
 	int tep = direct && epfd >= 0 && real_epoll_pwait2 ? thread_ep(epfd) : -1;
 	int park = direct ? ONL_PARK_DIRECT : ONL_PARK;
+	keep_p(now ? now : now_ns(), RESCHED_IDLE_NS); /* now is 0 without a deadline */
 	if (logseq) {
 		int a = CORE(core.arm_ready(efd, *logseq, park));
 		if (a < 0)
@@ -2506,7 +2511,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	 * server's epoll_wait makes; only if it finds nothing does the
 	 * thread claim the spin slot and spin (wait_begin's work, put off). */
 	int64_t now0 = now_ns();
-	keep_p(now0);
+	keep_p(now0, RESCHED_BUSY_NS);
 	struct wait w = {.deadline = timeout_ns < 0 ? -1 : now0 + timeout_ns};
 	int spin_tried = timeout_ns == 0 || spin_ns <= 0, spin_try = 0;
 	int ret;
