@@ -36,9 +36,10 @@ import (
 //     sink on the kernel) placed the same way in the same round, which
 //     is the figure the shim's iperf3 is held to; memcached -t 2 under
 //     the shim against the kernel's, loaded by memcslap (8 threads, get);
-//     nginx (a master and 2 workers sharing one listening socket) under
-//     the shim, its workers on one stack from onloadd, against nginx on
-//     the kernel, loaded by wrk (2 threads, 50 connections, a 1 KiB file).
+//     nginx (a master and 2 workers sharing one listening socket, and
+//     with reuseport, a listening socket each) under the shim, its
+//     workers on one stack from onloadd, against nginx on the kernel,
+//     loaded by wrk (2 threads, 50 connections, a 1 KiB file).
 //   - memcached with one worker (-t 1) and with two (-t 2), under the
 //     shim and on the kernel, loaded by mcping (mcping/mcping.c: 8
 //     connections, each one get at a time, a client that costs little a
@@ -134,7 +135,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			if side == "kernel-busy" {
 				continue
 			}
-			for _, tool := range []string{"iperf3", "gobulk", "memcslap", "nginx"} {
+			for _, tool := range []string{"iperf3", "gobulk", "memcslap", "nginx", "nginx-reuseport"} {
 				var v float64
 				var err error
 				switch tool {
@@ -220,23 +221,29 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 		rep.CPU[fmt.Sprintf("redis_p%d_shim_others_vs_main", pipe)] = round3(median(others[fmt.Sprintf("redis-shim-p%d", pipe)]))
 		rep.Ratios[fmt.Sprintf("redis_p%d_cpu_per_get_shim_vs_kernel", pipe)] = round3(medianRatio(cpuUs[fmt.Sprintf("redis-shim-p%d", pipe)], cpuUs[fmt.Sprintf("redis-kernel-p%d", pipe)]))
 	}
-	for _, tool := range []string{"iperf3", "gobulk", "memcslap", "nginx"} {
+	for _, tool := range []string{"iperf3", "gobulk", "memcslap", "nginx", "nginx-reuseport"} {
+		key := strings.ReplaceAll(tool, "-", "_")
 		for _, side := range []string{"shim", "kernel"} {
 			id := tool + "-" + side
 			name := map[string]string{
-				"iperf3-shim":     "iperf3 -c under the shim (one connection, 3 s), bits/s",
-				"iperf3-kernel":   "iperf3 -c on the kernel (one connection, 3 s), bits/s",
-				"gobulk-shim":     "the Go library's bulk: sockets (balanced), one connection, 3 s, bits/s",
-				"gobulk-kernel":   "the Go library's baseline: net (the kernel), one connection, 3 s, bits/s",
-				"memcslap-shim":   "memcached -t 2 under the shim, memcslap -c 8 get, keys/s",
-				"memcslap-kernel": "memcached -t 2 on the kernel, memcslap -c 8 get, keys/s",
-				"nginx-shim":      "nginx (2 workers, one stack from onloadd) under the shim, wrk -t 2 -c 50, 1 KiB file, requests/s",
-				"nginx-kernel":    "nginx (2 workers) on the kernel, wrk -t 2 -c 50, 1 KiB file, requests/s",
+				"iperf3-shim":            "iperf3 -c under the shim (one connection, 3 s), bits/s",
+				"iperf3-kernel":          "iperf3 -c on the kernel (one connection, 3 s), bits/s",
+				"gobulk-shim":            "the Go library's bulk: sockets (balanced), one connection, 3 s, bits/s",
+				"gobulk-kernel":          "the Go library's baseline: net (the kernel), one connection, 3 s, bits/s",
+				"memcslap-shim":          "memcached -t 2 under the shim, memcslap -c 8 get, keys/s",
+				"memcslap-kernel":        "memcached -t 2 on the kernel, memcslap -c 8 get, keys/s",
+				"nginx-shim":             "nginx (2 workers, one stack from onloadd) under the shim, wrk -t 2 -c 50, 1 KiB file, requests/s",
+				"nginx-kernel":           "nginx (2 workers) on the kernel, wrk -t 2 -c 50, 1 KiB file, requests/s",
+				"nginx-reuseport-shim":   "nginx (2 workers, listen reuseport, one stack from onloadd) under the shim, wrk -t 2 -c 50, 1 KiB file, requests/s",
+				"nginx-reuseport-kernel": "nginx (2 workers, listen reuseport) on the kernel, wrk -t 2 -c 50, 1 KiB file, requests/s",
 			}[id]
 			rep.Redis = append(rep.Redis, ThroughputResult{ID: id, Name: name, PerSec: median(redis[id]), RoundsPerSec: redis[id]})
 		}
-		rep.Ratios[tool+"_shim_vs_kernel"] = round3(medianRatio(redis[tool+"-shim"], redis[tool+"-kernel"]))
-		if fl, ok := redis[tool+"-floor"]; ok {
+		rep.Ratios[key+"_shim_vs_kernel"] = round3(medianRatio(redis[tool+"-shim"], redis[tool+"-kernel"]))
+		if tool == "nginx-reuseport" {
+			// The floor does not see the listening socket: nginx's.
+			floorRatios(rep, key, redis[tool+"-shim"], redis[tool+"-kernel"], redis["nginx-floor"])
+		} else if fl, ok := redis[tool+"-floor"]; ok {
 			name := map[string]string{
 				"memcslap": "the server floor in memcached's place (raw AF_XDP, one thread, canned replies), memcslap -c 8 get, keys/s",
 				"nginx":    "the server floor in nginx's place (raw AF_XDP, one thread, canned replies), wrk -t 2 -c 50, requests/s",
@@ -281,7 +288,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 	}
 	rep.Ratios["read_shim_minus_kernel_ns"] = round3(rep.ReadNs["shim"] - rep.ReadNs["kernel"])
 	rep.Targets = map[string]float64{"sockperf_shim_vs_kernel_p50": 0.6, "redis_p1_shim_vs_kernel": 1.3, "redis_p16_shim_vs_kernel": 1.3,
-		"nginx_shim_vs_kernel": 1.3, "iperf3_vs_gobulk": 1}
+		"nginx_shim_vs_kernel": 1.3, "nginx_reuseport_shim_vs_kernel": 1.3, "iperf3_vs_gobulk": 1}
 	return rep, nil
 }
 
@@ -328,7 +335,9 @@ func serverRound(ctx context.Context, a, b *test.Host, tool string, sv server) (
 	case "memcslap":
 		return memcachedRound(ctx, a, b, sv)
 	case "nginx":
-		return nginxRound(ctx, a, b, sv)
+		return nginxRound(ctx, a, b, sv, false)
+	case "nginx-reuseport":
+		return nginxRound(ctx, a, b, sv, true)
 	case "redis-p1":
 		return redisRound(ctx, a, b, sv, 1, nil)
 	case "redis-p16":
@@ -541,7 +550,8 @@ func memcachedPingRound(ctx context.Context, self string, a, b *test.Host, sv se
 var wrkRate = regexp.MustCompile(`Requests/sec:\s*([0-9.]+)`)
 
 // nginxConf is the bench's nginx: a master and two workers sharing one
-// listening socket, a 1 KiB static file, sendfile on.
+// listening socket (or, with reuseport in %[2]s, one each), a 1 KiB
+// static file, sendfile on.
 const nginxConf = `daemon off;
 master_process on;
 worker_processes 2;
@@ -558,21 +568,21 @@ http {
   fastcgi_temp_path %[1]s;
   uwsgi_temp_path %[1]s;
   scgi_temp_path %[1]s;
-  server { listen 8090; root %[1]s; }
+  server { listen 8090%[2]s; root %[1]s; }
 }
 `
 
 // nginxRound serves wrk (2 threads, 50 connections, 3 s) in host a from
 // nginx in host b (startNginx), or the floor in its place. Requests per
 // second.
-func nginxRound(ctx context.Context, a, b *test.Host, sv server) (float64, error) {
+func nginxRound(ctx context.Context, a, b *test.Host, sv server, reuseport bool) (float64, error) {
 	dir, err := os.MkdirTemp("", "onload-bench-nginx-")
 	if err != nil {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
 	url := "http://" + b.Iface0().Addr().String() + ":8090/index.html"
-	stop, err := sv.start(ctx, b, 8090, "http", func() (func(), error) { return startNginx(ctx, a, b, sv.onloadd, dir, url) })
+	stop, err := sv.start(ctx, b, 8090, "http", func() (func(), error) { return startNginx(ctx, a, b, sv.onloadd, dir, url, reuseport) })
 	if err != nil {
 		return 0, fmt.Errorf("nginx: %w", err)
 	}
@@ -591,13 +601,17 @@ func nginxRound(ctx context.Context, a, b *test.Host, sv server) (float64, error
 // startNginx starts nginx in host b from dir, a master and two workers:
 // under the shim when onloadd is set, its workers sharing one stack from
 // onloadd (run in host b for the round), as the shim runs a pre-fork
-// server.
-func startNginx(ctx context.Context, a, b *test.Host, onloadd, dir, url string) (func(), error) {
+// server. With reuseport each worker listens on a socket of its own.
+func startNginx(ctx context.Context, a, b *test.Host, onloadd, dir, url string, reuseport bool) (func(), error) {
 	if err := os.WriteFile(filepath.Join(dir, "index.html"), []byte(strings.Repeat("0123456789abcdef", 64)), 0o644); err != nil {
 		return nil, err
 	}
 	conf := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, dir), 0o644); err != nil {
+	listen := ""
+	if reuseport {
+		listen = " reuseport"
+	}
+	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, dir, listen), 0o644); err != nil {
 		return nil, err
 	}
 	argv := []string{"nginx", "-c", conf, "-p", dir}
@@ -660,13 +674,13 @@ func printShim(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "median of per-round ratios: sockperf shim / kernel p50 %.3f (target <= 0.6), p99 %.3f; shim / kernel busy-polling p50 %.3f; shim / floor p50 %.3f; redis shim / kernel %.3f, pipelined %.3f (target >= 1.3)\n",
 		s.Ratios["sockperf_shim_vs_kernel_p50"], s.Ratios["sockperf_shim_vs_kernel_p99"], s.Ratios["sockperf_shim_vs_kernel_busy_p50"],
 		s.Ratios["sockperf_shim_vs_floor_p50"], s.Ratios["redis_p1_shim_vs_kernel"], s.Ratios["redis_p16_shim_vs_kernel"])
-	fmt.Fprintf(w, "iperf3 client shim / kernel %.3f, the Go library's bulk sockets / net %.3f, the one over the other %.3f (target >= 1); memcached shim / kernel %.3f; nginx shim / kernel %.3f (target >= 1.3)\n",
-		s.Ratios["iperf3_shim_vs_kernel"], s.Ratios["gobulk_shim_vs_kernel"], s.Ratios["iperf3_vs_gobulk"], s.Ratios["memcslap_shim_vs_kernel"], s.Ratios["nginx_shim_vs_kernel"])
+	fmt.Fprintf(w, "iperf3 client shim / kernel %.3f, the Go library's bulk sockets / net %.3f, the one over the other %.3f (target >= 1); memcached shim / kernel %.3f; nginx shim / kernel %.3f, with reuseport %.3f (target >= 1.3)\n",
+		s.Ratios["iperf3_shim_vs_kernel"], s.Ratios["gobulk_shim_vs_kernel"], s.Ratios["iperf3_vs_gobulk"], s.Ratios["memcslap_shim_vs_kernel"], s.Ratios["nginx_shim_vs_kernel"], s.Ratios["nginx_reuseport_shim_vs_kernel"])
 	fmt.Fprintf(w, "memcached under mcping, shim / kernel: one worker (-t 1) %.3f, two (-t 2) %.3f\n",
 		s.Ratios["memcached_t1_mcping_shim_vs_kernel"], s.Ratios["memcached_t2_mcping_shim_vs_kernel"])
-	fmt.Fprintf(w, "the server floor / kernel: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f; shim / the server floor: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f\n",
-		s.Ratios["redis_p1_floor_vs_kernel"], s.Ratios["redis_p16_floor_vs_kernel"], s.Ratios["memcslap_floor_vs_kernel"], s.Ratios["nginx_floor_vs_kernel"],
-		s.Ratios["redis_p1_shim_vs_floor"], s.Ratios["redis_p16_shim_vs_floor"], s.Ratios["memcslap_shim_vs_floor"], s.Ratios["nginx_shim_vs_floor"])
+	fmt.Fprintf(w, "the server floor / kernel: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f (reuseport %.3f); shim / the server floor: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f (reuseport %.3f)\n",
+		s.Ratios["redis_p1_floor_vs_kernel"], s.Ratios["redis_p16_floor_vs_kernel"], s.Ratios["memcslap_floor_vs_kernel"], s.Ratios["nginx_floor_vs_kernel"], s.Ratios["nginx_reuseport_floor_vs_kernel"],
+		s.Ratios["redis_p1_shim_vs_floor"], s.Ratios["redis_p16_shim_vs_floor"], s.Ratios["memcslap_shim_vs_floor"], s.Ratios["nginx_shim_vs_floor"], s.Ratios["nginx_reuseport_shim_vs_floor"])
 	fmt.Fprintf(w, "redis-server's CPU a GET, µs (medians): shim %.2f, kernel %.2f (shim / kernel %.3f); pipelined %.2f, %.2f (%.3f); the Go runtime's threads over redis' own under the shim %.3f, pipelined %.3f\n",
 		s.CPU["redis_p1_shim_us_per_get"], s.CPU["redis_p1_kernel_us_per_get"], s.Ratios["redis_p1_cpu_per_get_shim_vs_kernel"],
 		s.CPU["redis_p16_shim_us_per_get"], s.CPU["redis_p16_kernel_us_per_get"], s.Ratios["redis_p16_cpu_per_get_shim_vs_kernel"],
