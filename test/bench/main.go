@@ -1,6 +1,6 @@
 // Command bench measures the project's data path on test hosts and writes
 // the figures as JSON (test/bench/results/bench.json) with the tables the
-// README quotes on stdout. `make bench` runs it as root (about 10
+// README quotes on stdout. `make bench` runs it as root (about 20
 // minutes); `bench -h` lists its flags, and a flag's count at 0 skips its
 // section:
 //
