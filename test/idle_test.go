@@ -65,27 +65,15 @@ func init() {
 	}
 }
 
-// cpuUse reads how long a process's threads have run (the scheduler's
-// own count, to the nanosecond: /proc/PID/task/*/schedstat) and how many
-// times they were given a processor.
+// cpuUse reads how long a process's threads have run, together
+// (ThreadsCPU), and how many times they were given a processor.
 func cpuUse(pid int) (run time.Duration, slices int64, err error) {
-	dir := "/proc/" + strconv.Itoa(pid) + "/task"
-	tasks, err := os.ReadDir(dir)
-	if err != nil {
-		return 0, 0, err
+	threads, err := ThreadsCPU(pid)
+	for _, t := range threads {
+		run += t.Run
+		slices += t.Slices
 	}
-	for _, task := range tasks {
-		b, err := os.ReadFile(dir + "/" + task.Name() + "/schedstat")
-		if err != nil {
-			continue // the thread ended meanwhile
-		}
-		var ns, wait, n int64
-		if _, err := fmt.Sscan(string(b), &ns, &wait, &n); err == nil {
-			run += time.Duration(ns)
-			slices += n
-		}
-	}
-	return run, slices, nil
+	return run, slices, err
 }
 
 // cpuTicks reads a process's user and system time, in clock ticks.

@@ -1,17 +1,15 @@
 package main
 
 import (
-	"bytes"
-	"fmt"
-	"os"
-	"strconv"
 	"time"
+
+	"github.com/xdp-onload/onload/test"
 )
 
 // cpuUse is the CPU a server process's threads have run: its main
 // thread's, and its other threads' together (under the shim, the Go
 // runtime's; redis-server's own background threads idle under this
-// load). From /proc/PID/task/*/schedstat, to the nanosecond.
+// load). From test.ThreadsCPU.
 type cpuUse struct {
 	main, others time.Duration
 	requests     int // what the load asked in that time
@@ -19,26 +17,16 @@ type cpuUse struct {
 
 // threadsCPU reads pid's threads' CPU time now.
 func threadsCPU(pid int) (cpuUse, error) {
-	dir := fmt.Sprintf("/proc/%d/task", pid)
-	tasks, err := os.ReadDir(dir)
+	threads, err := test.ThreadsCPU(pid)
 	if err != nil {
-		return cpuUse{}, fmt.Errorf("threads of %d: %w", pid, err)
+		return cpuUse{}, err
 	}
 	var u cpuUse
-	for _, t := range tasks {
-		b, err := os.ReadFile(dir + "/" + t.Name() + "/schedstat")
-		if err != nil {
-			continue // the thread has exited
-		}
-		f, _, _ := bytes.Cut(b, []byte(" "))
-		ns, err := strconv.ParseInt(string(f), 10, 64)
-		if err != nil {
-			return cpuUse{}, fmt.Errorf("%s/%s/schedstat: %q: %w", dir, t.Name(), b, err)
-		}
-		if t.Name() == strconv.Itoa(pid) {
-			u.main += time.Duration(ns)
+	for _, t := range threads {
+		if t.TID == pid {
+			u.main += t.Run
 		} else {
-			u.others += time.Duration(ns)
+			u.others += t.Run
 		}
 	}
 	return u, nil
