@@ -1911,11 +1911,17 @@ func TestDaemonIdleCPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run0, n0, _ := cpuUse(pid)
+	run0, n0, err := cpuUse(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
 	appBefore, _ := cpuTicks(srv.cmd.Process.Pid)
 	time.Sleep(3 * time.Second)
 	after, _ := cpuTicks(pid)
-	run1, n1, _ := cpuUse(pid)
+	run1, n1, err := cpuUse(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
 	appAfter, _ := cpuTicks(srv.cmd.Process.Pid)
 	polls1 := dumpDaemon(t, sock).Stacks[0].Takeovers
 	t.Logf("over 3s: onloadd used %d clock ticks (it ran %v, %d times; it polled the stack %d times), the process with 100 idle connections %d",
