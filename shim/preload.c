@@ -719,6 +719,11 @@ static int from_poll(short ev)
  * the call fails with EINTR as the kernel's would. */
 static __thread int sig_norestart;
 
+/* t_handled counts the program's handlers run on the thread: a wait that
+ * a signal interrupted tells by it whether the signal was the program's
+ * (EINTR) or the Go runtime's (a wake-up like any). */
+static __thread unsigned t_handled;
+
 /*
  * A wait: spin on the stack for the profile's spin time (one thread at a
  * time: its polls serve every socket), then arm the sockets with the
@@ -846,18 +851,23 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 		ts.tv_nsec = left % 1000000000LL;
 		tsp = &ts;
 	}
-	/* Go's preemption signal (SIGURG, for the threads it ran on) waits:
-	 * it would fail the program's poll with EINTR. */
-	sigset_t m;
-	if (mask)
+	/* Go's preemption signal (SIGURG, for the threads it ran on) waits
+	 * where the program gave a mask: it would fail the program's poll
+	 * with EINTR. Without one, the thread's own mask stands (reading it
+	 * is a system call a block), and a signal that ran none of the
+	 * program's handlers (t_handled) is a wake-up like any: the caller
+	 * checks and waits again. */
+	sigset_t m, *mp = NULL;
+	if (mask) {
 		m = *mask;
-	else
-		pthread_sigmask(SIG_BLOCK, NULL, &m);
-	sigaddset(&m, SIGURG);
+		sigaddset(&m, SIGURG);
+		mp = &m;
+	}
+	unsigned handled = t_handled;
 	int r, irq = 0, woke = 0, remote = 0;
 	if (tep >= 0) {
 		struct epoll_event got[4];
-		r = real_epoll_pwait2(tep, got, 4, tsp, &m);
+		r = real_epoll_pwait2(tep, got, 4, tsp, mp);
 		for (int i = 0; i < r; i++) {
 			irq |= got[i].data.fd == irq_fd;
 			woke |= got[i].data.fd == efd;
@@ -870,7 +880,7 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 			p[n++] = (struct pollfd){.fd = irq_fd, .events = POLLIN};
 		if (remote_fd >= 0)
 			p[n++] = (struct pollfd){.fd = remote_fd, .events = POLLIN};
-		r = real_ppoll(p, n, tsp, &m);
+		r = real_ppoll(p, n, tsp, mp);
 		woke = r > 0 && (p[np].revents & POLLIN);
 		irq = direct && r > 0 && (p[np + 1].revents & POLLIN);
 		remote = remote_fd >= 0 && r > 0 && (p[n - 1].revents & POLLIN);
@@ -890,10 +900,12 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 			;
 		CORE_VOID(core.take_remote());
 	}
+	/* One read empties the eventfd (a counter, not a semaphore). */
 	uint64_t v;
 	if (woke || remote)
-		while (real_read(efd, &v, sizeof v) == sizeof v)
-			;
+		(void)real_read(efd, &v, sizeof v);
+	if (r < 0 && saved == EINTR && !mp && t_handled == handled)
+		r = 0;
 	errno = saved;
 	return r < 0 ? -1 : 0;
 }
@@ -2519,6 +2531,13 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	 * grown, not allocated again for every check of a spin. */
 	int *hs = NULL, room = 0;
 	int blocking = 0; /* the spin is over: check all, to arm them */
+	/* The kernel's set is looked at by a check that finds nothing only
+	 * when the call returns after it: a call that does not wait, or one
+	 * that has waited. A call that goes on to spin or block leaves it
+	 * to the spin's looks (ep_kernel_due) and to the block, whose set
+	 * holds the program's epoll fd: a kernel fd ready wakes it at once.
+	 * memcached's threads made two such system calls a wait. */
+	int waited = timeout_ns == 0;
 	for (;;) {
 		pthread_mutex_lock(&mu);
 		ep = ee->ep;
@@ -2586,7 +2605,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		int k = 0, kernel = 1;
 		if (ep) {
 			k = ep_collect(ep, full, out, max, hs, evs, want, edges, m, later);
-			kernel = k < max && ((k == 0 && (!w.spinning || blocking)) || ep_kernel_due(ep, w.deadline));
+			kernel = k < max && ((k == 0 && waited && !blocking && !w.spinning) || ep_kernel_due(ep, w.deadline));
 			/* Another thread waiting on the instance read the log
 			 * meanwhile: what it took is not in this check. */
 			if (ep->seq != seq0)
@@ -2635,6 +2654,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 					ret = -1;
 					break;
 				}
+				waited = 1;
 				continue;
 			}
 			blocking = 1; /* check all before blocking, to arm them */
@@ -2645,6 +2665,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			ret = -1;
 			break;
 		}
+		waited = 1;
 	}
 	wait_end(&w);
 	free(hs);
@@ -2714,6 +2735,7 @@ static void call_handler(int sig, siginfo_t *si, void *uc)
 	const struct sigaction *a = &prog_act[sig];
 	if (!(a->sa_flags & SA_RESTART))
 		sig_norestart = 1;
+	t_handled++;
 	in_handler++;
 	if (a->sa_flags & SA_SIGINFO)
 		a->sa_sigaction(sig, si, uc);
