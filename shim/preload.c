@@ -806,7 +806,8 @@ static int log_wait_off;
  * sockets hs for want (or, if logseq is set, the stack's ready log from
  * that position: onl_arm_ready) and polls p[0..np-1] with the thread's
  * eventfd in p[np] (and the stack's interrupt fd in p[np+1]) until
- * either side is ready, the deadline or a signal. 0: check again; -1
+ * either side is ready, the deadline or a signal. 0: check again; 1:
+ * check again, and the program's own fds (p[0..np-1]) are ready; -1
  * with errno.
  *
  * The thread waits on the stack's interrupt itself, as a thread blocked
@@ -864,7 +865,7 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 		mp = &m;
 	}
 	unsigned handled = t_handled;
-	int r, irq = 0, woke = 0, remote = 0;
+	int r, irq = 0, woke = 0, remote = 0, prog = 0;
 	if (tep >= 0) {
 		struct epoll_event got[4];
 		r = real_epoll_pwait2(tep, got, 4, tsp, mp);
@@ -872,6 +873,7 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 			irq |= got[i].data.fd == irq_fd;
 			woke |= got[i].data.fd == efd;
 			remote |= got[i].data.fd == remote_fd;
+			prog |= got[i].data.fd == epfd;
 		}
 	} else {
 		int n = np;
@@ -884,6 +886,8 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 		woke = r > 0 && (p[np].revents & POLLIN);
 		irq = direct && r > 0 && (p[np + 1].revents & POLLIN);
 		remote = remote_fd >= 0 && r > 0 && (p[n - 1].revents & POLLIN);
+		for (int i = 0; r > 0 && i < np; i++)
+			prog |= p[i].revents != 0;
 	}
 	int saved = errno;
 	int unpark = !direct ? ONL_PARK : irq ? ONL_UNPARK_POLL : ONL_PARK_DIRECT;
@@ -907,7 +911,7 @@ static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs,
 	if (r < 0 && saved == EINTR && !mp && t_handled == handled)
 		r = 0;
 	errno = saved;
-	return r < 0 ? -1 : 0;
+	return r < 0 ? -1 : prog;
 }
 
 /* check_poll is a poll that does not wait. A signal (Go's preemption
@@ -2531,13 +2535,14 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	 * grown, not allocated again for every check of a spin. */
 	int *hs = NULL, room = 0;
 	int blocking = 0; /* the spin is over: check all, to arm them */
-	/* The kernel's set is looked at by a check that finds nothing only
-	 * when the call returns after it: a call that does not wait, or one
-	 * that has waited. A call that goes on to spin or block leaves it
-	 * to the spin's looks (ep_kernel_due) and to the block, whose set
-	 * holds the program's epoll fd: a kernel fd ready wakes it at once.
-	 * memcached's threads made two such system calls a wait. */
-	int waited = timeout_ns == 0;
+	/* A check that finds nothing looks at the kernel's set only in a
+	 * call that does not wait, or after a block that the program's
+	 * epoll fd ended (wait_block's 1). Otherwise the call goes on to
+	 * spin, whose looks ep_kernel_due spaces, or to block, in a set that
+	 * holds the program's epoll fd: a kernel fd ready ends the block at
+	 * once. memcached's threads made two or three such system calls a
+	 * wait, one after every wake-up for a frame of the other thread's. */
+	int kernel_woke = timeout_ns == 0;
 	for (;;) {
 		pthread_mutex_lock(&mu);
 		ep = ee->ep;
@@ -2605,7 +2610,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		int k = 0, kernel = 1;
 		if (ep) {
 			k = ep_collect(ep, full, out, max, hs, evs, want, edges, m, later);
-			kernel = k < max && ((k == 0 && waited && !blocking && !w.spinning) || ep_kernel_due(ep, w.deadline));
+			kernel = k < max && ((k == 0 && kernel_woke && !blocking && !w.spinning) || ep_kernel_due(ep, w.deadline));
 			/* Another thread waiting on the instance read the log
 			 * meanwhile: what it took is not in this check. */
 			if (ep->seq != seq0)
@@ -2650,22 +2655,20 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			/* A set of many: wait for the stack's ready log to move
 			 * past this check, instead of arming every member. */
 			if (nmembers >= EP_LOG_WAIT && !log_wait_off) {
-				if (wait_block(&w, now, NULL, NULL, NULL, NULL, 0, &seq, p, 1, epfd, 1, mask) < 0) {
+				if ((kernel_woke = wait_block(&w, now, NULL, NULL, NULL, NULL, 0, &seq, p, 1, epfd, 1, mask)) < 0) {
 					ret = -1;
 					break;
 				}
-				waited = 1;
 				continue;
 			}
 			blocking = 1; /* check all before blocking, to arm them */
 			continue;
 		}
 		blocking = 0;
-		if (wait_block(&w, now, hs, want, evs, edges, k0, NULL, p, 1, epfd, conns, mask) < 0) {
+		if ((kernel_woke = wait_block(&w, now, hs, want, evs, edges, k0, NULL, p, 1, epfd, conns, mask)) < 0) {
 			ret = -1;
 			break;
 		}
-		waited = 1;
 	}
 	wait_end(&w);
 	free(hs);
