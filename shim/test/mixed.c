@@ -472,6 +472,65 @@ static void test_signals(int s)
 	signal(SIGALRM, SIG_DFL);
 }
 
+/* test_foreign_signal: a signal the program has no handler for comes
+ * again and again while the thread blocks in epoll_wait, poll and recv:
+ * SIGURG, which the kernel ignores by default, and which under the shim
+ * is the Go runtime's preemption signal, handled by the core. Neither
+ * kind of handler is the program's, so none of the calls fails with
+ * EINTR: each returns when the echo comes, as on the kernel. */
+static pthread_t main_thread;
+static volatile int urg_stop;
+
+static void *urg_sender(void *arg)
+{
+	(void)arg;
+	for (int i = 0; i < 200 && !urg_stop; i++) {
+		pthread_kill(main_thread, SIGURG);
+		usleep(5000);
+	}
+	return NULL;
+}
+
+/* read_late reads the echo of late_send's 4 bytes. */
+static ssize_t read_late(int s, char *buf)
+{
+	ssize_t n = 0;
+	while (n < 4) {
+		ssize_t r = recv(s, buf + n, 4 - n, 0);
+		if (r <= 0)
+			return r;
+		n += r;
+	}
+	return n;
+}
+
+static void test_foreign_signal(int s)
+{
+	char buf[8];
+	main_thread = pthread_self();
+	urg_stop = 0;
+	pthread_t u, t;
+	pthread_create(&u, NULL, urg_sender, NULL);
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event e = {.events = EPOLLIN, .data.u64 = 7}, out[4];
+	epoll_ctl(ep, EPOLL_CTL_ADD, s, &e);
+	pthread_create(&t, NULL, late_send, &s);
+	check("epoll_wait across a signal the program does not handle", epoll_wait(ep, out, 4, 5000));
+	pthread_join(t, NULL);
+	check("its echo", read_late(s, buf));
+	pthread_create(&t, NULL, late_send, &s);
+	struct pollfd p = {.fd = s, .events = POLLIN};
+	check("poll across a signal the program does not handle", poll(&p, 1, 5000));
+	pthread_join(t, NULL);
+	check("its echo", read_late(s, buf));
+	pthread_create(&t, NULL, late_send, &s);
+	check("recv across a signal the program does not handle", read_late(s, buf));
+	pthread_join(t, NULL);
+	urg_stop = 1;
+	pthread_join(u, NULL);
+	close(ep);
+}
+
 /* The handler of test_handler_calls: a socket call of its own, on an
  * idle connection (nothing to read: EAGAIN, as the kernel answers). */
 static int idle_sock = -1;
@@ -694,6 +753,7 @@ int main(int argc, char **argv)
 	test_dup(s, pp[0], pp[1]);
 	test_names(s);
 	test_signals(s);
+	test_foreign_signal(s);
 	test_handler_calls(s);
 	test_fork_after(s);
 	test_shutdown(s);
