@@ -57,20 +57,32 @@ static int dial(void)
 	return s;
 }
 
+/* read_full reads n bytes from s, blocking: n, or what the recv that
+ * stopped it returned (0 or -1). */
+static ssize_t read_full(int s, char *buf, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		ssize_t r = recv(s, buf + got, n - got, 0);
+		if (r <= 0)
+			return r;
+		got += r;
+	}
+	return got;
+}
+
 /* echo sends msg and reads its echo back, blocking. */
 static void echo(int s, const char *what, const char *msg)
 {
 	char buf[256];
-	size_t n = strlen(msg), got = 0;
+	size_t n = strlen(msg);
+	if (n > sizeof buf)
+		die("echo: message too long");
 	if (send(s, msg, n, 0) != (ssize_t)n)
 		die("send");
-	while (got < n) {
-		ssize_t r = recv(s, buf + got, sizeof buf - got, 0);
-		if (r <= 0)
-			die("recv");
-		got += r;
-	}
-	say("%s: echo %.*s", what, (int)got, buf);
+	if (read_full(s, buf, n) != (ssize_t)n)
+		die("recv");
+	say("%s: echo %.*s", what, (int)n, buf);
 }
 
 /* wait_readable waits (poll, up to 5 s) for fd to have data. */
@@ -450,13 +462,7 @@ static void test_signals(int s)
 	pthread_create(&t, NULL, late_send, &s);
 	struct itimerval it = {.it_value = {0, 100000}};
 	setitimer(ITIMER_REAL, &it, NULL);
-	ssize_t n = recv(s, buf, sizeof buf, 0);
-	while (n > 0 && n < 4) {
-		ssize_t r = recv(s, buf + n, sizeof buf - n, 0);
-		if (r <= 0)
-			break;
-		n += r;
-	}
+	ssize_t n = read_full(s, buf, 4); /* late_send's */
 	pthread_join(t, NULL);
 	say("recv across an SA_RESTART signal: %zd %.*s (alarms %d)", n, n > 0 ? (int)n : 0, buf, (int)alarms);
 	/* poll is never restarted. */
@@ -491,19 +497,6 @@ static void *urg_sender(void *arg)
 	return NULL;
 }
 
-/* read_late reads the echo of late_send's 4 bytes. */
-static ssize_t read_late(int s, char *buf)
-{
-	ssize_t n = 0;
-	while (n < 4) {
-		ssize_t r = recv(s, buf + n, 4 - n, 0);
-		if (r <= 0)
-			return r;
-		n += r;
-	}
-	return n;
-}
-
 static void test_foreign_signal(int s)
 {
 	char buf[8];
@@ -517,14 +510,14 @@ static void test_foreign_signal(int s)
 	pthread_create(&t, NULL, late_send, &s);
 	check("epoll_wait across a signal the program does not handle", epoll_wait(ep, out, 4, 5000));
 	pthread_join(t, NULL);
-	check("its echo", read_late(s, buf));
+	check("its echo", read_full(s, buf, 4));
 	pthread_create(&t, NULL, late_send, &s);
 	struct pollfd p = {.fd = s, .events = POLLIN};
 	check("poll across a signal the program does not handle", poll(&p, 1, 5000));
 	pthread_join(t, NULL);
-	check("its echo", read_late(s, buf));
+	check("its echo", read_full(s, buf, 4));
 	pthread_create(&t, NULL, late_send, &s);
-	check("recv across a signal the program does not handle", read_late(s, buf));
+	check("recv across a signal the program does not handle", read_full(s, buf, 4));
 	pthread_join(t, NULL);
 	urg_stop = 1;
 	pthread_join(u, NULL);
