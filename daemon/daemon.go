@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -73,7 +74,8 @@ type Daemon struct {
 	closed  bool
 	wg      sync.WaitGroup
 
-	prioWarned sync.Once // the watchers' priority could not be set
+	prioWarned sync.Once    // the watchers' priority could not be set
+	watchers   atomic.Int32 // watchers running (watch.go)
 
 	reapKick chan struct{} // wakes the reaper (kickReaper)
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -59,6 +60,9 @@ type watcher struct {
 	s     *dstack
 	grace time.Duration
 	stop  int // eventfd: written to end the watch
+	// fds is sleepPolled's poll set, kept here so that the raw system
+	// call's pointer is to memory that does not move.
+	fds [1]unix.PollFd
 	// checked is when the watcher last looked over the socket table.
 	checked time.Time
 	done    chan struct{}
@@ -81,6 +85,11 @@ func (d *Daemon) startWatch(s *dstack) error {
 	}
 	w := &watcher{s: s, grace: max(d.cfg.Takeover, minTakeover), stop: efd, done: make(chan struct{})}
 	s.watch = w
+	// A watcher keeps its processor while it sleeps (sleepPolled): the
+	// runtime gets one more than the watchers.
+	if n := int(d.watchers.Add(1)) + 1; n > runtime.GOMAXPROCS(0) {
+		runtime.GOMAXPROCS(n)
+	}
 	go w.run(d)
 	return nil
 }
@@ -100,6 +109,7 @@ func (w *watcher) end() {
 
 func (w *watcher) run(d *Daemon) {
 	defer close(w.done)
+	defer d.watchers.Add(-1)
 	// The thread is never unlocked: it ends with the goroutine, and its
 	// priority with it.
 	runtime.LockOSThread()
@@ -114,6 +124,7 @@ func (w *watcher) run(d *Daemon) {
 	st := w.s.st
 	grace := int64(w.grace)
 	ctl, ctlErr := w.s.ifc.steer.Control(w.s.id)
+	polled := 0 // looks in a row that found the process polling
 	for {
 		if ctlErr == nil {
 			// A stack nearly full of connections gives new ones to the
@@ -128,7 +139,8 @@ func (w *watcher) run(d *Daemon) {
 			// The process polls: look again when a grace period has
 			// passed since its last poll.
 			w.since.Store(0)
-			if w.sleep(time.Duration(grace-(now-last)), false) {
+			polled++
+			if w.sleepPolled(time.Duration(grace-(now-last)), polled > 1) {
 				return
 			}
 			continue
@@ -136,6 +148,7 @@ func (w *watcher) run(d *Daemon) {
 			// Nothing to do: wait for a frame or the next timer, then
 			// give the process its grace period to take it.
 			w.since.Store(0)
+			polled = 0
 			wait := maxIdleWait
 			if t := st.EarliestTimer(); t != math.MaxInt64 {
 				wait = min(wait, max(time.Duration(t-now), 0))
@@ -146,6 +159,7 @@ func (w *watcher) run(d *Daemon) {
 			continue
 		}
 		// Work has waited a grace period and nobody polled: take over.
+		polled = 0
 		w.since.CompareAndSwap(0, now)
 		if !w.poll(d) {
 			return
@@ -210,4 +224,41 @@ func (w *watcher) sleep(d time.Duration, ready bool) bool {
 		}
 		return fds[0].Revents != 0
 	}
+}
+
+// maxQuietSleep is the longest sleep a watcher takes without telling the
+// Go runtime (sleepPolled): the runtime's stop-the-world phases wait for
+// it to end.
+const maxQuietSleep = 2 * time.Millisecond
+
+// sleepPolled is sleep for the waits of a watcher whose process polls
+// (one a grace period: 1,000 a second by default). While the process
+// goes on polling (steady: it polled at the last look too), a wait of up
+// to maxQuietSleep is a raw system call, which the Go runtime does not
+// see. As an ordinary one, each wait's end woke the runtime's monitor
+// thread from its deep sleep (exitsyscall's notewakeup), which slept
+// 20 µs and went back to sleep: three wake-ups of onloadd's threads a
+// look instead of one, and 70-120 ms of CPU a second under a loaded
+// nginx on this machine's two CPUs, at a real-time priority (half that
+// now). The watcher keeps its processor while it sleeps, as if it ran:
+// the monitor preempts it every 10 ms (the signal ends the ppoll with
+// EINTR, and the sleep goes on), and startWatch gives the runtime a
+// processor beyond the watchers' so that the daemon's other goroutines
+// do not wait for one.
+func (w *watcher) sleepPolled(d time.Duration, steady bool) bool {
+	if !steady || d > maxQuietSleep {
+		return w.sleep(d, false)
+	}
+	w.fds[0] = unix.PollFd{Fd: int32(w.stop), Events: unix.POLLIN}
+	end := time.Now().Add(d)
+	for d > 0 {
+		ts := unix.NsecToTimespec(int64(d))
+		_, _, e := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&w.fds[0])), 1,
+			uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
+		if e != unix.EINTR {
+			break
+		}
+		d = time.Until(end)
+	}
+	return w.fds[0].Revents != 0
 }
