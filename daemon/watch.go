@@ -255,10 +255,16 @@ func (w *watcher) sleepPolled(d time.Duration, steady bool) bool {
 		ts := unix.NsecToTimespec(int64(d))
 		_, _, e := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&w.fds[0])), 1,
 			uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
-		if e != unix.EINTR {
-			break
+		switch e {
+		case 0:
+			return w.fds[0].Revents != 0
+		case unix.EINTR:
+			d = time.Until(end)
+		default:
+			// Not seen (ENOMEM could come): sleep the ordinary way
+			// rather than look again at once, at a real-time priority.
+			return w.sleep(time.Until(end), false)
 		}
-		d = time.Until(end)
 	}
-	return w.fds[0].Revents != 0
+	return false
 }
