@@ -2077,50 +2077,46 @@ func TestDaemonBusyWatch(t *testing.T) {
 	defer srv.In.Close()
 	pid := daemon.cmd.Process.Pid
 	const period = 2 * time.Second
-	var (
-		run0, run1 time.Duration
-		n0, n1     int64
-		polls0     uint64
-		echoes     int
-	)
-	if err := a.Do(func() error {
-		c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
-		if err != nil {
+	// Dialed from host a; the rest runs on the test's goroutine, where
+	// dumpDaemon may fail the test.
+	var c net.Conn
+	if err := a.Do(func() (err error) { c, err = net.DialTimeout("tcp4", addr, 5*time.Second); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(period + 10*time.Second))
+	msg := []byte("a busy ping-pong") // 14 bytes at least: sockperfServe echoes it
+	buf := make([]byte, len(msg))
+	echo := func() error {
+		if _, err := c.Write(msg); err != nil {
 			return err
 		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(period + 10*time.Second))
-		msg := []byte("a busy ping-pong") // 14 bytes at least: sockperfServe echoes it
-		buf := make([]byte, len(msg))
-		echo := func() error {
-			if _, err := c.Write(msg); err != nil {
-				return err
-			}
-			if _, err := io.ReadFull(c, buf); err != nil {
-				return err
-			}
-			if !bytes.Equal(buf, msg) {
-				return fmt.Errorf("echoed %q, want %q", buf, msg)
-			}
-			return nil
-		}
-		for range 1000 { // the spin period, the first ACKs
-			if err := echo(); err != nil {
-				return err
-			}
-		}
-		polls0 = dumpDaemon(t, sock).Stacks[0].Takeovers
-		if run0, n0, err = cpuUse(pid); err != nil {
+		if _, err := io.ReadFull(c, buf); err != nil {
 			return err
 		}
-		for end := time.Now().Add(period); time.Now().Before(end) && echoes < 10_000_000; echoes++ {
-			if err := echo(); err != nil {
-				return fmt.Errorf("echo %d: %w", echoes, err)
-			}
+		if !bytes.Equal(buf, msg) {
+			return fmt.Errorf("echoed %q, want %q", buf, msg)
 		}
-		run1, n1, err = cpuUse(pid)
-		return err
-	}); err != nil {
+		return nil
+	}
+	for range 1000 { // the spin period, the first ACKs
+		if err := echo(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	polls0 := dumpDaemon(t, sock).Stacks[0].Takeovers
+	run0, n0, err := cpuUse(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoes := 0
+	for end := time.Now().Add(period); time.Now().Before(end) && echoes < 10_000_000; echoes++ {
+		if err := echo(); err != nil {
+			t.Fatalf("echo %d: %v", echoes, err)
+		}
+	}
+	run1, n1, err := cpuUse(pid)
+	if err != nil {
 		t.Fatal(err)
 	}
 	polls := dumpDaemon(t, sock).Stacks[0].Takeovers - polls0
