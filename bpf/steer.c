@@ -15,6 +15,15 @@
 // because an AF_XDP socket only receives frames from the (device, queue) it
 // is bound to.
 //
+// Clusters: a listener entry may name a cluster instead (CLUSTER_BIT set,
+// the cluster's id below it): stacks that each listen on the port, one a
+// queue (Onload's clusters, for SO_REUSEPORT). The cluster_members array
+// names the stack for (cluster, rx_queue_index); the frame goes to it.
+// A frame arriving on a queue with no member goes to the kernel, whose
+// listening socket (the listeners' kernel halves) takes the connection.
+// A connection's frames must keep to one queue: the NIC's RSS hash does
+// that; on veth, the sender's transmit queue.
+//
 // Frames we do not handle are passed to the kernel untouched and counted:
 // anything not IPv4 (ARP, IPv6), VLAN-tagged frames, broadcast/multicast,
 // protocols other than TCP and UDP (ICMP), IP fragments (the stack does not
@@ -47,6 +56,7 @@
 
 #define MAX_STACKS 256
 #define MAX_QUEUES 64
+#define CLUSTER_BIT 0x80000000u // a listener entry naming a cluster
 #define MAX_LANES 16	 // per stack; lane 0 is the stack's own socket
 #define LANE_BUCKETS 1024 // per stack, a power of two
 #define ETH_ALEN 6
@@ -81,6 +91,7 @@ enum counter {
 	CTR_PASS_KERNEL_FLOW,  // a listener's port, but a connection of the kernel's
 	CTR_REDIRECT_LANE,     // redirected (by a flow or listener entry) to a lane
 	CTR_PASS_FULL,         // a SYN for a listener of a stack whose socket table is full
+	CTR_PASS_NO_MEMBER,    // a cluster's port, on a queue no member stack has
 	CTR_MAX,
 };
 
@@ -151,6 +162,14 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } lane_xsks SEC(".maps");
+
+// cluster * MAX_QUEUES + queue: 0 for none, or the member stack + 1.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_STACKS * MAX_QUEUES);
+	__type(key, __u32);
+	__type(value, __u32);
+} cluster_members SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -320,6 +339,17 @@ int steer(struct xdp_md *ctx)
 
 	__u32 id = *stack;
 	__u32 queue = ctx->rx_queue_index;
+	if (id & CLUSTER_BIT) {
+		if (redirect_ctr != CTR_REDIRECT_LISTENER || (id & ~CLUSTER_BIT) >= MAX_STACKS)
+			return pass(CTR_PASS_BAD_ENTRY);
+		if (queue >= MAX_QUEUES)
+			return pass(CTR_PASS_NO_MEMBER);
+		__u32 mk = (id & ~CLUSTER_BIT) * MAX_QUEUES + queue;
+		__u32 *member = bpf_map_lookup_elem(&cluster_members, &mk);
+		if (!member || !*member)
+			return pass(CTR_PASS_NO_MEMBER);
+		id = *member - 1;
+	}
 	if (id >= MAX_STACKS)
 		return pass(CTR_PASS_BAD_ENTRY);
 	if (queue >= MAX_QUEUES) {

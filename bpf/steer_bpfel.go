@@ -49,6 +49,7 @@ type steerWakeEvent struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	steerMapClusterMembers  = "cluster_members"
 	steerMapControl         = "control"
 	steerMapCounters        = "counters"
 	steerMapEvents          = "events"
@@ -112,14 +113,15 @@ type steerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerMapSpecs struct {
-	Control   *ebpf.MapSpec `ebpf:"control"`
-	Counters  *ebpf.MapSpec `ebpf:"counters"`
-	Events    *ebpf.MapSpec `ebpf:"events"`
-	Flows     *ebpf.MapSpec `ebpf:"flows"`
-	LaneXsks  *ebpf.MapSpec `ebpf:"lane_xsks"`
-	Lanes     *ebpf.MapSpec `ebpf:"lanes"`
-	Listeners *ebpf.MapSpec `ebpf:"listeners"`
-	Xsks      *ebpf.MapSpec `ebpf:"xsks"`
+	ClusterMembers *ebpf.MapSpec `ebpf:"cluster_members"`
+	Control        *ebpf.MapSpec `ebpf:"control"`
+	Counters       *ebpf.MapSpec `ebpf:"counters"`
+	Events         *ebpf.MapSpec `ebpf:"events"`
+	Flows          *ebpf.MapSpec `ebpf:"flows"`
+	LaneXsks       *ebpf.MapSpec `ebpf:"lane_xsks"`
+	Lanes          *ebpf.MapSpec `ebpf:"lanes"`
+	Listeners      *ebpf.MapSpec `ebpf:"listeners"`
+	Xsks           *ebpf.MapSpec `ebpf:"xsks"`
 }
 
 // steerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -149,18 +151,20 @@ func (o *steerObjects) Close() error {
 //
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerMaps struct {
-	Control   *ebpf.Map `ebpf:"control"`
-	Counters  *ebpf.Map `ebpf:"counters"`
-	Events    *ebpf.Map `ebpf:"events"`
-	Flows     *ebpf.Map `ebpf:"flows"`
-	LaneXsks  *ebpf.Map `ebpf:"lane_xsks"`
-	Lanes     *ebpf.Map `ebpf:"lanes"`
-	Listeners *ebpf.Map `ebpf:"listeners"`
-	Xsks      *ebpf.Map `ebpf:"xsks"`
+	ClusterMembers *ebpf.Map `ebpf:"cluster_members"`
+	Control        *ebpf.Map `ebpf:"control"`
+	Counters       *ebpf.Map `ebpf:"counters"`
+	Events         *ebpf.Map `ebpf:"events"`
+	Flows          *ebpf.Map `ebpf:"flows"`
+	LaneXsks       *ebpf.Map `ebpf:"lane_xsks"`
+	Lanes          *ebpf.Map `ebpf:"lanes"`
+	Listeners      *ebpf.Map `ebpf:"listeners"`
+	Xsks           *ebpf.Map `ebpf:"xsks"`
 }
 
 func (m *steerMaps) Close() error {
 	return _SteerClose(
+		m.ClusterMembers,
 		m.Control,
 		m.Counters,
 		m.Events,

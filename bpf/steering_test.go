@@ -3,6 +3,7 @@ package bpf_test
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -591,6 +592,66 @@ func TestSteeringLanes(t *testing.T) {
 	} {
 		if err == nil {
 			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestSteeringClusters checks a cluster's port: each frame goes to the
+// member stack of the queue it arrived on (its wake event names that
+// stack), to the kernel where the queue has no member, and a flow entry
+// still wins over the cluster.
+func TestSteeringClusters(t *testing.T) {
+	r := newRig(t)
+	const port = 8090
+	const cl bpf.ClusterID = 7
+	r.socket(2, 0)
+	r.socket(3, 1)
+	if err := r.s.AddClusterListener(bpf.Listener{Proto: bpf.TCP, Port: port}, cl); err != nil {
+		t.Fatal(err)
+	}
+	for q, id := range map[int]bpf.StackID{0: 2, 1: 3, 2: 4} {
+		if err := r.s.SetClusterMember(cl, q, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	syn := tcpFrame(t, port, header.TCPFlagSyn)
+	for _, c := range []struct {
+		q  int
+		id bpf.StackID
+	}{{0, 2}, {1, 3}} {
+		ctl, err := r.s.Control(c.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctl.Arm()
+		before := ctl.Wakeups()
+		r.expect(fmt.Sprintf("syn on queue %d", c.q), syn, c.q, xdpRedirect, bpf.CounterRedirectListener)
+		if ctl.Wakeups() != before+1 || ctl.Armed() {
+			t.Errorf("syn on queue %d: stack %d's wake-ups %d -> %d, armed %v: the frame did not go to queue %d's member", c.q, c.id, before, ctl.Wakeups(), ctl.Armed(), c.q)
+		}
+	}
+	// Queue 2's member (stack 4) has no socket there: dropped, as for any
+	// stack; queue 3 has no member: the kernel's.
+	r.expect("syn on queue 2, whose member has no socket", syn, 2, xdpDrop, bpf.CounterDropNoXSK)
+	r.expect("syn on queue 3, which has no member", syn, 3, xdpPass, bpf.CounterPassNoMember)
+	if err := r.s.ClearClusterMember(cl, 1); err != nil {
+		t.Fatal(err)
+	}
+	r.expect("syn on queue 1 once its member left", syn, 1, xdpPass, bpf.CounterPassNoMember)
+	f := bpf.Flow{Proto: bpf.TCP, Local: local(port).Addr, Remote: remote.Addr}
+	if err := r.s.AddFlow(f, 3); err != nil {
+		t.Fatal(err)
+	}
+	r.expect("a flow of stack 3 on queue 1", tcpFrame(t, port, header.TCPFlagAck), 1, xdpRedirect, bpf.CounterRedirectFlow)
+
+	for _, err := range []error{
+		r.s.AddClusterListener(bpf.Listener{Proto: bpf.TCP, Port: port}, bpf.MaxStacks),
+		r.s.SetClusterMember(cl, bpf.MaxQueues, 2),
+		r.s.SetClusterMember(cl, 0, bpf.MaxStacks),
+		r.s.ClearClusterMember(bpf.MaxStacks, 0),
+	} {
+		if err == nil {
+			t.Error("an out-of-range cluster, queue or stack was accepted")
 		}
 	}
 }

@@ -1,0 +1,78 @@
+package bpf
+
+import (
+	"fmt"
+)
+
+// Clusters (steer.c): stacks that each listen on one port, a queue each,
+// as Onload's clusters serve SO_REUSEPORT. The port's listener entry names
+// the cluster; cluster_members names the stack for each of its queues, and
+// a frame goes to the member for the queue it arrived on, or to the
+// kernel if that queue has none (CounterPassNoMember).
+
+// ClusterID names a cluster in the steering maps: 0 to MaxStacks-1.
+type ClusterID uint32
+
+const clusterBit = 0x80000000 // CLUSTER_BIT in steer.c
+
+func checkCluster(c ClusterID) error {
+	if c >= MaxStacks {
+		return fmt.Errorf("cluster id %d out of range: must be below %d", c, MaxStacks)
+	}
+	return nil
+}
+
+// AddClusterListener steers frames matching l to cluster c's member for
+// the queue they arrive on, replacing any entry for the same listener.
+func (s *Steering) AddClusterListener(l Listener, c ClusterID) error {
+	if err := checkCluster(c); err != nil {
+		return err
+	}
+	k, err := listenerKey(l)
+	if err != nil {
+		return err
+	}
+	if err := s.objs.Listeners.Put(k, uint32(c)|clusterBit); err != nil {
+		return fmt.Errorf("add listener %s %s:%d for cluster %d: %w", l.Proto, l.Addr, l.Port, c, err)
+	}
+	return nil
+}
+
+func memberSlot(c ClusterID, queue int) (uint32, error) {
+	if err := checkCluster(c); err != nil {
+		return 0, err
+	}
+	if queue < 0 || queue >= MaxQueues {
+		return 0, fmt.Errorf("queue %d out of range: must be below %d", queue, MaxQueues)
+	}
+	return uint32(c)*MaxQueues + uint32(queue), nil
+}
+
+// SetClusterMember makes stack id cluster c's member for queue: the
+// cluster's frames arriving on queue go to it.
+func (s *Steering) SetClusterMember(c ClusterID, queue int, id StackID) error {
+	if err := checkStack(id); err != nil {
+		return err
+	}
+	k, err := memberSlot(c, queue)
+	if err != nil {
+		return err
+	}
+	if err := s.objs.ClusterMembers.Put(k, uint32(id)+1); err != nil {
+		return fmt.Errorf("cluster %d queue %d: member stack %d: %w", c, queue, id, err)
+	}
+	return nil
+}
+
+// ClearClusterMember leaves cluster c without a member for queue: its
+// frames arriving there go to the kernel.
+func (s *Steering) ClearClusterMember(c ClusterID, queue int) error {
+	k, err := memberSlot(c, queue)
+	if err != nil {
+		return err
+	}
+	if err := s.objs.ClusterMembers.Put(k, uint32(0)); err != nil {
+		return fmt.Errorf("cluster %d queue %d: clear its member: %w", c, queue, err)
+	}
+	return nil
+}
