@@ -147,6 +147,13 @@ type StackRequest struct {
 	// for it to be made, the others join it (Onload's EF_NAME). Without
 	// a name the client gets a stack of its own.
 	Name string `json:"name,omitempty"`
+	// Cluster, with Name, asks for a member of the named cluster
+	// (Onload's EF_CLUSTER_NAME): a stack of the process's own, on a
+	// queue of its own while the interface has one free (then it joins
+	// the member with the fewest processes), the members sharing their
+	// SO_REUSEPORT ports, each taking the connections that arrive on its
+	// queue.
+	Cluster bool `json:"cluster,omitempty"`
 	// The NIC's sizes (0: the daemon's defaults). A joining client's are
 	// ignored: the stack has its own.
 	Frames    int `json:"frames,omitempty"`
@@ -302,6 +309,7 @@ type InterfaceDump struct {
 type StackDump struct {
 	ID        uint32       `json:"id"`
 	Name      string       `json:"name,omitempty"`
+	Cluster   bool         `json:"cluster,omitempty"` // a member of cluster Name
 	Interface string       `json:"interface"`
 	Queue     int          `json:"queue"`
 	Addr      string       `json:"addr"`

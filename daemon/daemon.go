@@ -65,14 +65,15 @@ type Daemon struct {
 	ln   *net.UnixListener
 	lock *os.File // the instance lock, held while the daemon runs
 
-	mu      sync.Mutex
-	ifaces  map[string]*iface
-	stacks  map[bpf.StackID]*dstack
-	named   map[string]*dstack // shared stacks by name
-	clients map[*client]struct{}
-	nextID  bpf.StackID
-	closed  bool
-	wg      sync.WaitGroup
+	mu       sync.Mutex
+	ifaces   map[string]*iface
+	stacks   map[bpf.StackID]*dstack
+	named    map[string]*dstack  // shared stacks by name
+	clusters map[string]*cluster // clusters by name (clusters.go)
+	clients  map[*client]struct{}
+	nextID   bpf.StackID
+	closed   bool
+	wg       sync.WaitGroup
 
 	prioWarned sync.Once    // the watchers' priority could not be set
 	watchers   atomic.Int32 // watchers running (watch.go)
@@ -113,7 +114,7 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	d := &Daemon{
 		cfg: cfg, log: cfg.Log,
-		ifaces: map[string]*iface{}, stacks: map[bpf.StackID]*dstack{}, named: map[string]*dstack{},
+		ifaces: map[string]*iface{}, stacks: map[bpf.StackID]*dstack{}, named: map[string]*dstack{}, clusters: map[string]*cluster{},
 		clients: map[*client]struct{}{}, nextID: 1, reapKick: make(chan struct{}, 1),
 	}
 	lockPath := cfg.Socket + ".lock"

@@ -36,7 +36,7 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 	for _, s := range d.stacks {
 		sd := control.StackDump{
 			ID: uint32(s.id), Name: s.name, Interface: s.ifc.name, Queue: s.queue, Addr: s.addr.String(),
-			Clients: []control.ClientDump{}, Filters: []string{},
+			Clients: []control.ClientDump{}, Filters: []string{}, Cluster: s.cluster != nil,
 		}
 		for c := range s.clients {
 			sd.Clients = append(sd.Clients, control.ClientDump{PID: int(c.cred.Pid), UID: int(c.cred.Uid), Program: c.program})
@@ -47,7 +47,11 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 			if f.gone {
 				gone = ", gone: kept while its sockets finish"
 			}
-			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s:%d (pid %d%s)", k.Proto, k.Addr, k.Port, f.owner.cred.Pid, gone))
+			cl := ""
+			if f.cluster != nil {
+				cl = ", the cluster's: its connections on this queue"
+			}
+			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s:%d (pid %d%s%s)", k.Proto, k.Addr, k.Port, f.owner.cred.Pid, cl, gone))
 		}
 		for f := range s.flows {
 			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s -> %s (flow: a connection of a process that went)", f.Proto, f.Local, f.Remote))

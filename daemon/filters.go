@@ -19,6 +19,9 @@ type filter struct {
 	proof int // the client's kernel socket, our descriptor for it
 	owner *client
 	rule  int // the n-tuple rule's location (steerNtuple), or -1
+	// cluster: the filter is one member's of the cluster's port
+	// (clusters.go), or nil.
+	cluster *cluster
 	// gone: the owner's process is gone; the filter stays while the
 	// stack's sockets use the port (its connections finishing), then the
 	// reaper removes it (settleGoneFiltersLocked).
@@ -34,10 +37,15 @@ func (d *Daemon) addFilterLocked(c *client, s *dstack, req *control.FilterReques
 	if err := checkProof(c, key, proof); err != nil {
 		return err
 	}
-	// No two stacks steer one port: an entry for any address of the port
-	// would take some of the other's frames.
+	inCluster := clustered(s, key, proof)
+	// No two stacks steer one port, but the members of a cluster its
+	// SO_REUSEPORT port: an entry for any address of the port would take
+	// some of the other's frames.
 	for k, f := range s.ifc.filters {
 		if k.Proto == key.Proto && k.Port == key.Port && (k.Addr == key.Addr || k.Addr.IsUnspecified() || key.Addr.IsUnspecified()) {
+			if inCluster && k == key && f.cluster == s.cluster && s.filters[key] == nil {
+				continue
+			}
 			if f.owner == c && k == key {
 				return refuse(codeInUse, "%s %s:%d is already steered to your stack", key.Proto, key.Addr, key.Port)
 			}
@@ -46,6 +54,17 @@ func (d *Daemon) addFilterLocked(c *client, s *dstack, req *control.FilterReques
 			}
 			return refuse(codeInUse, "%s port %d on %s belongs to %s: a port is steered to one stack", key.Proto, key.Port, s.ifc.name, f.owner)
 		}
+	}
+	if inCluster {
+		// The NIC's hash spreads the port's connections over the queues,
+		// a member on each: no n-tuple rule.
+		f := &filter{key: key, proof: proof, owner: c, rule: -1}
+		if err := d.addClusterFilterLocked(s, key, f); err != nil {
+			return err
+		}
+		s.filters[key] = f
+		d.log.Debug("filter added", "stack", s.id, "cluster", s.cluster.name, "proto", key.Proto.String(), "local", fmt.Sprintf("%s:%d", key.Addr, key.Port), "client", c.String())
+		return nil
 	}
 	rule := -1
 	if s.ifc.steering == steerNtuple {
@@ -75,6 +94,12 @@ func (d *Daemon) removeFilterLocked(s *dstack, key bpf.Listener) {
 	if f == nil {
 		return
 	}
+	delete(s.filters, key)
+	if f.cluster != nil {
+		unix.Close(f.proof)
+		d.removeClusterFilterLocked(s, key, f)
+		return
+	}
 	if err := s.ifc.steer.RemoveListener(key); err != nil {
 		d.log.Warn("filter removal", "stack", s.id, "err", err)
 	}
@@ -84,7 +109,6 @@ func (d *Daemon) removeFilterLocked(s *dstack, key bpf.Listener) {
 		}
 	}
 	unix.Close(f.proof)
-	delete(s.filters, key)
 	if s.ifc.filters[key] == f {
 		delete(s.ifc.filters, key)
 	}

@@ -22,8 +22,9 @@ import (
 // The daemon's own handle on the engine (st) only reads, for dumps.
 type dstack struct {
 	id      bpf.StackID
-	name    string // shared stacks' name, "" for a process's own
-	uid     int    // the user whose processes may use it
+	name    string   // shared stacks' and clusters' name, "" for a process's own
+	cluster *cluster // the cluster it is a member of, or nil (clusters.go)
+	uid     int      // the user whose processes may use it
 	ifc     *iface
 	queue   int
 	nic     *vnic.XDP
@@ -63,7 +64,13 @@ const (
 // stackLocked makes the stack req asks for, or finds the named one to
 // join.
 func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, bool, error) {
-	if req.Name != "" {
+	switch {
+	case req.Cluster && req.Name == "":
+		return nil, false, refuse(codeInvalid, "a cluster needs a name (ONLOAD_STACK_NAME, onloadd run -n)")
+	case !req.Cluster && d.clusters[req.Name] != nil:
+		return nil, false, refuse(codeInUse, "%q names a cluster, not a shared stack: join it as a cluster (ONLOAD_CLUSTER=1, onloadd run -cluster)", req.Name)
+	}
+	if req.Name != "" && !req.Cluster {
 		if s := d.named[req.Name]; s != nil {
 			if c.cred.Uid != 0 && int(c.cred.Uid) != s.uid {
 				return nil, false, refuse(codeDenied, "stack %q belongs to uid %d; processes of uid %d may not join it", req.Name, s.uid, c.cred.Uid)
@@ -89,19 +96,37 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 	if err != nil {
 		return nil, false, err
 	}
+	var cl *cluster
+	if req.Cluster {
+		if cl, err = d.clusterForLocked(c, req, ifc); err != nil {
+			return nil, false, err
+		}
+	}
 	q := ifc.freeQueue()
 	if q < 0 {
+		// An orphan of the name first: a cluster's member that went,
+		// whose queue has no member now.
 		if s := d.adoptableLocked(c, ifc, req.Name); s != nil {
+			if cl != nil && s.cluster == nil {
+				if err := d.addMemberLocked(cl, s); err != nil {
+					return nil, false, err
+				}
+			}
 			// The queue's stack is an orphan of the same user: the new
 			// process joins it, as a process joins a shared stack, and
 			// its connections finish beside the new process's (a
 			// server restarted at once on a NIC with one queue).
 			s.orphanSince = time.Time{}
-			if s.name != "" {
+			if s.name != "" && s.cluster == nil {
 				d.named[s.name] = s
 			}
 			d.log.Info("orphan stack adopted: no queue was free, and a process of its user asked for a stack", "stack", s.id, "client", c.String())
 			return s, true, nil
+		}
+		if cl != nil {
+			if s := cl.memberToJoin(); s != nil {
+				return s, true, nil
+			}
 		}
 		return nil, false, refuse(codeExhausted, "every queue of %s has a stack (%s): share one with ONLOAD_STACK_NAME, or give the interface more queues (ethtool -L)", ifc.name, ifc.holders())
 	}
@@ -155,10 +180,15 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 	}
 	ifc.queues[q] = s
 	d.stacks[id] = s
-	if s.name != "" {
+	if cl != nil {
+		if err := d.addMemberLocked(cl, s); err != nil {
+			d.releaseStackLocked(s)
+			return nil, false, err
+		}
+	} else if s.name != "" {
 		d.named[s.name] = s
 	}
-	d.log.Info("stack made", "stack", id, "name", s.name, "interface", ifname, "queue", q, "addr", sc.Addr.String(),
+	d.log.Info("stack made", "stack", id, "name", s.name, "cluster", cl != nil, "interface", ifname, "queue", q, "addr", sc.Addr.String(),
 		"pid", c.cred.Pid, "uid", c.cred.Uid, "program", c.program)
 	return s, false, nil
 }
@@ -243,6 +273,7 @@ func (d *Daemon) releaseStackLocked(s *dstack) {
 	s.watch.end()
 	var errs []error
 	errs = append(errs, d.unsteerLocked(s))
+	d.leaveClusterLocked(s)
 	errs = append(errs, s.st.Image().Close(), s.nic.Close())
 	s.ifc.queues[s.queue] = nil
 	delete(d.stacks, s.id)

@@ -48,6 +48,7 @@ type Config struct {
 	Daemon       string
 	DaemonSocket string        // onloadd's control socket
 	StackName    string        // share the named stack with other processes
+	Cluster      bool          // StackName names a cluster: a stack each, SO_REUSEPORT ports shared
 	Takeover     time.Duration // onloadd's: how long work may wait unpolled before it polls (0: never)
 	TakeoverPrio int           // onloadd's: its watchers' SCHED_FIFO priority (0: normal scheduling)
 }
@@ -142,6 +143,9 @@ var Options = []Option{
 	{Env: "ONLOAD_STACK_NAME", Default: "",
 		Doc: "Through onloadd: processes that give the same name share one stack (one image, one queue), as Onload's EF_NAME. Empty: the process has a stack of its own.",
 		set: func(c *Config, _ int64, s string) { c.StackName = s }},
+	{Env: "ONLOAD_CLUSTER", Default: "0", Min: 0, Max: 1,
+		Doc: "1: ONLOAD_STACK_NAME names a cluster, as Onload's EF_CLUSTER_NAME: each process gets a stack of its own, on a queue of its own while the interface has one free (then it shares the stack with the fewest processes), and the stacks share the ports their listeners bind with SO_REUSEPORT, each taking the connections that arrive on its queue. For pre-fork servers whose workers listen with SO_REUSEPORT (nginx's `listen ... reuseport`); a port bound without it is one stack's, as without a cluster.",
+		set: func(c *Config, v int64, _ string) { c.Cluster = v == 1 }},
 	{Env: "ONLOAD_TAKEOVER_US", Default: "1000", Min: 0, Max: 10_000_000, Unit: "µs",
 		Doc: "onloadd's (`onloadd serve`): how long a stack with frames waiting or timers due may go unpolled by its processes (stopped, or busy elsewhere) before onloadd polls it for them: it acknowledges, retransmits, runs the timers and wakes the waiters. 0: never; below 100 µs counts as 100 µs.",
 		set: func(c *Config, v int64, _ string) { c.Takeover = time.Duration(v) * time.Microsecond }},

@@ -53,7 +53,7 @@ func openDaemon(cfg Config) (*Stack, error) {
 		return nil, err
 	}
 	req := control.StackRequest{
-		Interface: cfg.Interface, Name: cfg.StackName,
+		Interface: cfg.Interface, Name: cfg.StackName, Cluster: cfg.Cluster,
 		Frames: cfg.UmemFrames, RingSize: cfg.RingSize, FillDepth: cfg.FillDepth,
 		Image: control.ImageConfig{
 			Sockets: cfg.Sockets, MinRTOMs: int(cfg.MinRTO / time.Millisecond), DelayedAckMs: int(cfg.DelayedAck / time.Millisecond),

@@ -61,6 +61,20 @@ func (q *QueueSteer) Port(port uint16, queue int) error {
 	return q.ports.Put(key, uint32(queue+1))
 }
 
+// Spread spreads the host's TCP and UDP frames to destination port over
+// transmit queues 0 to queues-1 by their source port, so that each
+// connection keeps to one queue, as a NIC's RSS hash keeps it (the test
+// hosts' stand-in for RSS, for a cluster's port).
+func (q *QueueSteer) Spread(port uint16, queues int) error {
+	if queues < 1 || queues > 255 {
+		return fmt.Errorf("spread over %d queues: from 1 to 255", queues)
+	}
+	key := uint32(port>>8) | uint32(port&0xff)<<8
+	return q.ports.Put(key, uint32(spreadBit|queues))
+}
+
+const spreadBit = 0x80000000 // a map value that spreads: the number of queues below it
+
 // Close detaches the program.
 func (q *QueueSteer) Close() error {
 	var errs []error
@@ -94,7 +108,8 @@ func queueSteerInsns(mapFD int) asm.Instructions {
 		asm.LoadMem(asm.R5, asm.R2, 23, asm.Byte), // protocol
 		asm.JEq.Imm(asm.R5, 6, "port"),
 		asm.JNE.Imm(asm.R5, 17, "pass"),
-		asm.LoadMem(asm.R5, asm.R2, 36, asm.Half).WithSymbol("port"), // destination port
+		asm.LoadMem(asm.R7, asm.R2, 34, asm.Half).WithSymbol("port"), // source port (for Spread)
+		asm.LoadMem(asm.R5, asm.R2, 36, asm.Half),                     // destination port
 		asm.StoreMem(asm.R10, -4, asm.R5, asm.Word),
 		asm.LoadMapPtr(asm.R1, mapFD),
 		asm.Mov.Reg(asm.R2, asm.R10),
@@ -102,7 +117,13 @@ func queueSteerInsns(mapFD int) asm.Instructions {
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "pass"),
 		asm.LoadMem(asm.R5, asm.R0, 0, asm.Word),
+		asm.JSet.Imm(asm.R5, int32(-spreadBit), "spread"),
 		asm.StoreMem(asm.R6, skbQueueMapping, asm.R5, asm.Word),
+		asm.Ja.Label("pass"),
+		asm.And.Imm(asm.R5, 0xff).WithSymbol("spread"), // queues, at least 1
+		asm.Mod.Reg(asm.R7, asm.R5),
+		asm.Add.Imm(asm.R7, 1),
+		asm.StoreMem(asm.R6, skbQueueMapping, asm.R7, asm.Word),
 		asm.Mov.Imm(asm.R0, tcxNext).WithSymbol("pass"),
 		asm.Return(),
 	}

@@ -529,7 +529,10 @@ func TestShimIperf3(t *testing.T) {
 // TestShimNginx runs nginx (a master and two workers) under the shim, on
 // a stack from onloadd that its workers share (onloadd run -n): with one
 // listening socket the workers inherit, and with one socket per worker
-// (reuseport). Static files come byte-exact to curl (sendfile on), wrk's
+// (reuseport); and as a cluster (onloadd run -n -cluster, reuseport), a
+// stack for each worker on a queue of its own of a two-queue veth, the
+// client's connections spread over the queues (QueueSteer.Spread, as a
+// NIC's RSS would). Static files come byte-exact to curl (sendfile on), wrk's
 // connections get only good replies, both workers accelerate and serve,
 // and after a reload (new workers; the old ones leave), a worker's death
 // and a binary upgrade (a new nginx exec'd with the listening socket), the
@@ -539,13 +542,29 @@ func TestShimNginx(t *testing.T) {
 	RequireTool(t, "nginx")
 	RequireTool(t, "curl")
 	RequireTool(t, "wrk")
-	for _, listen := range []string{"shared", "reuseport"} {
-		t.Run(listen, func(t *testing.T) { testShimNginx(t, onloadd, listen == "reuseport") })
+	for _, mode := range []string{"shared", "reuseport", "cluster"} {
+		t.Run(mode, func(t *testing.T) { testShimNginx(t, onloadd, mode) })
 	}
 }
 
-func testShimNginx(t *testing.T, onloadd string, reuseport bool) {
-	a, b := Pair(t, LinkOptions{})
+func testShimNginx(t *testing.T, onloadd string, mode string) {
+	cluster := mode == "cluster"
+	var a, b *Host
+	runArgs := []string{"run", "-n", "web"}
+	if cluster {
+		a, b = Pair(t, LinkOptions{Queues: 2})
+		qs, err := NewQueueSteer(b, b.Iface0().Name)
+		if err != nil {
+			Missing(t, "cannot spread host b's connections over the queues here (TCX egress): %v", err)
+		}
+		t.Cleanup(func() { qs.Close() })
+		if err := qs.Spread(8080, 2); err != nil {
+			t.Fatal(err)
+		}
+		runArgs = append(runArgs, "-cluster")
+	} else {
+		a, b = Pair(t, LinkOptions{})
+	}
 	dir, _ := daemonDir(t)
 	sock, _ := startDaemon(t, a, dir)
 	prefix := t.TempDir()
@@ -565,7 +584,7 @@ func testShimNginx(t *testing.T, onloadd string, reuseport bool) {
 		t.Fatal(err)
 	}
 	opt := ""
-	if reuseport {
+	if mode != "shared" {
 		opt = " reuseport"
 	}
 	conf := filepath.Join(prefix, "nginx.conf")
@@ -573,7 +592,7 @@ func testShimNginx(t *testing.T, onloadd string, reuseport bool) {
 master_process on;
 worker_processes 2;
 user root;
-env LD_PRELOAD; env ONLOAD_CORE; env ONLOAD_STACK_NAME; env ONLOAD_DAEMON; env ONLOAD_DAEMON_SOCKET;
+env LD_PRELOAD; env ONLOAD_CORE; env ONLOAD_STACK_NAME; env ONLOAD_CLUSTER; env ONLOAD_DAEMON; env ONLOAD_DAEMON_SOCKET;
 env ONLOAD_INTERFACE; env ONLOAD_LOG;
 error_log %[1]s/logs/error.log info;
 pid %[1]s/nginx.pid;
@@ -605,9 +624,9 @@ http {
 	// stays in the shell's process group (stopGroup ends it); its output
 	// goes to a file.
 	outLog := filepath.Join(prefix, "out.log")
-	srv := a.Command("sh", "-c", `"$@" > "$0" 2>&1 &
-i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done`,
-		outLog, onloadd, "run", "-n", "web", "--", nginx, "-c", conf, "-p", prefix)
+	srv := a.Command("sh", append(append([]string{"-c", `"$@" > "$0" 2>&1 &
+i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done`, outLog, onloadd}, runArgs...),
+		"--", nginx, "-c", conf, "-p", prefix)...)
 	srv.Env = append(os.Environ(), "PIDFILE="+filepath.Join(prefix, "nginx.pid"), "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET="+sock,
 		"ONLOAD_INTERFACE="+a.Iface0().Name, "ONLOAD_LOG=debug")
 	srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -725,17 +744,34 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 		t.Fatalf("requests served by worker pid: %v; want both workers serving", served)
 	}
 	t.Logf("requests served by worker pid: %v", served)
+	// Shared: one stack. A cluster: a stack for each worker, each on its
+	// own queue, each having accepted some of wrk's connections (the
+	// client's connections come on both queues).
+	stacks := dumpDaemon(t, sock).Stacks
+	queues := map[int]bool{}
+	for _, st := range stacks {
+		if st.Cluster != cluster || len(st.Clients) != 1 && cluster {
+			t.Fatalf("stack %d: cluster %v with processes %v; want cluster %v, one process each", st.ID, st.Cluster, st.Clients, cluster)
+		}
+		if n := counter(st.Engine, "TCPPassiveOpens"); cluster && n <= 0 {
+			t.Fatalf("stack %d (queue %d) accepted %d connections: its queue's connections did not reach it\n%s", st.ID, st.Queue, n, st.Engine)
+		}
+		queues[st.Queue] = true
+	}
+	if want := map[bool]int{false: 1, true: 2}[cluster]; len(stacks) != want || len(queues) != want {
+		t.Fatalf("onloadd has %d stacks on queues %v, want %d", len(stacks), queues, want)
+	}
 
 	// TCP_DEFER_ACCEPT (listen ... deferred): a client that has sent
 	// nothing is not established, nor accepted; its request ends that.
-	est := counter(engineDump(t, sock), "TCPEstablished")
+	est := stacksCounter(t, sock, "TCPEstablished")
 	var conn net.Conn
 	if err := b.Do(func() (err error) { conn, err = net.Dial("tcp", a.Iface0().Addr().String()+":8080"); return }); err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
 	time.Sleep(300 * time.Millisecond)
-	if n := counter(engineDump(t, sock), "TCPEstablished"); n != est {
+	if n := stacksCounter(t, sock, "TCPEstablished"); n != est {
 		t.Errorf("with TCP_DEFER_ACCEPT, a client that sent nothing was established (%d connections, %d before)", n, est)
 	}
 	conn.SetDeadline(time.Now().Add(20 * time.Second))
@@ -745,7 +781,7 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 	if reply, err := io.ReadAll(conn); err != nil || !bytes.Contains(reply, []byte("hello from nginx")) {
 		t.Fatalf("a deferred connection's request: %q, %v\n%s", reply, err, errorLog())
 	}
-	if n := counter(engineDump(t, sock), "TCPEstablished"); n != est+1 {
+	if n := stacksCounter(t, sock, "TCPEstablished"); n != est+1 {
 		t.Errorf("the deferred connection, served: %d connections established, want %d", n, est+1)
 	}
 
@@ -762,10 +798,10 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 	// should the stack's be gone).
 	viaStack := func(n int) {
 		t.Helper()
-		before := counter(engineDump(t, sock), "TCPPassiveOpens")
+		before := stacksCounter(t, sock, "TCPPassiveOpens")
 		byteExact(n)
-		if after := counter(engineDump(t, sock), "TCPPassiveOpens"); after-before != n {
-			t.Fatalf("the stack accepted %d of %d connections\n%s", after-before, n, errorLog())
+		if after := stacksCounter(t, sock, "TCPPassiveOpens"); after-before != n {
+			t.Fatalf("the stacks accepted %d of %d connections\n%s\n%s", after-before, n, errorLog(), dumpText(t, sock))
 		}
 	}
 	// A reload: two new workers join the stack and share the listener,
@@ -817,6 +853,23 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 		t.Fatalf("nginx.pid still names the old master %d", master)
 	}
 	stopMaster(next, "new")
+}
+
+// dumpText is onloadd's dump at sock, the engines' too, as JSON.
+func dumpText(t *testing.T, sock string) string {
+	t.Helper()
+	b, _ := json.MarshalIndent(dumpDaemon(t, sock), "", " ")
+	return string(b)
+}
+
+// stacksCounter sums engine counter name over onloadd's stacks.
+func stacksCounter(t *testing.T, sock, name string) int {
+	t.Helper()
+	n := 0
+	for _, st := range dumpDaemon(t, sock).Stacks {
+		n += max(counter(st.Engine, name), 0)
+	}
+	return n
 }
 
 // idleWorkerQuiet makes 2,000 requests on one keep-alive connection to

@@ -26,9 +26,10 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	profile := fs.String("p", "", "profile: latency, balanced or throughput (ONLOAD_PROFILE)")
 	name := fs.String("n", "", "the stack's name, shared by every process of CMD: a pre-fork server's workers (ONLOAD_STACK_NAME; only onloadd shares stacks, so ONLOAD_DAEMON=require unless set)")
+	cluster := fs.Bool("cluster", false, "with -n: the name is a cluster's, a stack for each process of CMD on a queue of its own, its SO_REUSEPORT ports shared (ONLOAD_CLUSTER=1; for nginx's listen ... reuseport)")
 	lib := fs.String("lib", "", "the directory of "+shimLib+" and "+coreLib+" (default: onloadd's own)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: onloadd run [-p latency|balanced|throughput] [-n NAME] [-lib DIR] [--] CMD ARGS...\n\n"+
+		fmt.Fprintf(fs.Output(), "usage: onloadd run [-p latency|balanced|throughput] [-n NAME [-cluster]] [-lib DIR] [--] CMD ARGS...\n\n"+
 			"Runs CMD with the LD_PRELOAD shim: its TCP/IPv4 sockets on the stack's interface\n"+
 			"are accelerated; the rest stay the kernel's (ONLOAD_LOG=debug says what and why).\n\n")
 		fs.PrintDefaults()
@@ -47,6 +48,12 @@ func run(args []string) error {
 			return fmt.Errorf("run: -p %s: %w", *profile, err)
 		}
 		env = setEnv(env, "ONLOAD_PROFILE", *profile)
+	}
+	if *cluster {
+		if *name == "" {
+			return errors.New("run: -cluster needs -n NAME, the cluster's name")
+		}
+		env = setEnv(env, "ONLOAD_CLUSTER", "1")
 	}
 	if *name != "" {
 		env = setEnv(env, "ONLOAD_STACK_NAME", *name)

@@ -199,6 +199,9 @@ func stackdump(args []string, out io.Writer) error {
 		if s.Name != "" {
 			name = " " + strconv.Quote(s.Name)
 		}
+		if s.Cluster {
+			name = ", a member of cluster" + name + ","
+		}
 		fmt.Fprintf(out, "\nstack %d%s on %s queue %d, %s\n", s.ID, name, s.Interface, s.Queue, s.Addr)
 		for _, c := range s.Clients {
 			fmt.Fprintf(out, "  process %d (%s) uid %d\n", c.PID, c.Program, c.UID)
