@@ -109,7 +109,7 @@ func queueSteerInsns(mapFD int) asm.Instructions {
 		asm.JEq.Imm(asm.R5, 6, "port"),
 		asm.JNE.Imm(asm.R5, 17, "pass"),
 		asm.LoadMem(asm.R7, asm.R2, 34, asm.Half).WithSymbol("port"), // source port (for Spread)
-		asm.LoadMem(asm.R5, asm.R2, 36, asm.Half),                     // destination port
+		asm.LoadMem(asm.R5, asm.R2, 36, asm.Half),                    // destination port
 		asm.StoreMem(asm.R10, -4, asm.R5, asm.Word),
 		asm.LoadMapPtr(asm.R1, mapFD),
 		asm.Mov.Reg(asm.R2, asm.R10),

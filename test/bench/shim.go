@@ -36,10 +36,15 @@ import (
 //     sink on the kernel) placed the same way in the same round, which
 //     is the figure the shim's iperf3 is held to; memcached -t 2 under
 //     the shim against the kernel's, loaded by memcslap (8 threads, get);
-//     nginx (a master and 2 workers sharing one listening socket, and
-//     with reuseport, a listening socket each) under the shim, its
-//     workers on one stack from onloadd, against nginx on the kernel,
-//     loaded by wrk (2 threads, 50 connections, a 1 KiB file).
+//     nginx (a master and 2 workers sharing one listening socket, its
+//     workers on one stack from onloadd) under the shim, against nginx
+//     on the kernel, loaded by wrk (2 threads, 50 connections, a 1 KiB
+//     file); and nginx with reuseport (a listening socket each) on a
+//     second pair of hosts whose veth has two queues, wrk's connections
+//     spread over them by source port (test.QueueSteer.Spread, as a
+//     NIC's RSS hash spreads them), under the shim as a cluster (a stack
+//     for each worker, on a queue each: onloadd run -cluster) and on
+//     the kernel.
 //   - memcached with one worker (-t 1) and with two (-t 2), under the
 //     shim and on the kernel, loaded by mcping (mcping/mcping.c: 8
 //     connections, each one get at a time, a client that costs little a
@@ -110,6 +115,20 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 		return nil, err
 	}
 	ib := b.Iface0()
+	// nginx with reuseport runs on hosts whose veth has two queues.
+	n2, c, d, err := test.NewPair(test.LinkOptions{Queues: 2})
+	if err != nil {
+		return nil, err
+	}
+	defer n2.Close()
+	spread, err := test.NewQueueSteer(c, c.Iface0().Name)
+	if err != nil {
+		return nil, fmt.Errorf("spreading wrk's connections over two queues: %w", err)
+	}
+	defer spread.Close()
+	if err := spread.Spread(8090, 2); err != nil {
+		return nil, err
+	}
 	accs := map[string]*rounds{"floor": {}, "kernel": {}, "kernel-busy": {}, "shim": {}}
 	redis := map[string][]float64{}
 	// redis-server's CPU a GET (all its threads) and its other threads'
@@ -143,6 +162,8 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 					v, err = iperfRound(ctx, a, b, run)
 				case "gobulk":
 					v, err = goBulkRound(ctx, self, a, b, side == "shim")
+				case "nginx-reuseport":
+					v, err = serverRound(ctx, c, d, tool, server{side: side, onloadd: run})
 				default:
 					v, err = serverRound(ctx, a, b, tool, server{side: side, onloadd: run})
 				}
@@ -234,14 +255,15 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				"memcslap-kernel":        "memcached -t 2 on the kernel, memcslap -c 8 get, keys/s",
 				"nginx-shim":             "nginx (2 workers, one stack from onloadd) under the shim, wrk -t 2 -c 50, 1 KiB file, requests/s",
 				"nginx-kernel":           "nginx (2 workers) on the kernel, wrk -t 2 -c 50, 1 KiB file, requests/s",
-				"nginx-reuseport-shim":   "nginx (2 workers, listen reuseport, one stack from onloadd) under the shim, wrk -t 2 -c 50, 1 KiB file, requests/s",
-				"nginx-reuseport-kernel": "nginx (2 workers, listen reuseport) on the kernel, wrk -t 2 -c 50, 1 KiB file, requests/s",
+				"nginx-reuseport-shim":   "nginx (2 workers, listen reuseport, a cluster: a stack each from onloadd, on a queue each) under the shim, a two-queue veth, wrk -t 2 -c 50, 1 KiB file, requests/s",
+				"nginx-reuseport-kernel": "nginx (2 workers, listen reuseport) on the kernel, the same two-queue veth, wrk -t 2 -c 50, 1 KiB file, requests/s",
 			}[id]
 			rep.Redis = append(rep.Redis, ThroughputResult{ID: id, Name: name, PerSec: median(redis[id]), RoundsPerSec: redis[id]})
 		}
 		rep.Ratios[key+"_shim_vs_kernel"] = round3(medianRatio(redis[tool+"-shim"], redis[tool+"-kernel"]))
 		if tool == "nginx-reuseport" {
-			// The floor does not see the listening socket: nginx's.
+			// The floor does not see the listening socket (nginx's), and it
+			// runs on the one-queue hosts.
 			floorRatios(rep, key, redis[tool+"-shim"], redis[tool+"-kernel"], redis["nginx-floor"])
 		} else if fl, ok := redis[tool+"-floor"]; ok {
 			name := map[string]string{
@@ -601,7 +623,8 @@ func nginxRound(ctx context.Context, a, b *test.Host, sv server, reuseport bool)
 // startNginx starts nginx in host b from dir, a master and two workers:
 // under the shim when onloadd is set, its workers sharing one stack from
 // onloadd (run in host b for the round), as the shim runs a pre-fork
-// server. With reuseport each worker listens on a socket of its own.
+// server. With reuseport each worker listens on a socket of its own, and
+// under the shim has a stack of its own (a cluster).
 func startNginx(ctx context.Context, a, b *test.Host, onloadd, dir, url string, reuseport bool) (func(), error) {
 	if err := os.WriteFile(filepath.Join(dir, "index.html"), []byte(strings.Repeat("0123456789abcdef", 64)), 0o644); err != nil {
 		return nil, err
@@ -624,8 +647,12 @@ func startNginx(ctx context.Context, a, b *test.Host, onloadd, dir, url string, 
 		if err != nil {
 			return nil, fmt.Errorf("onloadd: %w", err)
 		}
-		argv = append([]string{"env", "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock,
-			"ONLOAD_INTERFACE=" + b.Iface0().Name, onloadd, "run", "-n", "nginx", "--"}, argv...)
+		run := []string{"env", "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock,
+			"ONLOAD_INTERFACE=" + b.Iface0().Name, onloadd, "run", "-n", "nginx"}
+		if reuseport {
+			run = append(run, "-cluster")
+		}
+		argv = append(append(run, "--"), argv...)
 	}
 	srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
 	stopN, err := startServer(srv, func() bool {
