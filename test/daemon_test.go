@@ -2137,3 +2137,140 @@ func TestDaemonBusyWatch(t *testing.T) {
 		t.Errorf("onloadd's threads woke %.0f times a second while the process polled its stack, want at most %.0f (one a grace period)", looks, limit)
 	}
 }
+
+// TestDaemonClusterRules asks onloadd (on a two-queue veth) for the
+// stacks of a cluster over the control protocol, as the shim's processes
+// do: the first two get a stack each on a queue each, the third joins
+// one; both members steer a port bound with SO_REUSEPORT, but only one
+// a port bound without it; a shared stack's request may not take the
+// cluster's name, nor a cluster go without one; and a member whose
+// process goes gives its queue back to the next process.
+func TestDaemonClusterRules(t *testing.T) {
+	_, b := Pair(t, LinkOptions{Queues: 2})
+	dir, _ := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	// dial connects a client of onloadd from host b (onloadd serves
+	// clients of its own network namespace only).
+	dial := func() *control.Client {
+		t.Helper()
+		var cl *control.Client
+		if err := b.Do(func() (err error) { cl, err = control.Dial(sock, "test"); return }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cl.Close() })
+		return cl
+	}
+	ask := func(cl *control.Client, name string, cluster bool) (*control.StackReply, error) {
+		t.Helper()
+		rep, fds, err := cl.Call(control.Request{Op: control.OpStack, Stack: &control.StackRequest{
+			Interface: b.Iface0().Name, Name: name, Cluster: cluster}})
+		control.CloseFDs(fds)
+		if err != nil {
+			return nil, err
+		}
+		return rep.Stack, nil
+	}
+	// proof is a kernel socket of host b bound to port, with SO_REUSEPORT
+	// or not.
+	proof := func(port int, reuseport bool) int {
+		t.Helper()
+		var fd int
+		err := b.Do(func() (err error) {
+			if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+				return err
+			}
+			if reuseport {
+				if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+					return err
+				}
+			}
+			return unix.Bind(fd, &unix.SockaddrInet4{Port: port})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		return fd
+	}
+	// filter steers port to stack id, proved by socket fd.
+	filter := func(cl *control.Client, id uint32, port, fd int) error {
+		t.Helper()
+		_, fds, err := cl.Call(control.Request{Op: control.OpFilter, Filter: &control.FilterRequest{
+			Stack: id, Kind: control.Listen, Proto: "tcp", Local: fmt.Sprintf("0.0.0.0:%d", port)}}, fd)
+		control.CloseFDs(fds)
+		return err
+	}
+	refused := func(err error, what, want string) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want a refusal saying %q", what, err, want)
+		}
+	}
+
+	c1, c2, c3 := dial(), dial(), dial()
+	s1, err := ask(c1, "web", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := ask(c2, "web", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s1.ID == s2.ID || s1.Queue == s2.Queue || s1.Joined || s2.Joined {
+		t.Fatalf("two processes of a cluster: stacks %d (queue %d, joined %v) and %d (queue %d, joined %v), want a stack and a queue each",
+			s1.ID, s1.Queue, s1.Joined, s2.ID, s2.Queue, s2.Joined)
+	}
+	s3, err := ask(c3, "web", true)
+	if err != nil || !s3.Joined || (s3.ID != s1.ID && s3.ID != s2.ID) {
+		t.Fatalf("a third process of the cluster, every queue taken: %+v, %v; want it to join a member", s3, err)
+	}
+	_, err = ask(dial(), "web", false)
+	refused(err, "a shared stack's request with the cluster's name", "names a cluster")
+	_, err = ask(dial(), "", true)
+	refused(err, "a cluster without a name", "a cluster needs a name")
+
+	if err := filter(c1, s1.ID, 8085, proof(8085, true)); err != nil {
+		t.Fatalf("the first member's SO_REUSEPORT port: %v", err)
+	}
+	if err := filter(c2, s2.ID, 8085, proof(8085, true)); err != nil {
+		t.Fatalf("the second member's SO_REUSEPORT port, the same: %v", err)
+	}
+	// A socket without SO_REUSEPORT, which the second process holds too
+	// (a listening socket a pre-fork server's workers inherit).
+	plain := proof(8086, false)
+	if err := filter(c1, s1.ID, 8086, plain); err != nil {
+		t.Fatalf("the first member's port without SO_REUSEPORT: %v", err)
+	}
+	refused(filter(c2, s2.ID, 8086, plain), "the second member's port without SO_REUSEPORT, the same socket", "a port is steered to one stack")
+	clustered := 0
+	for _, st := range dumpDaemon(t, sock).Stacks {
+		if !st.Cluster {
+			t.Errorf("stack %d is not marked a member of the cluster", st.ID)
+		}
+		for _, f := range st.Filters {
+			if strings.Contains(f, ":8085 ") && strings.Contains(f, "the cluster's") {
+				clustered++
+			}
+		}
+	}
+	if clustered != 2 {
+		t.Errorf("%d members steer port 8085 as the cluster's, want 2:\n%s", clustered, dumpText(t, sock))
+	}
+
+	// The member the third process did not join goes with its process:
+	// its queue is free for the next process of the cluster.
+	gone, goneStack := c2, s2
+	if s3.ID == s2.ID {
+		gone, goneStack = c1, s1
+	}
+	gone.Close()
+	var s4 *control.StackReply
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if s4, err = ask(dial(), "web", true); err == nil && s4.Queue == goneStack.Queue && !s4.Joined {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("after the member on queue %d went, a new process got %+v, %v; want a new member on that queue", goneStack.Queue, s4, err)
+		}
+	}
+}
