@@ -18,7 +18,8 @@ type filter struct {
 	key   bpf.Listener
 	proof int // the client's kernel socket, our descriptor for it
 	owner *client
-	rule  int // the n-tuple rule's location (steerNtuple), or -1
+	stack *dstack // the stack it steers to
+	rule  int     // the n-tuple rule's location (steerNtuple), or -1
 	// cluster: the filter is one member's of the cluster's port
 	// (clusters.go), or nil.
 	cluster *cluster
@@ -52,13 +53,17 @@ func (d *Daemon) addFilterLocked(c *client, s *dstack, req *control.FilterReques
 			if f.gone {
 				return refuse(codeInUse, "%s port %d on %s belongs to the connections %s left, which onloadd finishes: a port is steered to one stack; the port is free once they end", key.Proto, key.Port, s.ifc.name, f.owner)
 			}
+			if s.cluster != nil && f.stack.cluster == s.cluster {
+				return refuse(codeInUse, "%s port %d on %s belongs to %s, another member of cluster %q: a cluster's members share only ports bound with SO_REUSEPORT, each taking the connections of its queue (nginx: listen ... reuseport)",
+					key.Proto, key.Port, s.ifc.name, f.owner, s.cluster.name)
+			}
 			return refuse(codeInUse, "%s port %d on %s belongs to %s: a port is steered to one stack", key.Proto, key.Port, s.ifc.name, f.owner)
 		}
 	}
 	if inCluster {
 		// The NIC's hash spreads the port's connections over the queues,
 		// a member on each: no n-tuple rule.
-		f := &filter{key: key, proof: proof, owner: c, rule: -1}
+		f := &filter{key: key, proof: proof, owner: c, stack: s, rule: -1}
 		if err := d.addClusterFilterLocked(s, key, f); err != nil {
 			return err
 		}
@@ -80,7 +85,7 @@ func (d *Daemon) addFilterLocked(c *client, s *dstack, req *control.FilterReques
 		}
 		return fmt.Errorf("filter %s %s:%d: %w", key.Proto, key.Addr, key.Port, err)
 	}
-	f := &filter{key: key, proof: proof, owner: c, rule: rule}
+	f := &filter{key: key, proof: proof, owner: c, stack: s, rule: rule}
 	s.ifc.filters[key] = f
 	s.filters[key] = f
 	d.log.Debug("filter added", "stack", s.id, "proto", key.Proto.String(), "local", fmt.Sprintf("%s:%d", key.Addr, key.Port), "client", c.String())

@@ -2241,7 +2241,7 @@ func TestDaemonClusterRules(t *testing.T) {
 	if err := filter(c1, s1.ID, 8086, plain); err != nil {
 		t.Fatalf("the first member's port without SO_REUSEPORT: %v", err)
 	}
-	refused(filter(c2, s2.ID, 8086, plain), "the second member's port without SO_REUSEPORT, the same socket", "a port is steered to one stack")
+	refused(filter(c2, s2.ID, 8086, plain), "the second member's port without SO_REUSEPORT, the same socket", "share only ports bound with SO_REUSEPORT")
 	clustered := 0
 	for _, st := range dumpDaemon(t, sock).Stacks {
 		if !st.Cluster {
