@@ -273,7 +273,6 @@ func (d *Daemon) releaseStackLocked(s *dstack) {
 	s.watch.end()
 	var errs []error
 	errs = append(errs, d.unsteerLocked(s))
-	d.leaveClusterLocked(s)
 	errs = append(errs, s.st.Image().Close(), s.nic.Close())
 	s.ifc.queues[s.queue] = nil
 	delete(d.stacks, s.id)
@@ -288,7 +287,8 @@ func (d *Daemon) releaseStackLocked(s *dstack) {
 }
 
 // unsteerLocked takes s out of the steering maps: its filters, its flow
-// entries and its AF_XDP socket. No frame reaches it afterwards.
+// entries, its cluster's member slot and its AF_XDP socket. No frame
+// reaches it afterwards.
 func (d *Daemon) unsteerLocked(s *dstack) error {
 	for k := range s.filters {
 		d.removeFilterLocked(s, k)
@@ -296,6 +296,7 @@ func (d *Daemon) unsteerLocked(s *dstack) error {
 	for f := range s.flows {
 		d.removeFlowLocked(s, f)
 	}
+	d.leaveClusterLocked(s)
 	return s.ifc.steer.ClearSocket(s.id, s.queue)
 }
 
