@@ -76,3 +76,23 @@ func (s *Steering) ClearClusterMember(c ClusterID, queue int) error {
 	}
 	return nil
 }
+
+// ClusterMembers reads cluster c's member slots from the steering
+// program's map: the member stack of each queue that has one.
+func (s *Steering) ClusterMembers(c ClusterID) (map[int]StackID, error) {
+	out := map[int]StackID{}
+	for q := range MaxQueues {
+		k, err := memberSlot(c, q)
+		if err != nil {
+			return nil, err
+		}
+		var v uint32
+		if err := s.objs.ClusterMembers.Lookup(k, &v); err != nil {
+			return nil, fmt.Errorf("cluster %d queue %d: %w", c, q, err)
+		}
+		if v != 0 {
+			out[q] = StackID(v - 1)
+		}
+	}
+	return out, nil
+}

@@ -632,6 +632,9 @@ func TestSteeringClusters(t *testing.T) {
 	}
 	// Queue 2's member (stack 4) has no socket there: dropped, as for any
 	// stack; queue 3 has no member: the kernel's.
+	if m, err := r.s.ClusterMembers(cl); err != nil || len(m) != 3 || m[0] != 2 || m[1] != 3 || m[2] != 4 {
+		t.Errorf("cluster %d's members read back as %v, %v; want queue 0: 2, 1: 3, 2: 4", cl, m, err)
+	}
 	r.expect("syn on queue 2, whose member has no socket", syn, 2, xdpDrop, bpf.CounterDropNoXSK)
 	r.expect("syn on queue 3, which has no member", syn, 3, xdpPass, bpf.CounterPassNoMember)
 	if err := r.s.ClearClusterMember(cl, 1); err != nil {

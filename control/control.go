@@ -302,7 +302,11 @@ type InterfaceDump struct {
 	Steering  string `json:"steering"`
 	Listeners int    `json:"listeners"` // port entries
 	Flows     int    `json:"flows"`     // connection entries
-	Error     string `json:"error,omitempty"`
+	// Clusters: each port of a cluster, with the member stack of each
+	// queue as the steering program's map has them, "web tcp
+	// 0.0.0.0:8080: queue 0 stack 1, queue 1 stack 2".
+	Clusters []string `json:"clusters,omitempty"`
+	Error    string   `json:"error,omitempty"`
 }
 
 // StackDump is one stack in a Dump.

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -15,25 +17,34 @@ import (
 // and share its SO_REUSEPORT ports: each member's listener takes the
 // connections that arrive on its queue (bpf.Steering.AddClusterListener),
 // where one shared stack would have its processes contend for one lock
-// and one transmit ring. Once every queue has a stack, a process joins
-// the member with the fewest processes. A port bound without SO_REUSEPORT
-// is steered to one stack, as outside a cluster.
+// and one transmit ring. Once every queue has a stack, a process adopts
+// an orphan of the name or joins the member with the fewest processes. A
+// port bound without SO_REUSEPORT is steered to one stack, as outside a
+// cluster.
 //
-// A queue whose member is gone (or that has none) leaves the cluster's new
-// connections to the kernel, whose listening sockets (the listeners'
-// kernel halves) take them. A member's connections must keep to its
-// queue: the NIC's RSS hash keeps each connection on one; on veth it is
-// the queue the sender transmits on (test.QueueSteer's Spread).
+// Each port of a cluster has an id of its own in the steering program,
+// whose member slots name the stacks that listen on it: a queue whose
+// member does not (it closed its listener, or its process went) leaves
+// the port's new connections to the kernel, whose listening sockets (the
+// listeners' kernel halves) take them, as the kernel's SO_REUSEPORT group
+// leaves out a socket that closed. A member's connections must keep to
+// its queue: the NIC's RSS hash keeps each connection on one; on veth it
+// is the queue the sender transmits on (test.QueueSteer's Spread).
 
 // cluster is the stacks of one cluster name.
 type cluster struct {
-	id      bpf.ClusterID
 	name    string
 	uid     int
 	ifc     *iface
 	members map[*dstack]struct{}
-	// ports: each member's filter for each of the cluster's ports.
-	ports map[bpf.Listener]map[*dstack]*filter
+	ports   map[bpf.Listener]*clusterPort
+}
+
+// clusterPort is one port of a cluster: its id in the steering program
+// and the filter of each member that listens on it.
+type clusterPort struct {
+	id      bpf.ClusterID
+	filters map[*dstack]*filter
 }
 
 // clusterForLocked finds or makes cluster req.Name for client c.
@@ -50,21 +61,12 @@ func (d *Daemon) clusterForLocked(c *client, req *control.StackRequest, ifc *ifa
 	if _, ok := d.named[req.Name]; ok {
 		return nil, refuse(codeInUse, "%q names a shared stack, not a cluster: give the cluster another name", req.Name)
 	}
-	used := map[bpf.ClusterID]bool{}
-	for _, cl := range d.clusters {
-		used[cl.id] = true
-	}
-	for id := bpf.ClusterID(0); id < bpf.MaxStacks; id++ {
-		if !used[id] {
-			return &cluster{id: id, name: req.Name, uid: int(c.cred.Uid), ifc: ifc,
-				members: map[*dstack]struct{}{}, ports: map[bpf.Listener]map[*dstack]*filter{}}, nil
-		}
-	}
-	return nil, refuse(codeExhausted, "onloadd has %d clusters, the most it can steer", bpf.MaxStacks)
+	return &cluster{name: req.Name, uid: int(c.cred.Uid), ifc: ifc,
+		members: map[*dstack]struct{}{}, ports: map[bpf.Listener]*clusterPort{}}, nil
 }
 
-// memberToJoin is the member a process joins when no queue is free: the live
-// one with the fewest processes, or nil.
+// memberToJoin is the member a process joins when no queue is free: the
+// live one with the fewest processes, or nil.
 func (cl *cluster) memberToJoin() *dstack {
 	var best *dstack
 	for s := range cl.members {
@@ -78,26 +80,19 @@ func (cl *cluster) memberToJoin() *dstack {
 	return best
 }
 
-// addMemberLocked makes s, new on its queue, a member of cl.
-func (d *Daemon) addMemberLocked(cl *cluster, s *dstack) error {
-	if err := cl.ifc.steer.SetClusterMember(cl.id, s.queue, s.id); err != nil {
-		return err
-	}
+// addMemberLocked makes s a member of cl.
+func (d *Daemon) addMemberLocked(cl *cluster, s *dstack) {
 	s.cluster = cl
 	cl.members[s] = struct{}{}
 	d.clusters[cl.name] = cl
-	return nil
 }
 
-// leaveClusterLocked takes s out of its cluster's steering: the cluster's
-// new connections on s's queue go to the kernel from now on.
+// leaveClusterLocked takes s, whose filters are gone, out of its cluster;
+// the cluster goes with its last member.
 func (d *Daemon) leaveClusterLocked(s *dstack) {
 	cl := s.cluster
 	if cl == nil {
 		return
-	}
-	if err := cl.ifc.steer.ClearClusterMember(cl.id, s.queue); err != nil {
-		d.log.Warn("cluster member removal", "stack", s.id, "cluster", cl.name, "err", err)
 	}
 	delete(cl.members, s)
 	s.cluster = nil
@@ -116,52 +111,111 @@ func clustered(s *dstack, key bpf.Listener, proof int) bool {
 	return err == nil && v != 0
 }
 
-// addClusterFilterLocked steers key to s's cluster, as the filter f of
-// member s.
+// freeClusterIDLocked is a steering id no cluster's port has.
+func (d *Daemon) freeClusterIDLocked() (bpf.ClusterID, bool) {
+	used := map[bpf.ClusterID]bool{}
+	for _, cl := range d.clusters {
+		for _, cp := range cl.ports {
+			used[cp.id] = true
+		}
+	}
+	for id := bpf.ClusterID(0); id < bpf.MaxStacks; id++ {
+		if !used[id] {
+			return id, true
+		}
+	}
+	return 0, false
+}
+
+// addClusterFilterLocked steers key's connections arriving on s's queue
+// to member s, by its filter f.
 func (d *Daemon) addClusterFilterLocked(s *dstack, key bpf.Listener, f *filter) error {
 	cl := s.cluster
-	byStack := cl.ports[key]
-	if len(byStack) == 0 {
-		if err := s.ifc.steer.AddClusterListener(key, cl.id); err != nil {
+	f.cluster = cl
+	cp := cl.ports[key]
+	if cp == nil {
+		id, ok := d.freeClusterIDLocked()
+		if !ok {
+			return refuse(codeExhausted, "onloadd steers %d clusters' ports, the most it can", bpf.MaxStacks)
+		}
+		if err := s.ifc.steer.AddClusterListener(key, id); err != nil {
 			return fmt.Errorf("filter %s %s:%d: %w", key.Proto, key.Addr, key.Port, err)
 		}
-		byStack = map[*dstack]*filter{}
-		cl.ports[key] = byStack
+		cp = &clusterPort{id: id, filters: map[*dstack]*filter{}}
+		cl.ports[key] = cp
 		s.ifc.filters[key] = f
 	}
-	byStack[s] = f
-	f.cluster = cl
+	if err := s.ifc.steer.SetClusterMember(cp.id, s.queue, s.id); err != nil {
+		if len(cp.filters) == 0 {
+			d.dropClusterPortLocked(cl, key)
+		}
+		return fmt.Errorf("filter %s %s:%d: %w", key.Proto, key.Addr, key.Port, err)
+	}
+	cp.filters[s] = f
 	return nil
 }
 
 // removeClusterFilterLocked takes member s's filter f for key out of its
-// cluster's port; the port's entry goes with its last member's filter.
-// A member without processes whose last cluster port went leaves the
-// cluster: its queue's new connections go to the kernel.
+// cluster's port: the port's connections arriving on s's queue go to the
+// kernel from now on. The port's entry goes with its last member's
+// filter.
 func (d *Daemon) removeClusterFilterLocked(s *dstack, key bpf.Listener, f *filter) {
 	cl := f.cluster
-	byStack := cl.ports[key]
-	delete(byStack, s)
-	if len(byStack) == 0 {
-		delete(cl.ports, key)
-		if err := s.ifc.steer.RemoveListener(key); err != nil {
-			d.log.Warn("filter removal", "stack", s.id, "err", err)
-		}
-		if s.ifc.filters[key] == f {
-			delete(s.ifc.filters, key)
-		}
+	cp := cl.ports[key]
+	if cp == nil || cp.filters[s] != f {
+		return
+	}
+	if err := s.ifc.steer.ClearClusterMember(cp.id, s.queue); err != nil {
+		d.log.Warn("filter removal", "stack", s.id, "cluster", cl.name, "err", err)
+	}
+	delete(cp.filters, s)
+	if len(cp.filters) == 0 {
+		d.dropClusterPortLocked(cl, key)
 	} else if s.ifc.filters[key] == f {
-		for _, other := range byStack {
+		for _, other := range cp.filters {
 			s.ifc.filters[key] = other
 			break
 		}
 	}
-	if len(s.clients) == 0 && s.cluster == cl {
-		for _, byStack := range cl.ports {
-			if byStack[s] != nil {
-				return
-			}
-		}
-		d.leaveClusterLocked(s)
+}
+
+// dropClusterPortLocked removes cluster cl's port key from the steering.
+func (d *Daemon) dropClusterPortLocked(cl *cluster, key bpf.Listener) {
+	delete(cl.ports, key)
+	if err := cl.ifc.steer.RemoveListener(key); err != nil {
+		d.log.Warn("filter removal", "cluster", cl.name, "err", err)
 	}
+	if f := cl.ifc.filters[key]; f != nil && f.cluster == cl {
+		delete(cl.ifc.filters, key)
+	}
+}
+
+// clusterPortsLocked describes the cluster ports steered on ifc, each
+// with its members as the steering program's map has them.
+func (d *Daemon) clusterPortsLocked(ifc *iface) []string {
+	var out []string
+	for _, cl := range d.clusters {
+		if cl.ifc != ifc {
+			continue
+		}
+		for key, cp := range cl.ports {
+			line := fmt.Sprintf("%s %s %s:%d:", cl.name, key.Proto, key.Addr, key.Port)
+			m, err := ifc.steer.ClusterMembers(cp.id)
+			if err != nil {
+				out = append(out, line+" "+err.Error())
+				continue
+			}
+			queues := slices.Sorted(maps.Keys(m))
+			for i, q := range queues {
+				sep := ","
+				if i == 0 {
+					sep = ""
+				}
+				line += fmt.Sprintf("%s queue %d stack %d", sep, q, m[q])
+			}
+			out = append(out, line)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

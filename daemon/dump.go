@@ -114,6 +114,7 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 		if id.Listeners, id.Flows, err = ifc.steer.Entries(); err != nil {
 			id.Error = err.Error()
 		}
+		id.Clusters = d.clusterPortsLocked(ifc)
 		out.Interfaces = append(out.Interfaces, id)
 	}
 	sort.Slice(out.Interfaces, func(i, j int) bool { return out.Interfaces[i].Name < out.Interfaces[j].Name })

@@ -108,9 +108,7 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 		// whose queue has no member now.
 		if s := d.adoptableLocked(c, ifc, req.Name); s != nil {
 			if cl != nil && s.cluster == nil {
-				if err := d.addMemberLocked(cl, s); err != nil {
-					return nil, false, err
-				}
+				d.addMemberLocked(cl, s)
 			}
 			// The queue's stack is an orphan of the same user: the new
 			// process joins it, as a process joins a shared stack, and
@@ -181,10 +179,7 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 	ifc.queues[q] = s
 	d.stacks[id] = s
 	if cl != nil {
-		if err := d.addMemberLocked(cl, s); err != nil {
-			d.releaseStackLocked(s)
-			return nil, false, err
-		}
+		d.addMemberLocked(cl, s)
 	} else if s.name != "" {
 		d.named[s.name] = s
 	}
@@ -286,9 +281,9 @@ func (d *Daemon) releaseStackLocked(s *dstack) {
 	}
 }
 
-// unsteerLocked takes s out of the steering maps: its filters, its flow
-// entries, its cluster's member slot and its AF_XDP socket. No frame
-// reaches it afterwards.
+// unsteerLocked takes s out of the steering maps (its filters, with its
+// clusters' member slots, its flow entries and its AF_XDP socket) and
+// out of its cluster. No frame reaches it afterwards.
 func (d *Daemon) unsteerLocked(s *dstack) error {
 	for k := range s.filters {
 		d.removeFilterLocked(s, k)

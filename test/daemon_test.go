@@ -2256,6 +2256,35 @@ func TestDaemonClusterRules(t *testing.T) {
 	if clustered != 2 {
 		t.Errorf("%d members steer port 8085 as the cluster's, want 2:\n%s", clustered, dumpText(t, sock))
 	}
+	// The steering program's member slots for port 8085, as its map has
+	// them: each member on its queue; and once the first member's
+	// listener goes, the second's only (the first's queue is the
+	// kernel's for that port, as a closed socket leaves the kernel's
+	// SO_REUSEPORT group).
+	slots := func() string {
+		t.Helper()
+		for _, i := range dumpDaemon(t, sock).Interfaces {
+			for _, c := range i.Clusters {
+				if strings.HasPrefix(c, "web tcp 0.0.0.0:8085:") {
+					return c
+				}
+			}
+		}
+		return ""
+	}
+	m1, m2 := fmt.Sprintf("queue %d stack %d", s1.Queue, s1.ID), fmt.Sprintf("queue %d stack %d", s2.Queue, s2.ID)
+	if got := slots(); !strings.Contains(got, m1) || !strings.Contains(got, m2) {
+		t.Errorf("port 8085's member slots: %q, want %q and %q", got, m1, m2)
+	}
+	if _, fds, err := c1.Call(control.Request{Op: control.OpUnfilter, Filter: &control.FilterRequest{
+		Stack: s1.ID, Kind: control.Listen, Proto: "tcp", Local: "0.0.0.0:8085"}}); err != nil {
+		t.Fatal(err)
+	} else {
+		control.CloseFDs(fds)
+	}
+	if got := slots(); strings.Contains(got, m1) || !strings.Contains(got, m2) {
+		t.Errorf("port 8085's member slots once the first member's listener went: %q, want %q alone", got, m2)
+	}
 
 	// The member the third process did not join goes with its process:
 	// its queue is free for the next process of the cluster.

@@ -193,6 +193,9 @@ func stackdump(args []string, out io.Writer) error {
 	for _, i := range d.Interfaces {
 		fmt.Fprintf(out, "interface %s: %d queues, steered by %s; %d port and %d connection entries in its maps%s\n",
 			i.Name, i.Queues, i.Steering, i.Listeners, i.Flows, map[bool]string{true: " (" + i.Error + ")", false: ""}[i.Error != ""])
+		for _, c := range i.Clusters {
+			fmt.Fprintf(out, "  cluster %s\n", c)
+		}
 	}
 	for _, s := range d.Stacks {
 		name := ""
