@@ -42,8 +42,8 @@ func memberSlot(c ClusterID, queue int) (uint32, error) {
 	if err := checkCluster(c); err != nil {
 		return 0, err
 	}
-	if queue < 0 || queue >= MaxQueues {
-		return 0, fmt.Errorf("queue %d out of range: must be below %d", queue, MaxQueues)
+	if err := checkQueue(queue); err != nil {
+		return 0, err
 	}
 	return uint32(c)*MaxQueues + uint32(queue), nil
 }

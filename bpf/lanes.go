@@ -82,8 +82,8 @@ func (s *Steering) SetLane(id StackID, f Flow, lane, queue int) error {
 	if lane < 0 || lane >= MaxLanes {
 		return fmt.Errorf("lane %d out of range: must be below %d", lane, MaxLanes)
 	}
-	if queue < 0 || queue >= MaxQueues {
-		return fmt.Errorf("queue %d out of range: must be below %d", queue, MaxQueues)
+	if err := checkQueue(queue); err != nil {
+		return err
 	}
 	b, err := LaneBucket(f)
 	if err != nil {

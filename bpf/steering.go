@@ -248,10 +248,17 @@ func slot(id StackID, queue int) (uint32, error) {
 	if err := checkStack(id); err != nil {
 		return 0, err
 	}
-	if queue < 0 || queue >= MaxQueues {
-		return 0, fmt.Errorf("queue %d out of range: must be below %d", queue, MaxQueues)
+	if err := checkQueue(queue); err != nil {
+		return 0, err
 	}
 	return uint32(id)*MaxQueues + uint32(queue), nil
+}
+
+func checkQueue(queue int) error {
+	if queue < 0 || queue >= MaxQueues {
+		return fmt.Errorf("queue %d out of range: must be below %d", queue, MaxQueues)
+	}
+	return nil
 }
 
 // SetSocket makes the AF_XDP socket fd (bound to queue of the interface the

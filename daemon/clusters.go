@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -205,13 +206,12 @@ func (d *Daemon) clusterPortsLocked(ifc *iface) []string {
 				out = append(out, line+" "+err.Error())
 				continue
 			}
-			queues := slices.Sorted(maps.Keys(m))
-			for i, q := range queues {
-				sep := ","
-				if i == 0 {
-					sep = ""
-				}
-				line += fmt.Sprintf("%s queue %d stack %d", sep, q, m[q])
+			var slots []string
+			for _, q := range slices.Sorted(maps.Keys(m)) {
+				slots = append(slots, fmt.Sprintf("queue %d stack %d", q, m[q]))
+			}
+			if len(slots) > 0 {
+				line += " " + strings.Join(slots, ", ")
 			}
 			out = append(out, line)
 		}

@@ -100,8 +100,8 @@ func (d *Daemon) removeFilterLocked(s *dstack, key bpf.Listener) {
 		return
 	}
 	delete(s.filters, key)
+	unix.Close(f.proof)
 	if f.cluster != nil {
-		unix.Close(f.proof)
 		d.removeClusterFilterLocked(s, key, f)
 		return
 	}
@@ -113,7 +113,6 @@ func (d *Daemon) removeFilterLocked(s *dstack, key bpf.Listener) {
 			d.log.Warn("filter removal", "stack", s.id, "err", err)
 		}
 	}
-	unix.Close(f.proof)
 	if s.ifc.filters[key] == f {
 		delete(s.ifc.filters, key)
 	}

@@ -57,8 +57,7 @@ func NewQueueSteer(h *Host, ifname string) (*QueueSteer, error) {
 // Port sends the host's TCP and UDP frames to destination port through
 // transmit queue queue.
 func (q *QueueSteer) Port(port uint16, queue int) error {
-	key := uint32(port>>8) | uint32(port&0xff)<<8 // the port as the frame holds it, read little-endian
-	return q.ports.Put(key, uint32(queue+1))
+	return q.ports.Put(portKey(port), uint32(queue+1))
 }
 
 // Spread spreads the host's TCP and UDP frames to destination port over
@@ -69,9 +68,12 @@ func (q *QueueSteer) Spread(port uint16, queues int) error {
 	if queues < 1 || queues > 255 {
 		return fmt.Errorf("spread over %d queues: from 1 to 255", queues)
 	}
-	key := uint32(port>>8) | uint32(port&0xff)<<8
-	return q.ports.Put(key, uint32(spreadBit|queues))
+	return q.ports.Put(portKey(port), uint32(spreadBit|queues))
 }
+
+// portKey is port as the frame holds it, read little-endian: the map's
+// key.
+func portKey(port uint16) uint32 { return uint32(port>>8) | uint32(port&0xff)<<8 }
 
 const spreadBit = 0x80000000 // a map value that spreads: the number of queues below it
 
