@@ -39,9 +39,15 @@ type Stack interface {
 // Policy tunes the spin / arm / sleep cycle.
 type Policy struct {
 	// Spin is how long a goroutine with nothing to do polls the stack
-	// before it parks (0: park at once). One goroutine at a time spins
-	// for the whole stack (TrySpin); the others park at once.
+	// before it parks (0: park at once). Spinners goroutines at a time
+	// spin for the whole stack (TrySpin); the others park at once.
 	Spin time.Duration
+	// Spinners is how many may spin at once (default 1; SetSpinners
+	// changes it). One serves every socket of the stack, and leaves the
+	// processors to the goroutines that have work; threads of their own
+	// on processors of their own (the shim's) each do better spinning,
+	// as a frame for another thread's socket then wakes nobody.
+	Spinners int
 	// Watch is how often the Sleeper looks at a stack that goroutines
 	// are polling, in case they all stop without parking (a spinner whose
 	// socket became ready and that does not come back, say): the longest
@@ -52,14 +58,21 @@ type Policy struct {
 
 // Bounds of Policy.Spin and Policy.Watch.
 const (
-	MaxSpin  = 10 * time.Second
-	MinWatch = 10 * time.Microsecond
-	MaxWatch = 10 * time.Millisecond
+	MaxSpin     = 10 * time.Second
+	MaxSpinners = 1024
+	MinWatch    = 10 * time.Microsecond
+	MaxWatch    = 10 * time.Millisecond
 )
 
 func (p *Policy) setDefaults() error {
 	if p.Spin < 0 || p.Spin > MaxSpin {
 		return fmt.Errorf("interrupts: spin %v: must be from 0 to %v", p.Spin, MaxSpin)
+	}
+	if p.Spinners == 0 {
+		p.Spinners = 1
+	}
+	if p.Spinners < 1 || p.Spinners > MaxSpinners {
+		return fmt.Errorf("interrupts: spinners %d: must be from 1 to %d", p.Spinners, MaxSpinners)
 	}
 	if p.Watch == 0 {
 		p.Watch = 100 * time.Microsecond
@@ -84,7 +97,8 @@ type Sleeper struct {
 	src Source
 	pol Policy
 
-	spinning atomic.Int32 // 1 while a goroutine holds the spin slot
+	spinning atomic.Int32 // the spin slots held
+	spinners atomic.Int32 // how many there are (Policy.Spinners)
 	parked   atomic.Int32 // goroutines parked, relying on us
 	// direct counts the threads blocked in the kernel on the stack's
 	// interrupt themselves (ParkDirect); directSeen is set at the first.
@@ -118,27 +132,60 @@ func Start(st Stack, src Source, p Policy) (*Sleeper, error) {
 		st: st, src: src, pol: p, timer: time.NewTimer(time.Hour),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
+	s.spinners.Store(int32(p.Spinners))
 	s.timer.Stop()
 	go s.run()
 	return s, nil
 }
 
 // Policy is the policy in force, defaults filled in.
-func (s *Sleeper) Policy() Policy { return s.pol }
+func (s *Sleeper) Policy() Policy {
+	p := s.pol
+	p.Spinners = int(s.spinners.Load())
+	return p
+}
 
-// TrySpin claims the stack's one spin slot for a goroutine about to poll
-// the stack while it waits: false if another goroutine spins already,
-// whose polls wake this one's socket too (it should park at once). A
-// poll serves every socket of the stack, and one spinner per stack
-// leaves the processor to the goroutines that have work.
-func (s *Sleeper) TrySpin() bool { return s.spinning.CompareAndSwap(0, 1) }
+// TrySpin claims one of the stack's spin slots (Policy.Spinners) for a
+// goroutine about to poll the stack while it waits: false if they are
+// all taken, by spinners whose polls wake this one's socket too (it
+// should park at once). A poll serves every socket of the stack, and one
+// spinner per stack leaves the processor to the goroutines that have
+// work.
+func (s *Sleeper) TrySpin() bool {
+	for {
+		n := s.spinning.Load()
+		if n >= s.spinners.Load() {
+			return false
+		}
+		if s.spinning.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
 
-// EndSpin gives the spin slot back. If the spinner now parks, its Park
+// SetSpinners sets how many may spin at once (Policy.Spinners), from 1
+// to MaxSpinners; those spinning go on until they end.
+func (s *Sleeper) SetSpinners(n int) error {
+	if n < 1 || n > MaxSpinners {
+		return fmt.Errorf("interrupts: spinners %d: must be from 1 to %d", n, MaxSpinners)
+	}
+	s.spinners.Store(int32(n))
+	return nil
+}
+
+// EndSpin gives a spin slot back. If the spinner now parks, its Park
 // hands the stack to the Sleeper; if it goes back to its work, the
 // Sleeper's watch finds the stack unattended within Policy.Watch.
-func (s *Sleeper) EndSpin() { s.spinning.Store(0) }
+func (s *Sleeper) EndSpin() {
+	for {
+		n := s.spinning.Load()
+		if n <= 0 || s.spinning.CompareAndSwap(n, n-1) {
+			return
+		}
+	}
+}
 
-// Spinning reports that a goroutine holds the spin slot.
+// Spinning reports that a goroutine holds a spin slot.
 func (s *Sleeper) Spinning() bool { return s.spinning.Load() != 0 }
 
 // Park says a goroutine is about to sleep until a poll wakes it; Unpark

@@ -359,3 +359,49 @@ func TestSleeperSendsWhatSendMoreLeft(t *testing.T) {
 		t.Fatalf("recv: %q, %v", buf[:n], err)
 	}
 }
+
+// TestSpinSlots checks the spin slots: Policy.Spinners admit that many
+// spinners and no more, a slot given back admits the next, SetSpinners
+// changes the count (refusing one out of bounds), and a slot given back
+// that was never taken does not make room for one more.
+func TestSpinSlots(t *testing.T) {
+	a, _ := pair(t, vnic.MemConfig{})
+	if got := a.sl.Policy().Spinners; got != 1 {
+		t.Fatalf("default spinners %d, want 1", got)
+	}
+	if !a.sl.TrySpin() || a.sl.TrySpin() {
+		t.Fatal("one slot: want the first TrySpin to succeed and the second to fail")
+	}
+	if err := a.sl.SetSpinners(2); err != nil {
+		t.Fatal(err)
+	}
+	if !a.sl.TrySpin() || a.sl.TrySpin() {
+		t.Fatal("two slots, one taken: want one more spinner and no third")
+	}
+	a.sl.EndSpin()
+	if !a.sl.Spinning() {
+		t.Fatal("one spinner left, but Spinning says none")
+	}
+	if !a.sl.TrySpin() {
+		t.Fatal("a slot given back was not admitted again")
+	}
+	a.sl.EndSpin()
+	a.sl.EndSpin()
+	a.sl.EndSpin() // one more than taken
+	if a.sl.Spinning() {
+		t.Fatal("every slot given back, but Spinning says one is held")
+	}
+	if !a.sl.TrySpin() || !a.sl.TrySpin() || a.sl.TrySpin() {
+		t.Fatal("after an extra EndSpin: want exactly two spinners admitted")
+	}
+	a.sl.EndSpin()
+	a.sl.EndSpin()
+	for _, n := range []int{0, -1, interrupts.MaxSpinners + 1} {
+		if err := a.sl.SetSpinners(n); err == nil {
+			t.Errorf("SetSpinners(%d) accepted", n)
+		}
+	}
+	if _, err := interrupts.Start(a.st, interrupts.Mem(a.nic), interrupts.Policy{Spinners: -1}); err == nil {
+		t.Error("Policy.Spinners -1 accepted")
+	}
+}

@@ -725,10 +725,10 @@ static __thread int sig_norestart;
 static __thread unsigned t_handled;
 
 /*
- * A wait: spin on the stack for the profile's spin time (one thread at a
- * time: its polls serve every socket), then arm the sockets with the
- * thread's eventfd and block in the kernel on it beside the program's
- * own fds.
+ * A wait: spin on the stack for the profile's spin time (as many threads
+ * at a time as ONLOAD_SPIN_THREADS, by default one: each poll serves
+ * every socket), then arm the sockets with the thread's
+ * eventfd and block in the kernel on it beside the program's own fds.
  */
 struct wait {
 	int64_t deadline; /* -1: none */
@@ -2525,7 +2525,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	/* The first check kicks what sends left and polls (unless another
 	 * thread is in the stack), in the one call into the core a busy
 	 * server's epoll_wait makes; only if it finds nothing does the
-	 * thread claim the spin slot and spin (wait_begin's work, put off). */
+	 * thread claim a spin slot and spin (wait_begin's work, put off). */
 	int64_t now0 = now_ns();
 	keep_p(now0, RESCHED_BUSY_NS);
 	struct wait w = {.deadline = timeout_ns < 0 ? -1 : now0 + timeout_ns};

@@ -26,19 +26,20 @@ const (
 // environment variable (see the table in Options, and docs/config.md);
 // ConfigFromEnv reads them, the process default stack uses them.
 type Config struct {
-	Profile    Profile
-	Disable    bool          // accelerate nothing: every call goes to the standard library
-	Interface  string        // "" picks the interface of the default route, or the only one
-	Spin       time.Duration // how long a goroutine polls before it sleeps
-	Sockets    int           // socket table size
-	UmemFrames int           // frames in the UMEM
-	RingSize   int           // entries in each AF_XDP ring
-	FillDepth  int           // frames kept in the fill ring
-	MinRTO     time.Duration
-	DelayedAck time.Duration
-	TimeWait   time.Duration // how long a closed connection stays in TIME-WAIT
-	SendBuffer int           // default SO_SNDBUF
-	RecvBuffer int           // default SO_RCVBUF
+	Profile     Profile
+	Disable     bool          // accelerate nothing: every call goes to the standard library
+	Interface   string        // "" picks the interface of the default route, or the only one
+	Spin        time.Duration // how long a goroutine polls before it sleeps
+	SpinThreads int           // how many waiters spin at once
+	Sockets     int           // socket table size
+	UmemFrames  int           // frames in the UMEM
+	RingSize    int           // entries in each AF_XDP ring
+	FillDepth   int           // frames kept in the fill ring
+	MinRTO      time.Duration
+	DelayedAck  time.Duration
+	TimeWait    time.Duration // how long a closed connection stays in TIME-WAIT
+	SendBuffer  int           // default SO_SNDBUF
+	RecvBuffer  int           // default SO_RCVBUF
 	// SendBufferMax and RecvBufferMax bound the buffers' own growth.
 	SendBufferMax, RecvBufferMax int
 	Congestion                   string // "cubic" or "reno"
@@ -91,6 +92,9 @@ var Options = []Option{
 		Min: 0, Max: 10_000_000, Unit: "µs",
 		Doc: "How long a goroutine that finds its socket not ready polls the stack before it sleeps.",
 		set: func(c *Config, v int64, _ string) { c.Spin = time.Duration(v) * time.Microsecond }},
+	{Env: "ONLOAD_SPIN_THREADS", Default: "1", Min: 1, Max: 1024, Unit: "waiters",
+		Doc: "How many of a process's waiters (goroutines, or the threads of a program under the shim) may spin on its stack at once. Each poll serves every socket; the others sleep until a poll wakes them. More suits a program whose threads each have a processor of their own, as every Onload thread spins: a thread that spins sees its own socket turn ready without being woken. Where the threads share the processors with other work, more spinners take the processors from it (memcached -t 2 on two CPUs shared with its client gained nothing with 2).",
+		set: func(c *Config, v int64, _ string) { c.SpinThreads = int(v) }},
 	{Env: "ONLOAD_SOCKETS", Default: "1024", Min: 1, Max: 1 << 20, Unit: "sockets",
 		Doc: "Size of the stack's socket table, TIME-WAIT included (the oldest TIME-WAIT is recycled when it is full). When 7/8 of it hold live sockets, new connections to its listeners go to the kernel (not accelerated) until it is below 3/4.",
 		set: func(c *Config, v int64, _ string) { c.Sockets = int(v) }},
@@ -248,6 +252,7 @@ func (c *Config) check() error {
 			*v = d
 		}
 	}
+	fill(&c.SpinThreads, def.SpinThreads)
 	fill(&c.Sockets, def.Sockets)
 	fill(&c.UmemFrames, def.UmemFrames)
 	fill(&c.RingSize, def.RingSize)
@@ -279,6 +284,7 @@ func (c *Config) check() error {
 		v   int64
 	}{
 		{"ONLOAD_SPIN_US", int64(c.Spin / time.Microsecond)},
+		{"ONLOAD_SPIN_THREADS", int64(c.SpinThreads)},
 		{"ONLOAD_SOCKETS", int64(c.Sockets)},
 		{"ONLOAD_UMEM_FRAMES", int64(c.UmemFrames)},
 		{"ONLOAD_RING_SIZE", int64(c.RingSize)},

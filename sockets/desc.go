@@ -78,13 +78,17 @@ func (s *Stack) TryPoll() {
 	}
 }
 
-// TrySpin claims the stack's one spin slot (see interrupts.Sleeper): a
-// caller that gets it polls while it waits, and gives it back with
-// EndSpin; one that does not blocks at once (the spinner's polls wake it).
+// TrySpin claims one of the stack's spin slots (see interrupts.Sleeper,
+// ONLOAD_SPIN_THREADS): a caller that gets it polls while it waits, and gives
+// it back with EndSpin; one that does not blocks at once (the spinners'
+// polls wake it).
 func (s *Stack) TrySpin() bool { return s.sl.TrySpin() }
 
-// EndSpin gives the spin slot back.
+// EndSpin gives a spin slot back.
 func (s *Stack) EndSpin() { s.sl.EndSpin() }
+
+// SpinThreads is how many of the process's waiters may spin at once.
+func (s *Stack) SpinThreads() int { return s.sl.Policy().Spinners }
 
 // Park says a caller is about to block until a wake; Unpark that it woke.
 // While anyone is parked the stack's Sleeper keeps polling it, or arms

@@ -94,3 +94,26 @@ func TestNettestMem(t *testing.T) {
 		})
 	}
 }
+
+// TestSpinThreads checks how many waiters may spin at once: one by
+// default, ONLOAD_SPIN_THREADS's number otherwise.
+func TestSpinThreads(t *testing.T) {
+	a, _ := memStacks(t, vnic.MemConfig{}, sockets.Config{})
+	if got := a.SpinThreads(); got != 1 {
+		t.Fatalf("default: %d spinners, want 1", got)
+	}
+	if !a.TrySpin() || a.TrySpin() {
+		t.Fatal("default: want one TrySpin to succeed and the second to fail")
+	}
+	a.EndSpin()
+	c, _ := memStacks(t, vnic.MemConfig{}, sockets.Config{SpinThreads: 3})
+	if got := c.SpinThreads(); got != 3 {
+		t.Fatalf("ONLOAD_SPIN_THREADS=3: %d spinners, want 3", got)
+	}
+	if !c.TrySpin() || !c.TrySpin() || !c.TrySpin() || c.TrySpin() {
+		t.Fatal("3 spinners: want three TrySpin to succeed and the fourth to fail")
+	}
+	for range 3 {
+		c.EndSpin()
+	}
+}
