@@ -81,6 +81,9 @@ type ThroughputResult struct {
 	Name         string    `json:"name"`
 	PerSec       float64   `json:"per_sec"`
 	RoundsPerSec []float64 `json:"rounds_per_sec"`
+	// RoundsP99us is each round's 99th percentile of a request's time,
+	// where the load tool reports it (mcping).
+	RoundsP99us []float64 `json:"rounds_p99_us,omitempty"`
 }
 
 // shimTools finds onloadd and the shim beside the bench binary (make
@@ -131,6 +134,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 	}
 	accs := map[string]*rounds{"floor": {}, "kernel": {}, "kernel-busy": {}, "shim": {}}
 	redis := map[string][]float64{}
+	mcP99 := map[string][]float64{} // mcping rounds: a get's 99th percentile, µs
 	// redis-server's CPU a GET (all its threads) and its other threads'
 	// CPU over its main thread's, by round.
 	cpuUs, others := map[string][]float64{}, map[string][]float64{}
@@ -175,13 +179,14 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				fmt.Fprintf(os.Stderr, "shim round %d %s %-6s %12.0f/s\n", r+1, tool, side, v)
 			}
 			for _, workers := range []int{1, 2} {
-				v, err := memcachedPingRound(ctx, self, a, b, server{side: side, onloadd: run}, workers)
+				v, p99, err := memcachedPingRound(ctx, self, a, b, server{side: side, onloadd: run}, workers)
 				if err != nil {
 					return nil, fmt.Errorf("shim round %d, memcached -t %d %s: %w", r+1, workers, side, err)
 				}
 				id := fmt.Sprintf("mcping-t%d-%s", workers, side)
 				redis[id] = append(redis[id], v)
-				fmt.Fprintf(os.Stderr, "shim round %d memcached -t %d mcping %-6s %9.0f/s\n", r+1, workers, side, v)
+				mcP99[id] = append(mcP99[id], p99)
+				fmt.Fprintf(os.Stderr, "shim round %d memcached -t %d mcping %-6s %9.0f/s p99 %7.1f us\n", r+1, workers, side, v, p99)
 			}
 			for _, pipe := range []int{1, 16} {
 				var cpu cpuUse
@@ -281,9 +286,11 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			if side == "shim" {
 				name = fmt.Sprintf("memcached -t %d under the shim, mcping 8 connections, gets", workers)
 			}
-			rep.Redis = append(rep.Redis, ThroughputResult{ID: id, Name: name, PerSec: median(redis[id]), RoundsPerSec: redis[id]})
+			rep.Redis = append(rep.Redis, ThroughputResult{ID: id, Name: name, PerSec: median(redis[id]), RoundsPerSec: redis[id], RoundsP99us: mcP99[id]})
 		}
-		rep.Ratios[fmt.Sprintf("memcached_t%d_mcping_shim_vs_kernel", workers)] = round3(medianRatio(redis[fmt.Sprintf("mcping-t%d-shim", workers)], redis[fmt.Sprintf("mcping-t%d-kernel", workers)]))
+		shim, kern := fmt.Sprintf("mcping-t%d-shim", workers), fmt.Sprintf("mcping-t%d-kernel", workers)
+		rep.Ratios[fmt.Sprintf("memcached_t%d_mcping_shim_vs_kernel", workers)] = round3(medianRatio(redis[shim], redis[kern]))
+		rep.Ratios[fmt.Sprintf("memcached_t%d_mcping_shim_vs_kernel_p99", workers)] = round3(medianRatio(mcP99[shim], mcP99[kern]))
 	}
 	// The iperf3 target: the shim's client beside the kernel's, against
 	// the Go library beside net in the same round (a ratio of ratios,
@@ -544,29 +551,30 @@ func startMemcached(ctx context.Context, b *test.Host, sv server, workers, port 
 	return stop, nil
 }
 
-var mcpingGets = regexp.MustCompile(`(?m)^gets (\d+) seconds (\d+) `)
+var mcpingGets = regexp.MustCompile(`(?m)^gets (\d+) seconds (\d+) p50_us [0-9.]+ p99_us ([0-9.]+)`)
 
 // memcachedPingRound serves mcping (8 connections, 3 s) in host a from
 // memcached with workers threads in host b, under the shim or on the
-// kernel: gets per second.
-func memcachedPingRound(ctx context.Context, self string, a, b *test.Host, sv server, workers int) (float64, error) {
+// kernel: gets per second, and the 99th percentile of a get's time in µs.
+func memcachedPingRound(ctx context.Context, self string, a, b *test.Host, sv server, workers int) (perSec, p99us float64, err error) {
 	const port = 11291
 	stop, err := startMemcached(ctx, b, sv, workers, port)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer stop()
 	out, err := a.RunFor(time.Minute, filepath.Join(filepath.Dir(self), "mcping"), b.Iface0().Addr().String(), strconv.Itoa(port), "8", "3")
 	if err != nil {
-		return 0, fmt.Errorf("mcping: %w\n%s", err, out)
+		return 0, 0, fmt.Errorf("mcping: %w\n%s", err, out)
 	}
 	m := mcpingGets.FindStringSubmatch(out)
 	if m == nil {
-		return 0, fmt.Errorf("mcping:\n%s", out)
+		return 0, 0, fmt.Errorf("mcping:\n%s", out)
 	}
 	gets, _ := strconv.ParseFloat(m[1], 64)
 	secs, _ := strconv.ParseFloat(m[2], 64)
-	return gets / secs, nil
+	p99us, _ = strconv.ParseFloat(m[3], 64)
+	return gets / secs, p99us, nil
 }
 
 var wrkRate = regexp.MustCompile(`Requests/sec:\s*([0-9.]+)`)
@@ -703,8 +711,9 @@ func printShim(w io.Writer, rep *Report) {
 		s.Ratios["sockperf_shim_vs_floor_p50"], s.Ratios["redis_p1_shim_vs_kernel"], s.Ratios["redis_p16_shim_vs_kernel"])
 	fmt.Fprintf(w, "iperf3 client shim / kernel %.3f, the Go library's bulk sockets / net %.3f, the one over the other %.3f (target >= 1); memcached shim / kernel %.3f; nginx shim / kernel %.3f, with reuseport %.3f (target >= 1.3)\n",
 		s.Ratios["iperf3_shim_vs_kernel"], s.Ratios["gobulk_shim_vs_kernel"], s.Ratios["iperf3_vs_gobulk"], s.Ratios["memcslap_shim_vs_kernel"], s.Ratios["nginx_shim_vs_kernel"], s.Ratios["nginx_reuseport_shim_vs_kernel"])
-	fmt.Fprintf(w, "memcached under mcping, shim / kernel: one worker (-t 1) %.3f, two (-t 2) %.3f\n",
-		s.Ratios["memcached_t1_mcping_shim_vs_kernel"], s.Ratios["memcached_t2_mcping_shim_vs_kernel"])
+	fmt.Fprintf(w, "memcached under mcping, shim / kernel: one worker (-t 1) %.3f (p99 %.3f), two (-t 2) %.3f (p99 %.3f)\n",
+		s.Ratios["memcached_t1_mcping_shim_vs_kernel"], s.Ratios["memcached_t1_mcping_shim_vs_kernel_p99"],
+		s.Ratios["memcached_t2_mcping_shim_vs_kernel"], s.Ratios["memcached_t2_mcping_shim_vs_kernel_p99"])
 	fmt.Fprintf(w, "the server floor / kernel: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f (reuseport %.3f); shim / the server floor: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f (reuseport %.3f)\n",
 		s.Ratios["redis_p1_floor_vs_kernel"], s.Ratios["redis_p16_floor_vs_kernel"], s.Ratios["memcslap_floor_vs_kernel"], s.Ratios["nginx_floor_vs_kernel"], s.Ratios["nginx_reuseport_floor_vs_kernel"],
 		s.Ratios["redis_p1_shim_vs_floor"], s.Ratios["redis_p16_shim_vs_floor"], s.Ratios["memcslap_shim_vs_floor"], s.Ratios["nginx_shim_vs_floor"], s.Ratios["nginx_reuseport_shim_vs_floor"])
