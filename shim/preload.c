@@ -598,15 +598,28 @@ static __thread int t_ep = -1, t_ep_prog = -1;
 static __thread uint32_t t_ep_gen;
 static uint32_t epoll_gen; /* numbers the epoll instances (fdent.epgen) */
 
-/* waiter_threads counts the threads that have blocked on the stack (they
- * have an eventfd): with two or more, a spinner yields (SPIN_YIELD_NS). */
+/* waiter_threads counts the threads that have waited on the stack, with
+ * a timeout other than 0 (t_waiter): with two or more, a spinner yields
+ * (SPIN_YIELD_NS). */
 static int waiter_threads;
+static __thread char t_waiter;
+
+static inline void count_waiter(void)
+{
+	if (!t_waiter) {
+		t_waiter = 1;
+		__atomic_add_fetch(&waiter_threads, 1, __ATOMIC_RELAXED);
+		pthread_setspecific(thread_key, (void *)1);
+	}
+}
 
 static void thread_exit(void *p)
 {
 	(void)p;
-	if (t_efd >= 0) {
+	if (t_efd >= 0)
 		real_close(t_efd);
+	if (t_waiter) {
+		t_waiter = 0;
 		__atomic_sub_fetch(&waiter_threads, 1, __ATOMIC_RELAXED);
 	}
 	if (t_ep >= 0)
@@ -648,8 +661,6 @@ static int thread_efd(void)
 {
 	if (t_efd < 0) {
 		t_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-		if (t_efd >= 0)
-			__atomic_add_fetch(&waiter_threads, 1, __ATOMIC_RELAXED);
 		pthread_setspecific(thread_key, (void *)1);
 	}
 	return t_efd;
@@ -746,8 +757,8 @@ struct wait {
 	int spinning;
 };
 
-/* SPIN_YIELD_NS: in a program with more than one thread waiting on the
- * stack (waiter_threads), a spinning thread yields its processor as it
+/* SPIN_YIELD_NS: in a program with more than one thread that waits on
+ * the stack (waiter_threads), a spinning thread yields its processor as it
  * starts to spin and then this often (sched_yield, which returns at once
  * when nothing else is runnable there). A spinner otherwise keeps the
  * processor for the scheduler's whole slice, a millisecond or more,
@@ -796,6 +807,8 @@ static inline void keep_p(int64_t now, int64_t every)
 
 static void wait_begin(struct wait *w, int64_t timeout_ns)
 {
+	if (timeout_ns != 0)
+		count_waiter();
 	flush_kicks();
 	int64_t now = now_ns();
 	keep_p(now, RESCHED_BUSY_NS);
@@ -1174,6 +1187,7 @@ static void child_after_fork(void)
 	/* The parent thread's eventfd and epoll set are shared: make our own.
 	 * The child has one thread, which has not blocked yet. */
 	t_efd = t_ep = t_ep_prog = -1;
+	t_waiter = 0;
 	waiter_threads = 0;
 }
 
@@ -2558,6 +2572,8 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	 * thread is in the stack), in the one call into the core a busy
 	 * server's epoll_wait makes; only if it finds nothing does the
 	 * thread claim a spin slot and spin (wait_begin's work, put off). */
+	if (timeout_ns != 0)
+		count_waiter();
 	int64_t now0 = now_ns();
 	keep_p(now0, RESCHED_BUSY_NS);
 	struct wait w = {.deadline = timeout_ns < 0 ? -1 : now0 + timeout_ns};
