@@ -42,8 +42,7 @@ type Policy struct {
 	// before it parks (0: park at once). Spinners goroutines at a time
 	// spin for the whole stack (TrySpin); the others park at once.
 	Spin time.Duration
-	// Spinners is how many may spin at once (default 1; SetSpinners
-	// changes it). One serves every socket of the stack, and leaves the
+	// Spinners is how many may spin at once (default 1). One serves every socket of the stack, and leaves the
 	// processors to the goroutines that have work; threads of their own
 	// on processors of their own (the shim's) each do better spinning,
 	// as a frame for another thread's socket then wakes nobody.
@@ -97,8 +96,7 @@ type Sleeper struct {
 	src Source
 	pol Policy
 
-	spinning atomic.Int32 // the spin slots held
-	spinners atomic.Int32 // how many there are (Policy.Spinners)
+	spinning atomic.Int32 // the spin slots held (of Policy.Spinners)
 	parked   atomic.Int32 // goroutines parked, relying on us
 	// direct counts the threads blocked in the kernel on the stack's
 	// interrupt themselves (ParkDirect); directSeen is set at the first.
@@ -132,18 +130,13 @@ func Start(st Stack, src Source, p Policy) (*Sleeper, error) {
 		st: st, src: src, pol: p, timer: time.NewTimer(time.Hour),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
-	s.spinners.Store(int32(p.Spinners))
 	s.timer.Stop()
 	go s.run()
 	return s, nil
 }
 
 // Policy is the policy in force, defaults filled in.
-func (s *Sleeper) Policy() Policy {
-	p := s.pol
-	p.Spinners = int(s.spinners.Load())
-	return p
-}
+func (s *Sleeper) Policy() Policy { return s.pol }
 
 // TrySpin claims one of the stack's spin slots (Policy.Spinners) for a
 // goroutine about to poll the stack while it waits: false if they are
@@ -154,23 +147,13 @@ func (s *Sleeper) Policy() Policy {
 func (s *Sleeper) TrySpin() bool {
 	for {
 		n := s.spinning.Load()
-		if n >= s.spinners.Load() {
+		if n >= int32(s.pol.Spinners) {
 			return false
 		}
 		if s.spinning.CompareAndSwap(n, n+1) {
 			return true
 		}
 	}
-}
-
-// SetSpinners sets how many may spin at once (Policy.Spinners), from 1
-// to MaxSpinners; those spinning go on until they end.
-func (s *Sleeper) SetSpinners(n int) error {
-	if n < 1 || n > MaxSpinners {
-		return fmt.Errorf("interrupts: spinners %d: must be from 1 to %d", n, MaxSpinners)
-	}
-	s.spinners.Store(int32(n))
-	return nil
 }
 
 // EndSpin gives a spin slot back. If the spinner now parks, its Park

@@ -85,6 +85,12 @@ func udpPair(t *testing.T, a, b *end) (rx, tx stack.SockID) {
 
 func pair(t *testing.T, mc vnic.MemConfig) (a, b *end) {
 	t.Helper()
+	return pairWith(t, mc, interrupts.Policy{})
+}
+
+// pairWith is pair with the Sleepers' policy.
+func pairWith(t *testing.T, mc vnic.MemConfig, pol interrupts.Policy) (a, b *end) {
+	t.Helper()
 	na, nb, err := vnic.NewMemPair(mc)
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +105,7 @@ func pair(t *testing.T, mc vnic.MemConfig) (a, b *end) {
 			t.Fatal(err)
 		}
 		e.st = st
-		if e.sl, err = interrupts.Start(st, interrupts.Mem(nic), interrupts.Policy{}); err != nil {
+		if e.sl, err = interrupts.Start(st, interrupts.Mem(nic), pol); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
@@ -361,9 +367,9 @@ func TestSleeperSendsWhatSendMoreLeft(t *testing.T) {
 }
 
 // TestSpinSlots checks the spin slots: Policy.Spinners admit that many
-// spinners and no more, a slot given back admits the next, SetSpinners
-// changes the count (refusing one out of bounds), and a slot given back
-// that was never taken does not make room for one more.
+// spinners and no more, a slot given back admits the next, a slot given
+// back that was never taken does not make room for one more, and a count
+// out of bounds is refused.
 func TestSpinSlots(t *testing.T) {
 	a, _ := pair(t, vnic.MemConfig{})
 	if got := a.sl.Policy().Spinners; got != 1 {
@@ -372,36 +378,33 @@ func TestSpinSlots(t *testing.T) {
 	if !a.sl.TrySpin() || a.sl.TrySpin() {
 		t.Fatal("one slot: want the first TrySpin to succeed and the second to fail")
 	}
-	if err := a.sl.SetSpinners(2); err != nil {
-		t.Fatal(err)
-	}
-	if !a.sl.TrySpin() || a.sl.TrySpin() {
-		t.Fatal("two slots, one taken: want one more spinner and no third")
-	}
 	a.sl.EndSpin()
-	if !a.sl.Spinning() {
+	b, _ := pairWith(t, vnic.MemConfig{}, interrupts.Policy{Spinners: 2})
+	two := b.sl
+	if !two.TrySpin() || !two.TrySpin() || two.TrySpin() {
+		t.Fatal("two slots: want two spinners and no third")
+	}
+	two.EndSpin()
+	if !two.Spinning() {
 		t.Fatal("one spinner left, but Spinning says none")
 	}
-	if !a.sl.TrySpin() {
+	if !two.TrySpin() {
 		t.Fatal("a slot given back was not admitted again")
 	}
-	a.sl.EndSpin()
-	a.sl.EndSpin()
-	a.sl.EndSpin() // one more than taken
-	if a.sl.Spinning() {
+	two.EndSpin()
+	two.EndSpin()
+	two.EndSpin() // one more than taken
+	if two.Spinning() {
 		t.Fatal("every slot given back, but Spinning says one is held")
 	}
-	if !a.sl.TrySpin() || !a.sl.TrySpin() || a.sl.TrySpin() {
+	if !two.TrySpin() || !two.TrySpin() || two.TrySpin() {
 		t.Fatal("after an extra EndSpin: want exactly two spinners admitted")
 	}
-	a.sl.EndSpin()
-	a.sl.EndSpin()
-	for _, n := range []int{0, -1, interrupts.MaxSpinners + 1} {
-		if err := a.sl.SetSpinners(n); err == nil {
-			t.Errorf("SetSpinners(%d) accepted", n)
+	two.EndSpin()
+	two.EndSpin()
+	for _, n := range []int{-1, interrupts.MaxSpinners + 1} {
+		if _, err := interrupts.Start(nil, nil, interrupts.Policy{Spinners: n}); err == nil {
+			t.Errorf("Policy.Spinners %d accepted", n)
 		}
-	}
-	if _, err := interrupts.Start(a.st, interrupts.Mem(a.nic), interrupts.Policy{Spinners: -1}); err == nil {
-		t.Error("Policy.Spinners -1 accepted")
 	}
 }

@@ -764,9 +764,9 @@ struct wait {
  * processor for the scheduler's whole slice, a millisecond or more,
  * while the thread it woke (whose socket its poll made ready) waits for
  * one: memcached -t 2 under mcping on two CPUs had 1-4% of its gets take
- * over 1.1 ms, against 0.1% on the kernel, and its p99 was 0.7-1.5 ms.
- * Yielding at the spin's start took the p99 to 0.6 of that, the gets a
- * second unchanged (docs/SHIM-PERFORMANCE.md). A program with one such
+ * over 1.1 ms, against 0.1% on the kernel, and its p99 was 0.7-1.8 ms.
+ * Yielding at the spin's start took the p99 to 0.4-0.6 of that, the gets
+ * a second unchanged (docs/SHIM-PERFORMANCE.md). A program with one such
  * thread (redis, sockperf, an nginx worker) wakes no sibling, and does
  * not yield: redis lost a few per cent to it. */
 #define SPIN_YIELD_NS 20000
