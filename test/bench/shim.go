@@ -48,7 +48,8 @@ import (
 //   - memcached with one worker (-t 1) and with two (-t 2), under the
 //     shim and on the kernel, loaded by mcping (mcping/mcping.c: 8
 //     connections, each one get at a time, a client that costs little a
-//     request): what a server's second thread costs on each stack.
+//     request): what a server's second thread costs on each stack, in
+//     gets a second and in a get's 99th percentile.
 //   - the server floor (respond.go) in each server's place, the same
 //     clients, in the same round: raw AF_XDP with canned replies and no
 //     TCP, one thread that spins 50 µs and then blocks, as the shim's
