@@ -83,6 +83,36 @@ func buildC(t *testing.T, name string) string {
 	return out
 }
 
+// runBounded runs cmd to its end and returns what it printed on stdout
+// and stderr; it fails the test if cmd fails or is not done within
+// limit (then killed, with the processes it forked if it leads a
+// process group, as shimCommand's do).
+func runBounded(t *testing.T, cmd *exec.Cmd, limit time.Duration) (string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", cmd, err, stdout.String(), stderr.String())
+		}
+	case <-time.After(limit):
+		if cmd.SysProcAttr != nil && cmd.SysProcAttr.Setpgid {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		} else {
+			cmd.Process.Kill()
+		}
+		<-done
+		t.Fatalf("%s: not done in %v\nstdout:\n%s\nstderr:\n%s", cmd, limit, stdout.String(), stderr.String())
+	}
+	return stdout.String(), stderr.String()
+}
+
 // TestShimMixed runs the conformance program (shim/test/mixed.c) against
 // a kernel echo server with the kernel and then under the shim: every
 // line it prints (poll, select and epoll over sockets, pipes, eventfds
@@ -99,31 +129,11 @@ func TestShimMixed(t *testing.T) {
 	defer ln.Close()
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	args := []string{b.Iface0().Addr().String(), port}
-
-	run := func(cmd *exec.Cmd) (string, string) {
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		done := make(chan error, 1)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", cmd, err, stdout.String(), stderr.String())
-			}
-		case <-time.After(60 * time.Second):
-			cmd.Process.Kill()
-			t.Fatalf("%s: not done in 60s\nstdout:\n%s\nstderr:\n%s", cmd, stdout.String(), stderr.String())
-		}
-		return stdout.String(), stderr.String()
-	}
-	want, _ := run(a.Command(prog, args...))
+	want, _ := runBounded(t, a.Command(prog, args...), 60*time.Second)
 	if !strings.HasSuffix(want, "done\n") {
 		t.Fatalf("the reference run (kernel) did not finish:\n%s", want)
 	}
-	got, log := run(shimCommand(t, a, nil, prog, args...))
+	got, log := runBounded(t, shimCommand(t, a, nil, prog, args...), 60*time.Second)
 	requireAccelerated(t, log, "connecting")
 	if got != want {
 		t.Fatalf("under the shim the program printed:\n%s\nwith the kernel:\n%s\n(shim log:\n%s)", got, want, log)
@@ -141,37 +151,16 @@ func TestShimMixed(t *testing.T) {
 func TestShimSpinYields(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "yield")
-	a, b := Pair(t, LinkOptions{})
-	ln, err := b.KernelEcho(b.Iface0().Addr().String() + ":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	a, b, ln := echoHosts(t)
 	args := []string{b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)}
 	share := func(cmd *exec.Cmd) (float64, string) {
 		t.Helper()
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("%s: %v\n%s%s", cmd, err, stdout.String(), stderr.String())
-			}
-		case <-time.After(30 * time.Second):
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-			t.Fatalf("%s: not done in 30s\n%s%s", cmd, stdout.String(), stderr.String())
-		}
+		stdout, stderr := runBounded(t, cmd, 30*time.Second)
 		var v float64
-		if _, err := fmt.Sscanf(stdout.String(), "hog share %f", &v); err != nil {
-			t.Fatalf("%s printed %q: %v", cmd, stdout.String(), err)
+		if _, err := fmt.Sscanf(stdout, "hog share %f", &v); err != nil {
+			t.Fatalf("%s printed %q: %v", cmd, stdout, err)
 		}
-		return v, stderr.String()
+		return v, stderr
 	}
 	kernel, _ := share(a.Command(prog, args...))
 	cmd := shimCommand(t, a, []string{"ONLOAD_SPIN_US=10000000"}, prog, args...)
