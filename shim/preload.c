@@ -382,6 +382,8 @@ static void set_ours(int fd, int h, int nonblock, int listening)
 
 static void epoll_forget(int fd);
 static void ep_free(struct ep *ep);
+static void kreg_forget(int fd);
+static void kreg_take(int fd, struct fdent *fe);
 
 /* drop forgets fd's entry; the core's socket closes with its last fd. */
 static void drop(int fd)
@@ -399,6 +401,8 @@ static void drop(int fd)
 			CORE_VOID(core.close(h));
 	} else if (e->kind == K_EPOLL) {
 		ep_free(e->ep);
+	} else if (e->kind == K_TCP) {
+		kreg_forget(fd);
 	}
 	memset(e, 0, sizeof *e);
 }
@@ -1370,10 +1374,12 @@ static void accel_listener(int fd, struct fdent *e)
 		if (h > 0) {
 			int nb = nonblocking(fd);
 			set_ours(fd, h, nb, 1);
+			kreg_take(fd, e);
 			copy_options(fd, h);
 			stack_known();
 			debugf("fd %d: listening, accelerated", fd);
 		} else {
+			kreg_forget(fd);
 			e->tried = 1;
 			debugf("fd %d: listening in the kernel", fd);
 		}
@@ -1419,7 +1425,10 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	int nb = nonblocking(fd);
 	int h = CORE(core.connect(fd, sin->sin_addr.s_addr, sin->sin_port));
 	if (h == 0) {
+		pthread_mutex_lock(&mu);
+		kreg_forget(fd);
 		e->kind = K_NONE;
+		pthread_mutex_unlock(&mu);
 		return real_connect(fd, a, l);
 	}
 	if (h < 0) {
@@ -1428,6 +1437,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	}
 	pthread_mutex_lock(&mu);
 	set_ours(fd, h, nb, 0);
+	kreg_take(fd, e);
 	pthread_mutex_unlock(&mu);
 	copy_options(fd, h);
 	stack_known();
@@ -2366,20 +2376,101 @@ static struct ep *ep_grow(struct fdent *ee, struct ep *ep, int h)
 	return ep;
 }
 
-EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+/* ---- registrations made while the kernel had the socket -------------
+ *
+ * A TCP socket the core has not seen (K_TCP) is the kernel's, and so are
+ * its epoll registrations. A program may register it before it connects
+ * (nginx adds an upstream connection with EPOLLIN|EPOLLOUT|EPOLLRDHUP|
+ * EPOLLET, then connects) or before it listens. Once the core has the
+ * socket, the kernel socket under it never turns readable: those
+ * registrations move to the instances' lists of accelerated members
+ * (kreg_take). kregs keeps them meanwhile, under mu: a few at a time,
+ * each gone at its socket's connect, listen or close. */
+struct kreg {
+	int fd, epfd;
+	uint32_t epgen; /* the instance's (fdent.epgen): epfd may be reused */
+	struct epoll_event ev;
+};
+static struct kreg *kregs;
+static int nkregs, capkregs;
+
+static int ep_ctl_locked(struct fdent *ee, int epfd, int op, int fd, struct fdent *fe, struct epoll_event *ev);
+
+/* kreg_ctl is epoll_ctl on a descriptor that is not accelerated: the
+ * kernel's, noted if it is a TCP socket the core may take yet. */
+static int kreg_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
-	struct fdent *fe = ours_or_listener(fd);
-	struct fdent *ee = ent(epfd);
-	CHILD_TAKES(fd, fe);
-	if (!fe || !ee || after_fork)
-		return real_epoll_ctl(epfd, op, fd, ev);
-	if (fe->listening) {
-		/* The kernel's half too. */
-		int r = real_epoll_ctl(epfd, op, fd, ev);
-		if (r < 0)
-			return r;
-	}
+	int r = real_epoll_ctl(epfd, op, fd, ev);
+	struct fdent *e = ent(fd), *ee = ent(epfd);
+	if (r < 0 || !e || !ee || e->kind != K_TCP || e->tried)
+		return r;
 	pthread_mutex_lock(&mu);
+	ep_of(epfd); /* an instance the shim did not see made (inherited) */
+	int i = 0;
+	while (i < nkregs && (kregs[i].fd != fd || kregs[i].epfd != epfd))
+		i++;
+	if (op == EPOLL_CTL_DEL || !ev) {
+		if (i < nkregs)
+			kregs[i] = kregs[--nkregs];
+	} else {
+		if (i == nkregs && nkregs == capkregs) {
+			int cap = capkregs ? 2 * capkregs : 16;
+			struct kreg *k = realloc(kregs, cap * sizeof *k);
+			if (k) {
+				kregs = k;
+				capkregs = cap;
+			}
+		}
+		if (i < capkregs) {
+			if (i == nkregs)
+				nkregs++;
+			kregs[i] = (struct kreg){.fd = fd, .epfd = epfd, .epgen = ee->epgen, .ev = *ev};
+		} else {
+			debugf("fd %d: out of memory to note its registration in epoll %d: "
+			       "it stays the kernel's if the socket is accelerated", fd, epfd);
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
+/* kreg_take moves fd's noted registrations into the instances' lists,
+ * now that fd is accelerated (entry fe). A listener's stay in the kernel
+ * too, for its kernel half (epoll_ctl). Under mu. */
+static void kreg_take(int fd, struct fdent *fe)
+{
+	for (int i = 0; i < nkregs;) {
+		struct kreg k = kregs[i];
+		if (k.fd != fd) {
+			i++;
+			continue;
+		}
+		kregs[i] = kregs[--nkregs];
+		struct fdent *ee = ent(k.epfd);
+		if (!ee || ee->kind != K_EPOLL || ee->epgen != k.epgen)
+			continue; /* that instance is closed */
+		if (!fe->listening)
+			real_epoll_ctl(k.epfd, EPOLL_CTL_DEL, fd, NULL);
+		if (ep_ctl_locked(ee, k.epfd, EPOLL_CTL_ADD, fd, fe, &k.ev) < 0)
+			debugf("fd %d: into epoll %d as accelerated: %s", fd, k.epfd, strerror(errno));
+	}
+}
+
+/* kreg_forget drops fd's noted registrations: it is closed, or the
+ * kernel keeps it. Under mu. */
+static void kreg_forget(int fd)
+{
+	for (int i = 0; i < nkregs;)
+		if (kregs[i].fd == fd)
+			kregs[i] = kregs[--nkregs];
+		else
+			i++;
+}
+
+/* ep_ctl_locked is epoll_ctl for an accelerated member fd (entry fe) of
+ * the instance epfd (entry ee), in the instance's list; under mu. */
+static int ep_ctl_locked(struct fdent *ee, int epfd, int op, int fd, struct fdent *fe, struct epoll_event *ev)
+{
 	struct ep *ep = ep_of(epfd);
 	int i = 0;
 	while (ep && i < ep->n && ep->items[i].fd != fd)
@@ -2438,6 +2529,26 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	}
 	if (r == 0)
 		ep->ver++;
+	return r;
+}
+
+EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+	struct fdent *fe = ours_or_listener(fd);
+	struct fdent *ee = ent(epfd);
+	CHILD_TAKES(fd, fe);
+	if (!fe && ee && !after_fork)
+		return kreg_ctl(epfd, op, fd, ev);
+	if (!fe || !ee || after_fork)
+		return real_epoll_ctl(epfd, op, fd, ev);
+	if (fe->listening) {
+		/* The kernel's half too. */
+		int r = real_epoll_ctl(epfd, op, fd, ev);
+		if (r < 0)
+			return r;
+	}
+	pthread_mutex_lock(&mu);
+	int r = ep_ctl_locked(ee, epfd, op, fd, fe, ev);
 	pthread_mutex_unlock(&mu);
 	return r;
 }

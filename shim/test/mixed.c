@@ -224,6 +224,47 @@ static void test_epoll(int s, int pr, int pw, int file)
 	close(ep);
 }
 
+/* test_epoll_before_connect registers a socket in an epoll set before it
+ * connects, as nginx does its upstream connections (EPOLLIN|EPOLLOUT|
+ * EPOLLRDHUP|EPOLLET, then a non-blocking connect): the registration
+ * follows the socket when it is accelerated. A second socket, added and
+ * removed before it connects, is not reported. */
+static void test_epoll_before_connect(void)
+{
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	int t = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	if (ep < 0 || s < 0 || t < 0)
+		die("before connect: socket");
+	struct epoll_event e = {.events = EPOLLIN, .data.u64 = 10};
+	check("before connect: add", epoll_ctl(ep, EPOLL_CTL_ADD, s, &e));
+	e = (struct epoll_event){.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.u64 = 11};
+	check("before connect: mod", epoll_ctl(ep, EPOLL_CTL_MOD, s, &e));
+	e.data.u64 = 12;
+	check("before connect: add another", epoll_ctl(ep, EPOLL_CTL_ADD, t, &e));
+	check("before connect: del it", epoll_ctl(ep, EPOLL_CTL_DEL, t, NULL));
+	int r = connect(s, (struct sockaddr *)&peer, sizeof peer);
+	say("before connect: connect %d %s", r, r < 0 ? strerror(errno) : "");
+	r = connect(t, (struct sockaddr *)&peer, sizeof peer);
+	say("before connect: connect another %d %s", r, r < 0 ? strerror(errno) : "");
+	struct epoll_event out[4];
+	int n = epoll_wait(ep, out, 4, 5000);
+	say("before connect: connected: %d: data %lu events %#x", n, n > 0 ? (unsigned long)out[0].data.u64 : 0UL,
+	    n > 0 ? out[0].events & (EPOLLIN | EPOLLOUT | EPOLLERR | EPOLLHUP | EPOLLRDHUP) : 0);
+	check("before connect: no new edge", epoll_wait(ep, out, 4, 50));
+	const char msg[] = "before-connect";
+	check("before connect: send", send(s, msg, sizeof msg - 1, 0));
+	n = epoll_wait(ep, out, 4, 5000);
+	say("before connect: echo ready: %d: data %lu in %d", n, n > 0 ? (unsigned long)out[0].data.u64 : 0UL,
+	    n > 0 && (out[0].events & EPOLLIN));
+	fcntl(s, F_SETFL, fcntl(s, F_GETFL) & ~O_NONBLOCK);
+	char buf[sizeof msg];
+	check("before connect: echo read", read_full(s, buf, sizeof msg - 1));
+	close(s);
+	close(t);
+	close(ep);
+}
+
 /* epoll_report prints what an epoll_wait reported, its data sorted. */
 static int epoll_report(const char *what, int ep, int max, int timeout)
 {
@@ -740,6 +781,7 @@ int main(int argc, char **argv)
 	test_poll(s, pp[0], pp[1], ev, file);
 	test_select(s, pp[0], pp[1], ev);
 	test_epoll(s, pp[0], pp[1], file);
+	test_epoll_before_connect();
 	test_epoll_many(pp[0], pp[1]);
 	test_nonblocking(s);
 	test_cork(s);
