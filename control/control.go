@@ -190,6 +190,12 @@ type StackReply struct {
 	Frames    int `json:"frames"`
 	RingSize  int `json:"ring_size"`
 	FillDepth int `json:"fill_depth"`
+	// KernelConnects says why the connections the stack's processes open
+	// go to the kernel; empty, they are the stack's. The steering program
+	// hands a frame to the stack only on the stack's queue, and on an
+	// interface whose frames arrive on the queue their sender picked (a
+	// veth of several queues) nothing puts a peer's replies there.
+	KernelConnects string `json:"kernel_connects,omitempty"`
 }
 
 // Filter kinds.

@@ -310,8 +310,24 @@ func (s *dstack) reply(joined bool) *control.StackReply {
 	return &control.StackReply{
 		ID: uint32(s.id), Name: s.name, Joined: joined, Interface: s.ifc.name, Queue: s.queue,
 		Addr: s.addr.String(), FrameSize: s.nic.Umem().Config().FrameSize, Frames: s.nic.Umem().Config().FrameCount,
-		RingSize: cfg.RingSize, FillDepth: cfg.FillDepth,
+		RingSize: cfg.RingSize, FillDepth: cfg.FillDepth, KernelConnects: s.kernelConnects(),
 	}
+}
+
+// kernelConnects is why the connections s's processes open go to the
+// kernel (control.StackReply.KernelConnects), or "". A listener's port is
+// steered to the stack's queue (n-tuple rules, or on veth by the test
+// hosts' sender, test.QueueSteer), and so are its connections; a
+// connection the stack opens has a port of its own, whose replies a NIC
+// without n-tuple rules puts on the queue of its hash, or on veth of the
+// peer's choosing: on any queue of several.
+func (s *dstack) kernelConnects() string {
+	if s.ifc.steering != steerSender || len(s.ifc.queues) < 2 {
+		return ""
+	}
+	return fmt.Sprintf("interface %s has %d receive queues, and a frame arrives on the queue its sender picked (veth): "+
+		"the replies of a connection opened here may arrive on another queue than stack %d's (%d)",
+		s.ifc.name, len(s.ifc.queues), s.id, s.queue)
 }
 
 // resolve has the kernel resolve addr, a neighbour on the stack's subnet

@@ -122,6 +122,7 @@ func openDaemon(cfg Config) (*Stack, error) {
 		s.teardown = append(s.teardown, undo[i])
 	}
 	s.host, s.ifname, s.proofs = true, sr.Interface, filters
+	s.kernelConnects = sr.KernelConnects
 	s.local = hostAddrs()
 	s.followKernel()
 	// Every stack from onloadd is shared: with the other processes of a

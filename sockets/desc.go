@@ -50,11 +50,23 @@ func (s *Stack) SpinTime() time.Duration { return s.spin }
 // served by the stack: the wildcard or the stack's own address.
 func (s *Stack) ServesLocal(a netip.Addr) bool { return s.ours(a) }
 
-// Reaches reports whether a TCP connection to dst goes through the
-// stack: a remote host on its interface (the host's own addresses go
-// through the kernel's loopback), or one of the stack's own listeners.
-func (s *Stack) Reaches(dst netip.AddrPort) bool {
-	return s.routes(dst.Addr()) || s.loopsBack(dst)
+// ConnectsKernel says why a TCP connection to dst goes to the kernel, or
+// "" if the stack takes it: one of the stack's own listeners, or a remote
+// host on its interface (the host's own addresses go through the
+// kernel's loopback) where the stack's queue receives the replies.
+func (s *Stack) ConnectsKernel(dst netip.AddrPort) string {
+	return s.dialsKernel(stack.TCP, dst)
+}
+
+// dialsKernel is ConnectsKernel for protocol p.
+func (s *Stack) dialsKernel(p stack.Proto, dst netip.AddrPort) string {
+	switch {
+	case p == stack.TCP && s.loopsBack(dst):
+		return ""
+	case !s.routes(dst.Addr()):
+		return dst.Addr().String() + " is not reached through the stack's interface"
+	}
+	return s.kernelConnects
 }
 
 // Poll polls the stack once, for a caller that spins while it waits, and

@@ -141,13 +141,16 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		}
 	}
 	var first error
-	routed := false
+	routed, kernelWhy := false, ""
 	for _, ip := range ips {
-		if !s.routes(ip) && !(proto == stack.TCP && s.loopsBack(netip.AddrPortFrom(ip, uint16(port)))) {
+		raddr := netip.AddrPortFrom(ip, uint16(port))
+		if w := s.dialsKernel(proto, raddr); w != "" {
+			if kernelWhy == "" {
+				kernelWhy = w
+			}
 			continue
 		}
 		routed = true
-		raddr := netip.AddrPortFrom(ip, uint16(port))
 		var c net.Conn
 		if proto == stack.TCP {
 			c, err = s.dialTCP(ctx, laddr, raddr, keepAliveFor(d.KeepAlive, d.KeepAliveConfig))
@@ -165,7 +168,10 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		}
 	}
 	if !routed {
-		return fallback(host + " is not reached through the stack's interface")
+		if kernelWhy == "" {
+			kernelWhy = host + " is not reached through the stack's interface"
+		}
+		return fallback(kernelWhy)
 	}
 	return nil, first
 }

@@ -33,8 +33,12 @@ type Stack struct {
 	// clients reach them through loopback, not through our interface).
 	host   bool
 	ifname string
-	proofs *daemonFilters  // a stack of onloadd's: the proofs of our ports
-	follow *stack.Follower // the kernel's tables, followed (host stacks)
+	// kernelConnects: why connections this process opens go to the
+	// kernel, from onloadd (control.StackReply.KernelConnects); "": they
+	// are the stack's.
+	kernelConnects string
+	proofs         *daemonFilters  // a stack of onloadd's: the proofs of our ports
+	follow         *stack.Follower // the kernel's tables, followed (host stacks)
 	// stopShared ends the wake-ups shared with the other processes of a
 	// named stack of onloadd's (shareWakes).
 	stopShared func()

@@ -100,8 +100,9 @@ func init() {
 		if err != nil {
 			return err
 		}
-		// The listener only names the stack's queue to the test, by its
-		// filter; connections leave from the port after it.
+		// The listener names the stack's queue to the test, by its
+		// filter, and serves "serve"; "send"'s connections leave from the
+		// port after it.
 		lc := sockets.ListenConfig{Stack: s}
 		ln, err := lc.Listen(context.Background(), "tcp", ":0")
 		if err != nil {
@@ -117,6 +118,11 @@ func init() {
 				fmt.Sscan(rest, &addr, &n)
 				d := sockets.Dialer{Stack: s, LocalAddr: &net.TCPAddr{Port: port + 1}}
 				fmt.Printf("send: %v\n", sendStream(d, addr, n))
+			}
+			if rest, ok := strings.CutPrefix(sc.Text(), "serve "); ok {
+				var n int
+				fmt.Sscan(rest, &n)
+				fmt.Printf("serve: %v\n", serveStream(ln, n))
 			}
 			if sc.Text() == "hold" {
 				// As a process stopped inside the stack would.
@@ -299,6 +305,22 @@ func sendStream(d sockets.Dialer, addr string, n int) string {
 	if err != nil {
 		return err.Error()
 	}
+	return queueStream(c, n)
+}
+
+// serveStream accepts one connection on ln and queues n bytes of stream
+// on it, as sendStream does on the connection it dials.
+func serveStream(ln net.Listener, n int) string {
+	c, err := ln.Accept()
+	if err != nil {
+		return err.Error()
+	}
+	return queueStream(c, n)
+}
+
+// queueStream queues n bytes of stream on c, an accelerated connection,
+// with a send buffer that takes them all.
+func queueStream(c net.Conn, n int) string {
 	tc, ok := c.(*sockets.TCPConn)
 	if !ok {
 		return fmt.Sprintf("not accelerated: %T", c)
@@ -734,9 +756,8 @@ func counter(dump, name string) int {
 // steerPorts makes host a's frames to each of ports (served by onloadd's
 // stacks in d, on a veth with several queues) leave on the transmit queue
 // numbered as the stack's receive queue (QueueSteer), so that they arrive
-// on it; it returns the stack that has each port, and the steering, for
-// more ports.
-func steerPorts(t *testing.T, a *Host, d *control.Dump, ports ...int) ([]uint32, *portSteer) {
+// on it; it returns the stack that has each port.
+func steerPorts(t *testing.T, a *Host, d *control.Dump, ports ...int) []uint32 {
 	t.Helper()
 	stackOf := make([]uint32, len(ports))
 	queueOf := make([]int, len(ports))
@@ -762,28 +783,7 @@ func steerPorts(t *testing.T, a *Host, d *control.Dump, ports ...int) ([]uint32,
 			t.Fatal(err)
 		}
 	}
-	return stackOf, &portSteer{qs, ports, queueOf}
-}
-
-// portSteer is steerPorts' steering.
-type portSteer struct {
-	qs      *QueueSteer
-	ports   []int
-	queueOf []int
-}
-
-// like steers port to the queue of steerPorts' port other.
-func (p *portSteer) like(t *testing.T, port, other int) {
-	t.Helper()
-	for i, q := range p.ports {
-		if q == other {
-			if err := p.qs.Port(uint16(port), p.queueOf[i]); err != nil {
-				t.Fatal(err)
-			}
-			return
-		}
-	}
-	t.Fatalf("port %d is not steered", other)
+	return stackOf
 }
 
 // TestDaemonTwoStacks: two unprivileged processes, each with a stack of
@@ -807,7 +807,7 @@ func TestDaemonTwoStacks(t *testing.T) {
 	if len(d.Stacks) != 2 || d.Stacks[0].Queue == d.Stacks[1].Queue {
 		t.Fatalf("onloadd's stacks: %+v, want two on queues 0 and 1", d.Stacks)
 	}
-	stackOf, _ := steerPorts(t, a, d, ports...)
+	stackOf := steerPorts(t, a, d, ports...)
 
 	// Both at once.
 	const n = 4 << 20
@@ -1386,6 +1386,23 @@ func sendToKernel(t *testing.T, a *Host, srv *helperProc, port, n, rcvbuf int) n
 	return k
 }
 
+// recvFromHelper has helper srv (daemon-locker) queue n bytes on the
+// connection host a's kernel makes to its listener at addr, and returns
+// the kernel's end, closed when the test ends.
+func recvFromHelper(t *testing.T, a *Host, srv *helperProc, addr string, n int) net.Conn {
+	t.Helper()
+	fmt.Fprintf(srv.In, "serve %d\n", n)
+	var k net.Conn
+	if err := a.Do(func() (err error) { k, err = net.DialTimeout("tcp4", addr, 10*time.Second); return }); err != nil {
+		t.Fatalf("the connection to %s: %v", addr, err)
+	}
+	t.Cleanup(func() { k.Close() })
+	if l, err := srv.line(20 * time.Second); err != nil || l != fmt.Sprintf("serve: wrote %d", n) {
+		t.Fatalf("the sender said %q, %v", l, err)
+	}
+	return k
+}
+
 // acceptDial listens on port of host a's kernel (with a receive buffer
 // of rcvbuf bytes, if not 0), calls dial with the listener's address (to
 // have a helper dial it), and returns the kernel's end of the connection
@@ -1683,7 +1700,7 @@ func TestDaemonHostileImage(t *testing.T) {
 	if len(d.Stacks) != 2 {
 		t.Fatalf("onloadd's stacks: %+v", d.Stacks)
 	}
-	stackOf, _ := steerPorts(t, a, d, vport+2, gport)
+	stackOf := steerPorts(t, a, d, vport+2, gport)
 
 	pid := victim.cmd.Process.Pid
 	img := mapImageOf(t, pid)
@@ -1969,16 +1986,17 @@ func TestDaemonDiesHoldingLock(t *testing.T) {
 	if _, err := fmt.Sscanf(locker.Info, "%d", &lport); err != nil {
 		t.Fatalf("the locker said %q", locker.Info)
 	}
-	_, steer := steerPorts(t, a, dumpDaemon(t, sock), gport, lport)
-	// The locker's connection leaves from the port after its listener's:
-	// host a's frames to it go to the locker's queue too.
-	steer.like(t, lport+1, lport)
+	// Host a's frames to each port go to the queue of its stack. The
+	// locker's connection is one its listener accepts: on a veth of two
+	// queues the connections a stack opens are the kernel's (nothing
+	// puts their peer's replies on the stack's queue).
+	steerPorts(t, a, dumpDaemon(t, sock), gport, lport)
 	fetched := make(chan error, 1)
 	go func() {
 		fetched <- fetchStream(a, dir, "body", fmt.Sprintf("http://%s:%d", b.Iface0().Addr(), gport), 64<<20, streamSum(64<<20), 20)
 	}()
 	const n = 8 << 20
-	k := sendToKernel(t, a, locker, 7703, n, 0)
+	k := recvFromHelper(t, a, locker, netip.AddrPortFrom(b.Iface0().Addr(), uint16(lport)).String(), n)
 	fmt.Fprintln(locker.In, "die")
 	killed := time.Now()
 	k.SetReadDeadline(time.Now().Add(10 * time.Second))

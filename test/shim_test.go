@@ -633,6 +633,16 @@ func testShimNginx(t *testing.T, onloadd string, mode string) {
 	if mode != "shared" {
 		opt = " reuseport"
 	}
+	// A backend in host b, for nginx as a reverse proxy (location /up/).
+	backend := b.Iface0().Addr().String() + ":8081"
+	var bl net.Listener
+	if err := b.Do(func() (err error) { bl, err = net.Listen("tcp", backend); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer bl.Close()
+	pad := bytes.Repeat([]byte("0123456789abcdef"), 4096)
+	backendBody := func(path string) []byte { return append([]byte(path+"\n"), pad...) }
+	go http.Serve(bl, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(backendBody(r.URL.Path)) }))
 	conf := filepath.Join(prefix, "nginx.conf")
 	err := os.WriteFile(conf, fmt.Appendf(nil, `daemon off;
 master_process on;
@@ -653,9 +663,13 @@ http {
   fastcgi_temp_path %[1]s/tmp;
   uwsgi_temp_path %[1]s/tmp;
   scgi_temp_path %[1]s/tmp;
-  server { listen 8080%[2]s deferred; root %[1]s/www; }
+  upstream backend { server %[3]s; }
+  server {
+    listen 8080%[2]s deferred; root %[1]s/www;
+    location /up/ { proxy_pass http://backend/; }
+  }
 }
-`, prefix, opt), 0o644)
+`, prefix, opt, backend), 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -762,6 +776,26 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 		}
 	}
 	byteExact(8)
+
+	// A reverse proxy: nginx opens a connection to the backend for each
+	// request, having registered it in epoll before it connects (that
+	// registration must follow the socket into the stack). On one queue
+	// the stack opens it; on a veth of two queues (the cluster's) the
+	// kernel does, since the backend's replies may arrive on either.
+	for i := range 20 {
+		path := fmt.Sprintf("/r%d", i)
+		body, err := get("up" + path)
+		if err != nil || !bytes.Equal(body, backendBody(path)) {
+			t.Fatalf("proxied %s: %d bytes (want %d, byte-exact), %v\n%s", path, len(body), len(backendBody(path)), err, errorLog())
+		}
+	}
+	proxyLog := `fd \d+: connecting, accelerated`
+	if cluster {
+		proxyLog = `connect tcp ` + regexp.QuoteMeta(backend) + `: not accelerated \(interface \S+ has 2 receive queues`
+	}
+	if !regexp.MustCompile(proxyLog).MatchString(errorLog()) {
+		t.Fatalf("proxied requests: no %q in nginx's log:\n%s", proxyLog, errorLog())
+	}
 	wrk, err := b.RunFor(time.Minute, "wrk", "-t", "2", "-c", "50", "-d", "3s", url+"index.html")
 	if err != nil || !strings.Contains(wrk, "Requests/sec") || strings.Contains(wrk, "Socket errors") || strings.Contains(wrk, "Non-2xx") {
 		t.Fatalf("wrk: %v\n%s\nnginx:\n%s", err, wrk, errorLog())

@@ -150,8 +150,8 @@ func onl_connect(kfd C.int, ip C.uint32_t, p C.uint16_t) C.int {
 		sockets.LogFallback("connect", dst.String(), err.Error())
 		return 0
 	}
-	if !s.Reaches(dst) {
-		sockets.LogFallback("connect", dst.String(), "not reached through the stack's interface")
+	if why := s.ConnectsKernel(dst); why != "" {
+		sockets.LogFallback("connect", dst.String(), why)
 		return 0
 	}
 	d, err := s.ConnectDesc(int(kfd), dst)
