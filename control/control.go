@@ -326,9 +326,11 @@ type StackDump struct {
 	Clients   []ClientDump `json:"clients"`
 	Filters   []string     `json:"filters"`
 	Sockets   []SocketDump `json:"sockets"`
-	// SocketsCut counts the sockets left out of Sockets, and EngineCut
-	// the bytes left out of Engine, to keep the dump within MaxMessage.
+	// SocketsCut counts the sockets left out of Sockets, FiltersCut the
+	// filters left out of Filters, and EngineCut the bytes left out of
+	// Engine, to keep the dump within MaxMessage.
 	SocketsCut int `json:"sockets_cut,omitempty"`
+	FiltersCut int `json:"filters_cut,omitempty"`
 	EngineCut  int `json:"engine_cut,omitempty"`
 	// Takeovers is how many times onloadd polled the stack because its
 	// processes did not; StalledMs, how long the current stall has

@@ -226,4 +226,18 @@ func TestFitDump(t *testing.T) {
 	if s := out.Stacks[1]; s.Engine != "small" || len(s.Sockets) != 1 || s.SocketsCut != 0 {
 		t.Fatalf("the small stack was cut: %+v", s)
 	}
+
+	// A proxy's stack: a filter for each of its connections' ports.
+	px := control.StackDump{ID: 3, Sockets: []control.SocketDump{{Proto: "tcp"}}}
+	for i := range 2000 {
+		px.Filters = append(px.Filters, fmt.Sprintf("tcp 198.18.0.2:%d -> 198.18.0.1:8080 (flow: a connection of a process that went)", 10000+i))
+	}
+	out = &control.Dump{Stacks: []control.StackDump{px}}
+	fitDump(out)
+	if b, err := json.Marshal(out); err != nil || len(b) > control.MaxMessage-1024 {
+		t.Fatalf("the proxy's dump is %d bytes after fitDump (%v); the limit is %d", len(b), err, control.MaxMessage)
+	}
+	if s := out.Stacks[0]; s.FiltersCut+len(s.Filters) != 2000 || s.FiltersCut == 0 || len(s.Sockets) != 1 {
+		t.Fatalf("cut %d filters (kept %d), kept %d sockets: want the filters cut, the counts to add up, the socket kept", s.FiltersCut, len(s.Filters), len(s.Sockets))
+	}
 }

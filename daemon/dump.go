@@ -123,16 +123,21 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 }
 
 // fitDump cuts a dump down to what one control message carries: a stack
-// with a thousand sockets, or a corrupt image whose every slot looks in
-// use, says more than MaxMessage. The largest part goes first, by halves:
-// a stack's engine dump, then its socket rows; the stack says how much
-// was cut (SocketsCut, EngineCut).
+// with a thousand sockets or filters (a proxy's connections to its
+// backends, each with a port of its own), or a corrupt image whose every
+// slot looks in use, says more than MaxMessage. The largest part goes
+// first, by halves: a stack's engine dump, its socket rows or its
+// filters; the stack says how much was cut (SocketsCut, FiltersCut,
+// EngineCut).
 func fitDump(out *control.Dump) {
 	const (
-		room     = control.MaxMessage - 1024 // the reply around it
-		rowBytes = 200                       // about a socket row's JSON
+		room        = control.MaxMessage - 1024 // the reply around it
+		rowBytes    = 200                       // about a socket row's JSON
+		filterBytes = 90                        // about a filter's
 	)
-	size := func(sd *control.StackDump) int { return max(len(sd.Engine), rowBytes*len(sd.Sockets)) }
+	size := func(sd *control.StackDump) int {
+		return max(len(sd.Engine), rowBytes*len(sd.Sockets), filterBytes*len(sd.Filters))
+	}
 	for range 64 {
 		b, err := json.Marshal(out)
 		if err != nil || len(b) <= room {
@@ -147,14 +152,18 @@ func fitDump(out *control.Dump) {
 		switch {
 		case big == nil:
 			return
-		case len(big.Engine) >= rowBytes*len(big.Sockets) && len(big.Engine) > 1024:
+		case len(big.Engine) == size(big) && len(big.Engine) > 1024:
 			keep := len(big.Engine) / 2
 			big.EngineCut += len(big.Engine) - keep
 			big.Engine = big.Engine[:keep]
-		case len(big.Sockets) > 0:
+		case len(big.Sockets) > 0 && rowBytes*len(big.Sockets) >= filterBytes*len(big.Filters):
 			keep := len(big.Sockets) / 2
 			big.SocketsCut += len(big.Sockets) - keep
 			big.Sockets = big.Sockets[:keep]
+		case len(big.Filters) > 0:
+			keep := len(big.Filters) / 2
+			big.FiltersCut += len(big.Filters) - keep
+			big.Filters = big.Filters[:keep]
 		default:
 			return
 		}

@@ -232,6 +232,9 @@ func stackdump(args []string, out io.Writer) error {
 		for _, f := range s.Filters {
 			fmt.Fprintf(out, "  filter %s\n", f)
 		}
+		if s.FiltersCut > 0 {
+			fmt.Fprintf(out, "  (%d more filters: a dump is at most %d KiB)\n", s.FiltersCut, control.MaxMessage>>10)
+		}
 		if len(s.Sockets) > 0 {
 			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "  proto\tstate\tlocal\tremote\tsend-q\trecv-q\tcwnd\trtt µs\tretrans B\tpid")
