@@ -66,6 +66,7 @@ const (
 	tfCork                    // TCP_CORK: partial segments wait for more data
 	tfPush                    // the next partial segment goes, whatever cork and Nagle say
 	tfAutoCork                // the last partial segment waits for its sender's next wait (tcp_autocork.go)
+	tfSynAgain                // SYN-SENT: our SYN went again at once, after our reset of an old connection's ACK
 )
 
 // userClosed reports whether the user closed the socket (an unaccepted

@@ -101,6 +101,21 @@ func (s *Stack) synSentInputLocked(sk *sock, h vnic.Handle, g *segment) {
 	if g.flags&flagACK != 0 && (g.ack.LessThanEq(sk.iss) || sk.sndMax.LessThan(g.ack)) {
 		if g.flags&flagRST == 0 {
 			s.controlLocked(sk, flagRST, g.ack)
+			// The ACK of an old connection on this four-tuple: the peer's
+			// TIME-WAIT meets a SYN below its sequence space so (RFC 9293
+			// 3.10.7.4), as it does one from another stack on this host
+			// (the kernel's, or a stack of another process: each numbers
+			// its connections on its own), whose port the kernel handed
+			// out again. Our reset ends that connection (Linux's, unless
+			// tcp_rfc1337), so our SYN again at once opens this one,
+			// where the retransmission timer would wait a second. Once a
+			// connection: a peer that answered each SYN so would
+			// otherwise have them at its own pace.
+			if sk.tflags&tfSynAgain == 0 {
+				sk.tflags |= tfSynAgain
+				sk.synTime = s.micros()
+				s.controlLocked(sk, flagSYN, sk.iss)
+			}
 		}
 		return
 	}

@@ -249,3 +249,66 @@ func tinySegments(t *testing.T, flags header.TCPFlags, payload string, first, st
 			segs, held, most, info.RcvBuf)
 	}
 }
+
+// TestSynSentOldConnection: our SYN meets a peer that still has an old
+// connection on the four-tuple (its TIME-WAIT, whose answer to a SYN below
+// its sequence space is an ACK of that space). We reset the old
+// connection and send the SYN again at once, not a second later; once a
+// connection: a second such ACK gets the reset only. The handshake then
+// completes.
+func TestSynSentOldConnection(t *testing.T) {
+	s, na, nb := memPair(t, vnic.MemConfig{})
+	c, err := s.Open(stack.TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := netip.AddrPortFrom(addrB.Addr(), 80)
+	s.Connect(c, remote)
+	local, _ := s.LocalAddr(c)
+	// sent is what our stack put on the wire since the last look.
+	sent := func() []pkt.Frame {
+		t.Helper()
+		s.Poll()
+		var out []pkt.Frame
+		hs := make([]vnic.Handle, 16)
+		for n := nb.Receive(hs); n > 0; n = nb.Receive(hs) {
+			for _, h := range hs[:n] {
+				f, err := pkt.Parse(nb.Pool().Data(h))
+				if err != nil {
+					t.Fatal(err)
+				}
+				out = append(out, f)
+				nb.Pool().Free(h)
+			}
+		}
+		return out
+	}
+	syn := sent()
+	if len(syn) != 1 || syn[0].TCPFlags != header.TCPFlagSyn {
+		t.Fatalf("connect sent %+v, want one SYN", syn)
+	}
+	iss := syn[0].Seq
+	src := pkt.Endpoint{MAC: nb.Info().MAC, Addr: remote}
+	dst := pkt.Endpoint{MAC: na.Info().MAC, Addr: local}
+	const oldNxt = 0x12345678
+	for round, want := range [][]header.TCPFlags{{header.TCPFlagRst, header.TCPFlagSyn}, {header.TCPFlagRst}} {
+		injectFrom(t, nb, src, dst, pkt.TCPSegment{Seq: 0x0abcdef0, Ack: oldNxt, Flags: header.TCPFlagAck, Window: 100})
+		got := sent()
+		if len(got) != len(want) {
+			t.Fatalf("old connection's ACK %d: we sent %+v, want %v", round+1, got, want)
+		}
+		for i, f := range got {
+			if f.TCPFlags != want[i] {
+				t.Fatalf("old connection's ACK %d: segment %d is %v, want %v", round+1, i, f.TCPFlags, want[i])
+			}
+		}
+		if got[0].Seq != oldNxt {
+			t.Fatalf("the reset's sequence number is %#x, want the ACK's %#x", got[0].Seq, oldNxt)
+		}
+		if len(got) > 1 && got[1].Seq != iss {
+			t.Fatalf("the SYN again has sequence number %#x, want the first's %#x", got[1].Seq, iss)
+		}
+	}
+	injectFrom(t, nb, src, dst, pkt.TCPSegment{Seq: 1000, Ack: iss + 1, Flags: header.TCPFlagSyn | header.TCPFlagAck, Window: 65535})
+	waitFor(t, "established", 5*time.Second, func() { s.Poll() }, func() bool { return s.Events(c)&stack.Writable != 0 })
+}
