@@ -3,6 +3,7 @@ package sockets
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -113,7 +114,8 @@ func openDaemon(cfg Config) (*Stack, error) {
 		return fail(err)
 	}
 	undo = append(undo, irq.Close)
-	filters := &daemonFilters{c: cl, stack: sr.ID, path: path, proofs: map[proofKey]int{}}
+	filters := &daemonFilters{c: cl, stack: sr.ID, path: path, proofs: map[proofKey]int{}, steered: map[proofKey]bool{}}
+	undo = append(undo, filters.close)
 	s, err := attachStack(img, nic, irq, cfg, addr, stack.Options{Filters: filters, Resolver: kn})
 	if err != nil {
 		return fail(err)
@@ -142,13 +144,24 @@ func openDaemon(cfg Config) (*Stack, error) {
 
 // daemonFilters steers a daemon stack's ports: each through a request to
 // onloadd, with the kernel socket that proves the port is ours.
+//
+// The engine asks for a filter in its bind and ends one as a socket's
+// slot is freed, both under the stack lock; a request to onloadd is a
+// round trip of half a millisecond or more, which every thread of the
+// stack would wait out. So a connection's port is steered before the
+// engine binds it (steerFirst), and filters end in the background
+// (unsteer): the proof onloadd keeps until then holds the port in the
+// kernel, so no bind can take it meanwhile.
 type daemonFilters struct {
 	c     *control.Client
 	stack uint32
 	path  string // onloadd's control socket
 
-	mu     sync.Mutex
-	proofs map[proofKey]int // set around the engine's Bind (withProof)
+	mu      sync.Mutex
+	proofs  map[proofKey]int    // set around the engine's Bind (withProof)
+	steered map[proofKey]bool   // steered before the engine's Bind (steerFirst)
+	ends    chan netip.AddrPort // filters to end, in the background
+	closed  bool
 }
 
 type proofKey struct {
@@ -179,8 +192,14 @@ func (f *daemonFilters) request(op control.Op, p stack.Proto, local netip.AddrPo
 }
 
 func (f *daemonFilters) AddListener(p stack.Proto, local netip.AddrPort) error {
+	k := proofKey{p, local.Port()}
 	f.mu.Lock()
-	fd, ok := f.proofs[proofKey{p, local.Port()}]
+	fd, ok := f.proofs[k]
+	if f.steered[k] {
+		delete(f.steered, k)
+		f.mu.Unlock()
+		return nil
+	}
 	f.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("no kernel socket holds %s port %d for this process", p, local.Port())
@@ -188,8 +207,71 @@ func (f *daemonFilters) AddListener(p stack.Proto, local netip.AddrPort) error {
 	return f.request(control.OpFilter, p, local, fd)
 }
 
+// steerFirst steers TCP port local to the stack before the engine's
+// bind (BindConnecting) of a connection, outside the stack lock; bind
+// runs it. A port the kernel just gave us (fd bound to it) is no other
+// socket's, so the engine's own request would only repeat this one.
+func (f *daemonFilters) steerFirst(local netip.AddrPort, fd int, bind func() error) error {
+	k := proofKey{stack.TCP, local.Port()}
+	if err := f.request(control.OpFilter, stack.TCP, local, fd); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.steered[k] = true
+	f.mu.Unlock()
+	err := bind()
+	f.mu.Lock()
+	unused := f.steered[k]
+	delete(f.steered, k)
+	f.mu.Unlock()
+	if unused {
+		f.RemoveListener(stack.TCP, local)
+	}
+	return err
+}
+
+// RemoveListener ends the filter of local in the background: see
+// daemonFilters.
 func (f *daemonFilters) RemoveListener(p stack.Proto, local netip.AddrPort) error {
-	return f.request(control.OpUnfilter, p, local)
+	if p != stack.TCP {
+		return f.request(control.OpUnfilter, p, local)
+	}
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return net.ErrClosed
+	}
+	if f.ends == nil {
+		f.ends = make(chan netip.AddrPort, 4096)
+		go f.endFilters(f.ends)
+	}
+	select {
+	case f.ends <- local:
+		f.mu.Unlock()
+		return nil
+	default: // a backlog of thousands: wait for this one
+		f.mu.Unlock()
+		return f.request(control.OpUnfilter, p, local)
+	}
+}
+
+// endFilters ends the TCP filters sent on ends, until it is closed.
+func (f *daemonFilters) endFilters(ends <-chan netip.AddrPort) {
+	for local := range ends {
+		f.request(control.OpUnfilter, stack.TCP, local)
+	}
+}
+
+// close stops the background work; the connection to onloadd closes
+// after (the stack's teardown).
+func (f *daemonFilters) close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.closed && f.ends != nil {
+		close(f.ends)
+	}
+	f.closed = true
+	return nil
 }
 
 // threadWakes: see WakesToThreads.

@@ -227,6 +227,10 @@ func (s *Stack) bind(p stack.Proto, id stack.SockID, ap netip.AddrPort, proof in
 	if s.proofs == nil {
 		return bind()
 	}
+	if connecting && p == stack.TCP && ap.Port() != 0 {
+		// Steered before the engine's lock (daemonFilters).
+		return s.proofs.withProof(p, ap.Port(), proof, func() error { return s.proofs.steerFirst(ap, proof, bind) })
+	}
 	return s.proofs.withProof(p, ap.Port(), proof, bind)
 }
 
