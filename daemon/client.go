@@ -183,7 +183,12 @@ func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) 
 				// Any process of the stack may end a filter: the last
 				// of the processes sharing a listener closes it.
 				if f := s.filters[key]; f == nil {
-					err = refuse(codeInvalid, "no filter of your stack's for %s %s", req.Filter.Proto, req.Filter.Local)
+					// Nothing to end: a connection's filter becomes flow
+					// entries when the process that made it goes
+					// (ports.go), and they go as the connection ends,
+					// before or after a process that adopted the stack
+					// asks (in the background: it waits for no reply).
+					d.log.Debug("unfilter: no filter", "stack", s.id, "proto", key.Proto.String(), "local", req.Filter.Local, "client", c.String())
 				} else {
 					d.removeFilterLocked(s, key)
 				}
