@@ -114,7 +114,7 @@ func openDaemon(cfg Config) (*Stack, error) {
 		return fail(err)
 	}
 	undo = append(undo, irq.Close)
-	filters := &daemonFilters{c: cl, stack: sr.ID, path: path, proofs: map[proofKey]int{}, steered: map[proofKey]bool{}}
+	filters := &daemonFilters{c: cl, stack: sr.ID, path: path, proofs: map[proofKey]int{}, steered: map[proofKey]bool{}, conns: map[uint16]bool{}}
 	undo = append(undo, filters.close)
 	s, err := attachStack(img, nic, irq, cfg, addr, stack.Options{Filters: filters, Resolver: kn})
 	if err != nil {
@@ -149,9 +149,11 @@ func openDaemon(cfg Config) (*Stack, error) {
 // slot is freed, both under the stack lock; a request to onloadd is a
 // round trip of half a millisecond or more, which every thread of the
 // stack would wait out. So a connection's port is steered before the
-// engine binds it (steerFirst), and filters end in the background
-// (unsteer): the proof onloadd keeps until then holds the port in the
-// kernel, so no bind can take it meanwhile.
+// engine binds it (steerFirst), and its filter ends in the background
+// (RemoveListener): the proof onloadd keeps until then holds the port in
+// the kernel, so no bind can take it meanwhile. A listener's port, which
+// another socket with SO_REUSEPORT may bind again at once, ends as it
+// did, waiting for onloadd.
 type daemonFilters struct {
 	c     *control.Client
 	stack uint32
@@ -160,6 +162,7 @@ type daemonFilters struct {
 	mu      sync.Mutex
 	proofs  map[proofKey]int    // set around the engine's Bind (withProof)
 	steered map[proofKey]bool   // steered before the engine's Bind (steerFirst)
+	conns   map[uint16]bool     // TCP ports steered so (a connection's, until released): they end in the background
 	ends    chan netip.AddrPort // filters to end, in the background
 	closed  bool
 }
@@ -200,6 +203,11 @@ func (f *daemonFilters) AddListener(p stack.Proto, local netip.AddrPort) error {
 		f.mu.Unlock()
 		return nil
 	}
+	if p == stack.TCP {
+		// Not a connection's port now (a mark another process's
+		// release of it left: at most one a port).
+		delete(f.conns, local.Port())
+	}
 	f.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("no kernel socket holds %s port %d for this process", p, local.Port())
@@ -218,6 +226,7 @@ func (f *daemonFilters) steerFirst(local netip.AddrPort, fd int, bind func() err
 	}
 	f.mu.Lock()
 	f.steered[k] = true
+	f.conns[local.Port()] = true
 	f.mu.Unlock()
 	err := bind()
 	f.mu.Lock()
@@ -230,13 +239,18 @@ func (f *daemonFilters) steerFirst(local netip.AddrPort, fd int, bind func() err
 	return err
 }
 
-// RemoveListener ends the filter of local in the background: see
-// daemonFilters.
+// RemoveListener ends the filter of local: a connection's in the
+// background (see daemonFilters).
 func (f *daemonFilters) RemoveListener(p stack.Proto, local netip.AddrPort) error {
-	if p != stack.TCP {
+	f.mu.Lock()
+	conn := p == stack.TCP && f.conns[local.Port()]
+	if conn {
+		delete(f.conns, local.Port())
+	}
+	if !conn {
+		f.mu.Unlock()
 		return f.request(control.OpUnfilter, p, local)
 	}
-	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()
 		return net.ErrClosed
