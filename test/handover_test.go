@@ -312,22 +312,7 @@ func TestShimHandoverFork(t *testing.T) {
 				args = append(args, tc.exec, prog)
 			}
 			resets := noResets(t, b)
-			cmd := shimCommand(t, a, env, prog, args...)
-			var stdout, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
-			var err error
-			select {
-			case err = <-done:
-			case <-time.After(60 * time.Second):
-				stopGroup(cmd)
-				err = errors.New("not done in 60 s")
-			}
-			out, log := stdout.String(), stderr.String()
+			out, log, err := runLimited(shimCommand(t, a, env, prog, args...), 60*time.Second)
 			last := "parent ok"
 			if tc.exec == "exec" {
 				last = "exec'd child ok"

@@ -83,24 +83,21 @@ func buildC(t *testing.T, name string) string {
 	return out
 }
 
-// runBounded runs cmd to its end and returns what it printed on stdout
-// and stderr; it fails the test if cmd fails or is not done within
+// runLimited runs cmd to its end and returns what it printed on stdout
+// and stderr, and its error: its own, or that it was not done within
 // limit (then killed, with the processes it forked if it leads a
 // process group, as shimCommand's do).
-func runBounded(t *testing.T, cmd *exec.Cmd, limit time.Duration) (string, string) {
-	t.Helper()
+func runLimited(cmd *exec.Cmd, limit time.Duration) (string, string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return "", "", err
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	var err error
 	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", cmd, err, stdout.String(), stderr.String())
-		}
+	case err = <-done:
 	case <-time.After(limit):
 		if cmd.SysProcAttr != nil && cmd.SysProcAttr.Setpgid {
 			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
@@ -108,9 +105,19 @@ func runBounded(t *testing.T, cmd *exec.Cmd, limit time.Duration) (string, strin
 			cmd.Process.Kill()
 		}
 		<-done
-		t.Fatalf("%s: not done in %v\nstdout:\n%s\nstderr:\n%s", cmd, limit, stdout.String(), stderr.String())
+		err = fmt.Errorf("not done in %v", limit)
 	}
-	return stdout.String(), stderr.String()
+	return stdout.String(), stderr.String(), err
+}
+
+// runBounded is runLimited that fails the test on an error.
+func runBounded(t *testing.T, cmd *exec.Cmd, limit time.Duration) (string, string) {
+	t.Helper()
+	stdout, stderr, err := runLimited(cmd, limit)
+	if err != nil {
+		t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", cmd, err, stdout, stderr)
+	}
+	return stdout, stderr
 }
 
 // TestShimMixed runs the conformance program (shim/test/mixed.c) against
@@ -634,15 +641,7 @@ func testShimNginx(t *testing.T, onloadd string, mode string) {
 		opt = " reuseport"
 	}
 	// A backend in host b, for nginx as a reverse proxy (location /up/).
-	backend := b.Iface0().Addr().String() + ":8081"
-	var bl net.Listener
-	if err := b.Do(func() (err error) { bl, err = net.Listen("tcp", backend); return }); err != nil {
-		t.Fatal(err)
-	}
-	defer bl.Close()
-	pad := bytes.Repeat([]byte("0123456789abcdef"), 4096)
-	backendBody := func(path string) []byte { return append([]byte(path+"\n"), pad...) }
-	go http.Serve(bl, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(backendBody(r.URL.Path)) }))
+	backend := kernelHTTPServer(t, b)
 	conf := filepath.Join(prefix, "nginx.conf")
 	err := os.WriteFile(conf, fmt.Appendf(nil, `daemon off;
 master_process on;
@@ -782,11 +781,12 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 	// registration must follow the socket into the stack). On one queue
 	// the stack opens it; on a veth of two queues (the cluster's) the
 	// kernel does, since the backend's replies may arrive on either.
+	// Each body a length of its own: a reply to another request shows.
 	for i := range 20 {
-		path := fmt.Sprintf("/r%d", i)
-		body, err := get("up" + path)
-		if err != nil || !bytes.Equal(body, backendBody(path)) {
-			t.Fatalf("proxied %s: %d bytes (want %d, byte-exact), %v\n%s", path, len(body), len(backendBody(path)), err, errorLog())
+		n := 64<<10 + i
+		body, err := get(fmt.Sprintf("up/big?n=%d", n))
+		if want, _ := io.ReadAll(stream(int64(n))); err != nil || !bytes.Equal(body, want) {
+			t.Fatalf("proxied /big?n=%d: %d bytes (want %d, byte-exact), %v\n%s", n, len(body), n, err, errorLog())
 		}
 	}
 	proxyLog := `fd \d+: connecting, accelerated`
