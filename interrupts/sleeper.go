@@ -42,10 +42,11 @@ type Policy struct {
 	// before it parks (0: park at once). Spinners goroutines at a time
 	// spin for the whole stack (TrySpin); the others park at once.
 	Spin time.Duration
-	// Spinners is how many may spin at once (default 1). One serves every socket of the stack, and leaves the
-	// processors to the goroutines that have work; threads of their own
-	// on processors of their own (the shim's) each do better spinning,
-	// as a frame for another thread's socket then wakes nobody.
+	// Spinners is how many may spin at once (default 1). One serves
+	// every socket of the stack, and leaves the processors to the
+	// goroutines that have work; threads of their own on processors of
+	// their own (the shim's) each do better spinning, as a frame for
+	// another thread's socket then wakes nobody.
 	Spinners int
 	// Watch is how often the Sleeper looks at a stack that goroutines
 	// are polling, in case they all stop without parking (a spinner whose

@@ -243,14 +243,11 @@ func (f *daemonFilters) steerFirst(local netip.AddrPort, fd int, bind func() err
 // background (see daemonFilters).
 func (f *daemonFilters) RemoveListener(p stack.Proto, local netip.AddrPort) error {
 	f.mu.Lock()
-	conn := p == stack.TCP && f.conns[local.Port()]
-	if conn {
-		delete(f.conns, local.Port())
-	}
-	if !conn {
+	if p != stack.TCP || !f.conns[local.Port()] {
 		f.mu.Unlock()
 		return f.request(control.OpUnfilter, p, local)
 	}
+	delete(f.conns, local.Port())
 	if f.closed {
 		f.mu.Unlock()
 		return net.ErrClosed
