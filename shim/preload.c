@@ -314,6 +314,10 @@ struct fdent {
 	 * after the core loaded to ask for its handover (prepare_fork). */
 	uint8_t ho_ok;
 	uint32_t ho_stack, ho_sock;
+	/* K_TCP: made by socket() here (fresh: its options are the
+	 * kernel's defaults), and whether the program set an option on it
+	 * since (copy_options). */
+	uint8_t fresh, opts_set;
 };
 
 static struct fdent *fdt;
@@ -380,7 +384,7 @@ static void set_ours(int fd, int h, int nonblock, int listening)
 		real_fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
-static void epoll_forget(int fd);
+static void epoll_forget(int fd, int h);
 static void ep_free(struct ep *ep);
 static void kreg_forget(int fd);
 static void kreg_take(int fd, struct fdent *fe);
@@ -392,8 +396,8 @@ static void drop(int fd)
 	if (!e || e->kind == K_NONE)
 		return;
 	if (e->kind == K_OURS) {
-		epoll_forget(fd);
 		int h = e->h;
+		epoll_forget(fd, h);
 		e->kind = K_NONE;
 		mark_ours(fd, 0);
 		if (!after_fork && (unsigned)h < MAX_HANDLES &&
@@ -418,7 +422,7 @@ static void drop(int fd)
  * the core's EBADF (its socket left the stack), or from its error and
  * hangup in a wait. */
 
-static void epoll_to_kernel(int fd);
+static void epoll_to_kernel(int fd, int h);
 
 /* kernel_now_locked makes every fd naming handle h the kernel's: the
  * program's O_NONBLOCK back, its epoll registrations moved to the
@@ -436,7 +440,7 @@ static void kernel_now_locked(int h)
 			if (fl >= 0 && !nb)
 				real_fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
 		}
-		epoll_to_kernel(fd);
+		epoll_to_kernel(fd, h);
 		e->kind = K_NONE;
 		mark_ours(fd, 0);
 		memset(e, 0, sizeof *e);
@@ -1312,14 +1316,19 @@ EXPORT int socket(int domain, int type, int protocol)
 	    (protocol == 0 || protocol == IPPROTO_TCP)) {
 		memset(e, 0, sizeof *e);
 		e->kind = K_TCP;
+		e->fresh = 1;
 	}
 	return fd;
 }
 
 /* The options the program set on the kernel socket before the core saw
- * it, for the engine's socket. */
-static void copy_options(int fd, int h)
+ * it, for the engine's socket; none to read if defaults (a socket made
+ * here that the program set no option on: nine getsockopt calls a
+ * connection otherwise). */
+static void copy_options(int fd, int h, int defaults)
 {
+	if (defaults)
+		return;
 	static const struct { int level, name, opt; } opts[] = {
 		{IPPROTO_TCP, TCP_NODELAY, ONL_OPT_NODELAY},
 		{IPPROTO_TCP, TCP_CORK, ONL_OPT_CORK},
@@ -1372,10 +1381,10 @@ static void accel_listener(int fd, struct fdent *e)
 		if (real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && sa.sin_family == AF_INET)
 			h = CORE(core.listen(fd, sa.sin_addr.s_addr));
 		if (h > 0) {
-			int nb = nonblocking(fd);
+			int nb = nonblocking(fd), defaults = e->fresh && !e->opts_set;
 			set_ours(fd, h, nb, 1);
 			kreg_take(fd, e);
-			copy_options(fd, h);
+			copy_options(fd, h, defaults);
 			stack_known();
 			debugf("fd %d: listening, accelerated", fd);
 		} else {
@@ -1435,11 +1444,12 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 		errno = -h;
 		return -1;
 	}
+	int defaults = e->fresh && !e->opts_set;
 	pthread_mutex_lock(&mu);
 	set_ours(fd, h, nb, 0);
 	kreg_take(fd, e);
 	pthread_mutex_unlock(&mu);
-	copy_options(fd, h);
+	copy_options(fd, h, defaults);
 	stack_known();
 	debugf("fd %d: connecting, accelerated", fd);
 	if (nb) {
@@ -1876,6 +1886,11 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 {
 	struct fdent *e = ours(fd);
 	CHILD_TAKES(fd, e);
+	if (!e && (level == IPPROTO_TCP || level == SOL_SOCKET)) {
+		struct fdent *k = ent(fd);
+		if (k && k->kind == K_TCP)
+			k->opts_set = 1; /* copy_options reads them */
+	}
 	int r = real_setsockopt(fd, level, name, v, l);
 	if (!e || r < 0 || after_fork || !v || l < sizeof(int))
 		return r;
@@ -2283,36 +2298,93 @@ static void ep_remove(struct ep *ep, int i)
 	ep->ver++;
 }
 
-static void epoll_forget(int fd)
+/* epfds are the epoll instances that have a list of accelerated members
+ * (ep), so that a close looks through them and not the whole fd table
+ * (65536 entries and more: a close of a connection spent a tenth of a
+ * proxy's time there). An entry whose fd no longer names such an
+ * instance is dropped where it is found. Under mu. */
+static int *epfds, nepfds, capepfds;
+
+static int epfds_add(int fd)
 {
-	for (int i = 0; i < nfdt; i++) {
-		struct ep *ep = fdt[i].kind == K_EPOLL ? fdt[i].ep : NULL;
-		if (!ep)
-			continue;
-		for (int j = 0; j < ep->n; j++)
-			if (ep->items[j].fd == fd) {
-				ep_remove(ep, j);
-				break;
-			}
+	for (int i = 0; i < nepfds; i++)
+		if (epfds[i] == fd)
+			return 0;
+	if (nepfds == capepfds) {
+		int cap = capepfds ? 2 * capepfds : 16;
+		int *n = realloc(epfds, cap * sizeof(int));
+		if (!n) {
+			errno = ENOMEM;
+			return -1;
+		}
+		epfds = n;
+		capepfds = cap;
+	}
+	epfds[nepfds++] = fd;
+	return 0;
+}
+
+/* ep_next_live returns the instance of epfds[*i] and its fd, dropping
+ * stale entries; NULL after the last. */
+static struct ep *ep_next_live(int *i, int *epfd)
+{
+	while (*i < nepfds) {
+		int fd = epfds[*i];
+		struct fdent *e = ent(fd);
+		if (e && e->kind == K_EPOLL && e->ep) {
+			*epfd = fd;
+			return e->ep;
+		}
+		epfds[*i] = epfds[--nepfds];
+	}
+	return NULL;
+}
+
+/* ep_find is the index of fd, whose handle is h, among ep's members; -1
+ * if it is none. Without dup'd members (multi) each handle's member is
+ * indexed (hidx). */
+static int ep_find(const struct ep *ep, int fd, int h)
+{
+	if (!ep)
+		return -1;
+	if (!ep->multi) {
+		if ((unsigned)h >= (unsigned)ep->nhidx || !ep->hidx[h])
+			return -1;
+		int i = ep->hidx[h] - 1;
+		return i < ep->n && ep->items[i].fd == fd ? i : -1;
+	}
+	for (int i = 0; i < ep->n; i++)
+		if (ep->items[i].fd == fd)
+			return i;
+	return -1;
+}
+
+/* epoll_forget removes fd (handle h) from every instance's list. */
+static void epoll_forget(int fd, int h)
+{
+	int epfd;
+	for (int i = 0; i < nepfds; i++) {
+		struct ep *ep = ep_next_live(&i, &epfd);
+		int j = ep_find(ep, fd, h);
+		if (j >= 0)
+			ep_remove(ep, j);
 	}
 }
 
 /* epoll_to_kernel moves fd's registrations in the instances' lists of
  * accelerated members into the kernel's sets (fd is the kernel's now). */
-static void epoll_to_kernel(int fd)
+static void epoll_to_kernel(int fd, int h)
 {
-	for (int i = 0; i < nfdt; i++) {
-		struct ep *ep = fdt[i].kind == K_EPOLL ? fdt[i].ep : NULL;
-		if (!ep)
+	int epfd;
+	for (int i = 0; i < nepfds; i++) {
+		struct ep *ep = ep_next_live(&i, &epfd);
+		int j = ep_find(ep, fd, h);
+		if (j < 0)
 			continue;
-		for (int j = 0; j < ep->n; j++)
-			if (ep->items[j].fd == fd) {
-				struct epoll_event ev = {.events = ep->items[j].events, .data = ep->items[j].data};
-				if (real_epoll_ctl(i, EPOLL_CTL_ADD, fd, &ev) < 0 && errno != EEXIST)
-					debugf("fd %d: into epoll %d: %s", fd, i, strerror(errno));
-				ep_remove(ep, j);
-				break;
-			}
+		struct epoll_event ev = {.events = ep->items[j].events, .data = ep->items[j].data};
+		if (real_epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 && errno != EEXIST)
+			debugf("fd %d: into epoll %d: %s", fd, epfd, strerror(errno));
+		ep_remove(ep, j);
 	}
 }
 
@@ -2336,6 +2408,8 @@ EXPORT int epoll_create1(int flags) { return note_epoll(real_epoll_create1(flags
  * h in its index; NULL (errno set) if memory runs out. */
 static struct ep *ep_grow(struct fdent *ee, struct ep *ep, int h)
 {
+	if (!ep && epfds_add(ee - fdt) < 0)
+		return NULL;
 	if (!ep || ep->n == ep->cap) {
 		int cap = ep ? ep->cap * 2 : 8;
 		int *pend = realloc(ep ? ep->pend : NULL, cap * sizeof(int));
@@ -2472,10 +2546,8 @@ static void kreg_forget(int fd)
 static int ep_ctl_locked(struct fdent *ee, int epfd, int op, int fd, struct fdent *fe, struct epoll_event *ev)
 {
 	struct ep *ep = ep_of(epfd);
-	int i = 0;
-	while (ep && i < ep->n && ep->items[i].fd != fd)
-		i++;
-	int found = ep && i < ep->n;
+	int i = ep_find(ep, fd, fe->h);
+	int found = i >= 0;
 	int r = 0;
 	switch (op) {
 	case EPOLL_CTL_ADD:

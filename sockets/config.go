@@ -50,6 +50,7 @@ type Config struct {
 	DaemonSocket string        // onloadd's control socket
 	StackName    string        // share the named stack with other processes
 	Cluster      bool          // StackName names a cluster: a stack each, SO_REUSEPORT ports shared
+	SharedPorts  int           // on a stack of onloadd's: local ports kept for the connections the process opens (0: none)
 	Takeover     time.Duration // onloadd's: how long work may wait unpolled before it polls (0: never)
 	TakeoverPrio int           // onloadd's: its watchers' SCHED_FIFO priority (0: normal scheduling)
 }
@@ -150,6 +151,9 @@ var Options = []Option{
 	{Env: "ONLOAD_CLUSTER", Default: "0", Min: 0, Max: 1,
 		Doc: "1: ONLOAD_STACK_NAME names a cluster, as Onload's EF_CLUSTER_NAME: each process gets a stack of its own, on a queue of its own while the interface has one free (then it shares the stack with the fewest processes), and the stacks share the ports their listeners bind with SO_REUSEPORT, each taking the connections that arrive on its queue. For pre-fork servers whose workers listen with SO_REUSEPORT (nginx's `listen ... reuseport`); a port bound without it is one stack's, as without a cluster.",
 		set: func(c *Config, v int64, _ string) { c.Cluster = v == 1 }},
+	{Env: "ONLOAD_SHARED_PORTS", Default: "16", Min: 0, Max: 1024, Unit: "ports",
+		Doc: "On a stack from onloadd: how many local ports a process keeps steered to its stack for the TCP connections it opens, as Onload's EF_TCP_SHARED_LOCAL_PORTS. Each port carries connections to many peers (one to each peer address and port), so a connection costs no request to onloadd; a port is added when every one kept has a connection to the peer being dialled, and a connection beyond them gets a port of its own, steered and released through onloadd (about a millisecond). At most a sixteenth of ONLOAD_SOCKETS (each port's holder takes a socket). 0: every connection a port of its own.",
+		set: func(c *Config, v int64, _ string) { c.SharedPorts = int(v) }},
 	{Env: "ONLOAD_TAKEOVER_US", Default: "1000", Min: 0, Max: 10_000_000, Unit: "µs",
 		Doc: "onloadd's (`onloadd serve`): how long a stack with frames waiting or timers due may go unpolled by its processes (stopped, or busy elsewhere) before onloadd polls it for them: it acknowledges, retransmits, runs the timers and wakes the waiters. 0: never; below 100 µs counts as 100 µs.",
 		set: func(c *Config, v int64, _ string) { c.Takeover = time.Duration(v) * time.Microsecond }},
@@ -296,6 +300,7 @@ func (c *Config) check() error {
 		{"ONLOAD_RECV_BUFFER", int64(c.RecvBuffer)},
 		{"ONLOAD_SEND_BUFFER_MAX", int64(c.SendBufferMax)},
 		{"ONLOAD_RECV_BUFFER_MAX", int64(c.RecvBufferMax)},
+		{"ONLOAD_SHARED_PORTS", int64(c.SharedPorts)},
 	} {
 		for i := range Options {
 			if o := &Options[i]; o.Env == f.env {

@@ -125,6 +125,7 @@ func openDaemon(cfg Config) (*Stack, error) {
 	}
 	s.host, s.ifname, s.proofs = true, sr.Interface, filters
 	s.kernelConnects = sr.KernelConnects
+	s.shared = newSharedPorts(cfg)
 	s.local = hostAddrs()
 	s.followKernel()
 	// Every stack from onloadd is shared: with the other processes of a

@@ -130,6 +130,18 @@ func (s *Stack) UnparkDirect() { s.sl.UnparkDirect() }
 // kernelPort is the port kfd is bound to, binding it to the stack's
 // address and an ephemeral port first if it is not bound.
 func (s *Stack) kernelPort(kfd int) (uint16, error) {
+	port, err := s.boundPort(kfd)
+	if err != nil || port != 0 {
+		return port, err
+	}
+	if err := unix.Bind(kfd, &unix.SockaddrInet4{Addr: s.addr.Addr().As4()}); err != nil {
+		return 0, os.NewSyscallError("bind", err)
+	}
+	return s.kernelPort(kfd)
+}
+
+// boundPort is the port kernel socket kfd is bound to (0: none).
+func (s *Stack) boundPort(kfd int) (uint16, error) {
 	sa, err := unix.Getsockname(kfd)
 	if err != nil {
 		return 0, os.NewSyscallError("getsockname", err)
@@ -138,13 +150,7 @@ func (s *Stack) kernelPort(kfd int) (uint16, error) {
 	if !ok {
 		return 0, stack.ErrInvalid
 	}
-	if in.Port != 0 {
-		return uint16(in.Port), nil
-	}
-	if err := unix.Bind(kfd, &unix.SockaddrInet4{Addr: s.addr.Addr().As4()}); err != nil {
-		return 0, os.NewSyscallError("bind", err)
-	}
-	return s.kernelPort(kfd)
+	return uint16(in.Port), nil
 }
 
 func (s *Stack) newDesc(id stack.SockID) (*Desc, error) {
@@ -210,11 +216,24 @@ func (s *Stack) shareListener(local netip.AddrPort) (stack.SockID, bool) {
 	return s.st.ShareListener(local)
 }
 
-// ConnectDesc connects a socket on kfd, a kernel TCP socket (bound to
-// the stack's address and an ephemeral port first, if it is not bound:
-// it holds the port), to dst. The handshake has begun: the socket turns
+// ConnectDesc connects a socket on kfd, a kernel TCP socket, to dst: from
+// a shared port (sharedPorts) if kfd is not bound and one is free for
+// dst, kfd staying unbound; otherwise from kfd's port, kfd bound to the
+// stack's address and an ephemeral port first if it is not bound, which
+// then holds the port. The handshake has begun: the socket turns
 // writable when it completes, and SockError says why it failed.
 func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort) (*Desc, error) {
+	if bound, err := s.boundPort(kfd); err == nil && bound == 0 {
+		// From a shared port: kfd stays unbound (the port's proof
+		// holds the port) until a handover binds it there.
+		if id, err := s.openShared(dst); err != errNoSharedPort {
+			if err != nil {
+				return nil, err
+			}
+			s.recordKernelFD(id, kfd)
+			return s.newDesc(id)
+		}
+	}
 	port, err := s.kernelPort(kfd)
 	if err != nil {
 		return nil, err

@@ -244,20 +244,21 @@ func (c *TCPConn) takeReservation() int {
 	return nfd
 }
 
-// acceptedReservation gives a connection accepted on a stack of
-// onloadd's a kernel socket of its own (not bound: the listener holds
-// the port), recorded for onloadd, which hands the connection over on it
-// when it stops. It is made in the calling thread's network namespace,
-// as a dialled connection's reservation is. A stack this process made
+// kernelReservation gives a connection accepted on a stack of onloadd's,
+// or opened from a shared port, a kernel socket of its own (not bound:
+// the listener, or the port's proof, holds the port), recorded for
+// onloadd, which hands the connection over on it when it stops. It is
+// made in the calling thread's network namespace, as a dialled
+// connection's reservation is. A stack this process made
 // needs none: it dies with the process. The zero reservation if none
 // could be made (the connection then dies with onloadd, as before).
-func (s *Stack) acceptedReservation(id stack.SockID) reservation {
+func (s *Stack) kernelReservation(id stack.SockID) reservation {
 	if s.proofs == nil {
 		return reservation{}
 	}
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		logf(levelDebug, "accepted connection without a kernel socket of its own (%v): onloadd cannot hand it over when it stops", err)
+		logf(levelDebug, "connection without a kernel socket of its own (%v): onloadd cannot hand it over when it stops", err)
 		return reservation{}
 	}
 	s.recordKernelFD(id, fd)

@@ -105,7 +105,7 @@ func (l *TCPListener) Accept() (net.Conn, error) {
 		id, err := s.st.Accept(l.id)
 		s.leave()
 		if err == nil {
-			r := s.acceptedReservation(id)
+			r := s.kernelReservation(id)
 			c, err := s.newTCPConn(id, r, l.ka)
 			if err != nil {
 				return nil, l.opErr(err)

@@ -195,6 +195,16 @@ func (s *Stack) openAtFD(p stack.Proto, ap netip.AddrPort, listen bool, proof in
 // connect opens a socket bound to laddr (reserved, on a host stack) and
 // connects it to raddr: for TCP, the handshake has begun.
 func (s *Stack) connect(p stack.Proto, laddr, raddr netip.AddrPort) (stack.SockID, reservation, error) {
+	if p == stack.TCP && laddr.Port() == 0 {
+		// From a shared port, with a kernel socket of its own (not
+		// bound: the port's proof holds it) for a handover.
+		if id, err := s.openShared(raddr); err != errNoSharedPort {
+			if err != nil {
+				return stack.NullSock, reservation{}, err
+			}
+			return id, s.kernelReservation(id), nil
+		}
+	}
 	id, r, err := s.openBound(p, laddr)
 	if err != nil {
 		return stack.NullSock, r, err

@@ -38,6 +38,7 @@ type Stack struct {
 	// are the stack's.
 	kernelConnects string
 	proofs         *daemonFilters  // a stack of onloadd's: the proofs of our ports
+	shared         *sharedPorts    // a stack of onloadd's: ports kept for the connections we open (nil: none)
 	follow         *stack.Follower // the kernel's tables, followed (host stacks)
 	// stopShared ends the wake-ups shared with the other processes of a
 	// named stack of onloadd's (shareWakes).

@@ -151,6 +151,7 @@ func (s *Stack) BeginHandover(id SockID) (*repair.Conn, error) {
 	sk.tflags |= tfOrphan | tfHolding
 	sk.tflags &^= tfAckNow | tfDelAck
 	s.img.hdr.counters.TCPHandovers++
+	s.retirePortLocked(sk)
 	s.touchLocked(sk)
 	return c, nil
 }

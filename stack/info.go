@@ -95,6 +95,9 @@ func (s *Stack) socketsLocked() []SocketRow {
 		case kindTCP:
 			ti := tcpInfoLocked(sk)
 			r.Proto, r.State, r.SendQ, r.RecvQ, r.Cwnd, r.RTT, r.Retrans = "tcp", ti.State, ti.Queued, ti.Unread, ti.Cwnd, ti.RTT, ti.Retrans
+			if sk.flags&sfPortHolder != 0 {
+				r.State = "SHARED-PORT" // a shared local port's holder (shared_ports.go)
+			}
 		case kindUDP:
 			r.Proto, r.RecvQ = "udp", sk.rcvBytes
 		default:

@@ -52,6 +52,14 @@ const (
 	// on the socket and wants Options.Wake (wake.go); those of processes
 	// that share them are the socket's waiters.
 	sfWake = 1 << 6
+	// sfPortHolder: a TCP socket that only holds a shared local port
+	// (shared_ports.go): bound, never connected, it keeps the port
+	// steered while connections come and go on it.
+	sfPortHolder = 1 << 7
+	// sfPortRetired: a holder whose port takes no new connection: one of
+	// its connections was handed over to the kernel, which now has that
+	// four-tuple where the stack cannot see it.
+	sfPortRetired = 1 << 8
 )
 
 // sock is one slot of the socket table. Fields are plain values: the slot
@@ -324,14 +332,18 @@ func (s *Stack) findLocked(kind uint8, laddr [4]byte, lport uint16, raddr [4]byt
 //
 // With SO_REUSEADDR (claimReuse), connections in TIME-WAIT, and
 // connections that have SO_REUSEADDR too, do not count. For a socket
-// about to connect (claimConnect), no connection counts: a connection is
-// told apart by its four-tuple, which Connect checks.
+// about to connect (claimConnect), no connection counts, nor a shared
+// port's holder: a connection is told apart by its four-tuple, which
+// Connect checks.
 func (s *Stack) portInUseLocked(kind uint8, addr [4]byte, port uint16, claim portClaim) bool {
 	var zero [4]byte
 	for i := range s.img.socks {
 		sk := &s.img.socks[i]
 		if sk.kind != kind || sk.flags&sfBound == 0 || sk.localPort != port {
 			continue
+		}
+		if sk.flags&sfPortHolder != 0 && claim == claimConnect {
+			continue // a shared port's connections are told apart by their four-tuples
 		}
 		if sk.kind == kindTCP && sk.state != tcpListen && sk.flags&sfConnected != 0 {
 			// SO_REUSEADDR on both (a connection accepted from a

@@ -469,22 +469,7 @@ func TestConnectOverTimeWait(t *testing.T) {
 		waitFor(t, "established", 5*time.Second, poll, func() bool { return s.Events(id)&stack.Writable != 0 })
 		return id, nil
 	}
-	echo := func(id stack.SockID, msg string) {
-		t.Helper()
-		if _, err := s.Send(id, []byte(msg)); err != nil {
-			t.Fatal(err)
-		}
-		var got []byte
-		waitFor(t, "the echo", 5*time.Second, poll, func() bool {
-			buf := make([]byte, 64)
-			n, _ := s.Recv(id, buf, false)
-			got = append(got, buf[:n]...)
-			return len(got) >= len(msg)
-		})
-		if string(got) != msg {
-			t.Fatalf("echo %q, want %q", got, msg)
-		}
-	}
+	echo := func(id stack.SockID, msg string) { t.Helper(); echoOn(t, s, poll, id, msg) }
 
 	first, err := dial(6000)
 	if err != nil {
@@ -532,4 +517,23 @@ func TestConnectOverTimeWait(t *testing.T) {
 	}
 	echo(third, "third")
 	echo(second, "second, still")
+}
+
+// echoOn sends msg on connection id, to an echo server, and checks what
+// comes back, polling s with poll.
+func echoOn(t *testing.T, s *stack.Stack, poll func(), id stack.SockID, msg string) {
+	t.Helper()
+	if _, err := s.Send(id, []byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	waitFor(t, "the echo", 5*time.Second, poll, func() bool {
+		buf := make([]byte, 64)
+		n, _ := s.Recv(id, buf, false)
+		got = append(got, buf[:n]...)
+		return len(got) >= len(msg)
+	})
+	if string(got) != msg {
+		t.Fatalf("echo %q, want %q", got, msg)
+	}
 }

@@ -690,3 +690,103 @@ func TestHandoverLockHeld(t *testing.T) {
 		t.Fatalf("forkho after the handover:\n%s\nshim log:\n%s", res, log)
 	}
 }
+
+// TestHandoverSharedPort: on a stack from onloadd the connections a
+// process opens share local ports (ONLOAD_SHARED_PORTS, Onload's
+// EF_TCP_SHARED_LOCAL_PORTS): two connections to two kernel echo
+// servers in the other host come from one port. One is handed over to
+// the kernel mid-stream (Handover) while the other moves data: both go
+// on, every byte echoed, and the kernel peer counts no reset. The port
+// then takes no new connection (the kernel has one of its four-tuples,
+// which the stack no longer sees): a new connection to the first server
+// comes from another port, and works.
+func TestHandoverSharedPort(t *testing.T) {
+	RequireRoot(t)
+	a, b := Pair(t, LinkOptions{})
+	var lns []net.Listener
+	for range 2 {
+		ln, err := b.KernelEcho(b.Iface0().Addr().String() + ":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		lns = append(lns, ln)
+	}
+	dir, _ := daemonDir(t)
+	sock, _ := startDaemon(t, a, dir)
+	cfg, err := sockets.DefaultConfig(sockets.Balanced)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Daemon, cfg.DaemonSocket = "require", sock
+	s := ourSocketsConfig(t, a, cfg)
+	dial := func(ln net.Listener) (*sockets.TCPConn, int) {
+		t.Helper()
+		var c net.Conn
+		if err := a.Do(func() (err error) {
+			c, err = (&sockets.Dialer{Stack: s, Timeout: 10 * time.Second}).Dial("tcp", ln.Addr().String())
+			return
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		tc, ok := c.(*sockets.TCPConn)
+		if !ok {
+			t.Fatalf("the connection to %v is not accelerated (%T)", ln.Addr(), c)
+		}
+		return tc, c.LocalAddr().(*net.TCPAddr).Port
+	}
+	c1, p1 := dial(lns[0])
+	c2, p2 := dial(lns[1])
+	if p1 != p2 {
+		t.Fatalf("connections to two peers from ports %d and %d: want one shared port", p1, p2)
+	}
+	resets := noResets(t, b)
+	if err := echoRounds(c1, closedChan(), 1); err != nil {
+		t.Fatal(err)
+	}
+
+	// c2 moves data while c1 is handed over.
+	done := make(chan struct{})
+	c2err := make(chan error, 1)
+	go func() { c2err <- echoRounds(c2, done, 2) }()
+	var k1 *net.TCPConn
+	if err := a.Do(func() (err error) { k1, err = c1.Handover(); return }); err != nil {
+		t.Fatalf("handover: %v", err)
+	}
+	defer k1.Close()
+	if err := echoRounds(k1, closedChan(), 3); err != nil {
+		t.Fatalf("the connection handed over to the kernel: %v", err)
+	}
+	close(done)
+	if err := <-c2err; err != nil {
+		t.Fatalf("the connection left on the shared port: %v", err)
+	}
+
+	// Once the handed-over socket is gone from the stack (after its
+	// grace), nothing in the stack holds its four-tuple.
+	handedOver := func() bool {
+		for _, r := range s.Engine().Sockets() {
+			if r.State == "HANDED-OVER" {
+				return true
+			}
+		}
+		return false
+	}
+	for end := time.Now().Add(10 * time.Second); handedOver(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the handed-over socket is still in the stack after 10 s:\n%s", s.Dump())
+		}
+	}
+	c3, p3 := dial(lns[0])
+	if p3 == p1 {
+		t.Fatalf("a new connection to %v came from port %d, whose connection to it the kernel has", lns[0].Addr(), p3)
+	}
+	if err := echoRounds(c3, closedChan(), 4); err != nil {
+		t.Fatalf("a new connection after the handover: %v", err)
+	}
+	if err := echoRounds(c2, closedChan(), 5); err != nil {
+		t.Fatalf("the connection left on the shared port, after: %v", err)
+	}
+	t.Logf("peer: %s", resets())
+}
