@@ -365,7 +365,10 @@ static int child_takes(int fd, struct fdent *e);
 	if (in_core) { errno = EINTR; return -1; } \
 } while (0)
 
-static void set_ours(int fd, int h, int nonblock, int listening)
+/* set_ours makes fd name handle h; nonblock is O_NONBLOCK as the program
+ * set it, knb whether the kernel socket is non-blocking already (it is
+ * made so otherwise: we do the waiting). */
+static void set_ours(int fd, int h, int nonblock, int knb, int listening)
 {
 	struct fdent *e = ent(fd);
 	if (!e)
@@ -378,7 +381,8 @@ static void set_ours(int fd, int h, int nonblock, int listening)
 	e->listening = listening;
 	if ((unsigned)h < MAX_HANDLES)
 		__atomic_add_fetch(&hrefs[h], 1, __ATOMIC_RELAXED);
-	/* The kernel socket never blocks: we do the waiting. */
+	if (knb)
+		return;
 	int fl = real_fcntl(fd, F_GETFL);
 	if (fl >= 0 && !(fl & O_NONBLOCK))
 		real_fcntl(fd, F_SETFL, fl | O_NONBLOCK);
@@ -1382,7 +1386,7 @@ static void accel_listener(int fd, struct fdent *e)
 			h = CORE(core.listen(fd, sa.sin_addr.s_addr));
 		if (h > 0) {
 			int nb = nonblocking(fd), defaults = e->fresh && !e->opts_set;
-			set_ours(fd, h, nb, 1);
+			set_ours(fd, h, nb, nb, 1);
 			kreg_take(fd, e);
 			copy_options(fd, h, defaults);
 			stack_known();
@@ -1446,7 +1450,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	}
 	int defaults = e->fresh && !e->opts_set;
 	pthread_mutex_lock(&mu);
-	set_ours(fd, h, nb, 0);
+	set_ours(fd, h, nb, nb, 0);
 	kreg_take(fd, e);
 	pthread_mutex_unlock(&mu);
 	copy_options(fd, h, defaults);
@@ -1485,7 +1489,7 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 		int ev;
 		CORE_VOID(core.events(&e->h, &ev, NULL, 1, 0));
 		if (ev & ONL_READABLE) {
-			int kfd = real_socket(AF_INET, SOCK_STREAM | (flags & SOCK_CLOEXEC), 0);
+			int kfd = real_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | (flags & SOCK_CLOEXEC), 0);
 			if (kfd < 0)
 				return -1;
 			/* The fd first: out of fds, the connection stays queued,
@@ -1493,7 +1497,7 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 			int h = CORE(core.accept(e->h, kfd));
 			if (h > 0) {
 				pthread_mutex_lock(&mu);
-				set_ours(kfd, h, !!(flags & SOCK_NONBLOCK), 0);
+				set_ours(kfd, h, !!(flags & SOCK_NONBLOCK), 1, 0);
 				pthread_mutex_unlock(&mu);
 				uint32_t lip, rip;
 				uint16_t lp, rp;

@@ -234,7 +234,11 @@ func (f *daemonFilters) steerFirst(local netip.AddrPort, fd int, bind func() err
 	unused := f.steered[k]
 	delete(f.steered, k)
 	f.mu.Unlock()
-	if unused {
+	if unused && err != nil {
+		// A bind that failed before the engine steered the port. One
+		// that succeeded without asking (the port had a socket of the
+		// stack's already) keeps the filter: it goes with the port's
+		// last socket.
 		f.RemoveListener(stack.TCP, local)
 	}
 	return err

@@ -223,7 +223,11 @@ func (s *Stack) shareListener(local netip.AddrPort) (stack.SockID, bool) {
 // then holds the port. The handshake has begun: the socket turns
 // writable when it completes, and SockError says why it failed.
 func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort) (*Desc, error) {
-	if bound, err := s.boundPort(kfd); err == nil && bound == 0 {
+	port, err := s.boundPort(kfd)
+	if err != nil {
+		return nil, err
+	}
+	if port == 0 {
 		// From a shared port: kfd stays unbound (the port's proof
 		// holds the port) until a handover binds it there.
 		if id, err := s.openShared(dst); err != errNoSharedPort {
@@ -233,10 +237,9 @@ func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort) (*Desc, error) {
 			s.recordKernelFD(id, kfd)
 			return s.newDesc(id)
 		}
-	}
-	port, err := s.kernelPort(kfd)
-	if err != nil {
-		return nil, err
+		if port, err = s.kernelPort(kfd); err != nil {
+			return nil, err
+		}
 	}
 	if !s.enter() {
 		return nil, net.ErrClosed
