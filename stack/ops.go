@@ -112,10 +112,10 @@ func (s *Stack) bindLocked(sk *sock, local netip.AddrPort, claim portClaim) erro
 	} else if s.portInUseLocked(sk.kind, addr, port, claim) {
 		return ErrAddrInUse
 	}
-	// A port another socket is bound to on the same address is steered
-	// already: its filter goes with the last socket on it
+	// A shared port (shared_ports.go) is steered already, by its
+	// holder's bind: the filter goes with the last socket on it
 	// (releaseSockLocked).
-	if s.filters != nil && !s.portSteeredLocked(sk, addr, port) {
+	if s.filters != nil && !s.portHeldLocked(sk.kind, addr, port) {
 		if err := s.filters.AddListener(Proto(sk.kind), addrPort(addr, port)); err != nil {
 			return &Errno{Msg: "steer " + Proto(sk.kind).String() + " port to the stack: " + err.Error(), Errno: ErrAddrInUse.Errno}
 		}
@@ -461,18 +461,6 @@ func (s *Stack) closeLocked(sk *sock) {
 		s.pool.Free(h)
 	}
 	s.releaseSockLocked(sk)
-}
-
-// portSteeredLocked reports whether a socket other than sk, of its kind,
-// is bound to addr:port.
-func (s *Stack) portSteeredLocked(sk *sock, addr [4]byte, port uint16) bool {
-	for i := range s.img.socks {
-		o := &s.img.socks[i]
-		if o != sk && o.kind == sk.kind && o.flags&sfBound != 0 && o.localPort == port && o.localAddr == addr {
-			return true
-		}
-	}
-	return false
 }
 
 // portSharedLocked reports whether another socket is bound to sk's port.

@@ -92,3 +92,12 @@ func (s *Stack) retirePortLocked(sk *sock) {
 		h.flags |= sfPortRetired
 	}
 }
+
+// portHeldLocked reports whether addr:port is a shared port of the
+// stack's: a holder is bound to it. Only a live process holds one (its
+// holders close with its other sockets), so the port's filter is there.
+func (s *Stack) portHeldLocked(kind uint8, addr [4]byte, port uint16) bool {
+	var zero [4]byte
+	h := s.findLocked(kind, addr, port, zero, 0)
+	return h != nil && h.flags&sfPortHolder != 0
+}
