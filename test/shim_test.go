@@ -585,7 +585,9 @@ func TestShimIperf3(t *testing.T) {
 // (reuseport); and as a cluster (onloadd run -n -cluster, reuseport), a
 // stack for each worker on a queue of its own of a two-queue veth, the
 // client's connections spread over the queues (QueueSteer.Spread, as a
-// NIC's RSS would). Static files come byte-exact to curl (sendfile on), wrk's
+// NIC's RSS would). Static files come byte-exact to curl (sendfile on),
+// proxied requests (a new upstream connection each, from a few shared
+// local ports off the cluster) byte-exact too, wrk's
 // connections get only good replies, both workers accelerate and serve,
 // and after a reload (new workers; the old ones leave), a worker's death
 // and a binary upgrade (a new nginx exec'd with the listening socket), the
@@ -795,6 +797,14 @@ i=0; while [ ! -s "$PIDFILE" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); don
 	}
 	if !regexp.MustCompile(proxyLog).MatchString(errorLog()) {
 		t.Fatalf("proxied requests: no %q in nginx's log:\n%s", proxyLog, errorLog())
+	}
+	if !cluster {
+		// The upstream connections share local ports (ONLOAD_SHARED_PORTS):
+		// a few ports steered for 20 connections, not one each.
+		ports := len(regexp.MustCompile(`shared local port \d+ added`).FindAllString(errorLog(), -1))
+		if ports == 0 || ports > 6 {
+			t.Fatalf("20 proxied requests added %d shared local ports: want 1 to 6 (a connection a port: none)\n%s", ports, errorLog())
+		}
 	}
 	wrk, err := b.RunFor(time.Minute, "wrk", "-t", "2", "-c", "50", "-d", "3s", url+"index.html")
 	if err != nil || !strings.Contains(wrk, "Requests/sec") || strings.Contains(wrk, "Socket errors") || strings.Contains(wrk, "Non-2xx") {
