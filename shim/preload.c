@@ -1978,6 +1978,9 @@ static void dup_to(int oldfd, int newfd)
 			mark_ours(newfd, 1);
 		*n = *o;
 		n->ep = NULL;
+		/* An option set through one of them is not seen on the other's
+		 * entry: copy_options reads them all. */
+		o->fresh = n->fresh = 0;
 		if (o->kind == K_OURS && (unsigned)o->h < MAX_HANDLES)
 			__atomic_add_fetch(&hrefs[o->h], 1, __ATOMIC_RELAXED);
 	}

@@ -140,13 +140,15 @@ func (s *Stack) kernelPort(kfd int) (uint16, error) {
 	return s.kernelPort(kfd)
 }
 
-// boundPort is the port kernel socket kfd is bound to (0: none).
+// boundPort is the port kernel socket kfd is bound to (0: none). It is
+// syscall's getsockname: x/sys/unix's asks the socket's protocol too (for
+// L2TP), a second system call a connection.
 func (s *Stack) boundPort(kfd int) (uint16, error) {
-	sa, err := unix.Getsockname(kfd)
+	sa, err := syscall.Getsockname(kfd)
 	if err != nil {
 		return 0, os.NewSyscallError("getsockname", err)
 	}
-	in, ok := sa.(*unix.SockaddrInet4)
+	in, ok := sa.(*syscall.SockaddrInet4)
 	if !ok {
 		return 0, stack.ErrInvalid
 	}

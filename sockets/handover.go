@@ -179,6 +179,11 @@ func (d *Desc) HandedOver() bool { return d.stk.HandedOver(d.id) }
 // SockID is the engine's name for d (what a handover request names).
 func (d *Desc) SockID() uint32 { return uint32(d.id) }
 
+// selfPid is this process's id: the Go core never runs in a child
+// forked after it loaded (the shim hands such a child's connections to
+// the kernel), and a Go program forks only to exec.
+var selfPid = os.Getpid()
+
 // recordKernelFD tells a stack of onloadd's that fd (if any) names
 // connection id here: onloadd, stopping, hands the connection over on
 // it (stack.HandoverCandidates), and this process then finds the kernel's
@@ -187,7 +192,7 @@ func (s *Stack) recordKernelFD(id stack.SockID, fd int) {
 	if s.proofs == nil || fd < 0 || !s.enter() {
 		return
 	}
-	s.st.SetKernelFD(id, os.Getpid(), fd)
+	s.st.SetKernelFD(id, selfPid, fd)
 	s.leave()
 }
 
