@@ -445,6 +445,36 @@ static void test_cork(int s)
 	say("after uncorking: %.*s, within 100 ms: %d", (int)got, buf, now_ns() - t0 < 100e6);
 }
 
+/* An option set before connect through a dup of the unconnected socket
+ * is the connection's: data corked so waits for the uncork. */
+static void test_option_on_dup(void)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0), one = 1, zero = 0;
+	if (s < 0)
+		die("socket");
+	int d = dup(s);
+	check("TCP_CORK on a dup before connect", setsockopt(d, IPPROTO_TCP, TCP_CORK, &one, sizeof one));
+	close(d);
+	if (connect(s, (struct sockaddr *)&peer, sizeof peer) < 0)
+		die("connect");
+	send(s, "du", 2, 0);
+	send(s, "pc", 2, 0);
+	struct pollfd p = {.fd = s, .events = POLLIN};
+	check("echo of data corked through the dup within 100 ms", poll(&p, 1, 100));
+	setsockopt(s, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);
+	char buf[16];
+	size_t got = 0;
+	while (got < 4) {
+		wait_readable(s);
+		ssize_t n = recv(s, buf + got, sizeof buf - got, 0);
+		if (n <= 0)
+			die("recv");
+		got += n;
+	}
+	say("after uncorking: %.*s", (int)got, buf);
+	close(s);
+}
+
 static void test_dup(int s, int pr, int pw)
 {
 	int d = dup(s);
@@ -785,6 +815,7 @@ int main(int argc, char **argv)
 	test_epoll_many(pp[0], pp[1]);
 	test_nonblocking(s);
 	test_cork(s);
+	test_option_on_dup();
 	test_dup(s, pp[0], pp[1]);
 	test_names(s);
 	test_signals(s);
