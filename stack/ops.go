@@ -115,7 +115,7 @@ func (s *Stack) bindLocked(sk *sock, local netip.AddrPort, claim portClaim) erro
 	// A shared port (shared_ports.go) is steered already, by its
 	// holder's bind: the filter goes with the last socket on it
 	// (releaseSockLocked).
-	if s.filters != nil && !s.portHeldLocked(sk.kind, addr, port) {
+	if s.filters != nil && (sk.kind != kindTCP || s.holderLocked(addr, port) == nil) {
 		if err := s.filters.AddListener(Proto(sk.kind), addrPort(addr, port)); err != nil {
 			return &Errno{Msg: "steer " + Proto(sk.kind).String() + " port to the stack: " + err.Error(), Errno: ErrAddrInUse.Errno}
 		}
@@ -156,8 +156,8 @@ func (s *Stack) Connect(id SockID, remote netip.AddrPort) error {
 	if err != nil {
 		return err
 	}
-	ra := remote.Addr().Unmap()
-	if !ra.Is4() || ra.IsUnspecified() || remote.Port() == 0 {
+	ra, ok := remoteOK(remote)
+	if !ok {
 		return ErrInvalid
 	}
 	if sk.kind == kindTCP {
@@ -187,6 +187,14 @@ func (s *Stack) Connect(id SockID, remote netip.AddrPort) error {
 	return nil
 }
 
+// remoteOK is remote's address, unmapped, and whether a connection or a
+// datagram may go there: an IPv4 address that is not the wildcard, and a
+// port.
+func remoteOK(remote netip.AddrPort) (netip.Addr, bool) {
+	ra := remote.Addr().Unmap()
+	return ra, ra.Is4() && !ra.IsUnspecified() && remote.Port() != 0
+}
+
 // SendTo sends one datagram to `to`, or to the connected peer if `to` is
 // the zero AddrPort. An unbound socket is bound to an ephemeral port first.
 func (s *Stack) SendTo(id SockID, buf []byte, to netip.AddrPort) (int, error) {
@@ -203,8 +211,8 @@ func (s *Stack) SendTo(id SockID, buf []byte, to netip.AddrPort) (int, error) {
 	var dport uint16
 	switch {
 	case to.IsValid():
-		a := to.Addr().Unmap()
-		if !a.Is4() || a.IsUnspecified() || to.Port() == 0 {
+		a, ok := remoteOK(to)
+		if !ok {
 			return 0, ErrInvalid
 		}
 		dst, dport = a.As4(), to.Port()

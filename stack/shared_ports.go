@@ -45,22 +45,16 @@ func (s *Stack) ConnectShared(id SockID, ports []uint16, start int, remote netip
 	if err != nil {
 		return 0, err
 	}
-	ra := remote.Addr().Unmap()
-	switch {
-	case !ra.Is4() || ra.IsUnspecified() || remote.Port() == 0:
+	ra, ok := remoteOK(remote)
+	// Not bound: so neither listening nor connected (connectTCPLocked
+	// checks the state again).
+	if !ok || sk.kind != kindTCP || sk.flags&sfBound != 0 {
 		return 0, ErrInvalid
-	case sk.kind != kindTCP || sk.flags&sfBound != 0:
-		return 0, ErrInvalid
-	case sk.state == tcpSynSent || sk.state == tcpSynReceived:
-		return 0, ErrAlready
-	case sk.state != tcpClosed || sk.tflags&tfAccepted != 0:
-		return 0, ErrIsConn
 	}
 	addr := s.img.hdr.addr
-	var zero [4]byte
 	for i := range ports {
 		port := ports[(start+i)%len(ports)]
-		if h := s.findLocked(kindTCP, addr, port, zero, 0); port == 0 || h == nil || h.flags&(sfPortHolder|sfPortRetired) != sfPortHolder {
+		if h := s.holderLocked(addr, port); h == nil || h.flags&sfPortRetired != 0 {
 			continue // no holder (closed), or retired
 		}
 		if old := s.findLocked(kindTCP, addr, port, ra.As4(), remote.Port()); old != nil && old.state != tcpTimeWait {
@@ -87,17 +81,18 @@ func (s *Stack) ConnectShared(id SockID, ports []uint16, start int, remote netip
 // the kernel's connection's reach the kernel, which has it); it takes
 // no new connection.
 func (s *Stack) retirePortLocked(sk *sock) {
-	var zero [4]byte
-	if h := s.findLocked(kindTCP, sk.localAddr, sk.localPort, zero, 0); h != nil && h.flags&sfPortHolder != 0 {
+	if h := s.holderLocked(sk.localAddr, sk.localPort); h != nil {
 		h.flags |= sfPortRetired
 	}
 }
 
-// portHeldLocked reports whether addr:port is a shared port of the
-// stack's: a holder is bound to it. Only a live process holds one (its
-// holders close with its other sockets), so the port's filter is there.
-func (s *Stack) portHeldLocked(kind uint8, addr [4]byte, port uint16) bool {
+// holderLocked is the holder (HoldPort) of TCP port addr:port, nil if it
+// is not a shared port. Only a live process holds one (its holders close
+// with its other sockets), so a held port's filter is there.
+func (s *Stack) holderLocked(addr [4]byte, port uint16) *sock {
 	var zero [4]byte
-	h := s.findLocked(kind, addr, port, zero, 0)
-	return h != nil && h.flags&sfPortHolder != 0
+	if h := s.findLocked(kindTCP, addr, port, zero, 0); h != nil && h.flags&sfPortHolder != 0 {
+		return h
+	}
+	return nil
 }
