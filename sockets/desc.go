@@ -134,10 +134,16 @@ func (s *Stack) kernelPort(kfd int) (uint16, error) {
 	if err != nil || port != 0 {
 		return port, err
 	}
+	return s.bindEphemeral(kfd)
+}
+
+// bindEphemeral binds kfd, not bound, to the stack's address and an
+// ephemeral port the kernel picks, and returns the port.
+func (s *Stack) bindEphemeral(kfd int) (uint16, error) {
 	if err := unix.Bind(kfd, &unix.SockaddrInet4{Addr: s.addr.Addr().As4()}); err != nil {
 		return 0, os.NewSyscallError("bind", err)
 	}
-	return s.kernelPort(kfd)
+	return s.boundPort(kfd)
 }
 
 // boundPort is the port kernel socket kfd is bound to (0: none). It is
@@ -239,7 +245,7 @@ func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort) (*Desc, error) {
 			s.recordKernelFD(id, kfd)
 			return s.newDesc(id)
 		}
-		if port, err = s.kernelPort(kfd); err != nil {
+		if port, err = s.bindEphemeral(kfd); err != nil {
 			return nil, err
 		}
 	}

@@ -462,16 +462,10 @@ static void test_option_on_dup(void)
 	struct pollfd p = {.fd = s, .events = POLLIN};
 	check("echo of data corked through the dup within 100 ms", poll(&p, 1, 100));
 	setsockopt(s, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);
-	char buf[16];
-	size_t got = 0;
-	while (got < 4) {
-		wait_readable(s);
-		ssize_t n = recv(s, buf + got, sizeof buf - got, 0);
-		if (n <= 0)
-			die("recv");
-		got += n;
-	}
-	say("after uncorking: %.*s", (int)got, buf);
+	char buf[4];
+	if (read_full(s, buf, sizeof buf) != sizeof buf)
+		die("recv");
+	say("after uncorking: %.*s", (int)sizeof buf, buf);
 	close(s);
 }
 
