@@ -197,12 +197,19 @@ func (s *Stack) ListenDesc(kfd int, ip netip.Addr) (*Desc, error) {
 		// accelerate the socket they inherited at once, and one of them
 		// found the port bound by the other's listener, which did not
 		// listen yet (and served from the kernel). It is shared as soon
-		// as it listens.
+		// as it listens. Or it is closing it: after a reload, the old
+		// workers' listener (and its filter at onloadd) goes while the
+		// new workers listen; the port is then free to bind again.
 		deadline := time.Now().Add(listenerWait)
-		for time.Now().Before(deadline) {
+		for i := 1; time.Now().Before(deadline); i++ {
 			time.Sleep(time.Millisecond)
 			if id, ok := s.shareListener(local); ok {
 				return s.newDesc(id)
+			}
+			if i%10 == 0 {
+				if id, err = s.openAtFD(stack.TCP, local, true, kfd); !errors.Is(err, syscall.EADDRINUSE) {
+					break
+				}
 			}
 		}
 	}
