@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
 	"github.com/xdp-onload/onload/internal/gvisorpeer"
+	"github.com/xdp-onload/onload/internal/pkt"
 	"github.com/xdp-onload/onload/stack"
 	"github.com/xdp-onload/onload/vnic"
 )
@@ -54,8 +57,13 @@ func TestTCPCloseFromServer(t *testing.T) {
 		t.Fatalf("send on a half-closed connection: %v", err)
 	}
 	waitFor(t, "reset for data after close", 5*time.Second, poll, func() bool { return a.Events(c)&stack.Error != 0 })
-	if _, err := a.Send(c, []byte("x")); !errors.Is(err, syscall.ECONNRESET) {
-		t.Errorf("send after the reset: %v, want ECONNRESET", err)
+	// The reset came in CLOSE-WAIT: EPIPE, as Linux's tcp_reset has it, and
+	// the end of the stream is still what a read sees.
+	if _, err := a.Send(c, []byte("x")); !errors.Is(err, syscall.EPIPE) {
+		t.Errorf("send after the reset: %v, want EPIPE", err)
+	}
+	if !eof(a, c) {
+		t.Error("a read after the reset does not see the end of the stream")
 	}
 	a.Close(c)
 }
@@ -536,4 +544,85 @@ func echoOn(t *testing.T, s *stack.Stack, poll func(), id stack.SockID, msg stri
 	if string(got) != msg {
 		t.Fatalf("echo %q, want %q", got, msg)
 	}
+}
+
+// lastWords connects a to b, has b send "last words" and then its FIN,
+// and waits for a in CLOSE-WAIT with the data unread. inject puts a
+// segment from b's address on a's wire.
+func lastWords(t *testing.T, closeB func(*stack.Stack, stack.SockID) error) (a *stack.Stack, c stack.SockID, poll func(), inject func(pkt.TCPSegment)) {
+	t.Helper()
+	a, b, na, nb := twoStacksNICs(t, vnic.MemConfig{})
+	poll = pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	if _, err := b.Send(s, []byte("last words")); err != nil {
+		t.Fatal(err)
+	}
+	if err := closeB(b, s); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "their FIN", 5*time.Second, poll, func() bool { return contains(a.DumpSocket(c), "CLOSE-WAIT") })
+	al, _ := a.LocalAddr(c)
+	bl, _ := a.RemoteAddr(c)
+	src := pkt.Endpoint{MAC: nb.Info().MAC, Addr: bl}
+	dst := pkt.Endpoint{MAC: na.Info().MAC, Addr: al}
+	return a, c, poll, func(seg pkt.TCPSegment) { drain(nb); injectFrom(t, nb, src, dst, seg) }
+}
+
+// readsLastWords checks that the data, then the end of the stream, are
+// what a reads.
+func readsLastWords(t *testing.T, a *stack.Stack, c stack.SockID) {
+	t.Helper()
+	buf := make([]byte, 64)
+	if n, err := a.Recv(c, buf, false); err != nil || string(buf[:n]) != "last words" {
+		t.Errorf("read after the reset: %q, %v; want the data", buf[:n], err)
+	}
+	if n, err := a.Recv(c, buf, false); n != 0 || err != nil {
+		t.Errorf("read after the data: %d, %v; want the end of the stream", n, err)
+	}
+}
+
+// TestTCPResetAfterClose: a connection ends in order (their FIN, then ours
+// acknowledged) while the user still holds the socket and has not read
+// the last data. Old segments of the peer can still arrive, and the peer,
+// whose connection is gone, answers them and our ACKs with resets. As in
+// Linux, whose ended socket leaves the hash table: a reset then finds no
+// connection, the data then the end of the stream stay readable, and
+// anything else is answered with a reset.
+func TestTCPResetAfterClose(t *testing.T) {
+	a, c, poll, inject := lastWords(t, (*stack.Stack).Close)
+	a.Shutdown(c, syscall.SHUT_WR)
+	waitFor(t, "our FIN acknowledged", 5*time.Second, poll, func() bool { return contains(a.DumpSocket(c), "tcp CLOSED") })
+	info, _ := a.TCPInfo(c)
+	before := a.Counters()
+	inject(pkt.TCPSegment{Seq: info.RcvNxt, Flags: header.TCPFlagRst})
+	inject(pkt.TCPSegment{Seq: info.RcvNxt - 3, Ack: info.SndNxt, Flags: header.TCPFlagAck | header.TCPFlagPsh, Payload: []byte("old")})
+	a.Poll()
+	after := a.Counters()
+	if n := after.RxTCPResets - before.RxTCPResets; n != 0 {
+		t.Errorf("%d resets accepted by an ended connection, want 0", n)
+	}
+	if n := after.TxTCPResets - before.TxTCPResets; n != 1 {
+		t.Errorf("%d resets sent for a segment to an ended connection, want 1", n)
+	}
+	readsLastWords(t, a, c)
+	a.Close(c)
+}
+
+// TestTCPResetAfterFin: a reset that ends a half-closed connection (CLOSE-
+// WAIT) after the peer's FIN leaves the data, then the end of the stream,
+// to be read, as Linux's tcp_recvmsg does; the next write fails with
+// EPIPE, as Linux's tcp_reset has it for CLOSE-WAIT.
+func TestTCPResetAfterFin(t *testing.T) {
+	a, c, _, inject := lastWords(t, func(b *stack.Stack, s stack.SockID) error { return b.Shutdown(s, syscall.SHUT_WR) })
+	info, _ := a.TCPInfo(c)
+	inject(pkt.TCPSegment{Seq: info.RcvNxt, Flags: header.TCPFlagRst})
+	a.Poll()
+	if !contains(a.DumpSocket(c), "tcp CLOSED") {
+		t.Fatalf("the reset did not end the connection: %s", a.DumpSocket(c))
+	}
+	readsLastWords(t, a, c)
+	if _, err := a.Send(c, []byte("x")); !errors.Is(err, syscall.EPIPE) {
+		t.Errorf("write after the reset: %v, want EPIPE", err)
+	}
+	a.Close(c)
 }

@@ -16,6 +16,7 @@ import (
 const (
 	errConnRefused = uint32(syscall.ECONNREFUSED)
 	errConnReset   = uint32(syscall.ECONNRESET)
+	errPipe        = uint32(syscall.EPIPE)
 	errTimedOut    = uint32(syscall.ETIMEDOUT)
 )
 

@@ -60,6 +60,15 @@ func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
 	}
 	g.opts = parseOptions(t[20:doff], g.flags&flagSYN != 0)
 	sk := s.findLocked(kindTCP, p.dst, g.dport, p.src, g.sport)
+	if sk != nil && sk.state == tcpClosed {
+		// A connection that ended while the user holds its socket stays in
+		// the table until the close, but is no connection: as in Linux,
+		// whose ended socket leaves the hash, its peer's late segments are
+		// answered with a reset, and a reset of the peer's (for our last
+		// ACK, say) is no news that the user should read as ECONNRESET.
+		s.noSocketLocked(h, p, &g)
+		return
+	}
 	if sk == nil {
 		var zero [4]byte
 		l := s.findLocked(kindTCP, p.dst, g.dport, zero, 0)
@@ -70,9 +79,7 @@ func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
 			s.listenInputLocked(l, h, p, &g)
 			return
 		}
-		c.RxTCPNoSocket++
-		s.resetReplyLocked(s.pool.Data(h), p, g.sport, g.dport, g.seq, g.ack, g.flags, int(g.len()))
-		s.pool.Free(h)
+		s.noSocketLocked(h, p, &g)
 		return
 	}
 	if sk.state == tcpHandedOver {
@@ -93,6 +100,14 @@ func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
 	if sk.kind != kindFree {
 		s.touchLocked(sk)
 	}
+}
+
+// noSocketLocked answers a segment that no connection takes: a reset
+// (RFC 9293 3.10.7.1), unless it is one.
+func (s *Stack) noSocketLocked(h vnic.Handle, p *ipPacket, g *segment) {
+	s.img.hdr.counters.RxTCPNoSocket++
+	s.resetReplyLocked(s.pool.Data(h), p, g.sport, g.dport, g.seq, g.ack, g.flags, int(g.len()))
+	s.pool.Free(h)
 }
 
 // synSentInputLocked is RFC 9293 3.10.7.3: a segment for our SYN.
@@ -267,6 +282,8 @@ func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bo
 			s.tcpFailLocked(sk, errConnRefused)
 		case tcpClosing, tcpLastAck, tcpTimeWait:
 			s.tcpCloseFinalLocked(sk)
+		case tcpCloseWait:
+			s.tcpFailLocked(sk, errPipe) // as Linux's tcp_reset: the stream has ended in order
 		default:
 			s.tcpFailLocked(sk, errConnReset)
 		}

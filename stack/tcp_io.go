@@ -136,12 +136,19 @@ func (s *Stack) tcpRecvLocked(sk *sock, buf []byte, peek bool) (int, error) {
 		}
 		return done, nil
 	}
+	if sk.tflags&tfRcvFin != 0 {
+		// The end of the stream came in order before any error since (a
+		// reset in CLOSE-WAIT, say): it is read first, as in Linux
+		// (SOCK_DONE before sk_err in tcp_recvmsg), and the error waits for
+		// a write or SO_ERROR.
+		return 0, nil
+	}
 	if sk.err != 0 {
 		e := sk.err
 		sk.err = 0
 		return 0, errnoError(e)
 	}
-	if sk.tflags&(tfRcvFin|tfShutRd) != 0 || sk.state == tcpClosed && sk.flags&sfConnected != 0 {
+	if sk.tflags&tfShutRd != 0 || sk.state == tcpClosed && sk.flags&sfConnected != 0 {
 		return 0, nil
 	}
 	if sk.state == tcpClosed {
