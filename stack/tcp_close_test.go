@@ -626,3 +626,53 @@ func TestTCPResetAfterFin(t *testing.T) {
 	}
 	a.Close(c)
 }
+
+// TestTCPSynOverEndedConnection: the server still holds a connection the
+// client reset; the client connects again from the same port. As in
+// Linux, whose reset socket has left the hash, the listener takes the SYN
+// and the new connection works beside the old socket, and closing the
+// old socket leaves the new connection be.
+func TestTCPSynOverEndedConnection(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	lst, _ := b.Open(stack.TCP)
+	if err := b.Bind(lst, netip.AddrPortFrom(netip.Addr{}, 80)); err != nil {
+		t.Fatal(err)
+	}
+	b.Listen(lst, 0)
+	dial := func() (c, srv stack.SockID) {
+		c, _ = a.Open(stack.TCP)
+		a.SetOption(c, stack.ReuseAddr, 1)
+		if err := a.Bind(c, netip.AddrPortFrom(netip.Addr{}, 40001)); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Connect(c, netip.AddrPortFrom(b.Addr(), 80)); !errors.Is(err, syscall.EINPROGRESS) {
+			t.Fatalf("connect: %v", err)
+		}
+		waitFor(t, "connection", 5*time.Second, poll, func() bool { return a.Events(c)&(stack.Writable|stack.Error) != 0 })
+		if err := a.SockError(c); err != nil {
+			t.Fatalf("connect from port 40001: %v", err)
+		}
+		waitFor(t, "accept", 5*time.Second, poll, func() bool {
+			var err error
+			srv, err = b.Accept(lst)
+			return err == nil
+		})
+		return c, srv
+	}
+	c, old := dial()
+	a.SetOption(c, stack.Linger, 0)
+	a.Close(c)
+	waitFor(t, "reset", 5*time.Second, poll, func() bool { return b.Events(old)&stack.Error != 0 })
+	c, srv := dial()
+	b.Close(old)
+	oneWay := func(from *stack.Stack, fid stack.SockID, to *stack.Stack, tid stack.SockID, msg string) {
+		if got := transfer(t, from, fid, to, tid, []byte(msg), poll, 5*time.Second); string(got) != msg {
+			t.Fatalf("%q arrived, want %q", got, msg)
+		}
+	}
+	oneWay(a, c, b, srv, "hello")
+	oneWay(b, srv, a, c, "there")
+	a.Close(c)
+	b.Close(srv)
+}

@@ -62,12 +62,12 @@ func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
 	sk := s.findLocked(kindTCP, p.dst, g.dport, p.src, g.sport)
 	if sk != nil && sk.state == tcpClosed {
 		// A connection that ended while the user holds its socket stays in
-		// the table until the close, but is no connection: as in Linux,
-		// whose ended socket leaves the hash, its peer's late segments are
+		// the table until the close, but is no connection, as Linux's
+		// ended socket leaves the hash: a listener on the port takes a new
+		// SYN on the four-tuple (a child goes in ahead of it), the rest is
 		// answered with a reset, and a reset of the peer's (for our last
 		// ACK, say) is no news that the user should read as ECONNRESET.
-		s.noSocketLocked(h, p, &g)
-		return
+		sk = nil
 	}
 	if sk == nil {
 		var zero [4]byte
@@ -79,7 +79,9 @@ func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
 			s.listenInputLocked(l, h, p, &g)
 			return
 		}
-		s.noSocketLocked(h, p, &g)
+		c.RxTCPNoSocket++
+		s.resetReplyLocked(s.pool.Data(h), p, g.sport, g.dport, g.seq, g.ack, g.flags, int(g.len()))
+		s.pool.Free(h)
 		return
 	}
 	if sk.state == tcpHandedOver {
@@ -100,14 +102,6 @@ func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
 	if sk.kind != kindFree {
 		s.touchLocked(sk)
 	}
-}
-
-// noSocketLocked answers a segment that no connection takes: a reset
-// (RFC 9293 3.10.7.1), unless it is one.
-func (s *Stack) noSocketLocked(h vnic.Handle, p *ipPacket, g *segment) {
-	s.img.hdr.counters.RxTCPNoSocket++
-	s.resetReplyLocked(s.pool.Data(h), p, g.sport, g.dport, g.seq, g.ack, g.flags, int(g.len()))
-	s.pool.Free(h)
 }
 
 // synSentInputLocked is RFC 9293 3.10.7.3: a segment for our SYN.
