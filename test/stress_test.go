@@ -72,9 +72,9 @@ func listenOurs(t *testing.T, h *Host, s *sockets.Stack) net.Listener {
 // suspectStall is a connection's stall past stallAfter that the watchdog
 // has yet to judge.
 type suspectStall struct {
-	last  int64         // the connection's last progress before it (0: no suspect)
-	own   time.Duration // the process's own stalls in it, at its detection
-	dumps string        // the stacks then
+	last    int64  // the connection's last progress before it (0: no suspect)
+	stalled int64  // the process's own stalls (the heartbeat's count) at last
+	dumps   string // the stacks at its detection
 }
 
 // schedWaits follows the Go scheduler's record of how long runnable
@@ -332,15 +332,18 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 				own := time.Duration(stalled.Load() - stalledAt[i].Load())
 				sus := &suspect[i]
 				if sus.last != 0 && sus.last != last {
-					// The suspect stall ended: judge it whole.
+					// The suspect stall ended: judge it whole, with the
+					// process's own stalls up to the progress that ended
+					// it, not only up to its detection.
 					stall := time.Duration(last - sus.last)
+					ownAll := time.Duration(stalledAt[i].Load() - sus.stalled)
 					waited := sched.longest(sus.last)
-					if stall-max(sus.own, waited) > stallAfter {
+					if stall-max(ownAll, waited) > stallAfter {
 						t.Logf("%s", sus.dumps)
 						t.Fatalf("conn %d made no progress for %v (%v of it the process's own stalls; the longest wait of a runnable goroutine in it %v): a lost wake-up (the stacks' dumps are above)",
-							i, stall.Round(time.Millisecond), sus.own.Round(time.Millisecond), waited.Round(time.Millisecond))
+							i, stall.Round(time.Millisecond), ownAll.Round(time.Millisecond), waited.Round(time.Millisecond))
 					}
-					t.Logf("conn %d waited %v for the Go scheduler (a goroutine runnable for %v): not a lost wake-up", i, stall.Round(time.Millisecond), waited.Round(time.Millisecond))
+					t.Logf("conn %d waited %v (%v of it the process's own stalls; a goroutine runnable for %v): not a lost wake-up", i, stall.Round(time.Millisecond), ownAll.Round(time.Millisecond), waited.Round(time.Millisecond))
 					sus.last = 0
 				}
 				if out > 0 && idle-own > stallAfter && sus.last == 0 {
@@ -354,7 +357,7 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 						fmt.Fprintf(&b, "conn %d: last progress %v ago, %d bytes outstanding\n", j, now.Sub(time.Unix(0, progress[j].Load())).Round(time.Millisecond), written[j].Load()-moved[j].Load())
 					}
 					fmt.Fprintf(&b, "a: %s\nb: %s", sa.Dump(), sb.Dump())
-					*sus = suspectStall{last, own, b.String()}
+					*sus = suspectStall{last, stalledAt[i].Load(), b.String()}
 				}
 				if sus.last != 0 && idle > time.Second {
 					// The dumps first, the verdict last: a CI log's tail
