@@ -33,6 +33,7 @@ func (s *Stack) newSock(c *sock, id stack.SockID, r reservation) bool {
 		return false
 	}
 	*c = sock{stk: s, id: id, closing: make(chan struct{}), reserve: r}
+	c.wq.id = id
 	s.waits[id.Slot()].Store(&c.wq)
 	return true
 }

@@ -302,14 +302,38 @@ func (s *Stack) Dump() string {
 	s.wakes.mu.Unlock()
 	for i := range s.waits {
 		if w := s.waits[i].Load(); w != nil {
-			w.mu.Lock()
-			if w.n > 0 {
-				wk += fmt.Sprintf(" [slot %d: %d asleep]", i, w.n)
-			}
-			w.mu.Unlock()
+			wk += s.dumpWaiters(i, w)
 		}
 	}
 	return fmt.Sprintf("%snic %+v\n%ssleeper %+v armed=%v spinning=%v\n%s\n", s.st.Dump(), ns, ks, s.sl.Stats(), s.sl.Armed(), s.sl.Spinning(), wk)
+}
+
+// dumpWaiters describes slot i's sleepers, if it has any: what they
+// wait for, the socket's events, and, where the socket is ready for them
+// and no wake is queued for it, that a wake-up was lost. The events are
+// read first: a poll that readies the socket posts its wake under the
+// stack lock, so a sleeper still counted after that has none coming
+// unless the wake is queued.
+func (s *Stack) dumpWaiters(i int, w *waitq) string {
+	ev := s.st.Events(w.id)
+	w.mu.Lock()
+	n, want := w.n, w.want
+	w.mu.Unlock()
+	if n == 0 {
+		return ""
+	}
+	s.wakes.mu.Lock()
+	queued := s.wakes.queued[i]
+	s.wakes.mu.Unlock()
+	d := fmt.Sprintf(" [slot %d: %d asleep for %#x, events %#x", i, n, want, ev)
+	switch {
+	case ev&(want|stack.Error|stack.Hangup) == 0:
+	case queued:
+		d += ", ready, its wake queued"
+	default:
+		d += ", READY WITH NO WAKE COMING"
+	}
+	return d + "]"
 }
 
 // followKernel keeps the stack in step with the kernel's tables for its

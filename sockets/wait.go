@@ -17,9 +17,11 @@ import (
 // It counts its sleepers, so that the stack knows how many goroutines
 // its wakes made ready (wakes.backlog).
 type waitq struct {
-	mu sync.Mutex
-	ch chan struct{}
-	n  int32 // goroutines asleep on ch
+	mu   sync.Mutex
+	ch   chan struct{}
+	n    int32        // goroutines asleep on ch
+	want stack.Events // what they wait for, together (for Dump)
+	id   stack.SockID // the socket (for Dump); set before the stack sees w
 	// efds are the eventfds of threads that block outside Go (the
 	// LD_PRELOAD shim's, in poll, select and epoll): the next wake writes
 	// each once and forgets them (Desc.Arm).
@@ -38,14 +40,16 @@ func (w *waitq) prepare() <-chan struct{} {
 	return c
 }
 
-// sleep counts the caller asleep on ch; false if ch was closed already.
-func (w *waitq) sleep(ch <-chan struct{}) bool {
+// sleep counts the caller asleep on ch, waiting for want; false if ch
+// was closed already.
+func (w *waitq) sleep(ch <-chan struct{}, want stack.Events) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.ch == nil || (<-chan struct{})(w.ch) != ch {
 		return false
 	}
 	w.n++
+	w.want |= want
 	return true
 }
 
@@ -68,7 +72,7 @@ func (w *waitq) wake() int32 {
 	n := w.n
 	if w.ch != nil {
 		close(w.ch)
-		w.ch, w.n = nil, 0
+		w.ch, w.n, w.want = nil, 0, 0
 	}
 	for _, fd := range w.efds {
 		signalEventfd(int(fd))
@@ -237,7 +241,7 @@ func (c *sock) awaitUnless(sp *spin, want stack.Events, dl *deadline, retry time
 	}
 	ev := s.st.WaitFor(c.id, want)
 	s.leave()
-	if ev != 0 || !c.wq.sleep(ch) {
+	if ev != 0 || !c.wq.sleep(ch, want) {
 		return
 	}
 	// The goroutines the stack woke and that have not run yet attend the
