@@ -20,7 +20,7 @@ type waitq struct {
 	mu   sync.Mutex
 	ch   chan struct{}
 	n    int32        // goroutines asleep on ch
-	want stack.Events // what they wait for, together (for Dump)
+	want stack.Events // what they wait for, together, since the last wake (for Dump; one that left on its deadline stays in it)
 	id   stack.SockID // the socket (for Dump); set before the stack sees w
 	// efds are the eventfds of threads that block outside Go (the
 	// LD_PRELOAD shim's, in poll, select and epoll): the next wake writes
