@@ -310,15 +310,21 @@ func (s *Stack) Dump() string {
 
 // dumpWaiters describes slot i's sleepers, if it has any: what they
 // wait for, the socket's events, and, where the socket is ready for them
-// and no wake is queued for it, that a wake-up was lost. The events are
-// read first: a poll that readies the socket posts its wake under the
-// stack lock, so a sleeper still counted after that has none coming
-// unless the wake is queued.
+// and no wake is queued for it, that a wake-up was lost. The sleepers are
+// counted again after the events are read: a poll that readies the
+// socket posts its wake under the stack lock, so a sleeper still counted
+// after that has none coming unless the wake is queued.
 func (s *Stack) dumpWaiters(i int, w *waitq) string {
+	asleep := func() (int32, stack.Events) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.n, w.want
+	}
+	if n, _ := asleep(); n == 0 {
+		return "" // most slots: no engine call for them
+	}
 	ev := s.st.Events(w.id)
-	w.mu.Lock()
-	n, want := w.n, w.want
-	w.mu.Unlock()
+	n, want := asleep()
 	if n == 0 {
 		return ""
 	}
