@@ -87,6 +87,16 @@ func (r *readiness) arm() {
 	}
 }
 
+// state says, for a dump, whether an arm is pending (the sockets are
+// enabled in the set), whether the kernel has an event in the set that
+// run has not taken (poll(2) on the set, which takes nothing), and
+// whether a signal waits on c that the Sleeper has not taken.
+func (r *readiness) state() string {
+	fds := []unix.PollFd{{Fd: int32(r.epfd), Events: unix.POLLIN}}
+	n, _ := unix.Poll(fds, 0)
+	return fmt.Sprintf("enabled=%v kernel event=%v signal waiting=%v", r.armed.Load(), n > 0, len(r.c) > 0)
+}
+
 // run turns the set's readiness into signals on c.
 func (r *readiness) run() {
 	defer close(r.done)

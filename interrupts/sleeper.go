@@ -372,6 +372,21 @@ func (s *Sleeper) sleepUntil(d time.Duration, ok bool, bound time.Duration) {
 // it just before and nothing has arrived since (the stack is up to date).
 func (s *Sleeper) Armed() bool { return s.state.Load() == stArmed }
 
+// Line describes the interrupt line and the Sleeper's state, for a dump:
+// whether it is armed, how long since the stack was last polled, and
+// what the line says of itself (an AF_XDP stack's: whether its readiness
+// is enabled in the kernel, and a signal waits to be taken). Frames in
+// the RX ring with the line armed, enabled and no signal waiting, for
+// long after the last poll, are a lost interrupt.
+func (s *Sleeper) Line() string {
+	d := fmt.Sprintf("armed=%v spinning=%v polled %v ago", s.Armed(), s.Spinning(),
+		time.Duration(s.st.Clock()-s.st.PolledAt()).Round(time.Microsecond))
+	if st, ok := s.src.(interface{ State() string }); ok {
+		d += " line " + st.State()
+	}
+	return d
+}
+
 // Stats are the Sleeper's counters.
 type Stats struct {
 	Polls     uint64 // polls the Sleeper made

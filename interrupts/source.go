@@ -75,6 +75,7 @@ func (s *steeringSource) Arm() {
 }
 
 func (s *steeringSource) Disarm()            { s.ctl.Disarm() }
+func (s *steeringSource) State() string      { return s.r.state() }
 func (s *steeringSource) C() <-chan struct{} { return s.r.c }
 
 // drain reads the wake-event ring so that it never fills; readiness, not
@@ -126,5 +127,6 @@ type readinessSource struct{ r *readiness }
 
 func (s readinessSource) Arm()               { s.r.arm() }
 func (s readinessSource) Disarm()            {}
+func (s readinessSource) State() string      { return s.r.state() }
 func (s readinessSource) C() <-chan struct{} { return s.r.c }
 func (s readinessSource) Close() error       { return s.r.close() }

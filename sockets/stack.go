@@ -305,7 +305,7 @@ func (s *Stack) Dump() string {
 			wk += s.dumpWaiters(i, w)
 		}
 	}
-	return fmt.Sprintf("%snic %+v\n%ssleeper %+v armed=%v spinning=%v\n%s\n", s.st.Dump(), ns, ks, s.sl.Stats(), s.sl.Armed(), s.sl.Spinning(), wk)
+	return fmt.Sprintf("%snic %+v\n%ssleeper %+v %s\n%s\n", s.st.Dump(), ns, ks, s.sl.Stats(), s.sl.Line(), wk)
 }
 
 // dumpWaiters describes slot i's sleepers, if it has any: what they
