@@ -72,6 +72,14 @@ type Conn struct {
 	PeerTSVal   uint32
 }
 
+// msClock is the value for TCP_TIMESTAMP that keeps the kernel's
+// timestamp clock in milliseconds and continues ts: since Linux 6.7 the
+// option's low bit asks for microsecond timestamps (a clock a thousand
+// times faster, whose reordered segments the peer's PAWS check drops and
+// whose 2^31 wrap comes after 36 minutes), so an odd ts is rounded up,
+// never down (RFC 7323 5.4: a sender's timestamps do not go back).
+func msClock(ts uint32) uint32 { return ts + ts&1 }
+
 // ErrPermission is returned when the process may not repair sockets.
 var ErrPermission = errors.New("TCP_REPAIR needs CAP_NET_ADMIN (run as root or through onloadd)")
 
@@ -174,7 +182,7 @@ func restoreRepairing(fd int, c *Conn) error {
 		return err
 	}
 	if c.TS {
-		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_TIMESTAMP, int(c.TSVal)); err != nil {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_TIMESTAMP, int(msClock(c.TSVal))); err != nil {
 			return os.NewSyscallError("setsockopt TCP_TIMESTAMP", err)
 		}
 	}

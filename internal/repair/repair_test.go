@@ -364,3 +364,57 @@ func restored(t *testing.T, c *Conn) int {
 	}
 	return fd
 }
+
+// TestRestoreTimestampClock restores a connection whose timestamp clock
+// reads an odd value, as our stack's millisecond clock does half the
+// time. Since Linux 6.7 the low bit of TCP_TIMESTAMP switches the socket
+// to microsecond timestamps: the peer would see our clock run a thousand
+// times faster, its PAWS check would drop any two segments reordered by
+// a microsecond, and after about 36 idle minutes every segment (the
+// clock's 2^31 wraps). The restored socket's clock must stay in
+// milliseconds and not step back from the value given.
+func TestRestoreTimestampClock(t *testing.T) {
+	repairable(t)
+	cc, peer := loopbackPair(t)
+	old := rawConn(t, cc)
+	c := dump(t, old)
+	unix.Close(old)
+	if !c.TS {
+		t.Skip("the loopback connection did not negotiate timestamps (net.ipv4.tcp_timestamps is off)")
+	}
+	c.TSVal |= 1
+	fd := restored(t, c)
+	f := os.NewFile(uintptr(fd), "restored")
+	defer f.Close()
+	if err := Finish(fd); err != nil {
+		t.Fatal(err)
+	}
+	first, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_TIMESTAMP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	later, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_TIMESTAMP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int32(uint32(first)-c.TSVal) < 0 {
+		t.Errorf("the restored clock reads %d, behind the %d it was given", uint32(first), c.TSVal)
+	}
+	if d := int32(uint32(later) - uint32(first)); first&1 != 0 || d < 40 || d > 1000 {
+		t.Errorf("the restored clock moved %d in 50 ms (it reads %d: the low bit is the kernel's microsecond flag); want milliseconds", d, uint32(later))
+	}
+	// The connection still works.
+	nc, err := net.FileConn(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(peer, got); err != nil || string(got) != "ping" {
+		t.Fatalf("the peer read %q, %v", got, err)
+	}
+}
