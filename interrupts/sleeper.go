@@ -375,9 +375,10 @@ func (s *Sleeper) Armed() bool { return s.state.Load() == stArmed }
 // Line describes the interrupt line and the Sleeper's state, for a dump:
 // whether it is armed, how long since the stack was last polled, and
 // what the line says of itself (an AF_XDP stack's: whether its readiness
-// is enabled in the kernel, and a signal waits to be taken). Frames in
-// the RX ring with the line armed, enabled and no signal waiting, for
-// long after the last poll, are a lost interrupt.
+// is enabled in the kernel, whether the kernel holds an event not yet
+// taken, and whether a signal waits to be taken). Frames in the RX ring
+// long after the last poll, with the line armed and enabled and neither
+// an event nor a signal waiting, are a lost interrupt.
 func (s *Sleeper) Line() string {
 	d := fmt.Sprintf("armed=%v spinning=%v polled %v ago", s.Armed(), s.Spinning(),
 		time.Duration(s.st.Clock()-s.st.PolledAt()).Round(time.Microsecond))
