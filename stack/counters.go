@@ -53,6 +53,7 @@ type Counters struct {
 	TCPBadSacks             uint64 // SACK blocks outside what is in flight: ignored
 	TCPRackLost             uint64 // segments RACK marked lost (RFC 8985)
 	TCPTLPs                 uint64 // tail loss probes sent (RFC 8985 7)
+	TCPTLPSpurious          uint64 // tail loss probes a D-SACK proved needless: the peer was slower to ACK than the probe allowed, and now gets longer
 	TCPUndos                uint64 // recoveries undone as spurious (timestamps, RFC 3522, or D-SACK)
 	TCPPredicted            uint64 // segments taken by header prediction, the in-order fast path
 	TCPTimeWaitReuse        uint64 // TIME-WAIT sockets recycled for a new socket
@@ -70,6 +71,16 @@ type Counters struct {
 	SocketsExhausted uint64 // socket creations refused: table full
 	SocketsOverflow  uint64 // times the table filled with live sockets and new connections went to the kernel (Options.Overflow)
 	ImageCorrupt     uint64 // inconsistencies found in the image and stepped around
+}
+
+// Sub is c - before, counter by counter: what happened between two
+// readings.
+func (c Counters) Sub(before Counters) Counters {
+	a, b := reflect.ValueOf(&c).Elem(), reflect.ValueOf(before)
+	for i := range a.NumField() {
+		a.Field(i).SetUint(a.Field(i).Uint() - b.Field(i).Uint())
+	}
+	return c
 }
 
 // String lists the non-zero counters as name=value.

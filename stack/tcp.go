@@ -67,6 +67,9 @@ const (
 	tfPush                    // the next partial segment goes, whatever cork and Nagle say
 	tfAutoCork                // the last partial segment waits for its sender's next wait (tcp_autocork.go)
 	tfSynAgain                // SYN-SENT: our SYN went again at once, after our reset of an old connection's ACK
+	tfPeerDelAck              // a probe of one segment proved needless: the peer delays its ACK longer than tlpDelAckWait
+	tfPeerSlow                // a probe of several segments proved needless: the probe timeout is at least tlpMinPTOSlow
+	tfDSack                   // a duplicate segment arrived: the next segment we send reports it (dsackStart, dsackEnd)
 )
 
 // userClosed reports whether the user closed the socket (an unaccepted
@@ -91,6 +94,9 @@ type tcb struct {
 	rcvNxt         seqnum.Value
 	rcvAdv         seqnum.Value // right edge of the window we last advertised
 	recover        seqnum.Value // NewReno: sndMax when fast recovery began
+	// A segment received twice, for the D-SACK block of our next segment
+	// (RFC 2883; tfDSack).
+	dsackStart, dsackEnd seqnum.Value
 
 	mss     uint16 // what we send in a segment
 	peerMSS uint16
@@ -171,7 +177,9 @@ type tcb struct {
 	lastSend            uint32 // µs clock of the last data segment sent
 	cwndLimited         bool   // the last output stopped at the congestion window
 	tlpCount            uint8  // tail loss probes sent since the last ACK of new data
-	_                   [3]byte
+	tlpProbe            uint8  // what the last probe sent again, its verdict awaited: tlpLone or tlpSeveral (0: none)
+	_                   [2]byte
+	tlpHigh             seqnum.Value // sndMax when that probe went (RFC 8985's TLP.end_seq)
 	// RFC 5482 user timeout, in ms (0: off), and the ms clock when the
 	// peer last acknowledged something or, with nothing in flight, when
 	// sending began.

@@ -241,6 +241,9 @@ func (s *Stack) segmentKeepsLocked(sk *sock, h vnic.Handle, g *segment) (keep bo
 		c.RxTCPOutOfWindow++
 		if g.flags&flagRST == 0 {
 			sk.tflags |= tfAckNow
+			if g.seq.Add(seqnum.Size(g.n)).LessThanEq(sk.rcvNxt) {
+				noteDSack(sk, g.seq, g.n)
+			}
 		}
 		if s.oldAckLocked(sk, g, wnd) {
 			// RFC 9293 3.10.7.4: "special allowance should be made to
@@ -434,6 +437,9 @@ func (s *Stack) ackLocked(sk *sock, g *segment) bool {
 	if sk.tflags&tfSackOK != 0 && g.opts.nsack > 0 && synchronized(sk.state) {
 		delivered, dsack = s.sackLocked(sk, g, now)
 	}
+	if sk.tlpProbe != 0 {
+		s.tlpVerdictLocked(sk, g.ack, dsack)
+	}
 	dup := false
 	if advanced {
 		delivered += s.ackedDataLocked(sk, g.ack, sk.sndUna.Size(g.ack), now)
@@ -582,6 +588,16 @@ func (sk *sock) rcvFits(bytes, frames uint32) bool {
 // a UMEM frame (vnic's 2 KiB).
 const minFrameCharge = 1024
 
+// noteDSack notes that n bytes from seq arrived again, for the D-SACK
+// block of our next segment (RFC 2883 4.1.1): the sender learns that it
+// sent them needlessly (a spurious retransmission or tail loss probe).
+func noteDSack(sk *sock, seq seqnum.Value, n int) {
+	if sk.tflags&tfSackOK != 0 && n > 0 {
+		sk.dsackStart, sk.dsackEnd = seq, seq.Add(seqnum.Size(n))
+		sk.tflags |= tfDSack
+	}
+}
+
 // dataLocked takes the payload of a segment (RFC 9293 3.10.7.4,
 // seventh): in order, it joins the receive queue and pulls in what waited
 // out of order; ahead of rcvNxt, it waits in the out-of-order queue. It
@@ -594,6 +610,7 @@ func (s *Stack) dataLocked(sk *sock, h vnic.Handle, g *segment) bool {
 		dup := int(seq.Size(sk.rcvNxt))
 		if dup >= n {
 			c.RxTCPDuplicate++
+			noteDSack(sk, seq, n)
 			sk.tflags |= tfAckNow
 			return false
 		}

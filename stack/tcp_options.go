@@ -116,8 +116,8 @@ func (s *Stack) synOptions(b []byte, sk *sock, synAck bool) int {
 const tsOptLen = 12
 
 // dataOptions writes the options of a synchronized segment: the
-// timestamp, and SACK blocks describing the out-of-order queue, as many as
-// fit in room bytes (a full segment has room only for the timestamp, which
+// timestamp, and SACK blocks (a D-SACK block if one is owed, then the
+// out-of-order queue's), as many as fit in room bytes (a full segment has room only for the timestamp, which
 // the MSS already allows for).
 //
 // With timestamps and no SACK blocks (no data out of order) it writes
@@ -130,10 +130,18 @@ func (s *Stack) dataOptions(b []byte, sk *sock, room int) int {
 		binary.BigEndian.PutUint32(b[8:], sk.tsRecent)
 		n = tsOptLen
 	}
-	if sk.tflags&tfSackOK != 0 && sk.oooHead != 0 && room-n >= 12 {
+	// A D-SACK block goes first (RFC 2883 4), once.
+	dsack := sk.tflags&tfDSack != 0
+	sk.tflags &^= tfDSack
+	if sk.tflags&tfSackOK != 0 && (sk.oooHead != 0 || dsack) && room-n >= 12 {
 		max := min((40-n-4)/8, (room-n-4)/8)
 		var blocks [4]sackBlock
-		k := s.sackBlocksLocked(sk, blocks[:max])
+		k := 0
+		if dsack {
+			blocks[0] = sackBlock{sk.dsackStart, sk.dsackEnd}
+			k = 1
+		}
+		k += s.sackBlocksLocked(sk, blocks[k:max])
 		if k > 0 {
 			b[n], b[n+1], b[n+2], b[n+3] = optNOP, optNOP, optSACK, byte(2+8*k)
 			n += 4

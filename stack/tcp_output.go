@@ -261,7 +261,7 @@ func (s *Stack) transmitSegLocked(sk *sock, f vnic.Frame, seq seqnum.Value, n in
 	// then found lost within one poll), is copied, not written over.
 	fl := f.Aux(auxFlags)
 	busy := f.Busy() || fl&afQueued != 0
-	inPlace := !busy && (sk.tflags&tfSackOK == 0 || sk.oooHead == vnic.Null)
+	inPlace := !busy && (sk.tflags&tfSackOK == 0 || sk.oooHead == vnic.Null && sk.tflags&tfDSack == 0)
 	if inPlace {
 		if sk.tflags&tfTSOK != 0 {
 			optLen = tsOptLen

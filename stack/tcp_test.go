@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"syscall"
 	"testing"
@@ -196,6 +197,118 @@ func TestTCPZeroAllocs(t *testing.T) {
 	// Every segment of these exchanges is one header prediction expects.
 	if ca, cb := a.Counters(), b.Counters(); ca.TCPPredicted < 1000 || cb.TCPPredicted < 1000 {
 		t.Errorf("header prediction took %d and %d segments; want every one of more than 1000", ca.TCPPredicted, cb.TCPPredicted)
+	}
+}
+
+// TestTCPProbeLearnsDelayedAck sends one segment at a time to a peer
+// that holds its ACK for 150ms, as a Linux receiver's ACK timeout may in
+// an interactive exchange (it doubles up to 200ms). The first tail loss
+// probe comes after our 40ms allowance, needlessly: the peer reports the
+// copy with a D-SACK (RFC 2883), and the sender must learn from it to
+// allow the peer RFC 8985's 200ms, so that the next lone segment goes
+// without a probe.
+func TestTCPProbeLearnsDelayedAck(t *testing.T) {
+	a, na, nb := memPair(t, vnic.MemConfig{})
+	b, err := stack.New(nb, stack.Config{Addr: addrB, MAC: nb.Info().MAC, DelayedAck: 150 * time.Millisecond}, stack.Options{
+		Neighbours: map[netip.Addr]net.HardwareAddr{addrA.Addr(): na.Info().MAC},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy() })
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	a.SetOption(c, stack.NoDelay, 1)
+	// A few exchanges give a µs RTT sample, so 2·SRTT alone is short.
+	for range 3 {
+		if got := transfer(t, a, c, b, s, []byte("warm"), poll, 5*time.Second); string(got) != "warm" {
+			t.Fatalf("warm-up: %q", got)
+		}
+		if got := transfer(t, b, s, a, c, []byte("back"), poll, 5*time.Second); string(got) != "back" {
+			t.Fatalf("warm-up: %q", got)
+		}
+	}
+	lone := func() (stack.Counters, time.Duration) {
+		t.Helper()
+		before := a.Counters()
+		if n, err := a.Send(c, []byte("one segment")); n != 11 || err != nil {
+			t.Fatalf("send: %d %v", n, err)
+		}
+		start := time.Now()
+		waitFor(t, "the ACK", 2*time.Second, poll, func() bool {
+			info, _ := a.TCPInfo(c)
+			return info.Unacked == 0
+		})
+		took := time.Since(start)
+		got := make([]byte, 64)
+		if n, _ := b.Recv(s, got, false); string(got[:n]) != "one segment" {
+			t.Fatalf("received %q", got[:n])
+		}
+		return a.Counters().Sub(before), took
+	}
+	first, took := lone()
+	if first.TCPTLPs != 1 || first.TCPTLPSpurious != 1 || first.TCPDSacks != 1 {
+		t.Fatalf("the first lone segment, acknowledged after %v: %d probes, %d of them found needless, %d D-SACKs; want 1 of each (a probe after 40ms, the peer's D-SACK for it)",
+			took.Round(time.Millisecond), first.TCPTLPs, first.TCPTLPSpurious, first.TCPDSacks)
+	}
+	for i := range 3 {
+		d, took := lone()
+		if d.TCPTLPs != 0 {
+			t.Fatalf("lone segment %d, acknowledged after %v: %d probes (%d retransmissions): the stack did not learn that the peer delays its ACK",
+				i+2, took.Round(time.Millisecond), d.TCPTLPs, d.TCPRetransmits)
+		}
+		if took < 100*time.Millisecond {
+			t.Fatalf("lone segment %d acknowledged after %v: the peer did not delay its ACK, and the test proves nothing", i+2, took)
+		}
+	}
+}
+
+// TestTCPProbeLearnsSlowPeer sends two segments at a time to a peer
+// whose process is starved of its CPU for a while after each (it is not
+// polled): a tail loss probe at 2·SRTT, floored at 2ms, goes needlessly,
+// and the peer's D-SACK for it must raise that connection's floor to
+// 10ms, so that a stall of 5ms draws no probe and one of 15ms still does.
+func TestTCPProbeLearnsSlowPeer(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	a.SetOption(c, stack.NoDelay, 1)
+	for range 3 { // µs RTT samples
+		if got := transfer(t, a, c, b, s, []byte("warm"), poll, 5*time.Second); string(got) != "warm" {
+			t.Fatalf("warm-up: %q", got)
+		}
+	}
+	msg := randomBytes(2500, 3)
+	starved := func(stall time.Duration) stack.Counters {
+		t.Helper()
+		before := a.Counters()
+		if n, err := a.Send(c, msg); n != len(msg) || err != nil {
+			t.Fatalf("send: %d %v", n, err)
+		}
+		for end := time.Now().Add(stall); time.Now().Before(end); {
+			a.Poll() // b's process is off its CPU
+		}
+		if got := transfer(t, b, s, a, c, nil, poll, time.Second); len(got) != 0 {
+			t.Fatalf("unexpected data %q", got)
+		}
+		waitFor(t, "the ACK", 2*time.Second, poll, func() bool {
+			info, _ := a.TCPInfo(c)
+			return info.Unacked == 0
+		})
+		got := make([]byte, 2*len(msg))
+		if n, _ := b.Recv(s, got, false); !bytes.Equal(got[:n], msg) {
+			t.Fatalf("received %d bytes, not the message", n)
+		}
+		return a.Counters().Sub(before)
+	}
+	if d := starved(5 * time.Millisecond); d.TCPTLPs != 1 || d.TCPTLPSpurious != 1 {
+		t.Fatalf("the first 5ms stall: %d probes, %d of them found needless; want 1 and 1 (a probe after 2ms, the peer's D-SACK for it); %s; b %s", d.TCPTLPs, d.TCPTLPSpurious, &d, ptr(b.Counters()))
+	}
+	if d := starved(5 * time.Millisecond); d.TCPTLPs != 0 {
+		t.Fatalf("the second 5ms stall: %d probes: the stack did not learn that the peer is slow to ACK", d.TCPTLPs)
+	}
+	if d := starved(15 * time.Millisecond); d.TCPTLPs != 1 {
+		t.Fatalf("a 15ms stall: %d probes; want 1 at the 10ms floor", d.TCPTLPs)
 	}
 }
 

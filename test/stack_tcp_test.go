@@ -196,35 +196,42 @@ func TestStackTCPClientToKernel(t *testing.T) {
 // TestStackTCPServerForKernel: the kernel in a connects to our listener in
 // b; 64 MiB each way; the kernel's side closes first.
 func TestStackTCPServerForKernel(t *testing.T) {
+	s, id, k := kernelClient(t, 5202)
+	bulkExchange(t, stackConn{s, id}, k, 3)
+}
+
+// kernelClient is our stack in host b, polled until the test ends, and a
+// connection to it on port from the kernel's client in host a: our
+// accepted socket and the kernel's end.
+func kernelClient(t *testing.T, port uint16) (*stack.Stack, stack.SockID, net.Conn) {
+	t.Helper()
 	a, b := Pair(t, LinkOptions{})
 	s := ourStack(t, b.Iface0())
-	defer poller(s)()
+	t.Cleanup(poller(s))
 	l, _ := s.Open(stack.TCP)
-	if err := s.Bind(l, netip.MustParseAddrPort("0.0.0.0:5202")); err != nil {
+	if err := s.Bind(l, netip.AddrPortFrom(netip.IPv4Unspecified(), port)); err != nil {
 		t.Fatal(err)
 	}
 	s.Listen(l, 0)
 	var k net.Conn
 	if err := a.Do(func() (err error) {
-		k, err = net.DialTimeout("tcp", b.Iface0().Addr().String()+":5202", 5*time.Second)
+		k, err = net.DialTimeout("tcp", netip.AddrPortFrom(b.Iface0().Addr(), port).String(), 5*time.Second)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	defer k.Close()
-	var id stack.SockID
+	t.Cleanup(func() { k.Close() })
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		var err error
-		if id, err = s.Accept(l); err == nil {
-			break
+		id, err := s.Accept(l)
+		if err == nil {
+			return s, id, k
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("nothing to accept")
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
-	bulkExchange(t, stackConn{s, id}, k, 3)
 }
 
 // bulkExchange moves bulkSize bytes each way, logs the time and counters,
@@ -392,4 +399,77 @@ func TestStackTCPShortConnections(t *testing.T) {
 func ptrCounters(s *stack.Stack) *stack.Counters {
 	c := s.Counters()
 	return &c
+}
+
+// TestStackTCPProbeLearnsDelayedAck has the kernel's client exchange
+// requests and our one-segment replies back to back (so that it delays
+// its ACKs: an interactive peer's ACK rides on its next request, Linux's
+// "pingpong" mode), then pause after the last reply of each burst. Its
+// ACK of that reply waits on its delayed-ACK timer, which starts at 40ms
+// and doubles each time it fires in that mode, up to the RTO (200ms). A
+// tail loss probe that allows 40ms for it goes out before the ACK, a
+// spurious retransmission that the kernel reports with a D-SACK (RFC
+// 2883). The stack must learn from the first and allow that peer RFC
+// 8985's 200ms from then on: at most one probe in the whole exchange.
+func TestStackTCPProbeLearnsDelayedAck(t *testing.T) {
+	const bursts, perBurst = 20, 5
+	s, id, k := kernelClient(t, 5203)
+	s.SetOption(id, stack.NoDelay, 1)
+	before := s.Counters()
+	req, reply, buf := make([]byte, 64), make([]byte, 512), make([]byte, 512)
+	delayed, slowest := 0, time.Duration(0)
+	for i := range bursts * perBurst {
+		req[0] = byte(i)
+		k.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := k.Write(req); err != nil {
+			t.Fatalf("round %d: write: %v", i, err)
+		}
+		got, end := 0, time.Now().Add(5*time.Second)
+		for got < len(req) {
+			n, err := s.Recv(id, buf[got:len(req)], false)
+			if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
+				t.Fatalf("round %d: recv: %v", i, err)
+			}
+			if got += n; n == 0 {
+				if time.Now().After(end) {
+					t.Fatalf("round %d: no request", i)
+				}
+				time.Sleep(20 * time.Microsecond)
+			}
+		}
+		if buf[0] != byte(i) {
+			t.Fatalf("round %d: request %d", i, buf[0])
+		}
+		reply[0] = byte(i)
+		if err := (stackConn{s, id}).writeAll(reply, 5*time.Second); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if _, err := io.ReadFull(k, buf); err != nil || buf[0] != byte(i) {
+			t.Fatalf("round %d: read: %v", i, err)
+		}
+		if i%perBurst != perBurst-1 {
+			continue
+		}
+		// The pause: the kernel's ACK of the reply comes on its timer.
+		sent := time.Now()
+		for acked := false; time.Since(sent) < 300*time.Millisecond; time.Sleep(time.Millisecond) {
+			if info, _ := s.TCPInfo(id); !acked && info.Unacked == 0 {
+				acked = true
+				if took := time.Since(sent); took > 20*time.Millisecond {
+					delayed++
+					slowest = max(slowest, took)
+				}
+			}
+		}
+	}
+	after := s.Counters()
+	d := after.Sub(before)
+	t.Logf("%d bursts, %d last replies acknowledged after 20ms (the slowest after %v): tail loss probes %d (%d found needless), retransmissions %d, D-SACKs %d",
+		bursts, delayed, slowest.Round(time.Millisecond), d.TCPTLPs, d.TCPTLPSpurious, d.TCPRetransmits, d.TCPDSacks)
+	if delayed < bursts/2 {
+		t.Fatalf("only %d of %d bursts' last replies waited for the kernel's delayed ACK: the test proves nothing", delayed, bursts)
+	}
+	if n := d.TCPTLPs; n > 1 {
+		t.Errorf("%d tail loss probes in %d request-response bursts on a clean path: the stack did not learn that the peer delays its ACK", n, bursts)
+	}
 }
