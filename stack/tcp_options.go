@@ -117,8 +117,8 @@ const tsOptLen = 12
 
 // dataOptions writes the options of a synchronized segment: the
 // timestamp, and SACK blocks (a D-SACK block if one is owed, then the
-// out-of-order queue's), as many as fit in room bytes (a full segment has room only for the timestamp, which
-// the MSS already allows for).
+// out-of-order queue's), as many as fit in room bytes (a full segment has
+// room only for the timestamp, which the MSS already allows for).
 //
 // With timestamps and no SACK blocks (no data out of order) it writes
 // exactly tsOptLen bytes, without timestamps none.

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"runtime/metrics"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -125,6 +126,130 @@ func (s *schedWaits) longest(since int64) time.Duration {
 	return d
 }
 
+// machineWaits follows two ways this machine keeps a packet from moving
+// that neither the Go scheduler's waits nor a lost wake-up explain,
+// sampled every 10ms or so:
+//   - the time the hypervisor kept each CPU from running (/proc/stat's
+//     steal, in ticks of 10ms);
+//   - the time each CPU's softirq thread (ksoftirqd/N) waited for its CPU
+//     (/proc/PID/schedstat's run_delay). A busy CPU hands its network
+//     softirq to that thread, and veth's receive, the steering program
+//     and the AF_XDP ring's flush wait with it; on these two CPUs shared
+//     by a spinner, the thread had waited six times as long as it ran.
+type machineWaits struct {
+	softirqd []string        // /proc/PID/schedstat of ksoftirqd/N, by N
+	samples  []machineSample // the last few seconds'
+}
+
+type machineSample struct {
+	at      int64           // UnixNano
+	steal   []time.Duration // by CPU
+	softirq []time.Duration // by CPU: ksoftirqd's run_delay
+}
+
+func (m *machineWaits) sample(now time.Time) {
+	if m.softirqd == nil {
+		m.softirqd = []string{}
+		dirs, _ := os.ReadDir("/proc")
+		for _, d := range dirs {
+			comm, err := os.ReadFile("/proc/" + d.Name() + "/comm")
+			var cpu int
+			if err == nil && strings.HasPrefix(string(comm), "ksoftirqd/") {
+				if _, err := fmt.Sscanf(string(comm), "ksoftirqd/%d", &cpu); err == nil {
+					for len(m.softirqd) <= cpu {
+						m.softirqd = append(m.softirqd, "")
+					}
+					m.softirqd[cpu] = "/proc/" + d.Name() + "/schedstat"
+				}
+			}
+		}
+	}
+	x := machineSample{at: now.UnixNano()}
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			// cpuN user nice system idle iowait irq softirq steal ...
+			if len(f) < 9 || !strings.HasPrefix(f[0], "cpu") || f[0] == "cpu" {
+				continue
+			}
+			ticks, _ := strconv.ParseUint(f[8], 10, 64)
+			x.steal = append(x.steal, time.Duration(ticks)*10*time.Millisecond) // USER_HZ is 100
+		}
+	}
+	for _, path := range m.softirqd {
+		var run, delay uint64
+		if b, err := os.ReadFile(path); err == nil {
+			fmt.Sscan(string(b), &run, &delay)
+		}
+		x.softirq = append(x.softirq, time.Duration(delay))
+	}
+	m.samples = append(m.samples, x)
+	if len(m.samples) > 1000 {
+		m.samples = append(m.samples[:0], m.samples[len(m.samples)-500:]...)
+	}
+}
+
+// kept is, from the last sample at or before since (UnixNano) to the
+// latest, the most one CPU was stolen (less a tick: the counters move in
+// whole ticks, so one may be time stolen outside the window; a round trip
+// of 50ms with a tick stolen was a lost wake-up, one readiness signal in
+// 200 dropped on purpose) and the longest one CPU's softirq thread
+// waited for it.
+func (m *machineWaits) kept(since int64) (stolen, softirq time.Duration) {
+	if len(m.samples) == 0 {
+		return 0, 0
+	}
+	from := m.samples[0]
+	for _, x := range m.samples {
+		if x.at <= since {
+			from = x
+		}
+	}
+	to := m.samples[len(m.samples)-1]
+	for i := range min(len(from.steal), len(to.steal)) {
+		stolen = max(stolen, to.steal[i]-from.steal[i])
+	}
+	for i := range min(len(from.softirq), len(to.softirq)) {
+		softirq = max(softirq, to.softirq[i]-from.softirq[i])
+	}
+	return max(stolen-10*time.Millisecond, 0), softirq
+}
+
+// heartbeat measures the process's own stalls: how late a 1ms sleep
+// wakes. A lost wake-up leaves the process idle, with nothing to keep it
+// from waking on time; a process kept off its processors (a VM's, or a
+// scheduler with more runnable goroutines than it can run), or whose Go
+// runtime looks at its timers and its network poller late (both wait in
+// the same place), wakes late, and its connections' pauses over that
+// time are the machine's, not a wake-up's.
+type heartbeat struct {
+	late atomic.Int64    // ns, in all: each sleep's wake beyond 2ms
+	gaps [4]atomic.Int64 // sleeps that took over 5, 20, 80 and 320ms
+}
+
+// startHeartbeat runs a heartbeat until the time given.
+func startHeartbeat(until time.Time) *heartbeat {
+	h := new(heartbeat)
+	go func() {
+		last := time.Now().UnixNano()
+		for time.Now().Before(until) {
+			time.Sleep(time.Millisecond)
+			now := time.Now().UnixNano()
+			gap := now - last
+			last = now
+			if late := gap - int64(2*time.Millisecond); late > 0 {
+				h.late.Add(late)
+			}
+			for k := range h.gaps {
+				if gap > int64(time.Duration(5<<(2*k))*time.Millisecond) {
+					h.gaps[k].Add(1)
+				}
+			}
+		}
+	}()
+	return h
+}
+
 // stallAfter is how long a connection with data outstanding may go
 // without progress. The race detector slows everything several times
 // over and its runs are short: it gets more room.
@@ -149,10 +274,10 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 	var serverRead sync.Map                 // client address -> *atomic.Int64, bytes the server read
 	written := make([]atomic.Int64, conns)  // bytes each connection's writer has sent
 	progress := make([]atomic.Int64, conns) // UnixNano of each connection's last progress
-	// The process's own stalls: how late, in all, the heartbeat's 1ms
-	// sleeps have woken (below), and that figure at each connection's
-	// last progress.
-	var stalled atomic.Int64
+	// The process's own stalls (the heartbeat's, below), and their sum at
+	// each connection's last progress.
+	beat := startHeartbeat(time.Now().Add(dur + time.Minute))
+	stalled := &beat.late
 	stalledAt := make([]atomic.Int64, conns)
 	noteProgress := func(i int) {
 		stalledAt[i].Store(stalled.Load())
@@ -269,30 +394,7 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 		}()
 	}
 
-	// The heartbeat: how late a 1ms sleep wakes, the process's own
-	// stalls. A lost wake-up leaves the process idle, with nothing to
-	// keep it from waking on time; a process kept off its processors (a
-	// VM's, or a scheduler with more runnable goroutines than it can
-	// run) wakes late, and its connections' pauses over that time are
-	// the machine's, not a wake-up's: the watchdog does not count them.
-	var beatGaps [4]atomic.Int64
-	go func() {
-		last := time.Now().UnixNano()
-		for time.Now().Before(stop.Add(time.Minute)) {
-			time.Sleep(time.Millisecond)
-			now := time.Now().UnixNano()
-			gap := now - last
-			last = now
-			if late := gap - int64(2*time.Millisecond); late > 0 {
-				stalled.Add(late)
-			}
-			for k := range beatGaps {
-				if gap > int64(time.Duration(5<<(2*k))*time.Millisecond) {
-					beatGaps[k].Add(1)
-				}
-			}
-		}
-	}()
+	beatGaps := &beat.gaps
 	// The watchdog. A stall longer than stallAfter (beyond the process's
 	// own stalls) is a suspect until its connection moves again, or for
 	// at most a second: a goroutine that was runnable all along, in a Go
@@ -405,9 +507,13 @@ func pause(rng *rand.Rand) {
 // a random 0-30µs before each request so that requests land all over
 // B's arm-and-sleep sequence. A frame left in B's ring would wait for a
 // timer: B's delayed ACK is put off to 500ms, so that A's tail loss
-// probe (40ms for one segment in flight) or its retransmission timeout
-// comes first. On this clean path the test allows no round trip over
-// stallAfter and at most one retransmission a minute (below). (With the wake event
+// probe (40ms for one segment in flight; 200ms once a needless probe has
+// shown A that B delays its ACK) or its retransmission timeout comes
+// first. On this clean path the test allows no round trip over
+// stallAfter that neither the process's own stalls (heartbeat), the Go
+// scheduler's waits nor the machine's (machineWaits: a CPU stolen, a
+// softirq thread kept waiting) explain, ten a minute over a fifth of
+// that, and one retransmission a minute (below). (With the wake event
 // alone and no readiness, a 30-second run saw about 260 round trips of
 // 18-38ms, rescued by B's delayed ACK timer before it was put off; with
 // readiness, none over 15ms.) A minute, 3s with -short.
@@ -449,19 +555,67 @@ func TestNoLostWakeupPingPong(t *testing.T) {
 	beforeB := sb.Engine().Counters()
 	rng := rand.New(rand.NewPCG(7, 7))
 	msg, buf := make([]byte, 64), make([]byte, 64)
-	var n, forgiven int
+	var n, forgiven, rescued int
 	var worst time.Duration
+	rescueAfter := stallAfter / 5
+	// A watchdog takes both stacks' dumps while a round trip is slow (over
+	// 20ms), so that a failure shows the stall as it was: whether the
+	// request waited in B's ring with B's Sleeper armed, or elsewhere. The
+	// dumps taken after it show only that it ended.
+	type stallDump struct {
+		start int64 // the round trip's, UnixNano
+		text  string
+	}
+	var inFlight atomic.Int64 // the current round trip's start, UnixNano (0: none)
+	var during atomic.Pointer[stallDump]
+	watchdogDone := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-watchdogDone:
+				return
+			case now := <-tick.C:
+				st := inFlight.Load()
+				if d := during.Load(); st == 0 || d != nil && d.start == st || now.Sub(time.Unix(0, st)) < 20*time.Millisecond {
+					continue
+				}
+				during.Store(&stallDump{st, fmt.Sprintf("after %v:\na: %s\nb: %s", now.Sub(time.Unix(0, st)).Round(time.Millisecond), sa.Dump(), sb.Dump())})
+			}
+		}
+	}()
+	defer close(watchdogDone)
 	// The Go scheduler's waits, sampled every millisecond at most (as in
 	// stress): a slow round trip that a runnable goroutine's wait in it
 	// explains is the machine's.
 	var sched schedWaits
+	var machine machineWaits
+	// The process's own stalls: B's stack shares this process's Go
+	// runtime with A's spinner, and a runtime that looks at its network
+	// poller late (where B's interrupt arrives) looks at its timers late
+	// too (both wait in the same place): a heartbeat's sleeps show it.
+	// Without the heartbeat, one round trip in a few hundred thousand
+	// took 55-62ms, in CI and by hand, at this commit and before it; the
+	// stacks' dumps during one showed the request in B's RX ring, the
+	// kernel's readiness set readable, the readiness goroutine not woken,
+	// and the watchdog's own 5ms ticker 16ms late: the runtime had looked
+	// at neither its poller nor its timers (A's spinner kept its
+	// processors busy, and a processor whose run queue is never empty
+	// does not poll the network). With the heartbeat's 1ms sleeps, which
+	// keep the runtime looking, none in 10 runs.
+	beat := startHeartbeat(time.Now().Add(dur + time.Minute))
 	sampled := time.Now()
 	sched.sample(sampled)
+	machine.sample(sampled)
+	machineSampled := sampled
 	for end := time.Now().Add(dur); time.Now().Before(end); n++ {
 		for wait := time.Now().Add(time.Duration(rng.IntN(30_000))); time.Now().Before(wait); {
 		}
 		binary.BigEndian.PutUint64(msg, uint64(n))
 		start := time.Now()
+		lateAt := beat.late.Load()
+		inFlight.Store(start.UnixNano())
 		c.SetDeadline(start.Add(10 * time.Second))
 		if _, err := c.Write(msg); err != nil {
 			t.Fatalf("round trip %d: write: %v", n, err)
@@ -469,37 +623,70 @@ func TestNoLostWakeupPingPong(t *testing.T) {
 		if _, err := io.ReadFull(c, buf); err != nil {
 			t.Fatalf("round trip %d: read: %v", n, err)
 		}
+		inFlight.Store(0)
 		if !bytes.Equal(buf, msg) {
 			t.Fatalf("round trip %d: the echo differs", n)
 		}
 		now := time.Now()
 		rtt := now.Sub(start)
 		worst = max(worst, rtt)
-		if rtt > stallAfter {
+		if rtt > rescueAfter {
 			before := sampled
 			sched.sample(now)
-			sampled = now
-			if waited := sched.longest(before.UnixNano()); rtt-waited > stallAfter {
-				t.Fatalf("round trip %d took %v (the longest wait of a runnable goroutine in it %v): a lost wake-up\na: %s\nb: %s",
-					n, rtt.Round(time.Millisecond), waited.Round(time.Millisecond), sa.Dump(), sb.Dump())
+			machine.sample(now)
+			sampled, machineSampled = now, now
+			waited := sched.longest(before.UnixNano())
+			stolen, softirq := machine.kept(start.UnixNano())
+			own := time.Duration(beat.late.Load() - lateAt)
+			explained := max(waited, stolen, softirq, own)
+			if rtt <= stallAfter {
+				if rtt-explained > rescueAfter {
+					rescued++
+				}
+				continue
+			}
+			if rtt-explained > stallAfter {
+				if d := during.Load(); d != nil && d.start == start.UnixNano() {
+					t.Logf("the stacks during the round trip, %s", d.text)
+				}
+				t.Fatalf("round trip %d took %v (in it the process's own stalls %v, the longest wait of a runnable goroutine %v, of a softirq thread %v, the most a CPU was stolen by the hypervisor %v): a lost wake-up (the stacks during it are above)\nafter it:\na: %s\nb: %s",
+					n, rtt.Round(time.Millisecond), own.Round(time.Millisecond), waited.Round(time.Millisecond), softirq.Round(time.Millisecond), stolen, sa.Dump(), sb.Dump())
 			} else {
 				forgiven++
-				t.Logf("round trip %d took %v, a goroutine runnable for %v: the Go scheduler's, not a lost wake-up", n, rtt.Round(time.Millisecond), waited.Round(time.Millisecond))
+				t.Logf("round trip %d took %v: the process's own stalls %v, a goroutine runnable for %v, a softirq thread for %v, a CPU stolen for %v: the machine's, not a lost wake-up",
+					n, rtt.Round(time.Millisecond), own.Round(time.Millisecond), waited.Round(time.Millisecond), softirq.Round(time.Millisecond), stolen)
 			}
-		} else if now.Sub(sampled) > time.Millisecond {
-			sched.sample(now)
-			sampled = now
+		} else {
+			if now.Sub(sampled) > time.Millisecond {
+				sched.sample(now)
+				sampled = now
+			}
+			if now.Sub(machineSampled) > 10*time.Millisecond {
+				machine.sample(now)
+				machineSampled = now
+			}
 		}
 	}
 	after, afterB := sa.Engine().Counters(), sb.Engine().Counters()
-	t.Logf("%d round trips in %v, the slowest %v (%d slow ones the Go scheduler's); B's sleeper %+v", n, dur, worst.Round(time.Microsecond), forgiven, sb.Sleeper().Stats())
+	t.Logf("%d round trips in %v, the slowest %v (%d over %v the machine's; %d over %v it does not explain); B's sleeper %+v",
+		n, dur, worst.Round(time.Microsecond), forgiven, stallAfter, rescued, rescueAfter, sb.Sleeper().Stats())
 	// One retransmission a minute is allowed, and one in a shorter run:
 	// this VM's scheduler alone now and then keeps a process off its CPU
 	// for longer than A's tail loss probe waits (40ms; one such run in
 	// about ten, its slowest round trip 42ms, under stallAfter; the 3s
 	// run under the race detector met one too, its slowest round trip
-	// 45ms). A lost wake-up gives dozens (17 in 30 seconds with the wake
-	// event alone), and the minute's run still allows one.
+	// 45ms). A lost wake-up gave dozens (17 in 30 seconds with the wake
+	// event alone), and the minute's run still allows one. But after one
+	// needless probe A allows B 200ms for a lone segment (tfPeerDelAck in
+	// the stack), and B's own timers rescue a lost wake-up first: the
+	// round trips over rescueAfter that the machine does not explain
+	// count them instead. Clean runs had 1 a minute; with one readiness
+	// signal in 200 dropped on purpose, 1,231 (and no retransmission
+	// beyond the one allowed, the slowest round trip 45ms).
+	if allowedRescued := 10 * max(1, int(dur/time.Minute)); rescued > allowedRescued {
+		t.Errorf("%d round trips took over %v that neither the process's own stalls, the Go scheduler, a softirq thread's wait nor the hypervisor explain (%d allowed): frames waited in a ring until a timer rescued them",
+			rescued, rescueAfter, allowedRescued)
+	}
 	allowed := max(1, uint64(dur/time.Minute))
 	if r := after.TCPRetransmits - before.TCPRetransmits + afterB.TCPRetransmits - beforeB.TCPRetransmits; r > allowed {
 		t.Errorf("%d segments were retransmitted on a path that loses nothing (tail loss probes %d, timeouts %d; %d allowed for the machine's own stalls): a frame waited in a ring until a timer rescued it",
