@@ -1,8 +1,6 @@
 package stack_test
 
 import (
-	"net"
-	"net/netip"
 	"slices"
 	"syscall"
 	"testing"
@@ -104,14 +102,7 @@ func TestReadyLog(t *testing.T) {
 func TestArmReady(t *testing.T) {
 	a, na, nb := memPair(t, vnic.MemConfig{})
 	wakes := 0
-	b, err := stack.New(nb, stack.Config{Addr: addrB, MAC: nb.Info().MAC}, stack.Options{
-		Neighbours: map[netip.Addr]net.HardwareAddr{addrA.Addr(): na.Info().MAC},
-		ReadyWake:  func() { wakes++ },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Destroy() })
+	b := peerStack(t, na, nb, stack.Config{}, stack.Options{ReadyWake: func() { wakes++ }})
 	poll := pollBoth(a, b)
 	c, _ := connectPair(t, a, b, poll)
 

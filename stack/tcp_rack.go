@@ -130,12 +130,18 @@ func (sk *sock) tlpEligible() bool {
 		sk.srtt != 0 && sk.state == tcpEstablished && sk.sndUna != sk.sndMax
 }
 
+// oneSegmentOut reports whether at most one segment is in flight, the
+// case in which the peer may hold its ACK on its delayed-ACK timer.
+func (sk *sock) oneSegmentOut() bool {
+	return uint32(sk.sndUna.Size(sk.sndMax)) <= uint32(sk.mss)
+}
+
 // ptoLocked is the probe timeout in µs (RFC 8985 7.2): 2·SRTT, more when
 // one segment is out (the peer may delay its ACK; above), never past the
 // RTO.
 func (s *Stack) ptoLocked(sk *sock) uint32 {
 	pto := 2 * sk.srtt
-	if uint32(sk.sndUna.Size(sk.sndMax)) <= uint32(sk.mss) {
+	if sk.oneSegmentOut() {
 		wait := tlpDelAckWait
 		if sk.tflags&tfPeerDelAck != 0 {
 			wait = tlpDelAckWaitLong
@@ -180,7 +186,7 @@ func (s *Stack) tlpFireLocked(sk *sock) {
 	}
 	if found && last.Aux(auxFlags)&afSacked == 0 {
 		sk.tlpProbe, sk.tlpHigh = tlpSeveral, sk.sndMax
-		if uint32(sk.sndUna.Size(sk.sndMax)) <= uint32(sk.mss) {
+		if sk.oneSegmentOut() {
 			sk.tlpProbe = tlpLone
 		}
 		s.transmitSegLocked(sk, last, seqnum.Value(last.Aux(auxSeq)), int(last.Aux(auxLen)), 0)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
-	"net"
 	"net/netip"
 	"syscall"
 	"testing"
@@ -209,13 +208,7 @@ func TestTCPZeroAllocs(t *testing.T) {
 // without a probe.
 func TestTCPProbeLearnsDelayedAck(t *testing.T) {
 	a, na, nb := memPair(t, vnic.MemConfig{})
-	b, err := stack.New(nb, stack.Config{Addr: addrB, MAC: nb.Info().MAC, DelayedAck: 150 * time.Millisecond}, stack.Options{
-		Neighbours: map[netip.Addr]net.HardwareAddr{addrA.Addr(): na.Info().MAC},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Destroy() })
+	b := peerStack(t, na, nb, stack.Config{DelayedAck: 150 * time.Millisecond}, stack.Options{})
 	poll := pollBoth(a, b)
 	c, s := connectPair(t, a, b, poll)
 	a.SetOption(c, stack.NoDelay, 1)

@@ -55,14 +55,21 @@ func twoStacks(t *testing.T, cfg vnic.MemConfig) (*stack.Stack, *stack.Stack) {
 func twoStacksNICs(t *testing.T, cfg vnic.MemConfig) (sa, sb *stack.Stack, a, b *vnic.Mem) {
 	t.Helper()
 	sa, a, b = memPair(t, cfg)
-	sb, err := stack.New(b, stack.Config{Addr: addrB, MAC: b.Info().MAC}, stack.Options{
-		Neighbours: map[netip.Addr]net.HardwareAddr{addrA.Addr(): a.Info().MAC},
-	})
+	return sa, peerStack(t, a, b, stack.Config{}, stack.Options{}), a, b
+}
+
+// peerStack is our stack on end b of memPair's wire (a the other end), at
+// addrB, with the test's own settings beside those.
+func peerStack(t *testing.T, a, b *vnic.Mem, cfg stack.Config, opt stack.Options) *stack.Stack {
+	t.Helper()
+	cfg.Addr, cfg.MAC = addrB, b.Info().MAC
+	opt.Neighbours = map[netip.Addr]net.HardwareAddr{addrA.Addr(): a.Info().MAC}
+	s, err := stack.New(b, cfg, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sb.Destroy() })
-	return sa, sb, a, b
+	t.Cleanup(func() { s.Destroy() })
+	return s
 }
 
 // recvUDP polls until a datagram arrives on id.

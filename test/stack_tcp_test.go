@@ -76,6 +76,27 @@ func (c stackConn) writeAll(data []byte, timeout time.Duration) error {
 	return nil
 }
 
+// readFull reads exactly len(buf) bytes, as writeAll writes them.
+func (c stackConn) readFull(buf []byte, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for got := 0; got < len(buf); {
+		n, err := c.s.Recv(c.id, buf[got:], false)
+		switch {
+		case err == nil && n == 0:
+			return fmt.Errorf("recv: end of stream after %d of %d bytes", got, len(buf))
+		case err != nil && !errors.Is(err, stack.ErrWouldBlock):
+			return fmt.Errorf("recv after %d bytes: %w", got, err)
+		}
+		if got += n; n == 0 {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("recv: %d of %d bytes in %v", got, len(buf), timeout)
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	return nil
+}
+
 func (c stackConn) readAll(timeout time.Duration) ([]byte, error) {
 	var got []byte
 	buf := make([]byte, 256<<10)
@@ -424,18 +445,8 @@ func TestStackTCPProbeLearnsDelayedAck(t *testing.T) {
 		if _, err := k.Write(req); err != nil {
 			t.Fatalf("round %d: write: %v", i, err)
 		}
-		got, end := 0, time.Now().Add(5*time.Second)
-		for got < len(req) {
-			n, err := s.Recv(id, buf[got:len(req)], false)
-			if err != nil && !errors.Is(err, stack.ErrWouldBlock) {
-				t.Fatalf("round %d: recv: %v", i, err)
-			}
-			if got += n; n == 0 {
-				if time.Now().After(end) {
-					t.Fatalf("round %d: no request", i)
-				}
-				time.Sleep(20 * time.Microsecond)
-			}
+		if err := (stackConn{s, id}).readFull(buf[:len(req)], 5*time.Second); err != nil {
+			t.Fatalf("round %d: %v", i, err)
 		}
 		if buf[0] != byte(i) {
 			t.Fatalf("round %d: request %d", i, buf[0])
