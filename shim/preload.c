@@ -175,15 +175,17 @@ static int irq_fd = -1;	      /* the stack's interrupt fd (onl_irq_fd) */
 static int remote_fd = -1;    /* the stack's wake socket (onl_remote_fd) */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;	     /* the table */
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER; /* loading the core */
-static __thread int in_core;  /* this thread is in the Go core */
+static __thread volatile int in_core; /* this thread is in the Go core */
 static __thread int in_handler; /* the program's signal handlers running on this thread */
 static __thread int kick_owed; /* this thread's sends left frames for a kick */
 
 /* Signals that come while their thread is in the core wait for it to
  * leave (see on_signal): the handlers for them, by signal, and what each
- * thread holds back. */
+ * thread holds back. in_core and sig_held are volatile: the handler
+ * writes them between any two of the thread's instructions, so leaving
+ * the core (clear in_core, then look at sig_held) must keep that order. */
 static struct sigaction prog_act[NSIG];
-static __thread uint64_t sig_held;	    /* bit sig-1: held */
+static __thread volatile uint64_t sig_held; /* bit sig-1: held */
 static __thread siginfo_t sig_info[NSIG]; /* what came with each */
 static void run_held(void);
 

@@ -32,6 +32,38 @@ func pollBoth(a, b *stack.Stack) func() {
 	}
 }
 
+// waitAcked waits until everything st sent on id is acknowledged.
+func waitAcked(t *testing.T, st *stack.Stack, id stack.SockID, poll func(), timeout time.Duration) {
+	t.Helper()
+	waitFor(t, "the ACK", timeout, poll, func() bool {
+		info, _ := st.TCPInfo(id)
+		return info.Unacked == 0
+	})
+}
+
+// sendAcked sends msg from a on c, polls a alone for stall (as if b's
+// process were off its CPU), and waits for the ACK; b must have
+// received msg on s. It returns what a's counters moved by, and the time
+// from the send to the ACK.
+func sendAcked(t *testing.T, a *stack.Stack, c stack.SockID, b *stack.Stack, s stack.SockID, msg []byte, stall time.Duration, poll func()) (stack.Counters, time.Duration) {
+	t.Helper()
+	before := a.Counters()
+	if n, err := a.Send(c, msg); n != len(msg) || err != nil {
+		t.Fatalf("send: %d %v", n, err)
+	}
+	start := time.Now()
+	for end := start.Add(stall); time.Now().Before(end); {
+		a.Poll()
+	}
+	waitAcked(t, a, c, poll, 2*time.Second)
+	took := time.Since(start)
+	got := make([]byte, 2*len(msg))
+	if n, _ := b.Recv(s, got, false); !bytes.Equal(got[:n], msg) {
+		t.Fatalf("received %q, not the %d bytes sent", got[:min(n, 64)], len(msg))
+	}
+	return a.Counters().Sub(before), took
+}
+
 // connectPair connects a to a listener on b (made on port 80 the first
 // time) and accepts.
 func connectPair(t *testing.T, a, b *stack.Stack, poll func()) (client, server stack.SockID) {
@@ -223,21 +255,7 @@ func TestTCPProbeLearnsDelayedAck(t *testing.T) {
 	}
 	lone := func() (stack.Counters, time.Duration) {
 		t.Helper()
-		before := a.Counters()
-		if n, err := a.Send(c, []byte("one segment")); n != 11 || err != nil {
-			t.Fatalf("send: %d %v", n, err)
-		}
-		start := time.Now()
-		waitFor(t, "the ACK", 2*time.Second, poll, func() bool {
-			info, _ := a.TCPInfo(c)
-			return info.Unacked == 0
-		})
-		took := time.Since(start)
-		got := make([]byte, 64)
-		if n, _ := b.Recv(s, got, false); string(got[:n]) != "one segment" {
-			t.Fatalf("received %q", got[:n])
-		}
-		return a.Counters().Sub(before), took
+		return sendAcked(t, a, c, b, s, []byte("one segment"), 0, poll)
 	}
 	first, took := lone()
 	if first.TCPTLPs != 1 || first.TCPTLPSpurious != 1 || first.TCPDSacks != 1 {
@@ -274,25 +292,8 @@ func TestTCPProbeLearnsSlowPeer(t *testing.T) {
 	msg := randomBytes(2500, 3)
 	starved := func(stall time.Duration) stack.Counters {
 		t.Helper()
-		before := a.Counters()
-		if n, err := a.Send(c, msg); n != len(msg) || err != nil {
-			t.Fatalf("send: %d %v", n, err)
-		}
-		for end := time.Now().Add(stall); time.Now().Before(end); {
-			a.Poll() // b's process is off its CPU
-		}
-		if got := transfer(t, b, s, a, c, nil, poll, time.Second); len(got) != 0 {
-			t.Fatalf("unexpected data %q", got)
-		}
-		waitFor(t, "the ACK", 2*time.Second, poll, func() bool {
-			info, _ := a.TCPInfo(c)
-			return info.Unacked == 0
-		})
-		got := make([]byte, 2*len(msg))
-		if n, _ := b.Recv(s, got, false); !bytes.Equal(got[:n], msg) {
-			t.Fatalf("received %d bytes, not the message", n)
-		}
-		return a.Counters().Sub(before)
+		d, _ := sendAcked(t, a, c, b, s, msg, stall, poll)
+		return d
 	}
 	// The first stall draws a probe at 2ms (a second at 6ms, under the
 	// race detector's slowness), each found needless.
@@ -335,10 +336,7 @@ func TestTCPRTOAckedHole(t *testing.T) {
 	waitFor(t, "the tail loss probes", 5*time.Second, poll, func() bool { return a.Counters().TCPTLPs >= 2 })
 	rtx := a.Counters().TCPRetransmits
 	nb.Impair(vnic.Impairment{})
-	waitFor(t, "burst acknowledged", 5*time.Second, poll, func() bool {
-		info, _ := a.TCPInfo(c)
-		return info.Unacked == 0
-	})
+	waitAcked(t, a, c, poll, 5*time.Second)
 	poll()
 	if n := a.Counters().TCPRetransmits - rtx; n != 1 {
 		t.Errorf("%d segments sent again, want 1: the ACK of the first covered the rest", n)

@@ -85,6 +85,12 @@ type ThroughputResult struct {
 	// RoundsP99us is each round's 99th percentile of a request's time,
 	// where the load tool reports it (mcping).
 	RoundsP99us []float64 `json:"rounds_p99_us,omitempty"`
+	// RoundsIdle and RoundsStolen are each round's shares of the
+	// machine's CPU time that were idle and that the hypervisor took
+	// (machineShare), over the whole round: the server's start, its load
+	// and its stop.
+	RoundsIdle   []float64 `json:"rounds_idle,omitempty"`
+	RoundsStolen []float64 `json:"rounds_stolen,omitempty"`
 }
 
 // shimTools finds onloadd and the shim beside the bench binary (make
@@ -139,6 +145,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 	// redis-server's CPU a GET (all its threads) and its other threads'
 	// CPU over its main thread's, by round.
 	cpuUs, others := map[string][]float64{}, map[string][]float64{}
+	machine := machineWatch{}
 	for r := range nRounds {
 		res, err := xdpRound(ctx, self, a, b, pinA, pinB, "ours", ib.MAC.String(), count)
 		if err != nil {
@@ -162,6 +169,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			for _, tool := range []string{"iperf3", "gobulk", "memcslap", "nginx", "nginx-reuseport"} {
 				var v float64
 				var err error
+				done := machine.start(tool + "-" + side)
 				switch tool {
 				case "iperf3":
 					v, err = iperfRound(ctx, a, b, run)
@@ -172,6 +180,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				default:
 					v, err = serverRound(ctx, a, b, tool, server{side: side, onloadd: run})
 				}
+				done()
 				if err != nil {
 					return nil, fmt.Errorf("shim round %d, %s %s: %w", r+1, tool, side, err)
 				}
@@ -180,7 +189,9 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				fmt.Fprintf(os.Stderr, "shim round %d %s %-6s %12.0f/s\n", r+1, tool, side, v)
 			}
 			for _, workers := range []int{1, 2} {
+				done := machine.start(fmt.Sprintf("mcping-t%d-%s", workers, side))
 				v, p99, err := memcachedPingRound(ctx, self, a, b, server{side: side, onloadd: run}, workers)
+				done()
 				if err != nil {
 					return nil, fmt.Errorf("shim round %d, memcached -t %d %s: %w", r+1, workers, side, err)
 				}
@@ -191,7 +202,9 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			}
 			for _, pipe := range []int{1, 16} {
 				var cpu cpuUse
+				done := machine.start(fmt.Sprintf("redis-%s-p%d", side, pipe))
 				rps, err := redisRound(ctx, a, b, server{side: side, onloadd: run}, pipe, &cpu)
+				done()
 				if err != nil {
 					return nil, fmt.Errorf("shim round %d, redis %s -P %d: %w", r+1, side, pipe, err)
 				}
@@ -206,7 +219,9 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 		// The server floor in the programs' place, the same clients.
 		fl := server{side: "floor", self: self}
 		for _, tool := range []string{"memcslap", "nginx", "redis-p1", "redis-p16"} {
+			done := machine.start(tool + "-floor")
 			v, err := serverRound(ctx, a, b, tool, fl)
+			done()
 			if err != nil {
 				return nil, fmt.Errorf("shim round %d, %s floor: %w", r+1, tool, err)
 			}
@@ -292,6 +307,9 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 		shim, kern := fmt.Sprintf("mcping-t%d-shim", workers), fmt.Sprintf("mcping-t%d-kernel", workers)
 		rep.Ratios[fmt.Sprintf("memcached_t%d_mcping_shim_vs_kernel", workers)] = round3(medianRatio(redis[shim], redis[kern]))
 		rep.Ratios[fmt.Sprintf("memcached_t%d_mcping_shim_vs_kernel_p99", workers)] = round3(medianRatio(mcP99[shim], mcP99[kern]))
+	}
+	for i := range rep.Redis {
+		rep.Redis[i].RoundsIdle, rep.Redis[i].RoundsStolen = machine.rounds(rep.Redis[i].ID)
 	}
 	// The iperf3 target: the shim's client beside the kernel's, against
 	// the Go library beside net in the same round (a ratio of ratios,
@@ -722,4 +740,17 @@ func printShim(w io.Writer, rep *Report) {
 		s.CPU["redis_p1_shim_us_per_get"], s.CPU["redis_p1_kernel_us_per_get"], s.Ratios["redis_p1_cpu_per_get_shim_vs_kernel"],
 		s.CPU["redis_p16_shim_us_per_get"], s.CPU["redis_p16_kernel_us_per_get"], s.Ratios["redis_p16_cpu_per_get_shim_vs_kernel"],
 		s.CPU["redis_p1_shim_others_vs_main"], s.CPU["redis_p16_shim_others_vs_main"])
+	fmt.Fprintf(w, "the machine's CPU time the hypervisor took (steal), median share over rounds, shim / kernel:")
+	for _, r := range s.Redis {
+		if !strings.Contains(r.ID, "shim") || len(r.RoundsStolen) == 0 {
+			continue
+		}
+		kid := strings.Replace(r.ID, "shim", "kernel", 1)
+		for _, k := range s.Redis {
+			if k.ID == kid && len(k.RoundsStolen) > 0 {
+				fmt.Fprintf(w, " %s %.3f / %.3f;", strings.Replace(r.ID, "-shim", "", 1), median(r.RoundsStolen), median(k.RoundsStolen))
+			}
+		}
+	}
+	fmt.Fprintln(w)
 }
