@@ -165,6 +165,7 @@ static struct {
 	int (*handover_info)(int, uint32_t *, uint32_t *, char *, int);
 	int (*handover)(int, int);
 	int (*handed_over)(int);
+	void (*exit)(void);
 } core;
 
 static int core_state;	      /* 0 not loaded, 1 loaded, -1 failed */
@@ -217,6 +218,8 @@ static void logf_(const char *fmt, ...)
 }
 #define debugf(...) do { if (log_debug) logf_(__VA_ARGS__); } while (0)
 
+static void exit_close(void);
+
 static int load_core(void)
 {
 	if (core_state)
@@ -263,7 +266,7 @@ static int load_core(void)
 	SYM(events); SYM(ready); SYM(arm); SYM(arm_ready); SYM(disarm_ready); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(thread); SYM(resched); SYM(spin_ns); SYM(try_spin);
 	SYM(end_spin); SYM(close); SYM(shutdown);
 	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
-	SYM(handover_info); SYM(handover); SYM(handed_over);
+	SYM(handover_info); SYM(handover); SYM(handed_over); SYM(exit);
 #undef SYM
 	Dl_info ci;
 	if (ok && dladdr((void *)core.listen, &ci))
@@ -277,6 +280,7 @@ static int load_core(void)
 		core_state = -1;
 	} else {
 		core_state = 1;
+		atexit(exit_close);
 	}
 	pthread_mutex_unlock(&load_mu);
 	return core_state;
@@ -289,6 +293,20 @@ static int load_core(void)
 		      in_core = 0; if (sig_held) run_held(); r_; })
 #define CORE_VOID(call) do { if (!t_alt) thread_altstack(); in_core = 1; call; in_core = 0; \
 			     if (sig_held) run_held(); } while (0)
+
+/* exit_close runs at the program's exit (atexit, so before the core's
+ * library is torn down): on a stack of the process's own it closes the
+ * sockets left open as the kernel does, and serves the stack until they
+ * have delivered what was written and their FIN, for at most a second
+ * (onl_exit); once the process is gone nothing else would, and a peer
+ * that was not sending never learned that the connection ended. A stack
+ * from onloadd is onloadd's to finish. A child forked after the core
+ * loaded leaves its parent's stack alone: Go cannot run there. */
+static void exit_close(void)
+{
+	if (core_state == 1 && !after_fork && !in_core)
+		CORE_VOID(core.exit());
+}
 
 /* ---- the descriptor table ------------------------------------------ */
 

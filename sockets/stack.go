@@ -231,6 +231,43 @@ func (s *Stack) Close() error {
 	return errors.Join(errs...)
 }
 
+// Exit is for a process that is exiting: on a stack of its own (not
+// onloadd's) it closes every socket the process left open, as the kernel
+// closes a process's descriptors when it exits (a connection sends what
+// was written and then FIN; RST instead if data came that was never
+// read, or with SO_LINGER 0), and serves the stack until those
+// connections have delivered their data and FIN, or wait has passed. The
+// kernel finishes such connections after the process is gone; here
+// nothing would, and a peer that was not sending learned of the end only
+// at its own timeout. A stack of onloadd's is left to onloadd, which
+// closes the process's sockets once it is gone (stack.CloseAbandoned). It
+// reports how many connections were still finishing at the end (-1: the
+// stack lock stayed held, by another thread that does not let it go),
+// and logs an error if any.
+func (s *Stack) Exit(wait time.Duration) (lingering int) {
+	if s.proofs != nil || !s.enter() {
+		return 0
+	}
+	defer s.leave()
+	end := time.Now().Add(wait)
+	if _, ok := s.st.CloseAbandoned(min(wait, 100*time.Millisecond)); !ok {
+		logf(levelError, "exit: the stack lock stayed held; the connections left open end without a FIN")
+		return -1
+	}
+	for {
+		n := s.st.Lingering()
+		if n > 0 && time.Now().After(end) {
+			logf(levelError, "exit: %d connections had not delivered their data and FIN after %v; they end unfinished", n, wait)
+		}
+		if n == 0 || time.Now().After(end) {
+			return n
+		}
+		s.st.Poll()
+		s.st.KickHeld()
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
 // routes reports whether the stack carries traffic to dst: an IPv4
 // address on its subnet, or beyond its gateway, that is not the host's own
 // (that traffic goes through the kernel's loopback).

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +18,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -430,16 +432,25 @@ func TestShimUnprivileged(t *testing.T) {
 	}
 }
 
+// dialFor connects to addr (for at most 5 s) with a deadline of d on
+// everything after, and a reader over the connection.
+func dialFor(addr string, d time.Duration) (net.Conn, *bufio.Reader, error) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return nil, nil, err
+	}
+	c.SetDeadline(time.Now().Add(d))
+	return c, bufio.NewReader(c), nil
+}
+
 // memcacheOps has one client set and get n keys of its own over one
 // connection (memcached's text protocol), checking every reply.
 func memcacheOps(addr string, client, n int) error {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	c, r, err := dialFor(addr, 60*time.Second)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(60 * time.Second))
-	r := bufio.NewReader(c)
 	line := func() (string, error) {
 		s, err := r.ReadString('\n')
 		return strings.TrimRight(s, "\r\n"), err
@@ -526,6 +537,87 @@ func TestShimMemcached(t *testing.T) {
 	} else if threads < 3 || procs < threads+runtime.GOMAXPROCS(0) {
 		t.Errorf("%d threads called the stack and the core has %d processors: want at least 3 threads, and %d processors beyond them (the CPUs')",
 			threads, procs, runtime.GOMAXPROCS(0))
+	}
+	requireEndsOnSIGTERM(t, srv, &log, b, addr)
+}
+
+// requireEndsOnSIGTERM sends SIGTERM to srv, memcached under the shim on
+// a stack of its own (its handler ends the program normally), while
+// clients from host b are connected to addr, as a service manager stops
+// a server: half of them busy with requests, half idle, waiting for a
+// reply they did not ask for. The handler must run, whichever of the
+// program's threads the signal finds in the stack, and the program must
+// exit; and every client must learn at once that its connection ended,
+// by a FIN or a reset, as from a program on the kernel (whose exit
+// closes its sockets). An idle client had waited for its own timeout:
+// nothing served the stack once the process was gone.
+func requireEndsOnSIGTERM(t *testing.T, srv *exec.Cmd, log *SyncBuffer, b *Host, addr string) {
+	t.Helper()
+	const clients = 8
+	type end struct {
+		idle bool
+		err  error
+		at   time.Time
+	}
+	ends := make(chan end, clients)
+	var up sync.WaitGroup
+	up.Add(clients)
+	for i := range clients {
+		idle := i%2 == 0
+		go func() {
+			var once sync.Once
+			err := b.Do(func() error {
+				defer once.Do(up.Done)
+				c, r, err := dialFor(addr, 20*time.Second)
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				key := fmt.Sprintf("term%d", i)
+				fmt.Fprintf(c, "set %s 0 0 2\r\nhi\r\n", key)
+				if s, err := r.ReadString('\n'); s != "STORED\r\n" {
+					return fmt.Errorf("set %s: %q %v", key, s, err)
+				}
+				once.Do(up.Done)
+				for {
+					if !idle {
+						fmt.Fprintf(c, "get %s\r\n", key)
+					}
+					if _, err := r.ReadString('\n'); err != nil {
+						return err
+					}
+				}
+			})
+			ends <- end{idle, err, time.Now()}
+		}()
+	}
+	up.Wait()
+	time.Sleep(200 * time.Millisecond) // the busy ones are busy
+	exited := make(chan error, 1)
+	go func() { exited <- srv.Wait() }()
+	sent := time.Now()
+	if err := srv.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("still running 5s after SIGTERM with clients connected: its handler did not run, or the program did not get to its end\n%s", log.String())
+	}
+	if ws, ok := srv.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		t.Fatalf("ended by %v, not by its own SIGTERM handler\n%s", ws.Signal(), log.String())
+	}
+	for range clients {
+		e := <-ends
+		kind := map[bool]string{true: "an idle", false: "a busy"}[e.idle]
+		switch after := e.at.Sub(sent); {
+		case e.err == nil:
+			t.Errorf("%s client's loop ended without an error", kind)
+		case !errors.Is(e.err, io.EOF) && !errors.Is(e.err, syscall.ECONNRESET):
+			t.Errorf("%s client's connection ended with %v after %v; want EOF (a FIN) or a reset at the server's exit", kind, e.err, after.Round(time.Millisecond))
+		case after > 3*time.Second:
+			t.Errorf("%s client learned of the end %v after SIGTERM; want it at the server's exit", kind, after.Round(time.Millisecond))
+		}
 	}
 }
 

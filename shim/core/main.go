@@ -22,6 +22,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/xdp-onload/onload/sockets"
@@ -621,6 +622,24 @@ func onl_close(h C.int) {
 	free = append(free, int32(h))
 	mu.Unlock()
 }
+
+// onl_exit closes the process's sockets as the kernel does at exit and
+// serves the stack until they have delivered what was written and their
+// FIN, for at most exitLinger, when the stack is the process's own
+// (sockets.Stack.Exit); the interposer calls it from an atexit handler.
+//
+//export onl_exit
+func onl_exit() {
+	if stk == nil {
+		return
+	}
+	stk.Exit(exitLinger)
+}
+
+// exitLinger bounds how long a process's exit waits for its connections
+// to finish (onl_exit). Over this path a peer acknowledges in
+// microseconds; a peer that takes longer is likely gone.
+const exitLinger = time.Second
 
 //export onl_shutdown
 func onl_shutdown(h, how C.int) C.int {
