@@ -235,8 +235,8 @@ func (s *Stack) Close() error {
 // onloadd's) it closes every socket the process left open, as the kernel
 // closes a process's descriptors when it exits (a connection sends what
 // was written and then FIN; RST instead if data came that was never
-// read, or with SO_LINGER 0), and serves the stack until those
-// connections have delivered their data and FIN, or wait has passed. The
+// read, or with SO_LINGER 0), and serves the stack until the peers have
+// acknowledged those connections' data and FIN, or wait has passed. The
 // kernel finishes such connections after the process is gone; here
 // nothing would, and a peer that was not sending learned of the end only
 // at its own timeout. A stack of onloadd's is left to onloadd, which
@@ -255,7 +255,7 @@ func (s *Stack) Exit(wait time.Duration) (lingering int) {
 		return -1
 	}
 	for {
-		n := s.st.Lingering()
+		n := s.st.Undelivered()
 		if n > 0 && time.Now().After(end) {
 			logf(levelError, "exit: %d connections had not delivered their data and FIN after %v; they end unfinished", n, wait)
 		}

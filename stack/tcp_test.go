@@ -357,3 +357,42 @@ func TestTCPRTOAckedHole(t *testing.T) {
 		t.Errorf("received %d bytes, not the burst", n)
 	}
 }
+
+// TestTCPUndelivered closes a connection while the peer's ACKs are lost:
+// it counts as undelivered (and lingering) until the peer has
+// acknowledged its data and FIN, and then only as lingering while it waits
+// in FIN-WAIT-2 for the peer's own FIN; with that, neither.
+func TestTCPUndelivered(t *testing.T) {
+	a, b, _, nb := twoStacksNICs(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, s := connectPair(t, a, b, poll)
+	nb.Impair(vnic.Impairment{Loss: 1})
+	if n, err := a.Send(c, []byte("last words")); n != 10 || err != nil {
+		t.Fatalf("send: %d %v", n, err)
+	}
+	if err := a.Close(c); err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		poll()
+	}
+	if u, l := a.Undelivered(), a.Lingering(); u != 1 || l != 1 {
+		t.Fatalf("closed, nothing acknowledged: %d undelivered, %d lingering; want 1 and 1 (%v)", u, l, a.TCPStates())
+	}
+	nb.Impair(vnic.Impairment{})
+	waitFor(t, "FIN-WAIT-2", 5*time.Second, poll, func() bool { return a.TCPStates()["FIN-WAIT-2"] == 1 })
+	if u, l := a.Undelivered(), a.Lingering(); u != 0 || l != 1 {
+		t.Fatalf("data and FIN acknowledged: %d undelivered, %d lingering; want 0 and 1", u, l)
+	}
+	got := make([]byte, 64)
+	if n, _ := b.Recv(s, got, false); string(got[:n]) != "last words" {
+		t.Fatalf("received %q", got[:n])
+	}
+	if err := b.Close(s); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "TIME-WAIT", 5*time.Second, poll, func() bool { return a.TCPStates()["TIME-WAIT"] == 1 })
+	if u, l := a.Undelivered(), a.Lingering(); u != 0 || l != 0 {
+		t.Fatalf("in TIME-WAIT: %d undelivered, %d lingering; want 0 and 0", u, l)
+	}
+}
