@@ -220,6 +220,10 @@ func (s *Sleeper) UnparkDirect() {
 	}
 }
 
+// beforeTimersOnly, in tests, runs as the Sleeper is about to sleep for
+// the timers alone, before it says it sleeps (TestSleeperSendMoreRacesArm).
+var beforeTimersOnly atomic.Pointer[func()]
+
 // DirectGrace is how long after its last poll of the stack a thread that
 // blocks on the interrupt itself (ParkDirect) is trusted to come back to
 // it: until then the Sleeper leaves the stack's frames to it. A thread
@@ -474,8 +478,24 @@ func (s *Sleeper) run() {
 				continue
 			}
 			polled := s.st.PolledAt()
+			if h := beforeTimersOnly.Load(); h != nil {
+				(*h)()
+			}
 			s.wakeAt.Store(math.MaxInt64)
 			s.state.Store(stArmed)
+			if s.st.KickOwed() && (d < 0 || d > DirectGrace) {
+				// A send that left its frames for its sender's next wait
+				// sets our timer only if it finds us armed (TimerSet, from
+				// sockets.Desc.SendMore): one that looked just before the
+				// store above set none, and asleep without a bound we
+				// would have left its frames until the blocked thread
+				// next came back (5s in the shim's conformance program,
+				// whose sender thread then exited). It set the owed flag
+				// before it looked, and we look after the store: one of
+				// the two sees the other. Wake within the bound it would
+				// have set.
+				d = DirectGrace
+			}
 			s.sleepUntil(nt, due, d)
 			s.stats.timersOnly.Add(1)
 			_, stop := wait(nil)

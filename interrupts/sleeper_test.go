@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -314,13 +315,10 @@ func TestSleeperLeavesFramesToDirectThreads(t *testing.T) {
 	}
 }
 
-// TestSleeperSendsWhatSendMoreLeft checks the bound on a send whose
-// caller owes its kick to a wait it does not come back to: a segment
-// SendCorked left waiting (autocorking) goes when the Sleeper's timer, set
-// as sockets.Desc.SendMore sets it, comes, though another thread blocks
-// on the interrupt itself and the Sleeper sleeps for the timers alone.
-func TestSleeperSendsWhatSendMoreLeft(t *testing.T) {
-	a, b := pair(t, vnic.MemConfig{})
+// tcpPair connects a TCP socket of a's (TCP_NODELAY) to a listener of
+// b's on port 80, with the Sleepers alone polling, and accepts.
+func tcpPair(t *testing.T, a, b *end) (c, srv stack.SockID) {
+	t.Helper()
 	l, _ := b.st.Open(stack.TCP)
 	if err := b.st.Bind(l, netip.AddrPortFrom(netip.Addr{}, 80)); err != nil {
 		t.Fatal(err)
@@ -328,7 +326,7 @@ func TestSleeperSendsWhatSendMoreLeft(t *testing.T) {
 	if err := b.st.Listen(l, 8); err != nil {
 		t.Fatal(err)
 	}
-	c, _ := a.st.Open(stack.TCP)
+	c, _ = a.st.Open(stack.TCP)
 	a.st.SetOption(c, stack.NoDelay, 1)
 	if err := a.st.Connect(c, netip.AddrPortFrom(addrB.Addr(), 80)); !errors.Is(err, stack.ErrInProgress) {
 		t.Fatal(err)
@@ -339,6 +337,17 @@ func TestSleeperSendsWhatSendMoreLeft(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, srv
+}
+
+// TestSleeperSendsWhatSendMoreLeft checks the bound on a send whose
+// caller owes its kick to a wait it does not come back to: a segment
+// SendCorked left waiting (autocorking) goes when the Sleeper's timer, set
+// as sockets.Desc.SendMore sets it, comes, though another thread blocks
+// on the interrupt itself and the Sleeper sleeps for the timers alone.
+func TestSleeperSendsWhatSendMoreLeft(t *testing.T) {
+	a, b := pair(t, vnic.MemConfig{})
+	c, srv := tcpPair(t, a, b)
 	// Another thread of a's blocks on the interrupt itself, and stays.
 	a.sl.ParkDirect()
 	defer a.sl.UnparkDirect()
@@ -406,5 +415,63 @@ func TestSpinSlots(t *testing.T) {
 		if _, err := interrupts.Start(nil, nil, interrupts.Policy{Spinners: n}); err == nil {
 			t.Errorf("Policy.Spinners %d accepted", n)
 		}
+	}
+}
+
+// TestSleeperSendMoreRacesArm sends a segment that SendCorked leaves for
+// its sender's next wait, which the sender never comes back to, at the
+// moment the Sleeper, while another thread blocks on the interrupt
+// itself, is about to sleep for the timers alone with no bound: the send
+// looks at the Sleeper before it says it sleeps, so it sets no timer
+// (sockets.Desc.SendMore sets one only on an armed Sleeper). The Sleeper
+// must see the owed kick itself and send the segment within its bound;
+// it had slept until the blocked thread came back (5s in the shim's
+// conformance program, TestShimMixed, whose sender thread then exited).
+func TestSleeperSendMoreRacesArm(t *testing.T) {
+	a, b := pair(t, vnic.MemConfig{})
+	c, srv := tcpPair(t, a, b)
+	// Another thread of a's blocks on the interrupt itself, and stays.
+	// Woken (a timer due now), the Sleeper leaves the frames to it and
+	// sleeps for the timers alone, first for the grace, then, nothing
+	// polled meanwhile, without a bound.
+	a.sl.ParkDirect()
+	defer a.sl.UnparkDirect()
+	a.sl.TimerSet(a.st.Clock())
+	time.Sleep(5 * interrupts.DirectGraceForTest)
+	var fire atomic.Bool
+	sent := make(chan error, 1)
+	interrupts.SetBeforeTimersOnly(func() {
+		if !fire.CompareAndSwap(true, false) {
+			return
+		}
+		n, err := a.st.SendCorked(c, []byte("hello"))
+		if err == nil && n != 5 {
+			err = fmt.Errorf("sent %d bytes", n)
+		}
+		if a.sl.Armed() && a.st.KickOwed() { // as sockets.Desc.SendMore
+			err = errors.New("the Sleeper says it sleeps before it does")
+		}
+		sent <- err
+	})
+	defer interrupts.SetBeforeTimersOnly(nil)
+	fire.Store(true)
+	// Wake it again, so that it goes back to that sleep.
+	a.sl.TimerSet(a.st.Clock())
+	select {
+	case err := <-sent:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatalf("the Sleeper did not go back to sleep for the timers alone: %+v", a.sl.Stats())
+	}
+	start := time.Now()
+	b.wait(t, srv, stack.Readable, 2*time.Second)
+	if d := time.Since(start); d > 100*time.Millisecond {
+		t.Errorf("the segment arrived after %v, want within about a millisecond (sleeper %+v)", d, a.sl.Stats())
+	}
+	buf := make([]byte, 16)
+	if n, err := b.st.Recv(srv, buf, false); err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("recv: %q, %v", buf[:n], err)
 	}
 }
