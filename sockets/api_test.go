@@ -291,3 +291,93 @@ func TestLoopbackInStack(t *testing.T) {
 		t.Fatalf("echo of %d bytes: equal %v, %v", len(msg), bytes.Equal(got, msg), err)
 	}
 }
+
+// TestStackExit closes, as a process's exit does (Stack.Exit, which the
+// LD_PRELOAD shim calls at exit and Finish on the default stack), a
+// stack of the process's own while one connection still has data the
+// peer has not acknowledged (its ACKs are lost) and another is open:
+// Exit must wait for the first's data and FIN, return once the peer has
+// them, and close the second, whose peer then reads the end. With the
+// ACKs lost for longer than its bound, it gives up and says how many
+// were left.
+func TestStackExit(t *testing.T) {
+	na, nb, err := vnic.NewMemPair(vnic.MemConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := memStacksOn(t, na, nb, sockets.Config{})
+	c1, c2, stop1, err := pipe(a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop1()
+	c3, c4, stop2, err := pipe(a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop2()
+	_ = c3 // left open: Exit closes it
+	if err := nb.Impair(vnic.Impairment{Loss: 1}); err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("last words "), 6000)
+	if n, err := c1.Write(data); n != len(data) || err != nil {
+		t.Fatalf("write: %d %v", n, err)
+	}
+	if err := c1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := a.Engine().Undelivered(); n != 1 {
+		t.Fatalf("%d connections undelivered after the close with the ACKs lost; want 1", n)
+	}
+	done := make(chan int, 1)
+	go func() { done <- a.Exit(5 * time.Second) }()
+	select {
+	case n := <-done:
+		t.Fatalf("Exit returned %d while the peer's ACKs were lost", n)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := nb.Impair(vnic.Impairment{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-done:
+		if n != 0 {
+			t.Fatalf("Exit returned %d connections unfinished; want 0", n)
+		}
+	case <-time.After(4 * time.Second):
+		t.Fatal("Exit did not return after the peer acknowledged")
+	}
+	if n := a.Engine().Undelivered(); n != 0 {
+		t.Fatalf("%d connections undelivered after Exit", n)
+	}
+	c2.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got, err := io.ReadAll(c2); !bytes.Equal(got, data) || err != nil {
+		t.Fatalf("the peer read %d bytes (%v); want the %d written, then the end", len(got), err, len(data))
+	}
+	c4.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got, err := io.ReadAll(c4); len(got) != 0 || err != nil {
+		t.Fatalf("the peer of the connection left open read %d bytes, %v; want the end (Exit closes it)", len(got), err)
+	}
+
+	// A peer that never acknowledges: Exit gives up at its bound.
+	c5, _, stop3, err := pipe(a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop3()
+	if err := nb.Impair(vnic.Impairment{Loss: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c5.Write(data); n != len(data) || err != nil {
+		t.Fatalf("write: %d %v", n, err)
+	}
+	start := time.Now()
+	if n := a.Exit(100 * time.Millisecond); n != 1 {
+		t.Fatalf("Exit with the peer silent returned %d; want 1 connection unfinished", n)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Exit with a bound of 100ms returned after %v", d)
+	}
+	nb.Impair(vnic.Impairment{})
+}

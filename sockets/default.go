@@ -1,6 +1,7 @@
 package sockets
 
 import (
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -88,4 +89,38 @@ func reap(s *Stack) {
 	}
 	s.Close()
 	logf(levelInfo, "stack on %s closed: no socket uses it", s.name())
+}
+
+// Finish is for a program about to exit whose sockets are on the
+// process's default stack made by the process itself (standalone,
+// without onloadd). The kernel closes a process's sockets when it exits
+// and goes on delivering what they had still to send; a standalone stack
+// ends with the process, and Go runs nothing at exit, so the data still
+// in a send buffer and the FIN would be lost. Finish closes every socket
+// still open, as the kernel would, and waits until the peers have
+// acknowledged what the closed connections had to send and their FIN,
+// for at most timeout:
+//
+//	func main() {
+//		defer sockets.Finish(time.Second)
+//		...
+//	}
+//
+// (os.Exit runs no deferred call: call Finish before it.) A stack from
+// onloadd is onloadd's to finish, when the process is gone: Finish
+// returns at once. It reports the connections left unfinished.
+func Finish(timeout time.Duration) error {
+	def.mu.Lock()
+	s := def.s
+	def.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	switch n := s.Exit(timeout); {
+	case n < 0:
+		return fmt.Errorf("finish: the stack lock stayed held; the connections left open end without a FIN")
+	case n > 0:
+		return fmt.Errorf("finish: %d connections had not delivered their data and FIN after %v", n, timeout)
+	}
+	return nil
 }
