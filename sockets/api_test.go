@@ -157,18 +157,14 @@ func TestAddrInUse(t *testing.T) {
 // and the peer's next read fails with ECONNRESET instead of io.EOF.
 func TestLingerZeroResets(t *testing.T) {
 	a, b := memStacks(t, vnic.MemConfig{}, sockets.Config{})
-	c1, c2, stop, err := pipe(a, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	c1, c2 := connPair(t, a, b)
 	before := a.Engine().Counters().TxTCPResets
 	if err := c1.(*sockets.TCPConn).SetLinger(0); err != nil {
 		t.Fatal(err)
 	}
 	c1.Close()
 	c2.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, err = c2.Read(make([]byte, 10))
+	_, err := c2.Read(make([]byte, 10))
 	if !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("peer's read after a linger-0 close: %v, want ECONNRESET", err)
 	}
@@ -181,16 +177,8 @@ func TestLingerZeroResets(t *testing.T) {
 // (who answers), and one whose peer has gone silent is closed with
 // ETIMEDOUT after the probes.
 func TestKeepAlive(t *testing.T) {
-	na, nb, err := vnic.NewMemPair(vnic.MemConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, b := memStacksOn(t, na, nb, sockets.Config{})
-	c1, _, stop, err := pipe(a, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	a, b, _, nb := memStacksNICs(t)
+	c1, _ := connPair(t, a, b)
 	tc := c1.(*sockets.TCPConn)
 	if err := tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 50 * time.Millisecond, Interval: 50 * time.Millisecond, Count: 3}); err != nil {
 		t.Fatal(err)
@@ -205,7 +193,7 @@ func TestKeepAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	tc.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, err = tc.Read(make([]byte, 10))
+	_, err := tc.Read(make([]byte, 10))
 	if !errors.Is(err, syscall.ETIMEDOUT) {
 		t.Fatalf("read on a connection whose peer stopped answering keepalives: %v, want ETIMEDOUT", err)
 	}
@@ -214,11 +202,7 @@ func TestKeepAlive(t *testing.T) {
 // TestDialContextCancel: cancelling the context of a dial that cannot
 // complete (every SYN lost) ends it at once with the context's error.
 func TestDialContextCancel(t *testing.T) {
-	na, nb, err := vnic.NewMemPair(vnic.MemConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, b := memStacksOn(t, na, nb, sockets.Config{})
+	a, b, na, _ := memStacksNICs(t)
 	lc := sockets.ListenConfig{Stack: b}
 	ln, err := lc.Listen(context.Background(), "tcp", addrB.Addr().String()+":80")
 	if err != nil {
@@ -301,22 +285,9 @@ func TestLoopbackInStack(t *testing.T) {
 // ACKs lost for longer than its bound, it gives up and says how many
 // were left.
 func TestStackExit(t *testing.T) {
-	na, nb, err := vnic.NewMemPair(vnic.MemConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, b := memStacksOn(t, na, nb, sockets.Config{})
-	c1, c2, stop1, err := pipe(a, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop1()
-	c3, c4, stop2, err := pipe(a, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop2()
-	_ = c3 // left open: Exit closes it
+	a, b, _, nb := memStacksNICs(t)
+	c1, c2 := connPair(t, a, b)
+	_, c4 := connPair(t, a, b) // a's end is left open: Exit closes it
 	if err := nb.Impair(vnic.Impairment{Loss: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -361,11 +332,7 @@ func TestStackExit(t *testing.T) {
 	}
 
 	// A peer that never acknowledges: Exit gives up at its bound.
-	c5, _, stop3, err := pipe(a, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop3()
+	c5, _ := connPair(t, a, b)
 	if err := nb.Impair(vnic.Impairment{Loss: 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -53,6 +53,30 @@ func memStacksOn(t testing.TB, na, nb *vnic.Mem, cfg sockets.Config) (a, b *sock
 	return a, b
 }
 
+// memStacksNICs is memStacks with the default configuration, and the
+// wire's two ends (to impair them).
+func memStacksNICs(t testing.TB) (a, b *sockets.Stack, na, nb *vnic.Mem) {
+	t.Helper()
+	na, nb, err := vnic.NewMemPair(vnic.MemConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b = memStacksOn(t, na, nb, sockets.Config{})
+	return a, b, na, nb
+}
+
+// connPair is pipe for a test: a connection from a to b, closed when the
+// test ends.
+func connPair(t testing.TB, a, b *sockets.Stack) (c1, c2 net.Conn) {
+	t.Helper()
+	c1, c2, stop, err := pipe(a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return c1, c2
+}
+
 // pipe connects a client on a to a server on b.
 func pipe(a, b *sockets.Stack) (c1, c2 net.Conn, stop func(), err error) {
 	lc := sockets.ListenConfig{Stack: b}

@@ -256,10 +256,11 @@ func (s *Stack) Exit(wait time.Duration) (lingering int) {
 	}
 	for {
 		n := s.st.Undelivered()
-		if n > 0 && time.Now().After(end) {
-			logf(levelError, "exit: %d connections had not delivered their data and FIN after %v; they end unfinished", n, wait)
+		if n == 0 {
+			return 0
 		}
-		if n == 0 || time.Now().After(end) {
+		if time.Now().After(end) {
+			logf(levelError, "exit: %d connections had not delivered their data and FIN after %v; they end unfinished", n, wait)
 			return n
 		}
 		s.st.Poll()
