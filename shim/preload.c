@@ -55,6 +55,7 @@
 #include <sys/select.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
@@ -111,6 +112,7 @@ REAL(int, execve, const char *, char *const[], char *const[]);
 REAL(int, execvpe, const char *, char *const[], char *const[]);
 REAL(int, fexecve, int, char *const[], char *const[]);
 REAL(int, sigaction, int, const struct sigaction *, struct sigaction *);
+static void (*real__exit)(int);
 
 /* maybe_ours has a bit for each fd below NFAST that is accelerated: set
  * before the fd's entry becomes K_OURS, cleared when it stops. A call on
@@ -219,6 +221,7 @@ static void logf_(const char *fmt, ...)
 #define debugf(...) do { if (log_debug) logf_(__VA_ARGS__); } while (0)
 
 static void exit_close(void);
+static void catch_ends(void);
 
 static int load_core(void)
 {
@@ -281,6 +284,7 @@ static int load_core(void)
 	} else {
 		core_state = 1;
 		atexit(exit_close);
+		catch_ends();
 	}
 	pthread_mutex_unlock(&load_mu);
 	return core_state;
@@ -295,18 +299,39 @@ static int load_core(void)
 			     if (sig_held) run_held(); } while (0)
 
 /* exit_close runs at the program's exit (atexit, so before the core's
- * library is torn down): on a stack of the process's own it closes the
- * sockets left open as the kernel does, and serves the stack until they
- * have delivered what was written and their FIN, for at most a second
+ * library is torn down), at _exit, and at a signal that ends the process
+ * (end_by_signal): on a stack of the process's own it closes the sockets
+ * left open as the kernel does, and serves the stack until they have
+ * delivered what was written and their FIN, for at most a second
  * (onl_exit); once the process is gone nothing else would, and a peer
  * that was not sending never learned that the connection ended. A stack
  * from onloadd is onloadd's to finish. A child forked after the core
- * loaded leaves its parent's stack alone: Go cannot run there. */
+ * loaded leaves its parent's stack alone: Go cannot run there. Only the
+ * first end closes (ending); a thread that ends the process while
+ * another closes waits for it (end_by_signal). */
+static int ending;		   /* a thread has begun closing (exit_close) */
+static __thread int t_ending;	   /* this thread did */
+
 static void exit_close(void)
 {
-	if (core_state == 1 && !after_fork && !in_core)
-		CORE_VOID(core.exit());
+	if (core_state != 1 || after_fork || in_core || __atomic_exchange_n(&ending, 1, __ATOMIC_SEQ_CST))
+		return;
+	t_ending = 1;
+	CORE_VOID(core.exit());
 }
+
+/* _exit ends the process at once, without the atexit handlers, but the
+ * kernel still closes its sockets: so does exit_close. (exit's own call
+ * of _exit is libc's, inside libc, and does not come here.) */
+EXPORT void _exit(int status)
+{
+	exit_close();
+	if (real__exit)
+		real__exit(status);
+	for (;;)
+		syscall(SYS_exit_group, status);
+}
+EXPORT void _Exit(int status) __attribute__((alias("_exit")));
 
 /* ---- the descriptor table ------------------------------------------ */
 
@@ -1189,6 +1214,7 @@ __attribute__((constructor)) static void init(void)
 	LOAD(select); LOAD(pselect); LOAD(epoll_create); LOAD(epoll_create1);
 	LOAD(epoll_ctl); LOAD(epoll_wait); LOAD(epoll_pwait); LOAD(epoll_pwait2);
 	LOAD(fork); LOAD(sigaction); LOAD(execve); LOAD(execvpe); LOAD(fexecve);
+	LOAD(_exit);
 #undef LOAD
 	const char *lv = getenv("ONLOAD_LOG");
 	log_debug = lv && strcmp(lv, "debug") == 0;
@@ -1212,10 +1238,14 @@ __attribute__((constructor)) static void init(void)
 	adopt_inherited();
 }
 
+static void uncatch_ends(void);
+
 static void child_after_fork(void)
 {
-	if (core_state == 1)
+	if (core_state == 1) {
 		after_fork = 1;
+		uncatch_ends();
+	}
 	/* The parent thread's eventfd and epoll set are shared: make our own.
 	 * The child has one thread, which has not blocked yet. */
 	t_efd = t_ep = t_ep_prog = -1;
@@ -2992,9 +3022,16 @@ static int runtime_handler(const struct sigaction *act)
 	return core_base && dladdr((void *)act->sa_handler, &di) && di.dli_fbase == core_base;
 }
 
+static void end_by_signal(int sig);
+static int ends_process(int sig);
+
 static void call_handler(int sig, siginfo_t *si, void *uc)
 {
 	const struct sigaction *a = &prog_act[sig];
+	if (a->sa_handler == SIG_DFL && ends_process(sig)) {
+		end_by_signal(sig);
+		return;
+	}
 	if (!(a->sa_flags & SA_RESTART))
 		sig_norestart = 1;
 	t_handled++;
@@ -3039,6 +3076,97 @@ static void run_held(void)
 	errno = saved;
 }
 
+/* ---- signals that end the process ------------------------------------
+ *
+ * A signal whose default action ends the process closes its sockets on
+ * the kernel. On a stack of the process's own the shim catches those of
+ * them the program leaves at the default (from the core's load on) and
+ * closes its connections as exit does (exit_close), then ends the
+ * process by the same signal, at its default: the parent sees the same
+ * status, and SIGQUIT still dumps core. The program reads back the
+ * default (sigaction). Through on_signal, a signal that comes while its
+ * thread is in the core waits for it to leave, as the program's own
+ * handlers do. Faults (SIGSEGV, SIGBUS, SIGABRT, ...), SIGPIPE (the Go
+ * runtime's), SIGPROF, the real-time signals and SIGKILL end the process
+ * unattended: onloadd is the answer there (a stack from onloadd outlives
+ * its process). */
+
+static int ends_process(int sig)
+{
+	switch (sig) {
+	case SIGHUP: case SIGINT: case SIGQUIT: case SIGTERM: case SIGUSR1: case SIGUSR2:
+	case SIGALRM: case SIGVTALRM: case SIGXCPU: case SIGXFSZ: case SIGIO: case SIGPWR:
+	case SIGSTKFLT:
+		return 1;
+	}
+	return 0;
+}
+
+static int catching_ends(void)
+{
+	return core_state == 1 && !after_fork;
+}
+
+static void end_act(struct sigaction *a)
+{
+	memset(a, 0, sizeof *a);
+	a->sa_sigaction = on_signal;
+	a->sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+	sigfillset(&a->sa_mask);
+}
+
+/* catch_ends runs once the core has loaded. */
+static void catch_ends(void)
+{
+	for (int sig = 1; sig < NSIG; sig++) {
+		struct sigaction cur, a;
+		if (!ends_process(sig) || real_sigaction(sig, NULL, &cur) < 0 || cur.sa_handler != SIG_DFL)
+			continue;
+		end_act(&a);
+		real_sigaction(sig, &a, NULL);
+	}
+}
+
+/* uncatch_ends, in a child forked after the core loaded, gives back the
+ * defaults: Go cannot run there, and the parent's connections are the
+ * parent's. */
+static void uncatch_ends(void)
+{
+	struct sigaction cur, dfl;
+	memset(&dfl, 0, sizeof dfl);
+	dfl.sa_handler = SIG_DFL;
+	for (int sig = 1; sig < NSIG; sig++)
+		if (ends_process(sig) && prog_act[sig].sa_handler == SIG_DFL && real_sigaction(sig, NULL, &cur) == 0 &&
+		    (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_signal)
+			real_sigaction(sig, &dfl, NULL);
+}
+
+/* end_by_signal closes the connections (exit_close; if another thread is
+ * at it, waits up to 3 s for that thread to end the process), then
+ * raises sig again at its default, which ends the process. */
+static void end_by_signal(int sig)
+{
+	sigset_t all, one, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	if (catching_ends() && !t_ending) {
+		debugf("signal %d ends the process: its connections close first", sig);
+		exit_close();
+		struct timespec ms = {0, 1000000};
+		for (int i = 0; i < 3000 && !t_ending; i++)
+			nanosleep(&ms, NULL);
+	}
+	struct sigaction dfl;
+	memset(&dfl, 0, sizeof dfl);
+	dfl.sa_handler = SIG_DFL;
+	real_sigaction(sig, &dfl, NULL);
+	raise(sig);
+	sigemptyset(&one);
+	sigaddset(&one, sig);
+	pthread_sigmask(SIG_UNBLOCK, &one, NULL); /* the process ends here */
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 /* sigaction: the program's handlers are called through on_signal, on the
  * thread's alternate stack where there is one (a thread in the Go core
  * has Go's), which notes for our blocking calls whether they restart
@@ -3053,6 +3181,9 @@ EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old
 		a = *act;
 		a.sa_flags |= SA_ONSTACK | SA_SIGINFO;
 		a.sa_sigaction = on_signal;
+		use = &a;
+	} else if (act && act->sa_handler == SIG_DFL && catching_ends()) {
+		end_act(&a);
 		use = &a;
 	}
 	struct sigaction before = prog_act[sig];

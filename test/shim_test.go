@@ -1159,3 +1159,171 @@ func idleWorkerQuiet(t *testing.T, b *Host, addr string, master int, errorLog fu
 		t.Errorf("the worker without a connection switched context %d times in %v, during %d requests to the other (which switched %d times); want at most %d", idle, elapsed, requests, busy, allowed)
 	}
 }
+
+// TestShimEnds runs shim/test/ends.c, which ends without closing its two
+// connections: killed by a signal whose disposition is the default
+// (from outside while it waits or while it writes, or raised at once
+// after writing 4 MiB), or by _exit.
+// On the kernel the process's end closes them, and under the shim on a
+// stack of its own it must too: the peer of the connection that wrote
+// reads every byte and then the end, the peer whose bytes were left
+// unread gets a reset, at once; and the program still sees the signal's
+// disposition as the default, and still ends by that signal. Nothing
+// served the stack once the process was gone: those peers waited for
+// their own timeouts.
+func TestShimEnds(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "ends")
+	a, b := Pair(t, LinkOptions{})
+	var ln net.Listener
+	if err := b.Do(func() (err error) { ln, err = net.Listen("tcp", b.Iface0().Addr().String()+":0"); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type peerEnd struct {
+		tag   byte
+		bytes int
+		bad   int // the first byte that broke the pattern, or -1
+		err   error
+		at    time.Time
+	}
+	ends := make(chan peerEnd, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(15 * time.Second))
+				e := peerEnd{bad: -1}
+				var tag [1]byte
+				if _, e.err = io.ReadFull(c, tag[:]); e.err == nil {
+					e.tag = tag[0]
+					if e.tag == 'U' {
+						c.Write([]byte("unread...\n"))
+					}
+					buf := make([]byte, 64<<10)
+					for e.err == nil {
+						var n int
+						n, e.err = c.Read(buf)
+						for i, v := range buf[:n] {
+							if e.bad < 0 && v != byte((e.bytes+i)*7+3) {
+								e.bad = e.bytes + i
+							}
+						}
+						e.bytes += n
+					}
+				}
+				e.at = time.Now()
+				ends <- e
+			}()
+		}
+	}()
+	const written = 4 << 20
+	addr, port := b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	run := func(shim bool, how string, sig syscall.Signal) {
+		t.Helper()
+		name := fmt.Sprintf("%s %s", how, sig)
+		if how == "_exit" {
+			name = "_exit"
+		}
+		args := []string{addr, port, how, strconv.Itoa(int(sig))}
+		cmd := a.Command(prog, args...)
+		if shim {
+			cmd = shimCommand(t, a, nil, prog, args...)
+		} else {
+			name += " (the kernel)"
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var log SyncBuffer
+		cmd.Stderr = &log
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		lines := make(chan string, 4)
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+			close(lines)
+			exited <- cmd.Wait()
+		}()
+		var seen []string
+		for ready := false; !ready; {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("%s: the program ended before it was ready: %v\n%s", name, <-exited, log.String())
+				}
+				seen = append(seen, l)
+				ready = l == "ready"
+			case <-time.After(20 * time.Second):
+				stopGroup(cmd)
+				t.Fatalf("%s: not ready after 20s\n%s", name, log.String())
+			}
+		}
+		if want := fmt.Sprintf("%d disposition default", sig); how != "_exit" && !strings.Contains(strings.Join(seen, "\n"), want) {
+			t.Errorf("%s: the program printed %q; want %q: the shim's handler must not show", name, seen, want)
+		}
+		sent := time.Now()
+		if how == "busy" {
+			time.Sleep(100 * time.Millisecond)
+			sent = time.Now()
+		}
+		if how == "wait" || how == "busy" {
+			if err := cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			stopGroup(cmd)
+			t.Fatalf("%s: still running 5s after its end began\n%s", name, log.String())
+		}
+		ws := cmd.ProcessState.Sys().(syscall.WaitStatus)
+		switch {
+		case how == "_exit" && (!ws.Exited() || ws.ExitStatus() != 7):
+			t.Errorf("%s: ended with %v; want exit status 7\n%s", name, cmd.ProcessState, log.String())
+		case how != "_exit" && (!ws.Signaled() || ws.Signal() != sig):
+			t.Errorf("%s: ended with %v; want killed by %v\n%s", name, cmd.ProcessState, sig, log.String())
+		}
+		if shim {
+			requireAccelerated(t, log.String(), "connecting")
+		}
+		for range 2 {
+			var e peerEnd
+			select {
+			case e = <-ends:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("%s: a peer's connection has not ended 20s on", name)
+			}
+			after := e.at.Sub(sent).Round(time.Millisecond)
+			switch {
+			case e.tag == 'D' && (e.bytes < written || how != "busy" && e.bytes != written || e.bad >= 0 || !errors.Is(e.err, io.EOF)):
+				t.Errorf("%s: the peer read %d bytes of %d (the pattern broken at %d) and then %v; want all of them and EOF", name, e.bytes, written, e.bad, e.err)
+			case e.tag == 'U' && !errors.Is(e.err, syscall.ECONNRESET):
+				t.Errorf("%s: the peer whose bytes were not read got %v; want a reset", name, e.err)
+			case e.tag != 'D' && e.tag != 'U':
+				t.Errorf("%s: a peer read tag %q (%v)", name, e.tag, e.err)
+			case after > 3*time.Second:
+				t.Errorf("%s: the peer (%c) learned of the end %v after it began; want at the process's end", name, e.tag, after)
+			}
+		}
+	}
+	run(false, "raise", syscall.SIGTERM)
+	run(true, "wait", syscall.SIGTERM)
+	run(true, "wait", syscall.SIGINT)
+	run(true, "busy", syscall.SIGTERM)
+	run(true, "busy", syscall.SIGINT)
+	run(true, "raise", syscall.SIGHUP)
+	run(true, "raise", syscall.SIGUSR1)
+	run(true, "_exit", 0)
+}

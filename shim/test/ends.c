@@ -1,0 +1,117 @@
+/*
+ * ends: a program that ends without closing its sockets, as a program
+ * killed by a signal or ending with _exit does (TestShimEnds).
+ *
+ *   ends ADDR PORT HOW SIG
+ *
+ * It opens two connections to ADDR:PORT and tags each with its first
+ * byte: on 'D' it then writes BYTES bytes of a pattern (byte i is
+ * (i * 7 + 3) & 0xff); on 'U' it reads nothing, and waits until the
+ * server's bytes have come in unread. It prints how it sees signal SIG's
+ * disposition ("SIG disposition default", or "... handled" or
+ * "... ignored"; nothing for SIG 0), then "ready", and ends by HOW:
+ *
+ *   wait    waits (at most 30 s, then exits 3) for a signal from outside
+ *   busy    goes on writing the pattern (at most 30 s) until a signal
+ *           from outside comes, most likely while it is in a send
+ *   raise   raises SIG itself, its data perhaps still on its way
+ *   _exit   calls _exit(7)
+ *
+ * It never closes either socket. On the kernel the process's end closes
+ * them: the 'D' peer reads every byte and then the end (a FIN), the 'U'
+ * peer gets a reset (unread data), and a signal's default action ends
+ * the process with that signal.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BYTES (4 << 20)
+
+static int dial(const struct sockaddr_in *peer, char tag)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (fd < 0 || connect(fd, (const struct sockaddr *)peer, sizeof *peer) < 0 || write(fd, &tag, 1) != 1) {
+		perror("ends: connect");
+		exit(1);
+	}
+	return fd;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 5) {
+		fprintf(stderr, "usage: ends ADDR PORT wait|raise|_exit SIG\n");
+		return 2;
+	}
+	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+	if (inet_pton(AF_INET, argv[1], &peer.sin_addr) != 1) {
+		fprintf(stderr, "ends: bad address %s\n", argv[1]);
+		return 2;
+	}
+	const char *how = argv[3];
+	int sig = atoi(argv[4]);
+
+	int unread = dial(&peer, 'U');
+	int data = dial(&peer, 'D');
+	static unsigned char buf[BYTES];
+	for (int i = 0; i < BYTES; i++)
+		buf[i] = (i * 7 + 3) & 0xff;
+	for (int off = 0; off < BYTES;) {
+		ssize_t n = write(data, buf + off, BYTES - off);
+		if (n <= 0) {
+			perror("ends: write");
+			return 1;
+		}
+		off += n;
+	}
+	struct pollfd p = {.fd = unread, .events = POLLIN};
+	if (poll(&p, 1, 10000) != 1) {
+		fprintf(stderr, "ends: the server's bytes did not come\n");
+		return 1;
+	}
+
+	if (sig > 0) {
+		struct sigaction cur;
+		if (sigaction(sig, NULL, &cur) < 0) {
+			perror("ends: sigaction");
+			return 1;
+		}
+		printf("%d disposition %s\n", sig,
+		       cur.sa_handler == SIG_DFL ? "default" : cur.sa_handler == SIG_IGN ? "ignored" : "handled");
+	}
+	printf("ready\n");
+	fflush(stdout);
+
+	if (strcmp(how, "raise") == 0) {
+		raise(sig);
+	} else if (strcmp(how, "_exit") == 0) {
+		_exit(7);
+	} else if (strcmp(how, "busy") == 0) {
+		time_t end = time(NULL) + 30;
+		for (long off = BYTES; time(NULL) < end;) {
+			ssize_t n = write(data, buf + off % 256, 65536); /* the pattern's period */
+			if (n <= 0) {
+				perror("ends: write");
+				return 1;
+			}
+			off += n;
+		}
+	} else if (strcmp(how, "wait") == 0) {
+		for (int i = 0; i < 300; i++)
+			usleep(100000);
+	} else {
+		fprintf(stderr, "ends: HOW is wait, raise or _exit, not %s\n", how);
+		return 2;
+	}
+	fprintf(stderr, "ends: still running after %s\n", how);
+	return 3;
+}
