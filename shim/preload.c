@@ -191,6 +191,8 @@ static struct sigaction prog_act[NSIG];
 static __thread volatile uint64_t sig_held; /* bit sig-1: held */
 static __thread siginfo_t sig_info[NSIG]; /* what came with each */
 static void run_held(void);
+static int held_sig(int sig);
+static void sigpipe(void);
 
 /* A thread that calls the core gets a signal stack (unless it has one):
  * the Go runtime takes it as the thread's, and the program's handlers
@@ -1216,6 +1218,15 @@ __attribute__((constructor)) static void init(void)
 	LOAD(fork); LOAD(sigaction); LOAD(execve); LOAD(execvpe); LOAD(fexecve);
 	LOAD(_exit);
 #undef LOAD
+	/* A signal the program inherited ignored is ignored in prog_act too
+	 * (sigpipe reads it there): the Go runtime installs a handler of its
+	 * own for SIGPIPE, and the program's disposition is then ours to
+	 * remember. */
+	for (int sig = 1; sig < NSIG; sig++) {
+		struct sigaction cur;
+		if (held_sig(sig) && real_sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_IGN)
+			prog_act[sig].sa_handler = SIG_IGN;
+	}
 	const char *lv = getenv("ONLOAD_LOG");
 	log_debug = lv && strcmp(lv, "debug") == 0;
 	const char *dis = getenv("ONLOAD_DISABLE");
@@ -1638,7 +1649,7 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 			if (r == -EBADF && kernel_took(fd))
 				return real_send(fd, buf, n, flags);
 			if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
-				raise(SIGPIPE);
+				sigpipe();
 			errno = -r;
 			return -1;
 		}
@@ -3086,10 +3097,27 @@ static void run_held(void)
  * status, and SIGQUIT still dumps core. The program reads back the
  * default (sigaction). Through on_signal, a signal that comes while its
  * thread is in the core waits for it to leave, as the program's own
- * handlers do. Faults (SIGSEGV, SIGBUS, SIGABRT, ...), SIGPIPE (the Go
- * runtime's), SIGPROF, the real-time signals and SIGKILL end the process
- * unattended: onloadd is the answer there (a stack from onloadd outlives
- * its process). */
+ * handlers do. SIGPIPE is the Go runtime's: the shim's own (sigpipe)
+ * closes first, one from a kernel fd does not. Faults (SIGSEGV, SIGBUS,
+ * SIGABRT, ...), SIGPROF, the real-time signals and SIGKILL end the
+ * process unattended: onloadd is the answer there (a stack from onloadd
+ * outlives its process). */
+
+/* sigpipe raises SIGPIPE for a send on a connection that can send no
+ * more, as the kernel does. Where the signal ends the process (the
+ * program leaves it at the default and does not block it), the
+ * connections close first, as at the other such ends: the Go runtime's
+ * handler for SIGPIPE ends the process unattended. */
+static void sigpipe(void)
+{
+	sigset_t cur;
+	if (prog_act[SIGPIPE].sa_handler == SIG_DFL && pthread_sigmask(SIG_BLOCK, NULL, &cur) == 0 &&
+	    !sigismember(&cur, SIGPIPE)) {
+		debugf("SIGPIPE ends the process: its connections close first");
+		exit_close();
+	}
+	raise(SIGPIPE);
+}
 
 static int ends_process(int sig)
 {
@@ -3182,7 +3210,7 @@ EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old
 		a.sa_flags |= SA_ONSTACK | SA_SIGINFO;
 		a.sa_sigaction = on_signal;
 		use = &a;
-	} else if (act && act->sa_handler == SIG_DFL && catching_ends()) {
+	} else if (act && act->sa_handler == SIG_DFL && ends_process(sig) && catching_ends()) {
 		end_act(&a);
 		use = &a;
 	}
@@ -3194,8 +3222,10 @@ EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old
 		return -1;
 	}
 	if (old) {
+		/* Not ours (on_signal), nor the Go runtime's (its SIGPIPE): the
+		 * program's. */
 		*old = prev;
-		if (prev.sa_flags & SA_SIGINFO && prev.sa_sigaction == on_signal)
+		if ((prev.sa_flags & SA_SIGINFO && prev.sa_sigaction == on_signal) || (!loading && runtime_handler(&prev)))
 			*old = before;
 	}
 	return 0;

@@ -1162,8 +1162,9 @@ func idleWorkerQuiet(t *testing.T, b *Host, addr string, master int, errorLog fu
 
 // TestShimEnds runs shim/test/ends.c, which ends without closing its two
 // connections: killed by a signal whose disposition is the default
-// (from outside while it waits or while it writes, or raised at once
-// after writing 4 MiB), or by _exit.
+// (from outside while it waits or while it writes, raised at once after
+// writing 4 MiB, or the SIGPIPE of a write the shim refused), or by
+// _exit.
 // On the kernel the process's end closes them, and under the shim on a
 // stack of its own it must too: the peer of the connection that wrote
 // reads every byte and then the end, the peer whose bytes were left
@@ -1187,7 +1188,7 @@ func TestShimEnds(t *testing.T) {
 		err   error
 		at    time.Time
 	}
-	ends := make(chan peerEnd, 4)
+	ends := make(chan peerEnd, 6)
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -1298,7 +1299,11 @@ func TestShimEnds(t *testing.T) {
 		if shim {
 			requireAccelerated(t, log.String(), "connecting")
 		}
-		for range 2 {
+		conns := 2
+		if how == "pipe" {
+			conns = 3
+		}
+		for range conns {
 			var e peerEnd
 			select {
 			case e = <-ends:
@@ -1311,7 +1316,9 @@ func TestShimEnds(t *testing.T) {
 				t.Errorf("%s: the peer read %d bytes of %d (the pattern broken at %d) and then %v; want all of them and EOF", name, e.bytes, written, e.bad, e.err)
 			case e.tag == 'U' && !errors.Is(e.err, syscall.ECONNRESET):
 				t.Errorf("%s: the peer whose bytes were not read got %v; want a reset", name, e.err)
-			case e.tag != 'D' && e.tag != 'U':
+			case e.tag == 'S' && !errors.Is(e.err, io.EOF):
+				t.Errorf("%s: the peer of the connection shut down got %v; want EOF", name, e.err)
+			case e.tag != 'D' && e.tag != 'U' && e.tag != 'S':
 				t.Errorf("%s: a peer read tag %q (%v)", name, e.tag, e.err)
 			case after > 3*time.Second:
 				t.Errorf("%s: the peer (%c) learned of the end %v after it began; want at the process's end", name, e.tag, after)
@@ -1326,4 +1333,6 @@ func TestShimEnds(t *testing.T) {
 	run(true, "raise", syscall.SIGHUP)
 	run(true, "raise", syscall.SIGUSR1)
 	run(true, "_exit", 0)
+	run(false, "pipe", syscall.SIGPIPE)
+	run(true, "pipe", syscall.SIGPIPE)
 }

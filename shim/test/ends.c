@@ -16,6 +16,8 @@
  *           from outside comes, most likely while it is in a send
  *   raise   raises SIG itself, its data perhaps still on its way
  *   _exit   calls _exit(7)
+ *   pipe    opens a third connection, tagged 'S', shuts down its sending
+ *           side and writes on it: the write's SIGPIPE (SIG 13) ends it
  *
  * It never closes either socket. On the kernel the process's end closes
  * them: the 'D' peer reads every byte and then the end (a FIN), the 'U'
@@ -24,6 +26,7 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -49,7 +52,7 @@ static int dial(const struct sockaddr_in *peer, char tag)
 int main(int argc, char **argv)
 {
 	if (argc != 5) {
-		fprintf(stderr, "usage: ends ADDR PORT wait|raise|_exit SIG\n");
+		fprintf(stderr, "usage: ends ADDR PORT wait|busy|raise|_exit|pipe SIG\n");
 		return 2;
 	}
 	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
@@ -91,7 +94,15 @@ int main(int argc, char **argv)
 	printf("ready\n");
 	fflush(stdout);
 
-	if (strcmp(how, "raise") == 0) {
+	if (strcmp(how, "pipe") == 0) {
+		int shut = dial(&peer, 'S');
+		if (shutdown(shut, SHUT_WR) < 0) {
+			perror("ends: shutdown");
+			return 1;
+		}
+		ssize_t n = write(shut, "x", 1);
+		fprintf(stderr, "ends: a write after shutdown returned %zd (%s)\n", n, strerror(errno));
+	} else if (strcmp(how, "raise") == 0) {
 		raise(sig);
 	} else if (strcmp(how, "_exit") == 0) {
 		_exit(7);
@@ -109,7 +120,7 @@ int main(int argc, char **argv)
 		for (int i = 0; i < 300; i++)
 			usleep(100000);
 	} else {
-		fprintf(stderr, "ends: HOW is wait, raise or _exit, not %s\n", how);
+		fprintf(stderr, "ends: HOW is wait, busy, raise, _exit or pipe, not %s\n", how);
 		return 2;
 	}
 	fprintf(stderr, "ends: still running after %s\n", how);

@@ -655,6 +655,52 @@ static void test_fork_after(int s)
 	echo(s, "parent after the child used the connection", "parent-again");
 }
 
+static const char *disposition(int sig)
+{
+	struct sigaction a;
+	if (sigaction(sig, NULL, &a) < 0)
+		return strerror(errno);
+	return a.sa_handler == SIG_DFL ? "default" : a.sa_handler == SIG_IGN ? "ignored" : "handled";
+}
+
+static void on_usr2(int sig) { (void)sig; }
+
+/* The dispositions the program set (or left) read back as it set them,
+ * whatever the shim and the Go runtime installed; and signals at their
+ * default end children as on the kernel. */
+static void test_dispositions(void)
+{
+	int sigs[] = {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGURG, SIGCHLD};
+	for (unsigned i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+		say("signal %d: %s", sigs[i], disposition(sigs[i]));
+	signal(SIGUSR2, on_usr2);
+	say("SIGUSR2 after a handler: %s", disposition(SIGUSR2));
+	signal(SIGUSR2, SIG_DFL);
+	say("SIGUSR2 back at the default: %s", disposition(SIGUSR2));
+	say("signal(SIGTERM, SIG_IGN) returned the default: %d", signal(SIGTERM, SIG_IGN) == SIG_DFL);
+	say("signal(SIGTERM, SIG_DFL) returned ignore: %d", signal(SIGTERM, SIG_DFL) == SIG_IGN);
+	/* Children that end by a signal at its default: a write to a pipe
+	 * with no reader (SIGPIPE), SIGTERM, and SIGUSR2, which had a
+	 * handler in between. */
+	for (int k = 0; k < 3; k++) {
+		pid_t p = fork();
+		if (p == 0) {
+			if (k == 0) {
+				int pp[2];
+				signal(SIGPIPE, SIG_DFL);
+				if (pipe(pp) == 0 && close(pp[0]) == 0)
+					write(pp[1], "x", 1);
+			} else {
+				raise(k == 1 ? SIGTERM : SIGUSR2);
+			}
+			_exit(0);
+		}
+		int st;
+		waitpid(p, &st, 0);
+		say("child %d: %s %d", k, WIFSIGNALED(st) ? "killed by" : "exit", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+	}
+}
+
 static void test_names(int s)
 {
 	struct sockaddr_in a;
@@ -816,6 +862,7 @@ int main(int argc, char **argv)
 	test_foreign_signal(s);
 	test_handler_calls(s);
 	test_fork_after(s);
+	test_dispositions();
 	test_shutdown(s);
 	say("done");
 	return 0;
