@@ -3179,6 +3179,16 @@ static void end_by_signal(int sig)
 	pthread_sigmask(SIG_BLOCK, &all, &old);
 	if (catching_ends() && !t_ending) {
 		debugf("signal %d ends the process: its connections close first", sig);
+		/* The close runs Go from a signal handler. Should it ever hang,
+		 * the process still ends: SIGKILL from a timer in 3 s. */
+		struct sigevent sev;
+		memset(&sev, 0, sizeof sev);
+		sev.sigev_notify = SIGEV_SIGNAL;
+		sev.sigev_signo = SIGKILL;
+		int timer;
+		struct itimerspec at = {.it_value = {3, 0}};
+		if (syscall(SYS_timer_create, CLOCK_MONOTONIC, &sev, &timer) == 0)
+			syscall(SYS_timer_settime, timer, 0, &at, NULL);
 		exit_close();
 		struct timespec ms = {0, 1000000};
 		for (int i = 0; i < 3000 && !t_ending; i++)
