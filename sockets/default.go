@@ -1,7 +1,6 @@
 package sockets
 
 import (
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -116,11 +115,5 @@ func Finish(timeout time.Duration) error {
 	if s == nil {
 		return nil
 	}
-	switch n := s.Exit(timeout); {
-	case n < 0:
-		return fmt.Errorf("finish: the stack lock stayed held; the connections left open end without a FIN")
-	case n > 0:
-		return fmt.Errorf("finish: %d connections had not delivered their data and FIN after %v", n, timeout)
-	}
-	return nil
+	return s.Finish(timeout)
 }

@@ -582,3 +582,6 @@ func LogFallback(op, address, why string) { logFallback(op, "tcp", address, why)
 
 // LogDebug logs at the debug level (ONLOAD_LOG=debug), for the shim's core.
 func LogDebug(format string, args ...any) { logf(levelDebug, format, args...) }
+
+// LogError logs at the error level (always shown), for the shim's core.
+func LogError(format string, args ...any) { logf(levelError, format, args...) }

@@ -242,8 +242,8 @@ func (s *Stack) Close() error {
 // at its own timeout. A stack of onloadd's is left to onloadd, which
 // closes the process's sockets once it is gone (stack.CloseAbandoned). It
 // reports how many connections were still finishing at the end (-1: the
-// stack lock stayed held, by another thread that does not let it go),
-// and logs an error if any.
+// stack lock stayed held, by another thread that does not let it go);
+// Finish says the same as an error.
 func (s *Stack) Exit(wait time.Duration) (lingering int) {
 	if s.proofs != nil || !s.enter() {
 		return 0
@@ -251,7 +251,6 @@ func (s *Stack) Exit(wait time.Duration) (lingering int) {
 	defer s.leave()
 	end := time.Now().Add(wait)
 	if _, ok := s.st.CloseAbandoned(min(wait, 100*time.Millisecond)); !ok {
-		logf(levelError, "exit: the stack lock stayed held; the connections left open end without a FIN")
 		return -1
 	}
 	for {
@@ -260,13 +259,23 @@ func (s *Stack) Exit(wait time.Duration) (lingering int) {
 			return 0
 		}
 		if time.Now().After(end) {
-			logf(levelError, "exit: %d connections had not delivered their data and FIN after %v; they end unfinished", n, wait)
 			return n
 		}
 		s.st.Poll()
 		s.st.KickHeld()
 		time.Sleep(50 * time.Microsecond)
 	}
+}
+
+// Finish is Exit, with an error that says what was left unfinished.
+func (s *Stack) Finish(wait time.Duration) error {
+	switch n := s.Exit(wait); {
+	case n < 0:
+		return fmt.Errorf("finish: the stack lock stayed held; the connections left open end without a FIN")
+	case n > 0:
+		return fmt.Errorf("finish: %d connections had not delivered their data and FIN after %v; they end unfinished", n, wait)
+	}
+	return nil
 }
 
 // routes reports whether the stack carries traffic to dst: an IPv4

@@ -633,7 +633,9 @@ func onl_exit() {
 	if stk == nil {
 		return
 	}
-	stk.Exit(exitLinger)
+	if err := stk.Finish(exitLinger); err != nil {
+		sockets.LogError("exit: %v", err)
+	}
 }
 
 // exitLinger bounds how long a process's exit waits for its connections
