@@ -3035,6 +3035,7 @@ static int runtime_handler(const struct sigaction *act)
 
 static void end_by_signal(int sig);
 static int ends_process(int sig);
+static int catching_ends(void);
 
 static void call_handler(int sig, siginfo_t *si, void *uc)
 {
@@ -3042,6 +3043,13 @@ static void call_handler(int sig, siginfo_t *si, void *uc)
 	if (a->sa_handler == SIG_DFL && ends_process(sig)) {
 		end_by_signal(sig);
 		return;
+	}
+	struct sigaction once;
+	if (a->sa_flags & SA_RESETHAND && a->sa_handler != SIG_IGN && ends_process(sig) && catching_ends()) {
+		/* The kernel left the reset to us (handler_act). */
+		once = *a;
+		a = &once;
+		memset(&prog_act[sig], 0, sizeof prog_act[sig]);
 	}
 	if (!(a->sa_flags & SA_RESTART))
 		sig_norestart = 1;
@@ -3143,30 +3151,62 @@ static void end_act(struct sigaction *a)
 	sigfillset(&a->sa_mask);
 }
 
-/* catch_ends runs once the core has loaded. */
+/* handler_act is the real action for the program's handler act:
+ * on_signal, on the thread's alternate stack where there is one, with
+ * the siginfo it keeps. A one-shot handler (SA_RESETHAND) of a signal
+ * that ends the process is reset by call_handler, not the kernel, so
+ * that the default it leaves is the catch: a handler that tidies and
+ * raises the signal again (node's, for SIGTERM and SIGINT) ends the
+ * process there. */
+static void handler_act(int sig, const struct sigaction *act, struct sigaction *a)
+{
+	*a = *act;
+	a->sa_flags |= SA_ONSTACK | SA_SIGINFO;
+	a->sa_sigaction = on_signal;
+	if (ends_process(sig) && catching_ends())
+		a->sa_flags &= ~SA_RESETHAND;
+}
+
+static int is_on_signal(const struct sigaction *a)
+{
+	return (a->sa_flags & SA_SIGINFO) && a->sa_sigaction == on_signal;
+}
+
+/* catch_ends runs once the core has loaded; uncatch_ends, in a child
+ * forked after that, gives back the defaults and the kernel's resets:
+ * Go cannot run there, and the parent's connections are the parent's. */
 static void catch_ends(void)
 {
 	for (int sig = 1; sig < NSIG; sig++) {
 		struct sigaction cur, a;
-		if (!ends_process(sig) || real_sigaction(sig, NULL, &cur) < 0 || cur.sa_handler != SIG_DFL)
+		if (!ends_process(sig) || real_sigaction(sig, NULL, &cur) < 0)
 			continue;
-		end_act(&a);
+		if (cur.sa_handler == SIG_DFL)
+			end_act(&a);
+		else if (is_on_signal(&cur) && prog_act[sig].sa_flags & SA_RESETHAND)
+			handler_act(sig, &prog_act[sig], &a);
+		else
+			continue;
 		real_sigaction(sig, &a, NULL);
 	}
 }
 
-/* uncatch_ends, in a child forked after the core loaded, gives back the
- * defaults: Go cannot run there, and the parent's connections are the
- * parent's. */
 static void uncatch_ends(void)
 {
-	struct sigaction cur, dfl;
-	memset(&dfl, 0, sizeof dfl);
-	dfl.sa_handler = SIG_DFL;
-	for (int sig = 1; sig < NSIG; sig++)
-		if (ends_process(sig) && prog_act[sig].sa_handler == SIG_DFL && real_sigaction(sig, NULL, &cur) == 0 &&
-		    (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_signal)
-			real_sigaction(sig, &dfl, NULL);
+	for (int sig = 1; sig < NSIG; sig++) {
+		struct sigaction cur, a;
+		if (!ends_process(sig) || real_sigaction(sig, NULL, &cur) < 0 || !is_on_signal(&cur))
+			continue;
+		if (prog_act[sig].sa_handler == SIG_DFL) {
+			memset(&a, 0, sizeof a);
+			a.sa_handler = SIG_DFL;
+		} else if (prog_act[sig].sa_flags & SA_RESETHAND) {
+			handler_act(sig, &prog_act[sig], &a);
+		} else {
+			continue;
+		}
+		real_sigaction(sig, &a, NULL);
+	}
 }
 
 /* end_by_signal closes the connections (exit_close; if another thread is
@@ -3211,14 +3251,22 @@ static void end_by_signal(int sig)
  * interrupted calls. The program reads back its own handlers. */
 EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
+	if (held_sig(sig) && loading && act && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN &&
+	    act->sa_handler == prog_act[sig].sa_handler) {
+		/* The Go runtime, starting, puts back a handler of the
+		 * program's that lacks SA_ONSTACK with it (setsigstack), from
+		 * what it read here: it stays on_signal, which runs on the
+		 * alternate stack already. */
+		if (old)
+			*old = prog_act[sig];
+		return 0;
+	}
 	if (!held_sig(sig) || (act && runtime_handler(act)))
 		return real_sigaction(sig, act, old);
 	struct sigaction prev, a;
 	const struct sigaction *use = act;
 	if (act && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN) {
-		a = *act;
-		a.sa_flags |= SA_ONSTACK | SA_SIGINFO;
-		a.sa_sigaction = on_signal;
+		handler_act(sig, act, &a);
 		use = &a;
 	} else if (act && act->sa_handler == SIG_DFL && ends_process(sig) && catching_ends()) {
 		end_act(&a);
@@ -3235,7 +3283,7 @@ EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old
 		/* Not ours (on_signal), nor the Go runtime's (its SIGPIPE): the
 		 * program's. */
 		*old = prev;
-		if ((prev.sa_flags & SA_SIGINFO && prev.sa_sigaction == on_signal) || (!loading && runtime_handler(&prev)))
+		if (is_on_signal(&prev) || (!loading && runtime_handler(&prev)))
 			*old = before;
 	}
 	return 0;

@@ -16,6 +16,9 @@
  *           from outside comes, most likely while it is in a send
  *   raise   raises SIG itself, its data perhaps still on its way
  *   _exit   calls _exit(7)
+ *   oneshot sets, before its first socket, a one-shot handler for SIG
+ *           (SA_RESETHAND) that raises SIG again, as node's for SIGTERM
+ *           and SIGINT; then waits as wait does
  *   pipe    opens a third connection, tagged 'S', shuts down its sending
  *           side and writes on it: the write's SIGPIPE (SIG 13) ends it
  *
@@ -39,6 +42,11 @@
 
 #define BYTES (4 << 20)
 
+static void raise_again(int sig)
+{
+	raise(sig); /* the default, since the handler was one-shot */
+}
+
 static int dial(const struct sockaddr_in *peer, char tag)
 {
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -52,7 +60,7 @@ static int dial(const struct sockaddr_in *peer, char tag)
 int main(int argc, char **argv)
 {
 	if (argc != 5) {
-		fprintf(stderr, "usage: ends ADDR PORT wait|busy|raise|_exit|pipe SIG\n");
+		fprintf(stderr, "usage: ends ADDR PORT wait|busy|raise|_exit|pipe|oneshot SIG\n");
 		return 2;
 	}
 	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
@@ -63,6 +71,14 @@ int main(int argc, char **argv)
 	const char *how = argv[3];
 	int sig = atoi(argv[4]);
 
+	if (strcmp(how, "oneshot") == 0) {
+		struct sigaction a = {.sa_handler = raise_again, .sa_flags = SA_RESETHAND};
+		sigemptyset(&a.sa_mask);
+		if (sigaction(sig, &a, NULL) < 0) {
+			perror("ends: sigaction");
+			return 1;
+		}
+	}
 	int unread = dial(&peer, 'U');
 	int data = dial(&peer, 'D');
 	static unsigned char buf[BYTES];
@@ -116,11 +132,11 @@ int main(int argc, char **argv)
 			}
 			off += n;
 		}
-	} else if (strcmp(how, "wait") == 0) {
+	} else if (strcmp(how, "wait") == 0 || strcmp(how, "oneshot") == 0) {
 		for (int i = 0; i < 300; i++)
 			usleep(100000);
 	} else {
-		fprintf(stderr, "ends: HOW is wait, busy, raise, _exit or pipe, not %s\n", how);
+		fprintf(stderr, "ends: HOW is wait, busy, raise, _exit, pipe or oneshot, not %s\n", how);
 		return 2;
 	}
 	fprintf(stderr, "ends: still running after %s\n", how);

@@ -632,6 +632,45 @@ static void test_handler_calls(int s)
 	close(idle_sock);
 }
 
+/* test_early_handler: the same, with signals sent by another thread to
+ * this one, and a handler the program set before its first socket (the
+ * core loads at that socket, and the Go runtime, starting, reads and
+ * sets the program's handlers). */
+static volatile int usr1_stop;
+static void *usr1_sender(void *arg)
+{
+	for (int i = 0; i < 1000 && !usr1_stop; i++) {
+		pthread_kill(*(pthread_t *)arg, SIGUSR1);
+		usleep(500);
+	}
+	return NULL;
+}
+
+static void test_early_handler(int s)
+{
+	idle_sock = dial();
+	handler_calls = handler_odd = 0;
+	pthread_t self = pthread_self(), t;
+	usr1_stop = 0;
+	pthread_create(&t, NULL, usr1_sender, &self);
+	double end = now_ns() + 300e6;
+	int odd = 0;
+	for (int rounds = 0; rounds < 100000 && now_ns() < end; rounds++) {
+		char c;
+		if (send(s, "x", 1, 0) != 1 || recv(s, &c, 1, 0) != 1 || c != 'x')
+			odd++;
+	}
+	usr1_stop = 1;
+	pthread_join(t, NULL);
+	struct sigaction a;
+	sigaction(SIGUSR1, NULL, &a);
+	say("a handler set before the first socket: %d of its socket calls answered otherwise than the kernel's, "
+	    "%d of the thread's failed, handler ran: %s, reads back as set: %d", (int)handler_odd, odd,
+	    handler_calls > 0 ? "yes" : "no", a.sa_handler == on_alarm_call);
+	signal(SIGUSR1, SIG_DFL);
+	close(idle_sock);
+}
+
 static void test_fork_after(int s)
 {
 	pid_t p = fork();
@@ -836,6 +875,9 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	signal(SIGPIPE, SIG_IGN);
+	struct sigaction usr1 = {.sa_handler = on_alarm_call, .sa_flags = SA_RESTART};
+	sigemptyset(&usr1.sa_mask);
+	sigaction(SIGUSR1, &usr1, NULL); /* for test_early_handler */
 	test_fork_before();
 	int pp[2];
 	if (pipe(pp) < 0)
@@ -861,6 +903,7 @@ int main(int argc, char **argv)
 	test_signals(s);
 	test_foreign_signal(s);
 	test_handler_calls(s);
+	test_early_handler(s);
 	test_fork_after(s);
 	test_dispositions();
 	test_shutdown(s);
