@@ -27,6 +27,12 @@
  * kernel socket with TCP_REPAIR), and is the kernel's from then on, in
  * the child and in the parent; close() closes only the child's fd. A
  * connection passed across exec is handed over before it.
+ *
+ * The program's signal handlers run through on_signal, which holds a
+ * signal that finds its thread in the core until the thread leaves. On a
+ * stack of the process's own, its end closes its connections as the
+ * kernel's would: exit (atexit), _exit, and the signals it leaves at a
+ * default that ends it (caught, then raised again at the default).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
