@@ -226,20 +226,22 @@ func (s *Stack) Lingering() int { return s.orphans(true) }
 // Undelivered counts the connections closed by their user whose data or
 // FIN the peer has not acknowledged yet: Lingering less those in
 // FIN-WAIT-2, whose FIN the peer has, and which wait only for the peer's
-// own. A process that exits with nothing to finish its stack after it
+// own, and those handed over to the kernel. A process that exits with nothing to finish its stack after it
 // waits for this to reach 0 (sockets.Stack.Exit).
 func (s *Stack) Undelivered() int { return s.orphans(false) }
 
 // orphans counts the connections closed by their user and not yet in
-// TIME-WAIT or closed; those in FIN-WAIT-2 only if finWait2.
-func (s *Stack) orphans(finWait2 bool) int {
+// TIME-WAIT or closed; those in FIN-WAIT-2, and those handed over to the
+// kernel (the kernel's to finish, in their short grace here), only if
+// all.
+func (s *Stack) orphans(all bool) int {
 	s.lock()
 	defer s.unlock()
 	n := 0
 	for i := range s.img.socks {
 		sk := &s.img.socks[i]
 		if sk.kind == kindTCP && sk.tflags&tfOrphan != 0 && sk.state != tcpTimeWait && sk.state != tcpClosed &&
-			(finWait2 || sk.state != tcpFinWait2) {
+			(all || sk.state != tcpFinWait2 && sk.state != tcpHandedOver) {
 			n++
 		}
 	}

@@ -3,6 +3,7 @@ package test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -19,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -1165,23 +1167,36 @@ func idleWorkerQuiet(t *testing.T, b *Host, addr string, master int, errorLog fu
 // (from outside while it waits or while it writes, raised at once after
 // writing 4 MiB, or the SIGPIPE of a write the shim refused), by a
 // one-shot handler that raises the signal again (node's way), or by
-// _exit.
-// On the kernel the process's end closes them, and under the shim on a
-// stack of its own it must too: the peer of the connection that wrote
-// reads every byte and then the end, the peer whose bytes were left
-// unread gets a reset, at once; and the program still sees the signal's
-// disposition as the default, and still ends by that signal. Nothing
-// served the stack once the process was gone: those peers waited for
-// their own timeouts.
+// _exit; and with a peer that reads slowly. On the kernel the process's
+// end closes them, and under the shim on a stack of its own it must too:
+// the peer of the connection that wrote reads every byte and then the
+// end (at once, or at its own pace if it reads slowly), the peer whose
+// bytes were left unread gets a reset, at once; and the program still
+// sees the signal's disposition as the default, and still ends by that
+// signal. Nothing served the stack once the process was gone: those
+// peers waited for their own timeouts, and a slow reader got 3.6 MB of
+// 4.2 and a reset.
 func TestShimEnds(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "ends")
 	a, b := Pair(t, LinkOptions{})
+	// A small receive buffer, so that a peer that reads slowly holds back
+	// the sender (slow).
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 64<<10) })
+	}}
 	var ln net.Listener
-	if err := b.Do(func() (err error) { ln, err = net.Listen("tcp", b.Iface0().Addr().String()+":0"); return }); err != nil {
+	if err := b.Do(func() (err error) {
+		ln, err = lc.Listen(context.Background(), "tcp", b.Iface0().Addr().String()+":0")
+		return
+	}); err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
+	// slow: the 'D' peer reads its second half at 0.55 MB a second, so
+	// that what the program's last write left in its send buffer (about
+	// 1.1 MB) takes it 2 s.
+	var slow atomic.Bool
 	type peerEnd struct {
 		tag   byte
 		bytes int
@@ -1198,7 +1213,7 @@ func TestShimEnds(t *testing.T) {
 			}
 			go func() {
 				defer c.Close()
-				c.SetDeadline(time.Now().Add(15 * time.Second))
+				c.SetDeadline(time.Now().Add(20 * time.Second))
 				e := peerEnd{bad: -1}
 				var tag [1]byte
 				if _, e.err = io.ReadFull(c, tag[:]); e.err == nil {
@@ -1206,8 +1221,12 @@ func TestShimEnds(t *testing.T) {
 					if e.tag == 'U' {
 						c.Write([]byte("unread...\n"))
 					}
-					buf := make([]byte, 64<<10)
+					buf, slowly := make([]byte, 64<<10), e.tag == 'D' && slow.Load()
 					for e.err == nil {
+						if slowly && e.bytes >= 2<<20 {
+							buf = buf[:16<<10]
+							time.Sleep(30 * time.Millisecond)
+						}
 						var n int
 						n, e.err = c.Read(buf)
 						for i, v := range buf[:n] {
@@ -1230,6 +1249,9 @@ func TestShimEnds(t *testing.T) {
 		name := fmt.Sprintf("%s %s", how, sig)
 		if how == "_exit" {
 			name = "_exit"
+		}
+		if slow.Load() {
+			name += ", a slow reader"
 		}
 		args := []string{addr, port, how, strconv.Itoa(int(sig))}
 		cmd := a.Command(prog, args...)
@@ -1303,6 +1325,9 @@ func TestShimEnds(t *testing.T) {
 		}
 		if shim {
 			requireAccelerated(t, log.String(), "connecting")
+			if strings.Contains(log.String(), "had not delivered") {
+				t.Errorf("%s: the exit gave up on connections still delivering, which the kernel would have finished:\n%s", name, log.String())
+			}
 		}
 		conns := 2
 		if how == "pipe" {
@@ -1316,6 +1341,9 @@ func TestShimEnds(t *testing.T) {
 				t.Fatalf("%s: a peer's connection has not ended 20s on", name)
 			}
 			after := e.at.Sub(sent).Round(time.Millisecond)
+			if slow.Load() && e.tag == 'D' {
+				after = 0 // it takes its time; what matters is that it gets it all
+			}
 			switch {
 			case e.tag == 'D' && (e.bytes < written || how != "busy" && e.bytes != written || e.bad >= 0 || !errors.Is(e.err, io.EOF)):
 				t.Errorf("%s: the peer read %d bytes of %d (the pattern broken at %d) and then %v; want all of them and EOF", name, e.bytes, written, e.bad, e.err)
@@ -1342,4 +1370,12 @@ func TestShimEnds(t *testing.T) {
 	run(true, "oneshot", syscall.SIGTERM)
 	run(false, "pipe", syscall.SIGPIPE)
 	run(true, "pipe", syscall.SIGPIPE)
+	// What is still on its way when the process ends goes to the kernel,
+	// which delivers it after the process is gone, however long the peer
+	// takes; the exit had served the stack for a second at most.
+	slow.Store(true)
+	run(false, "_exit", 0)
+	run(true, "_exit", 0)
+	run(true, "raise", syscall.SIGTERM)
+	slow.Store(false)
 }

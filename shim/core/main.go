@@ -638,6 +638,21 @@ func onl_exit() {
 	}
 }
 
+// onl_own_stack is 1 when the stack is the process's own (not onloadd's):
+// the interposer hands a connection with data still to deliver over to
+// the kernel at exit, where onloadd would otherwise finish it.
+//
+//export onl_own_stack
+func onl_own_stack() C.int {
+	if stk == nil {
+		return 0
+	}
+	if _, _, viaDaemon := stk.HandoverVia(); viaDaemon {
+		return 0
+	}
+	return 1
+}
+
 // exitLinger bounds how long a process's exit waits for its connections
 // to finish (onl_exit). Over this path a peer acknowledges in
 // microseconds; a peer that takes longer is likely gone.
