@@ -97,8 +97,10 @@ func reap(s *Stack) {
 // ends with the process, and Go runs nothing at exit, so the data still
 // in a send buffer and the FIN would be lost. Finish closes every socket
 // still open, as the kernel would, and waits until the peers have
-// acknowledged what the closed connections had to send and their FIN,
-// for at most timeout:
+// acknowledged what the closed connections had to send and their FIN;
+// those still delivering after a moment are handed over to the kernel,
+// which finishes them after the process is gone (with CAP_NET_ADMIN, as
+// a standalone stack has; without it, the wait is at most timeout):
 //
 //	func main() {
 //		defer sockets.Finish(time.Second)

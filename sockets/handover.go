@@ -14,6 +14,38 @@ import (
 	"github.com/xdp-onload/onload/stack"
 )
 
+// exitHandover is how long an exiting process's connections have to
+// deliver their data and FIN in the stack (Stack.Exit) before those
+// still at it are handed over to the kernel: a peer that is there
+// acknowledges within a round trip or two, and a handover takes a
+// millisecond or so of system calls.
+const exitHandover = 20 * time.Millisecond
+
+// handOverUndelivered gives the kernel each connection closed by its user
+// that is still delivering its data or FIN, on a kernel socket of its own
+// (its user's is gone), and closes that socket: the kernel finishes the
+// connection as it does the sockets of a process that exits. One that
+// cannot be handed over stays in the stack.
+func (s *Stack) handOverUndelivered() {
+	for _, id := range s.st.UndeliveredSockets() {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			logf(levelDebug, "exit: no socket to hand a connection over on: %v", err)
+			return
+		}
+		st, err := s.st.HandoverOrphan(id, fd, handoverWrite)
+		unix.Close(fd)
+		if err != nil {
+			logf(levelDebug, "exit: a closed connection still delivering was not handed over to the kernel: %v", err)
+			if errors.Is(err, repair.ErrPermission) {
+				return
+			}
+			continue
+		}
+		logf(levelDebug, "exit: handed %v->%v over to the kernel to deliver %d bytes and the FIN", st.Local, st.Remote, st.Sent+st.Unsent)
+	}
+}
+
 // handoverWrite bounds how long a handover waits for the kernel socket
 // to take the bytes the stack had not sent yet.
 const handoverWrite = 10 * time.Second
@@ -27,7 +59,8 @@ const handoverWrite = 10 * time.Second
 //
 // On a stack this process made it needs CAP_NET_ADMIN (TCP_REPAIR); on
 // one from onloadd, onloadd repairs. The connection must be ESTABLISHED
-// or CLOSE-WAIT, with no FIN of ours queued or sent. When it fails
+// or CLOSE-WAIT, or shut for sending (CloseWrite) with its FIN not yet
+// acknowledged, which the kernel then sends after the data. When it fails
 // before the connection left the stack, c is unchanged; when the kernel
 // socket could not be made after that, the peer is reset and c closed,
 // and the error says so.

@@ -239,7 +239,11 @@ func (s *Stack) Close() error {
 // acknowledged those connections' data and FIN, or wait has passed. The
 // kernel finishes such connections after the process is gone; here
 // nothing would, and a peer that was not sending learned of the end only
-// at its own timeout. A stack of onloadd's is left to onloadd, which
+// at its own timeout. So a connection still delivering after a moment
+// (exitHandover) is handed over to the kernel, which finishes it however
+// long the peer takes (handOverUndelivered); one that cannot be (a
+// process without the privilege to repair sockets) has the rest of
+// wait. A stack of onloadd's is left to onloadd, which
 // closes the process's sockets once it is gone (stack.CloseAbandoned). It
 // reports how many connections were still finishing at the end (-1: the
 // stack lock stayed held, by another thread that does not let it go);
@@ -249,16 +253,24 @@ func (s *Stack) Exit(wait time.Duration) (lingering int) {
 		return 0
 	}
 	defer s.leave()
-	end := time.Now().Add(wait)
+	start := time.Now()
+	end := start.Add(wait)
 	if _, ok := s.st.CloseAbandoned(min(wait, 100*time.Millisecond)); !ok {
 		return -1
 	}
+	handed := false
 	for {
 		n := s.st.Undelivered()
 		if n == 0 {
 			return 0
 		}
-		if time.Now().After(end) {
+		now := time.Now()
+		if !handed && now.Sub(start) >= min(wait, exitHandover) {
+			handed = true
+			s.handOverUndelivered()
+			continue
+		}
+		if now.After(end) {
 			return n
 		}
 		s.st.Poll()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -92,13 +93,22 @@ type FlowPinner interface {
 
 // ErrHandoverState is returned for a connection that is not in a state
 // the kernel can take: ESTABLISHED, or CLOSE-WAIT (the peer's FIN came),
-// with no FIN of ours queued or sent.
-var ErrHandoverState = fmt.Errorf("%w: only a connection in ESTABLISHED or CLOSE-WAIT, with no FIN of ours queued, can be handed over", ErrInvalid)
+// or, with a FIN of ours queued or sent and not acknowledged, FIN-WAIT-1,
+// CLOSING or LAST-ACK.
+var ErrHandoverState = fmt.Errorf("%w: only a connection in ESTABLISHED or CLOSE-WAIT, or closed by its user with its FIN not yet acknowledged, can be handed over", ErrInvalid)
 
 // handoverState says whether sk is in a state the kernel can take.
 func handoverState(sk *sock) bool {
-	return sk.kind == kindTCP && (sk.state == tcpEstablished || sk.state == tcpCloseWait) &&
-		sk.tflags&(tfFinQueued|tfFinSent) == 0
+	if sk.kind != kindTCP {
+		return false
+	}
+	switch sk.state {
+	case tcpEstablished, tcpCloseWait:
+		return true
+	case tcpFinWait1, tcpClosing, tcpLastAck:
+		return sk.tflags&(tfFinQueued|tfFinSent) != 0
+	}
+	return false
 }
 
 var errCorruptQueue = errors.New("a queue of the socket is corrupt in the stack image: not handed over")
@@ -107,12 +117,18 @@ var errCorruptQueue = errors.New("a queue of the socket is corrupt in the stack 
 // state for repair.Restore. The socket's ID stays valid for
 // EndHandover or AbortHandover and nothing else.
 func (s *Stack) BeginHandover(id SockID) (*repair.Conn, error) {
+	return s.beginHandover(id, false)
+}
+
+// beginHandover is BeginHandover, of a connection its user has closed
+// too if orphan (one still delivering its data and FIN).
+func (s *Stack) beginHandover(id SockID, orphan bool) (*repair.Conn, error) {
 	unlock, err := s.handoverLock(handoverFirstWait)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	sk, err := s.sockLocked(id)
+	sk, err := s.handoverSockLocked(id, orphan)
 	if err != nil {
 		return nil, err
 	}
@@ -132,6 +148,7 @@ func (s *Stack) BeginHandover(id SockID) (*repair.Conn, error) {
 		SACK: sk.tflags&tfSackOK != 0, TS: sk.tflags&tfTSOK != 0, TSVal: s.tsNow(),
 		SndWnd: sk.sndWnd, SndWl1: uint32(sk.sndWl1), RcvWnd: uint32(sk.rcvAdv - sk.rcvNxt),
 		FinReceived: sk.tflags&tfRcvFin != 0, PeerTSVal: sk.tsRecent,
+		FinQueued: sk.tflags&(tfFinQueued|tfFinSent) != 0,
 	}
 	if c.MSS == 0 {
 		c.MSS = sk.mss
@@ -302,6 +319,23 @@ func (s *Stack) HandedOver(id SockID) bool {
 	return atomic.LoadUint32(&sk.gen) == id.gen() && sk.racyKind() == kindTCP && sk.racyState() == tcpHandedOver
 }
 
+// handoverSockLocked resolves id as sockLocked does, and also a
+// connection its user has closed if orphan.
+func (s *Stack) handoverSockLocked(id SockID, orphan bool) (*sock, error) {
+	if !orphan {
+		return s.sockLocked(id)
+	}
+	idx := id.index()
+	if idx >= uint32(len(s.img.socks)) {
+		return nil, ErrBadSocket
+	}
+	sk := &s.img.socks[idx]
+	if sk.kind == kindFree || sk.gen != id.gen() || id.gen() == 0 {
+		return nil, ErrBadSocket
+	}
+	return sk, nil
+}
+
 // handedOverLocked resolves the ID of a socket BeginHandover took.
 func (s *Stack) handedOverLocked(id SockID) *sock {
 	idx := id.index()
@@ -381,8 +415,26 @@ var ErrHandoverLost = errors.New("the connection was reset")
 // gone; any other means it is still the stack's. fd's blocking mode is
 // kept; the bytes not yet sent are written within writeTimeout.
 func (s *Stack) Handover(id SockID, fd int, writeTimeout time.Duration) (HandoverStats, error) {
+	return s.handover(id, fd, writeTimeout, false)
+}
+
+// HandoverOrphan is Handover of a connection its user has closed, still
+// delivering its data or FIN (UndeliveredSockets), on a kernel socket
+// made for it: a process that exits hands such connections to the
+// kernel, which finishes them after it is gone.
+func (s *Stack) HandoverOrphan(id SockID, fd int, writeTimeout time.Duration) (HandoverStats, error) {
+	return s.handover(id, fd, writeTimeout, true)
+}
+
+func (s *Stack) handover(id SockID, fd int, writeTimeout time.Duration, orphan bool) (HandoverStats, error) {
 	var st HandoverStats
-	local, err := s.LocalAddr(id)
+	s.lock()
+	sk, err := s.handoverSockLocked(id, orphan)
+	var local netip.AddrPort
+	if err == nil {
+		local = addrPort(sk.localAddr, sk.localPort)
+	}
+	s.unlock()
 	if err != nil {
 		return st, err
 	}
@@ -390,7 +442,7 @@ func (s *Stack) Handover(id SockID, fd int, writeTimeout time.Duration) (Handove
 		return st, err
 	}
 	start := time.Now()
-	c, err := s.BeginHandover(id)
+	c, err := s.beginHandover(id, orphan)
 	if err != nil {
 		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 0)
 		return st, err
@@ -440,6 +492,13 @@ func (s *Stack) Handover(id SockID, fd int, writeTimeout time.Duration) (Handove
 		// Bytes the application wrote would be lost: the peer is told.
 		unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1})
 		return st, fmt.Errorf("%w: the kernel socket did not take the bytes not yet sent: %w", ErrHandoverLost, err)
+	}
+	if c.FinQueued {
+		// Our FIN, after the data, where ours was.
+		if err := unix.Shutdown(fd, unix.SHUT_WR); err != nil {
+			unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1})
+			return st, fmt.Errorf("%w: the kernel socket did not take our FIN: %w", ErrHandoverLost, os.NewSyscallError("shutdown", err))
+		}
 	}
 	return st, nil
 }

@@ -239,13 +239,31 @@ func (s *Stack) orphans(all bool) int {
 	defer s.unlock()
 	n := 0
 	for i := range s.img.socks {
-		sk := &s.img.socks[i]
-		if sk.kind == kindTCP && sk.tflags&tfOrphan != 0 && sk.state != tcpTimeWait && sk.state != tcpClosed &&
-			(all || sk.state != tcpFinWait2 && sk.state != tcpHandedOver) {
+		if orphan(&s.img.socks[i], all) {
 			n++
 		}
 	}
 	return n
+}
+
+func orphan(sk *sock, all bool) bool {
+	return sk.kind == kindTCP && sk.tflags&tfOrphan != 0 && sk.state != tcpTimeWait && sk.state != tcpClosed &&
+		(all || sk.state != tcpFinWait2 && sk.state != tcpHandedOver)
+}
+
+// UndeliveredSockets names the connections Undelivered counts: a
+// process about to exit hands them over to the kernel, which goes on
+// delivering after it is gone (sockets.Stack.Exit).
+func (s *Stack) UndeliveredSockets() []SockID {
+	s.lock()
+	defer s.unlock()
+	var ids []SockID
+	for i := range s.img.socks {
+		if sk := &s.img.socks[i]; orphan(sk, false) {
+			ids = append(ids, s.idOf(sk))
+		}
+	}
+	return ids
 }
 
 // TCPStates counts the stack's TCP sockets by state (RFC 9293's names:

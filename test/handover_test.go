@@ -653,6 +653,73 @@ func TestHandoverCloseWait(t *testing.T) {
 	}
 }
 
+// TestHandoverFinQueued hands over a connection whose sending side our
+// side has shut, its data and FIN not yet acknowledged (the kernel peer
+// reads nothing until after): the kernel socket gets the data, then our
+// FIN where ours was, so the peer reads every byte and then the end; the
+// connection's other half still works. Before, such a connection could
+// not be handed over (an exiting process's closed connections are
+// handed over this way: TestShimEnds).
+func TestHandoverFinQueued(t *testing.T) {
+	RequireRoot(t)
+	a, b := Pair(t, LinkOptions{})
+	s := ourSockets(t, b, sockets.Balanced)
+	ours, theirs, stop, err := kernelPipe(a, b, s, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	resets := noResets(t, a)
+	data := make([]byte, 128<<10) // within our send buffer
+	patternAt(11, 0, data)
+	tc := ours.(*sockets.TCPConn)
+	tc.SetDeadline(time.Now().Add(20 * time.Second))
+	theirs.SetDeadline(time.Now().Add(20 * time.Second))
+	// The peer's receive buffer holds less than this: some stays ours.
+	if err := theirs.(*net.TCPConn).SetReadBuffer(16 << 10); err != nil {
+		t.Fatal(err)
+	}
+	written := make(chan error, 1)
+	go func() {
+		_, err := tc.Write(data)
+		if err == nil {
+			err = tc.CloseWrite()
+		}
+		written <- err
+	}()
+	select {
+	case err := <-written:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("our side did not take the data and the shutdown")
+	}
+	if info, err := tc.Info(); err != nil || info.Queued == 0 {
+		t.Fatalf("nothing left to deliver at the handover: %+v, %v", info, err)
+	} else {
+		t.Logf("handed over in %s with %d bytes queued", info.State, info.Queued)
+	}
+	var kc *net.TCPConn
+	if err := b.Do(func() (err error) { kc, err = tc.Handover(); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	kc.SetDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(theirs)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the peer read %d bytes (%v); want the %d we wrote, then the end of the stream", len(got), err, len(data))
+	}
+	if _, err := theirs.Write([]byte("half open")); err != nil {
+		t.Fatal(err)
+	}
+	theirs.(*net.TCPConn).CloseWrite()
+	if got, err := io.ReadAll(kc); err != nil || string(got) != "half open" {
+		t.Fatalf("the kernel socket read %q, %v; want the peer's last words and the end", got, err)
+	}
+	resets()
+}
+
 // TestHandoverLockHeld: onloadd only ever trylocks a stack. Asked to
 // hand a stack's connections over while a process of the stack holds
 // its lock (as one stopped inside the stack would), it gives up within a

@@ -70,6 +70,13 @@ type Conn struct {
 	// timestamp, for it.
 	FinReceived bool
 	PeerTSVal   uint32
+
+	// FinQueued: our FIN was queued or sent (the user closed the
+	// connection or shut its sending side), and not acknowledged. The
+	// connection is made without it; whoever hands it over shuts the
+	// kernel socket's sending side once the data is there
+	// (stack.Handover), and the kernel sends its FIN at the same place.
+	FinQueued bool
 }
 
 // msClock is the value for TCP_TIMESTAMP that keeps the kernel's

@@ -16,13 +16,15 @@
  *           from outside comes, most likely while it is in a send
  *   raise   raises SIG itself, its data perhaps still on its way
  *   _exit   calls _exit(7)
+ *   closed  closes the 'D' connection, its data perhaps still on its
+ *           way, and calls exit(7) (the 'U' one stays open)
  *   oneshot sets, before its first socket, a one-shot handler for SIG
  *           (SA_RESETHAND) that raises SIG again, as node's for SIGTERM
  *           and SIGINT; then waits as wait does
  *   pipe    opens a third connection, tagged 'S', shuts down its sending
  *           side and writes on it: the write's SIGPIPE (SIG 13) ends it
  *
- * It never closes either socket. On the kernel the process's end closes
+ * It closes neither socket (but as HOW says). On the kernel the process's end closes
  * them: the 'D' peer reads every byte and then the end (a FIN), the 'U'
  * peer gets a reset (unread data), and a signal's default action ends
  * the process with that signal.
@@ -60,7 +62,7 @@ static int dial(const struct sockaddr_in *peer, char tag)
 int main(int argc, char **argv)
 {
 	if (argc != 5) {
-		fprintf(stderr, "usage: ends ADDR PORT wait|busy|raise|_exit|pipe|oneshot SIG\n");
+		fprintf(stderr, "usage: ends ADDR PORT wait|busy|raise|_exit|closed|pipe|oneshot SIG\n");
 		return 2;
 	}
 	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
@@ -122,6 +124,9 @@ int main(int argc, char **argv)
 		raise(sig);
 	} else if (strcmp(how, "_exit") == 0) {
 		_exit(7);
+	} else if (strcmp(how, "closed") == 0) {
+		close(data);
+		exit(7);
 	} else if (strcmp(how, "busy") == 0) {
 		time_t end = time(NULL) + 30;
 		for (long off = BYTES; time(NULL) < end;) {
@@ -136,7 +141,7 @@ int main(int argc, char **argv)
 		for (int i = 0; i < 300; i++)
 			usleep(100000);
 	} else {
-		fprintf(stderr, "ends: HOW is wait, busy, raise, _exit, pipe or oneshot, not %s\n", how);
+		fprintf(stderr, "ends: HOW is wait, busy, raise, _exit, closed, pipe or oneshot, not %s\n", how);
 		return 2;
 	}
 	fprintf(stderr, "ends: still running after %s\n", how);
