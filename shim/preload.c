@@ -64,6 +64,7 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -515,6 +516,16 @@ static void kernel_now_locked(int h)
 	}
 }
 
+/* kernel_now is kernel_now_locked for entry e's handle, if e is still
+ * accelerated. */
+static void kernel_now(struct fdent *e)
+{
+	pthread_mutex_lock(&mu);
+	if (e->kind == K_OURS)
+		kernel_now_locked(e->h);
+	pthread_mutex_unlock(&mu);
+}
+
 /* kernel_took: the core no longer has connection fd's socket; if a
  * handover took it, fd is the kernel's from then on (1). The handover
  * takes the core's socket first, then connects the kernel socket in
@@ -585,6 +596,7 @@ static int ctl_call(int s, const char *msg, int fd, char *rep, size_t n)
 }
 
 static char ho_path[108]; /* onloadd's control socket (prepare_fork) */
+static pid_t ho_parent;	  /* the process that forked (prepare_fork) */
 
 /* child_takes: a child forked after the core loaded (which cannot run
  * it) uses inherited connection fd: onloadd hands it over to the kernel,
@@ -592,9 +604,26 @@ static char ho_path[108]; /* onloadd's control socket (prepare_fork) */
  * refused (refuse_after_fork). */
 static int child_takes(int fd, struct fdent *e)
 {
+	struct sockaddr_in sa;
+	socklen_t sl0 = sizeof sa;
+	if (!e->listening && real_getpeername(fd, (struct sockaddr *)&sa, &sl0) == 0) {
+		/* The kernel has it already: the parent handed it over as it
+		 * exited (handover_at_exit), or onloadd did. */
+		debugf("fd %d: the kernel has taken the connection over", fd);
+		kernel_now(e);
+		return 0;
+	}
 	if (!e->ho_ok || !ho_path[0] || e->listening) {
 		debugf("fd %d: a child cannot hand it over: %s", fd,
 		       e->listening ? "a listener" : "its parent found nowhere to ask (ONLOAD_LOG=debug in the parent says why)");
+		return -1;
+	}
+	if (ho_path[0] == '@' && getppid() != ho_parent) {
+		/* The parent served the handover of its own stack, and is gone
+		 * (the service's socket, which this child inherited, would take
+		 * the request and never answer). */
+		logf_("fd %d: a child forked after the stack loaded could not have its inherited connection handed over to the kernel: "
+		      "its parent, whose stack it was, has exited without handing it over", fd);
 		return -1;
 	}
 	int s = real_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -631,10 +660,7 @@ static int child_takes(int fd, struct fdent *e)
 		return -1;
 	}
 	debugf("fd %d: handed over to the kernel, for a child forked after the stack loaded", fd);
-	pthread_mutex_lock(&mu);
-	if (e->kind == K_OURS)
-		kernel_now_locked(e->h);
-	pthread_mutex_unlock(&mu);
+	kernel_now(e);
 	return 0;
 }
 
@@ -642,10 +668,15 @@ static int child_takes(int fd, struct fdent *e)
  * the core loaded hands an inherited connection over at its first use
  * (child_takes), and needs its names at onloadd, which only the core
  * knows. */
+static int forked_after_core; /* prepare_fork ran with the core loaded */
+
 static void prepare_fork(void)
 {
 	if (core_state != 1 || in_core || !fdt)
 		return;
+	forked_after_core = 1;
+	if (!after_fork)
+		ho_parent = getpid();
 	pthread_mutex_lock(&mu);
 	for (int fd = 0; fd < nfdt; fd++) {
 		struct fdent *e = &fdt[fd];
@@ -1329,18 +1360,25 @@ static void handover_for_exec(void)
  * the exit served the stack for a second at most: a peer that read
  * slowly got 3.6 MB of 4.2 and then a reset). The rest close in the
  * stack (onl_exit), which is quicker: a handover takes system calls, and
- * a connection with nothing outstanding ends within a round trip. */
+ * a connection with nothing outstanding ends within a round trip; but
+ * where a child forked after the core loaded may hold them, every one
+ * is handed over. */
 static void handover_at_exit(void)
 {
 	if (!fdt || !CORE(core.own_stack()))
 		return;
+	/* A child forked after the core loaded may hold the connections
+	 * still, and use them after we are gone: then every one goes to the
+	 * kernel, on the fd the child has too (child_takes finds it there). */
+	siginfo_t si;
+	int child = forked_after_core && waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) == 0;
 	for (int fd = 0; fd < nfdt; fd++) {
 		struct fdent *e = &fdt[fd];
 		struct onl_tcpinfo ti;
 		if (e->kind != K_OURS || e->listening || CORE(core.tcpinfo(e->h, &ti)) < 0 ||
-		    (ti.unacked == 0 && ti.notsent == 0))
+		    (!child && ti.unacked == 0 && ti.notsent == 0))
 			continue;
-		int r = hand_over(fd, e, "at exit, with data to deliver");
+		int r = hand_over(fd, e, child ? "at exit, for a child" : "at exit, with data to deliver");
 		if (r != 0)
 			debugf("fd %d: its connection could not be handed over to the kernel at exit (%s): it ends in the stack",
 			       fd, strerror(-r));

@@ -18,6 +18,11 @@
  *   _exit   calls _exit(7)
  *   closed  closes the 'D' connection, its data perhaps still on its
  *           way, and calls exit(7) (the 'U' one stays open)
+ *   forked  waits until its peer has acknowledged everything (nothing
+ *           is left to deliver), forks a child and calls exit(7); the
+ *           child, 300 ms on,
+ *           writes FORKED more bytes of the pattern on 'D', closes it and
+ *           calls _exit(0), holding 'U' to its end
  *   oneshot sets, before its first socket, a one-shot handler for SIG
  *           (SA_RESETHAND) that raises SIG again, as node's for SIGTERM
  *           and SIGINT; then waits as wait does
@@ -33,6 +38,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -43,6 +49,7 @@
 #include <unistd.h>
 
 #define BYTES (4 << 20)
+#define FORKED 4096
 
 static void raise_again(int sig)
 {
@@ -62,7 +69,7 @@ static int dial(const struct sockaddr_in *peer, char tag)
 int main(int argc, char **argv)
 {
 	if (argc != 5) {
-		fprintf(stderr, "usage: ends ADDR PORT wait|busy|raise|_exit|closed|pipe|oneshot SIG\n");
+		fprintf(stderr, "usage: ends ADDR PORT wait|busy|raise|_exit|closed|forked|pipe|oneshot SIG\n");
 		return 2;
 	}
 	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
@@ -127,6 +134,26 @@ int main(int argc, char **argv)
 	} else if (strcmp(how, "closed") == 0) {
 		close(data);
 		exit(7);
+	} else if (strcmp(how, "forked") == 0) {
+		struct tcp_info ti;
+		for (int i = 0, quiet = 0; i < 10000 && quiet < 3; i++) {
+			socklen_t l = sizeof ti;
+			quiet = getsockopt(data, IPPROTO_TCP, TCP_INFO, &ti, &l) == 0 && ti.tcpi_unacked == 0 ? quiet + 1 : 0;
+			usleep(1000);
+		}
+		pid_t p = fork();
+		if (p < 0) {
+			perror("ends: fork");
+			return 1;
+		}
+		if (p > 0)
+			exit(7);
+		usleep(300000);
+		int r = write(data, buf + BYTES % 256, FORKED) == FORKED ? 0 : 1;
+		if (r)
+			perror("ends: the child's write");
+		close(data);
+		_exit(r);
 	} else if (strcmp(how, "busy") == 0) {
 		time_t end = time(NULL) + 30;
 		for (long off = BYTES; time(NULL) < end;) {
@@ -141,7 +168,7 @@ int main(int argc, char **argv)
 		for (int i = 0; i < 300; i++)
 			usleep(100000);
 	} else {
-		fprintf(stderr, "ends: HOW is wait, busy, raise, _exit, closed, pipe or oneshot, not %s\n", how);
+		fprintf(stderr, "ends: HOW is wait, busy, raise, _exit, closed, forked, pipe or oneshot, not %s\n", how);
 		return 2;
 	}
 	fprintf(stderr, "ends: still running after %s\n", how);
