@@ -604,15 +604,10 @@ static pid_t ho_parent;	  /* the process that forked (prepare_fork) */
  * refused (refuse_after_fork). */
 static int child_takes(int fd, struct fdent *e)
 {
-	struct sockaddr_in sa;
-	socklen_t sl0 = sizeof sa;
-	if (!e->listening && real_getpeername(fd, (struct sockaddr *)&sa, &sl0) == 0) {
-		/* The kernel has it already: the parent handed it over as it
-		 * exited (handover_at_exit), or onloadd did. */
-		debugf("fd %d: the kernel has taken the connection over", fd);
-		kernel_now(e);
+	/* The kernel may have it already: the parent handed it over as it
+	 * exited (handover_at_exit), or onloadd did. */
+	if (!e->listening && kernel_took(fd))
 		return 0;
-	}
 	if (!e->ho_ok || !ho_path[0] || e->listening) {
 		debugf("fd %d: a child cannot hand it over: %s", fd,
 		       e->listening ? "a listener" : "its parent found nowhere to ask (ONLOAD_LOG=debug in the parent says why)");
@@ -1320,13 +1315,10 @@ static void child_after_fork(void)
  * the core's negated errno. */
 static int hand_over(int fd, struct fdent *e, const char *why)
 {
-	int h = e->h;
-	int r = CORE(core.handover(h, fd));
+	int r = CORE(core.handover(e->h, fd));
 	if (r == 0) {
 		debugf("fd %d: handed over to the kernel %s", fd, why);
-		pthread_mutex_lock(&mu);
-		kernel_now_locked(h);
-		pthread_mutex_unlock(&mu);
+		kernel_now(e);
 	}
 	return r;
 }

@@ -322,18 +322,10 @@ func (s *Stack) HandedOver(id SockID) bool {
 // handoverSockLocked resolves id as sockLocked does, and also a
 // connection its user has closed if orphan.
 func (s *Stack) handoverSockLocked(id SockID, orphan bool) (*sock, error) {
-	if !orphan {
-		return s.sockLocked(id)
+	if orphan {
+		return s.anySockLocked(id)
 	}
-	idx := id.index()
-	if idx >= uint32(len(s.img.socks)) {
-		return nil, ErrBadSocket
-	}
-	sk := &s.img.socks[idx]
-	if sk.kind == kindFree || sk.gen != id.gen() || id.gen() == 0 {
-		return nil, ErrBadSocket
-	}
-	return sk, nil
+	return s.sockLocked(id)
 }
 
 // handedOverLocked resolves the ID of a socket BeginHandover took.

@@ -132,12 +132,22 @@ func (sk *sock) racyState() uint8 {
 // sockLocked resolves id to its slot, or returns ErrBadSocket. It is the
 // one way from an ID to a socket.
 func (s *Stack) sockLocked(id SockID) (*sock, error) {
+	sk, err := s.anySockLocked(id)
+	if err == nil && sk.tflags&tfOrphan != 0 {
+		return nil, ErrBadSocket
+	}
+	return sk, err
+}
+
+// anySockLocked is sockLocked that also resolves a socket its user has
+// closed (an orphan).
+func (s *Stack) anySockLocked(id SockID) (*sock, error) {
 	idx := id.index()
 	if idx >= uint32(len(s.img.socks)) {
 		return nil, ErrBadSocket
 	}
 	sk := &s.img.socks[idx]
-	if sk.kind == kindFree || sk.gen != id.gen() || id.gen() == 0 || sk.tflags&tfOrphan != 0 {
+	if sk.kind == kindFree || sk.gen != id.gen() || id.gen() == 0 {
 		return nil, ErrBadSocket
 	}
 	return sk, nil
