@@ -31,8 +31,9 @@
  * The program's signal handlers run through on_signal, which holds a
  * signal that finds its thread in the core until the thread leaves. On a
  * stack of the process's own, its end closes its connections as the
- * kernel's would: exit (atexit), _exit, and the signals it leaves at a
- * default that ends it (caught, then raised again at the default).
+ * kernel's would: exit (atexit), _exit, the signals it leaves at a
+ * default that ends it (caught, then raised again at the default), and
+ * a fault in its own code (on_fault).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -40,6 +41,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <link.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -66,6 +68,7 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "onload.h"
@@ -200,6 +203,7 @@ static __thread volatile uint64_t sig_held; /* bit sig-1: held */
 static __thread siginfo_t sig_info[NSIG]; /* what came with each */
 static void run_held(void);
 static int held_sig(int sig);
+static int fault_sig(int sig);
 static void sigpipe(void);
 
 /* A thread that calls the core gets a signal stack (unless it has one):
@@ -1264,7 +1268,7 @@ __attribute__((constructor)) static void init(void)
 	 * remember. */
 	for (int sig = 1; sig < NSIG; sig++) {
 		struct sigaction cur;
-		if (held_sig(sig) && real_sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_IGN)
+		if ((held_sig(sig) || fault_sig(sig)) && real_sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_IGN)
 			prog_act[sig].sa_handler = SIG_IGN;
 	}
 	const char *lv = getenv("ONLOAD_LOG");
@@ -3111,6 +3115,8 @@ static int runtime_handler(const struct sigaction *act)
 }
 
 static void end_by_signal(int sig);
+static void close_at_end(int sig);
+static void set_default(int sig);
 static int ends_process(int sig);
 static int catching_ends(void);
 
@@ -3183,10 +3189,10 @@ static void run_held(void)
  * default (sigaction). Through on_signal, a signal that comes while its
  * thread is in the core waits for it to leave, as the program's own
  * handlers do. SIGPIPE is the Go runtime's: the shim's own (sigpipe)
- * closes first, one from a kernel fd does not. Faults (SIGSEGV, SIGBUS,
- * SIGABRT, ...), SIGPROF, the real-time signals and SIGKILL end the
- * process unattended: onloadd is the answer there (a stack from onloadd
- * outlives its process). */
+ * closes first, one from a kernel fd does not. Faults have their own
+ * catch (on_fault, below). SIGPROF, the real-time signals and SIGKILL
+ * end the process unattended: onloadd is the answer there (a stack from
+ * onloadd outlives its process). */
 
 /* sigpipe raises SIGPIPE for a send on a connection that can send no
  * more, as the kernel does. Where the signal ends the process (the
@@ -3209,7 +3215,7 @@ static int ends_process(int sig)
 	switch (sig) {
 	case SIGHUP: case SIGINT: case SIGQUIT: case SIGTERM: case SIGUSR1: case SIGUSR2:
 	case SIGALRM: case SIGVTALRM: case SIGXCPU: case SIGXFSZ: case SIGIO: case SIGPWR:
-	case SIGSTKFLT:
+	case SIGSTKFLT: case SIGABRT:
 		return 1;
 	}
 	return 0;
@@ -3249,13 +3255,134 @@ static int is_on_signal(const struct sigaction *a)
 	return (a->sa_flags & SA_SIGINFO) && a->sa_sigaction == on_signal;
 }
 
+/* ---- faults ------------------------------------------------------------
+ *
+ * A fault (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) or abort()'s
+ * SIGABRT ends the process, and on the kernel its sockets close: the
+ * peers read the end at once. Where the program leaves the fault at its
+ * default, on_fault stands in front of what was there (the Go runtime's
+ * handler, for SIGSEGV, SIGBUS and SIGFPE, which it needs for Go's own
+ * panics): a fault in the program's code closes the connections first
+ * (close_at_end), then takes the default, so that the process ends by
+ * the same signal and dumps the same core (a fault comes again as the
+ * handler returns; a signal sent, as raise sends it, is raised again). A
+ * fault in the core or in the interposer, or on a thread inside the
+ * core, goes on to the runtime's handler untouched: the stack may be
+ * half way through a change there, and no close is tried. SIGABRT, which
+ * no fault sends, is caught as the other signals that end the process
+ * are (ends_process). */
+static int fault_sig(int sig)
+{
+	return sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGTRAP || sig == SIGSYS;
+}
+
+static struct sigaction fault_next[NSIG]; /* what stood before on_fault */
+static uintptr_t core_text[2], shim_text[2]; /* [lo, hi): the core's and our mappings */
+
+struct text_find {
+	uintptr_t at, *r;
+};
+
+/* text_each is dl_iterate_phdr's callback: the span of info's loaded
+ * segments, if it holds f->at. */
+static int text_each(struct dl_phdr_info *info, size_t size, void *data)
+{
+	(void)size;
+	struct text_find *f = data;
+	uintptr_t lo = UINTPTR_MAX, hi = 0;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type != PT_LOAD)
+			continue;
+		uintptr_t a = info->dlpi_addr + ph->p_vaddr;
+		lo = a < lo ? a : lo;
+		hi = a + ph->p_memsz > hi ? a + ph->p_memsz : hi;
+	}
+	if (f->at < lo || f->at >= hi)
+		return 0;
+	f->r[0] = lo, f->r[1] = hi;
+	return 1;
+}
+
+/* text_range finds the mapping of the object that holds fn (read once,
+ * outside any handler: dl_iterate_phdr takes the loader's lock). */
+static void text_range(void *fn, uintptr_t *r)
+{
+	struct text_find f = {(uintptr_t)fn, r};
+	dl_iterate_phdr(text_each, &f);
+}
+
+static int in_text(const uintptr_t *r, uintptr_t pc)
+{
+	return pc >= r[0] && pc < r[1];
+}
+
+static uintptr_t fault_pc(void *uc)
+{
+#if defined(__x86_64__)
+	return uc ? (uintptr_t)((ucontext_t *)uc)->uc_mcontext.gregs[REG_RIP] : 0;
+#elif defined(__aarch64__)
+	return uc ? (uintptr_t)((ucontext_t *)uc)->uc_mcontext.pc : 0;
+#else
+	return 0;
+#endif
+}
+
+/* on_fault: see "faults" above. */
+static void on_fault(int sig, siginfo_t *si, void *uc)
+{
+	uintptr_t pc = fault_pc(uc);
+	const struct sigaction *next = &fault_next[sig];
+	int go = next->sa_handler != SIG_DFL && next->sa_handler != SIG_IGN;
+	if (in_core || in_text(core_text, pc) || in_text(shim_text, pc)) {
+		if (go) {
+			if (next->sa_flags & SA_SIGINFO)
+				next->sa_sigaction(sig, si, uc);
+			else
+				next->sa_handler(sig);
+			return;
+		}
+	} else {
+		close_at_end(sig);
+	}
+	set_default(sig);
+	if (si->si_code <= 0)
+		raise(sig); /* sent, not a fault: it ends the process as the handler returns */
+}
+
+static void fault_act(struct sigaction *a)
+{
+	memset(a, 0, sizeof *a);
+	a->sa_sigaction = on_fault;
+	a->sa_flags = SA_SIGINFO | SA_ONSTACK;
+	sigfillset(&a->sa_mask);
+}
+
+static int is_on_fault(const struct sigaction *a)
+{
+	return (a->sa_flags & SA_SIGINFO) && a->sa_sigaction == on_fault;
+}
+
 /* catch_ends runs once the core has loaded; uncatch_ends, in a child
  * forked after that, gives back the defaults and the kernel's resets:
  * Go cannot run there, and the parent's connections are the parent's. */
 static void catch_ends(void)
 {
+	text_range((void *)core.listen, core_text);
+	text_range((void *)on_fault, shim_text);
 	for (int sig = 1; sig < NSIG; sig++) {
 		struct sigaction cur, a;
+		if (fault_sig(sig)) {
+			/* The Go runtime's handler stands where the program left
+			 * the default (SIGSEGV, SIGBUS, SIGFPE), or the default. */
+			if (prog_act[sig].sa_handler == SIG_DFL && real_sigaction(sig, NULL, &cur) == 0 &&
+			    (cur.sa_handler == SIG_DFL || runtime_handler(&cur))) {
+				fault_next[sig] = cur;
+				fault_act(&a);
+				real_sigaction(sig, &a, NULL);
+			}
+			continue;
+		}
 		if (!ends_process(sig) || real_sigaction(sig, NULL, &cur) < 0)
 			continue;
 		if (cur.sa_handler == SIG_DFL)
@@ -3272,6 +3399,10 @@ static void uncatch_ends(void)
 {
 	for (int sig = 1; sig < NSIG; sig++) {
 		struct sigaction cur, a;
+		if (fault_sig(sig) && real_sigaction(sig, NULL, &cur) == 0 && is_on_fault(&cur)) {
+			real_sigaction(sig, &fault_next[sig], NULL);
+			continue;
+		}
 		if (!ends_process(sig) || real_sigaction(sig, NULL, &cur) < 0 || !is_on_signal(&cur))
 			continue;
 		if (prog_act[sig].sa_handler == SIG_DFL) {
@@ -3286,40 +3417,88 @@ static void uncatch_ends(void)
 	}
 }
 
-/* end_by_signal closes the connections (exit_close; if another thread is
- * at it, waits up to 3 s for that thread to end the process), then
- * raises sig again at its default, which ends the process. */
+/* close_at_end closes the connections as sig ends the process
+ * (exit_close; if another thread is at it, waits up to 3 s for that
+ * thread to end the process), with every signal blocked. */
+static void close_at_end(int sig)
+{
+	if (!catching_ends() || t_ending)
+		return;
+	debugf("signal %d ends the process: its connections close first", sig);
+	/* The close runs Go from a signal handler. Should it ever hang, the
+	 * process still ends: SIGKILL from a timer in 3 s. */
+	struct sigevent sev;
+	memset(&sev, 0, sizeof sev);
+	sev.sigev_notify = SIGEV_SIGNAL;
+	sev.sigev_signo = SIGKILL;
+	int timer;
+	struct itimerspec at = {.it_value = {3, 0}};
+	if (syscall(SYS_timer_create, CLOCK_MONOTONIC, &sev, &timer) == 0)
+		syscall(SYS_timer_settime, timer, 0, &at, NULL);
+	exit_close();
+	struct timespec ms = {0, 1000000};
+	for (int i = 0; i < 3000 && !t_ending; i++)
+		nanosleep(&ms, NULL);
+}
+
+static void set_default(int sig)
+{
+	struct sigaction dfl;
+	memset(&dfl, 0, sizeof dfl);
+	dfl.sa_handler = SIG_DFL;
+	real_sigaction(sig, &dfl, NULL);
+}
+
+/* end_by_signal closes the connections (close_at_end), then raises sig
+ * again at its default, which ends the process. */
 static void end_by_signal(int sig)
 {
 	sigset_t all, one, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &old);
-	if (catching_ends() && !t_ending) {
-		debugf("signal %d ends the process: its connections close first", sig);
-		/* The close runs Go from a signal handler. Should it ever hang,
-		 * the process still ends: SIGKILL from a timer in 3 s. */
-		struct sigevent sev;
-		memset(&sev, 0, sizeof sev);
-		sev.sigev_notify = SIGEV_SIGNAL;
-		sev.sigev_signo = SIGKILL;
-		int timer;
-		struct itimerspec at = {.it_value = {3, 0}};
-		if (syscall(SYS_timer_create, CLOCK_MONOTONIC, &sev, &timer) == 0)
-			syscall(SYS_timer_settime, timer, 0, &at, NULL);
-		exit_close();
-		struct timespec ms = {0, 1000000};
-		for (int i = 0; i < 3000 && !t_ending; i++)
-			nanosleep(&ms, NULL);
-	}
-	struct sigaction dfl;
-	memset(&dfl, 0, sizeof dfl);
-	dfl.sa_handler = SIG_DFL;
-	real_sigaction(sig, &dfl, NULL);
+	close_at_end(sig);
+	set_default(sig);
 	raise(sig);
 	sigemptyset(&one);
 	sigaddset(&one, sig);
 	pthread_sigmask(SIG_UNBLOCK, &one, NULL); /* the process ends here */
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* set_prog_act records act (if any) as the program's disposition of sig
+ * and installs use in its place; old gets the program's own, not ours
+ * (stands_in) nor the Go runtime's (its SIGPIPE, SIGSEGV, ...). */
+static int set_prog_act(int sig, const struct sigaction *act, const struct sigaction *use, struct sigaction *old,
+			int (*stands_in)(const struct sigaction *))
+{
+	struct sigaction before = prog_act[sig], prev;
+	if (act)
+		prog_act[sig] = *act;
+	if (real_sigaction(sig, use, &prev) < 0) {
+		prog_act[sig] = before;
+		return -1;
+	}
+	if (old) {
+		*old = prev;
+		if (stands_in(&prev) || (!loading && runtime_handler(&prev)))
+			*old = before;
+	}
+	return 0;
+}
+
+/* fault_sigaction is the program's sigaction of a fault signal (not the
+ * Go runtime's, which installs its own handler for some): its
+ * disposition is kept, for catch_ends, and read back; once the core has
+ * loaded, the default is on_fault's. */
+static int fault_sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+	struct sigaction a;
+	const struct sigaction *use = act;
+	if (act && act->sa_handler == SIG_DFL && catching_ends()) {
+		fault_act(&a);
+		use = &a;
+	}
+	return set_prog_act(sig, act, use, old, is_on_fault);
 }
 
 /* sigaction: the program's handlers are called through on_signal, on the
@@ -3338,9 +3517,11 @@ EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old
 			*old = prog_act[sig];
 		return 0;
 	}
+	if (fault_sig(sig) && !loading && !in_text(core_text, (uintptr_t)__builtin_return_address(0)))
+		return fault_sigaction(sig, act, old);
 	if (!held_sig(sig) || (act && runtime_handler(act)))
 		return real_sigaction(sig, act, old);
-	struct sigaction prev, a;
+	struct sigaction a;
 	const struct sigaction *use = act;
 	if (act && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN) {
 		handler_act(sig, act, &a);
@@ -3349,21 +3530,7 @@ EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old
 		end_act(&a);
 		use = &a;
 	}
-	struct sigaction before = prog_act[sig];
-	if (act)
-		prog_act[sig] = *act;
-	if (real_sigaction(sig, use, &prev) < 0) {
-		prog_act[sig] = before;
-		return -1;
-	}
-	if (old) {
-		/* Not ours (on_signal), nor the Go runtime's (its SIGPIPE): the
-		 * program's. */
-		*old = prev;
-		if (is_on_signal(&prev) || (!loading && runtime_handler(&prev)))
-			*old = before;
-	}
-	return 0;
+	return set_prog_act(sig, act, use, old, is_on_signal);
 }
 
 /* signal: glibc's, BSD semantics (SA_RESTART), through ours. */

@@ -1373,6 +1373,11 @@ func TestShimEnds(t *testing.T) {
 	run(true, "oneshot", syscall.SIGTERM)
 	run(false, "pipe", syscall.SIGPIPE)
 	run(true, "pipe", syscall.SIGPIPE)
+	// A fault in the program's code, and abort(): the kernel closes the
+	// sockets of a process that crashes, as of any other.
+	run(false, "fault", syscall.SIGSEGV)
+	run(true, "fault", syscall.SIGSEGV)
+	run(true, "abort", syscall.SIGABRT)
 	// What is still on its way when the process ends goes to the kernel,
 	// which delivers it after the process is gone, however long the peer
 	// takes; the exit had served the stack for a second at most.

@@ -28,6 +28,10 @@
  *           and SIGINT; then waits as wait does
  *   pipe    opens a third connection, tagged 'S', shuts down its sending
  *           side and writes on it: the write's SIGPIPE (SIG 13) ends it
+ *   fault   writes through a null pointer: SIGSEGV (SIG 11) ends it
+ *   abort   calls abort(): SIGABRT (SIG 6) ends it
+ *
+ * (fault and abort leave no core file.)
  *
  * It closes neither socket (but as HOW says). On the kernel the process's end closes
  * them: the 'D' peer reads every byte and then the end (a FIN), the 'U'
@@ -41,9 +45,11 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -69,7 +75,7 @@ static int dial(const struct sockaddr_in *peer, char tag)
 int main(int argc, char **argv)
 {
 	if (argc != 5) {
-		fprintf(stderr, "usage: ends ADDR PORT wait|busy|raise|_exit|closed|forked|pipe|oneshot SIG\n");
+		fprintf(stderr, "usage: ends ADDR PORT wait|busy|raise|_exit|closed|forked|pipe|oneshot|fault|abort SIG\n");
 		return 2;
 	}
 	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
@@ -127,6 +133,12 @@ int main(int argc, char **argv)
 		}
 		ssize_t n = write(shut, "x", 1);
 		fprintf(stderr, "ends: a write after shutdown returned %zd (%s)\n", n, strerror(errno));
+	} else if (strcmp(how, "fault") == 0 || strcmp(how, "abort") == 0) {
+		struct rlimit none = {0, 0};
+		setrlimit(RLIMIT_CORE, &none);
+		if (how[0] == 'a')
+			abort();
+		*(volatile int *)(uintptr_t)(sig - SIGSEGV) = 1;
 	} else if (strcmp(how, "raise") == 0) {
 		raise(sig);
 	} else if (strcmp(how, "_exit") == 0) {
@@ -168,7 +180,7 @@ int main(int argc, char **argv)
 		for (int i = 0; i < 300; i++)
 			usleep(100000);
 	} else {
-		fprintf(stderr, "ends: HOW is wait, busy, raise, _exit, closed, forked, pipe or oneshot, not %s\n", how);
+		fprintf(stderr, "ends: HOW is wait, busy, raise, _exit, closed, forked, pipe, oneshot, fault or abort, not %s\n", how);
 		return 2;
 	}
 	fprintf(stderr, "ends: still running after %s\n", how);

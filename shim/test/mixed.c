@@ -19,12 +19,14 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -709,7 +711,8 @@ static void on_usr2(int sig) { (void)sig; }
  * default end children as on the kernel. */
 static void test_dispositions(void)
 {
-	int sigs[] = {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGURG, SIGCHLD};
+	int sigs[] = {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGURG, SIGCHLD,
+		      SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 	for (unsigned i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
 		say("signal %d: %s", sigs[i], disposition(sigs[i]));
 	signal(SIGUSR2, on_usr2);
@@ -718,17 +721,27 @@ static void test_dispositions(void)
 	say("SIGUSR2 back at the default: %s", disposition(SIGUSR2));
 	say("signal(SIGTERM, SIG_IGN) returned the default: %d", signal(SIGTERM, SIG_IGN) == SIG_DFL);
 	say("signal(SIGTERM, SIG_DFL) returned ignore: %d", signal(SIGTERM, SIG_DFL) == SIG_IGN);
+	signal(SIGSEGV, on_usr2);
+	say("SIGSEGV after a handler: %s", disposition(SIGSEGV));
+	say("signal(SIGSEGV, SIG_DFL) returned the handler: %d", signal(SIGSEGV, SIG_DFL) == on_usr2);
+	say("SIGSEGV back at the default: %s", disposition(SIGSEGV));
 	/* Children that end by a signal at its default: a write to a pipe
-	 * with no reader (SIGPIPE), SIGTERM, and SIGUSR2, which had a
-	 * handler in between. */
-	for (int k = 0; k < 3; k++) {
+	 * with no reader (SIGPIPE), SIGTERM, SIGUSR2, which had a handler in
+	 * between, a fault (SIGSEGV) and abort() (SIGABRT). */
+	for (int k = 0; k < 5; k++) {
 		pid_t p = fork();
 		if (p == 0) {
+			struct rlimit none = {0, 0};
+			setrlimit(RLIMIT_CORE, &none); /* no core file */
 			if (k == 0) {
 				int pp[2];
 				signal(SIGPIPE, SIG_DFL);
 				if (pipe(pp) == 0 && close(pp[0]) == 0)
 					write(pp[1], "x", 1);
+			} else if (k == 3) {
+				*(volatile int *)(uintptr_t)(k - 3) = 1;
+			} else if (k == 4) {
+				abort();
 			} else {
 				raise(k == 1 ? SIGTERM : SIGUSR2);
 			}
