@@ -3335,6 +3335,15 @@ static void on_fault(int sig, siginfo_t *si, void *uc)
 	const struct sigaction *next = &fault_next[sig];
 	int go = next->sa_handler != SIG_DFL && next->sa_handler != SIG_IGN;
 	if (in_core || in_text(core_text, pc) || in_text(shim_text, pc)) {
+		if (si->si_code <= 0 && syscall(SYS_gettid) != getpid()) {
+			/* Sent (kill), not a fault, and to a thread that cannot
+			 * close: one of the Go runtime's, or one inside the core.
+			 * The main thread takes it, now or once it unblocks it
+			 * (redis's crash report resets the default and sends the
+			 * signal to the process from its handler). */
+			syscall(SYS_tgkill, getpid(), getpid(), sig);
+			return;
+		}
 		if (go) {
 			if (next->sa_flags & SA_SIGINFO)
 				next->sa_sigaction(sig, si, uc);

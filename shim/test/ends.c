@@ -30,8 +30,13 @@
  *           side and writes on it: the write's SIGPIPE (SIG 13) ends it
  *   fault   writes through a null pointer: SIGSEGV (SIG 11) ends it
  *   abort   calls abort(): SIGABRT (SIG 6) ends it
+ *   report  sets, before its first socket, a handler for SIGSEGV (SIG
+ *           11) as redis's crash report does, then faults as fault
+ *           does: the handler resets the default and sends the signal
+ *           to the process (kill), and the fault comes again as it
+ *           returns
  *
- * (fault and abort leave no core file.)
+ * (fault, abort and report leave no core file.)
  *
  * It closes neither socket (but as HOW says). On the kernel the process's end closes
  * them: the 'D' peer reads every byte and then the end (a FIN), the 'U'
@@ -62,6 +67,17 @@ static void raise_again(int sig)
 	raise(sig); /* the default, since the handler was one-shot */
 }
 
+static void report(int sig, siginfo_t *si, void *uc)
+{
+	(void)si, (void)uc;
+	static const char msg[] = "ends: crashed, reporting\n";
+	write(2, msg, sizeof msg - 1);
+	struct sigaction dfl = {.sa_handler = SIG_DFL, .sa_flags = SA_NODEFER | SA_ONSTACK | SA_RESETHAND};
+	sigemptyset(&dfl.sa_mask);
+	sigaction(sig, &dfl, NULL);
+	kill(getpid(), sig);
+}
+
 static int dial(const struct sockaddr_in *peer, char tag)
 {
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -75,7 +91,7 @@ static int dial(const struct sockaddr_in *peer, char tag)
 int main(int argc, char **argv)
 {
 	if (argc != 5) {
-		fprintf(stderr, "usage: ends ADDR PORT wait|busy|raise|_exit|closed|forked|pipe|oneshot|fault|abort SIG\n");
+		fprintf(stderr, "usage: ends ADDR PORT wait|busy|raise|_exit|closed|forked|pipe|oneshot|fault|abort|report SIG\n");
 		return 2;
 	}
 	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
@@ -88,6 +104,14 @@ int main(int argc, char **argv)
 
 	if (strcmp(how, "oneshot") == 0) {
 		struct sigaction a = {.sa_handler = raise_again, .sa_flags = SA_RESETHAND};
+		sigemptyset(&a.sa_mask);
+		if (sigaction(sig, &a, NULL) < 0) {
+			perror("ends: sigaction");
+			return 1;
+		}
+	}
+	if (strcmp(how, "report") == 0) {
+		struct sigaction a = {.sa_sigaction = report, .sa_flags = SA_NODEFER | SA_RESETHAND | SA_SIGINFO};
 		sigemptyset(&a.sa_mask);
 		if (sigaction(sig, &a, NULL) < 0) {
 			perror("ends: sigaction");
@@ -133,7 +157,7 @@ int main(int argc, char **argv)
 		}
 		ssize_t n = write(shut, "x", 1);
 		fprintf(stderr, "ends: a write after shutdown returned %zd (%s)\n", n, strerror(errno));
-	} else if (strcmp(how, "fault") == 0 || strcmp(how, "abort") == 0) {
+	} else if (strcmp(how, "fault") == 0 || strcmp(how, "abort") == 0 || strcmp(how, "report") == 0) {
 		struct rlimit none = {0, 0};
 		setrlimit(RLIMIT_CORE, &none);
 		if (how[0] == 'a')
@@ -180,7 +204,7 @@ int main(int argc, char **argv)
 		for (int i = 0; i < 300; i++)
 			usleep(100000);
 	} else {
-		fprintf(stderr, "ends: HOW is wait, busy, raise, _exit, closed, forked, pipe, oneshot, fault or abort, not %s\n", how);
+		fprintf(stderr, "ends: HOW is wait, busy, raise, _exit, closed, forked, pipe, oneshot, fault, abort or report, not %s\n", how);
 		return 2;
 	}
 	fprintf(stderr, "ends: still running after %s\n", how);
