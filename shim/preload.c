@@ -3188,26 +3188,71 @@ static void run_held(void)
  * status, and SIGQUIT still dumps core. The program reads back the
  * default (sigaction). Through on_signal, a signal that comes while its
  * thread is in the core waits for it to leave, as the program's own
- * handlers do. SIGPIPE is the Go runtime's: the shim's own (sigpipe)
- * closes first, one from a kernel fd does not. Faults have their own
- * catch (on_fault, below). SIGPROF, the real-time signals and SIGKILL
- * end the process unattended: onloadd is the answer there (a stack from
+ * handlers do. SIGPIPE (on_pipe) and the faults (on_fault) have catches
+ * of their own, below. SIGPROF, the real-time signals and SIGKILL end
+ * the process unattended: onloadd is the answer there (a stack from
  * onloadd outlives its process). */
 
 /* sigpipe raises SIGPIPE for a send on a connection that can send no
- * more, as the kernel does. Where the signal ends the process (the
- * program leaves it at the default and does not block it), the
- * connections close first, as at the other such ends: the Go runtime's
- * handler for SIGPIPE ends the process unattended. */
+ * more, as the kernel does: where the program leaves it at the default,
+ * on_pipe closes the connections first. */
 static void sigpipe(void)
 {
-	sigset_t cur;
-	if (prog_act[SIGPIPE].sa_handler == SIG_DFL && pthread_sigmask(SIG_BLOCK, NULL, &cur) == 0 &&
-	    !sigismember(&cur, SIGPIPE)) {
-		debugf("SIGPIPE ends the process: its connections close first");
-		exit_close();
-	}
 	raise(SIGPIPE);
+}
+
+/* forward calls the handler next stands for (the Go runtime's), and
+ * reports whether there was one. */
+static int forward(const struct sigaction *next, int sig, siginfo_t *si, void *uc)
+{
+	if (next->sa_handler == SIG_DFL || next->sa_handler == SIG_IGN)
+		return 0;
+	if (next->sa_flags & SA_SIGINFO)
+		next->sa_sigaction(sig, si, uc);
+	else
+		next->sa_handler(sig);
+	return 1;
+}
+
+/* ---- SIGPIPE -------------------------------------------------------------
+ *
+ * The Go runtime installs its own handler for SIGPIPE: a write of Go's
+ * to a socket or pipe with no reader fails with EPIPE and goes on. For a
+ * write of the program's at the default it ends the process, unattended.
+ * Where the program leaves SIGPIPE at its default, on_pipe stands in
+ * front of the runtime's handler (pipe_next): the SIGPIPE of a thread
+ * outside the core (the program's write to a kernel fd with no reader,
+ * or the shim's own for a connection that can send no more) closes the
+ * connections first (close_at_end) and ends the process by it; one on a
+ * thread inside the core (the core's own write, to onloadd's socket
+ * say) goes on to the runtime's handler, as before. A default the
+ * program sets later puts on_pipe back: with the real default there,
+ * the core's own writes would end the process. */
+static struct sigaction pipe_next;
+
+static void on_pipe(int sig, siginfo_t *si, void *uc)
+{
+	if (in_core || prog_act[sig].sa_handler != SIG_DFL) {
+		if (forward(&pipe_next, sig, si, uc))
+			return;
+	} else {
+		close_at_end(sig);
+	}
+	set_default(sig);
+	raise(sig); /* it ends the process as the handler returns */
+}
+
+static void pipe_act(struct sigaction *a)
+{
+	memset(a, 0, sizeof *a);
+	a->sa_sigaction = on_pipe;
+	a->sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+	sigfillset(&a->sa_mask);
+}
+
+static int is_on_pipe(const struct sigaction *a)
+{
+	return (a->sa_flags & SA_SIGINFO) && a->sa_sigaction == on_pipe;
 }
 
 static int ends_process(int sig)
@@ -3333,7 +3378,6 @@ static void on_fault(int sig, siginfo_t *si, void *uc)
 {
 	uintptr_t pc = fault_pc(uc);
 	const struct sigaction *next = &fault_next[sig];
-	int go = next->sa_handler != SIG_DFL && next->sa_handler != SIG_IGN;
 	if (in_core || in_text(core_text, pc) || in_text(shim_text, pc)) {
 		if (si->si_code <= 0 && syscall(SYS_gettid) != getpid()) {
 			/* Sent (kill), not a fault, and to a thread that cannot
@@ -3344,13 +3388,8 @@ static void on_fault(int sig, siginfo_t *si, void *uc)
 			syscall(SYS_tgkill, getpid(), getpid(), sig);
 			return;
 		}
-		if (go) {
-			if (next->sa_flags & SA_SIGINFO)
-				next->sa_sigaction(sig, si, uc);
-			else
-				next->sa_handler(sig);
+		if (forward(next, sig, si, uc))
 			return;
-		}
 	} else {
 		close_at_end(sig);
 	}
@@ -3392,6 +3431,15 @@ static void catch_ends(void)
 			}
 			continue;
 		}
+		if (sig == SIGPIPE) {
+			if (prog_act[sig].sa_handler == SIG_DFL && real_sigaction(sig, NULL, &cur) == 0 &&
+			    (cur.sa_handler == SIG_DFL || runtime_handler(&cur))) {
+				pipe_next = cur;
+				pipe_act(&a);
+				real_sigaction(sig, &a, NULL);
+			}
+			continue;
+		}
 		if (!ends_process(sig) || real_sigaction(sig, NULL, &cur) < 0)
 			continue;
 		if (cur.sa_handler == SIG_DFL)
@@ -3410,6 +3458,10 @@ static void uncatch_ends(void)
 		struct sigaction cur, a;
 		if (fault_sig(sig) && real_sigaction(sig, NULL, &cur) == 0 && is_on_fault(&cur)) {
 			real_sigaction(sig, &fault_next[sig], NULL);
+			continue;
+		}
+		if (sig == SIGPIPE && real_sigaction(sig, NULL, &cur) == 0 && is_on_pipe(&cur)) {
+			real_sigaction(sig, &pipe_next, NULL);
 			continue;
 		}
 		if (!ends_process(sig) || real_sigaction(sig, NULL, &cur) < 0 || !is_on_signal(&cur))
@@ -3495,6 +3547,11 @@ static int set_prog_act(int sig, const struct sigaction *act, const struct sigac
 	return 0;
 }
 
+static int held_stand_in(const struct sigaction *a)
+{
+	return is_on_signal(a) || is_on_pipe(a);
+}
+
 /* fault_sigaction is the program's sigaction of a fault signal (not the
  * Go runtime's, which installs its own handler for some): its
  * disposition is kept, for catch_ends, and read back; once the core has
@@ -3538,8 +3595,11 @@ EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old
 	} else if (act && act->sa_handler == SIG_DFL && ends_process(sig) && catching_ends()) {
 		end_act(&a);
 		use = &a;
+	} else if (act && act->sa_handler == SIG_DFL && sig == SIGPIPE && catching_ends()) {
+		pipe_act(&a);
+		use = &a;
 	}
-	return set_prog_act(sig, act, use, old, is_on_signal);
+	return set_prog_act(sig, act, use, old, held_stand_in);
 }
 
 /* signal: glibc's, BSD semantics (SA_RESTART), through ours. */

@@ -1373,6 +1373,11 @@ func TestShimEnds(t *testing.T) {
 	run(true, "oneshot", syscall.SIGTERM)
 	run(false, "pipe", syscall.SIGPIPE)
 	run(true, "pipe", syscall.SIGPIPE)
+	// The SIGPIPE of a write to a kernel fd (a pipe with no reader): the
+	// Go runtime's handler stands there, and it had ended the process
+	// unattended.
+	run(false, "kpipe", syscall.SIGPIPE)
+	run(true, "kpipe", syscall.SIGPIPE)
 	// A fault in the program's code, and abort(): the kernel closes the
 	// sockets of a process that crashes, as of any other.
 	run(false, "fault", syscall.SIGSEGV)

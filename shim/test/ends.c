@@ -28,6 +28,8 @@
  *           and SIGINT; then waits as wait does
  *   pipe    opens a third connection, tagged 'S', shuts down its sending
  *           side and writes on it: the write's SIGPIPE (SIG 13) ends it
+ *   kpipe   writes to a pipe whose reader has gone (a kernel fd): the
+ *           write's SIGPIPE (SIG 13) ends it
  *   fault   writes through a null pointer: SIGSEGV (SIG 11) ends it
  *   abort   calls abort(): SIGABRT (SIG 6) ends it
  *   report  sets, before its first socket, a handler for SIGSEGV (SIG
@@ -91,7 +93,7 @@ static int dial(const struct sockaddr_in *peer, char tag)
 int main(int argc, char **argv)
 {
 	if (argc != 5) {
-		fprintf(stderr, "usage: ends ADDR PORT wait|busy|raise|_exit|closed|forked|pipe|oneshot|fault|abort|report SIG\n");
+		fprintf(stderr, "usage: ends ADDR PORT wait|busy|raise|_exit|closed|forked|pipe|kpipe|oneshot|fault|abort|report SIG\n");
 		return 2;
 	}
 	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
@@ -157,6 +159,14 @@ int main(int argc, char **argv)
 		}
 		ssize_t n = write(shut, "x", 1);
 		fprintf(stderr, "ends: a write after shutdown returned %zd (%s)\n", n, strerror(errno));
+	} else if (strcmp(how, "kpipe") == 0) {
+		int pp[2];
+		if (pipe(pp) < 0 || close(pp[0]) < 0) {
+			perror("ends: pipe");
+			return 1;
+		}
+		ssize_t n = write(pp[1], "x", 1);
+		fprintf(stderr, "ends: a write to a pipe with no reader returned %zd (%s)\n", n, strerror(errno));
 	} else if (strcmp(how, "fault") == 0 || strcmp(how, "abort") == 0 || strcmp(how, "report") == 0) {
 		struct rlimit none = {0, 0};
 		setrlimit(RLIMIT_CORE, &none);
@@ -204,7 +214,7 @@ int main(int argc, char **argv)
 		for (int i = 0; i < 300; i++)
 			usleep(100000);
 	} else {
-		fprintf(stderr, "ends: HOW is wait, busy, raise, _exit, closed, forked, pipe, oneshot, fault, abort or report, not %s\n", how);
+		fprintf(stderr, "ends: HOW is wait, busy, raise, _exit, closed, forked, pipe, kpipe, oneshot, fault, abort or report, not %s\n", how);
 		return 2;
 	}
 	fprintf(stderr, "ends: still running after %s\n", how);
