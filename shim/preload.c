@@ -3384,7 +3384,9 @@ static void on_fault(int sig, siginfo_t *si, void *uc)
 			 * close: one of the Go runtime's, or one inside the core.
 			 * The main thread takes it, now or once it unblocks it
 			 * (redis's crash report resets the default and sends the
-			 * signal to the process from its handler). */
+			 * signal to the process from its handler). A main thread
+			 * that blocks it for good keeps the process alive, where
+			 * the kernel's choice of thread might have ended it. */
 			syscall(SYS_tgkill, getpid(), getpid(), sig);
 			return;
 		}
@@ -3480,7 +3482,7 @@ static void uncatch_ends(void)
 
 /* close_at_end closes the connections as sig ends the process
  * (exit_close; if another thread is at it, waits up to 3 s for that
- * thread to end the process), with every signal blocked. */
+ * thread to end the process). Its caller has every signal blocked. */
 static void close_at_end(int sig)
 {
 	if (!catching_ends() || t_ending)
