@@ -3189,9 +3189,9 @@ static void run_held(void)
  * default (sigaction). Through on_signal, a signal that comes while its
  * thread is in the core waits for it to leave, as the program's own
  * handlers do. SIGPIPE (on_pipe) and the faults (on_fault) have catches
- * of their own, below. SIGPROF, the real-time signals and SIGKILL end
- * the process unattended: onloadd is the answer there (a stack from
- * onloadd outlives its process). */
+ * of their own, below. SIGPROF (the Go runtime's when it profiles) and
+ * SIGKILL end the process unattended: onloadd is the answer there (a
+ * stack from onloadd outlives its process). */
 
 /* sigpipe raises SIGPIPE for a send on a connection that can send no
  * more, as the kernel does: where the program leaves it at the default,
@@ -3263,7 +3263,9 @@ static int ends_process(int sig)
 	case SIGSTKFLT: case SIGABRT:
 		return 1;
 	}
-	return 0;
+	/* The real-time signals the program may use (not glibc's own,
+	 * below SIGRTMIN) end it too at their default. */
+	return sig >= SIGRTMIN && sig <= SIGRTMAX;
 }
 
 static int catching_ends(void)

@@ -1368,6 +1368,10 @@ func TestShimEnds(t *testing.T) {
 	run(true, "busy", syscall.SIGINT)
 	run(true, "raise", syscall.SIGHUP)
 	run(true, "raise", syscall.SIGUSR1)
+	// A real-time signal at its default (SIGRTMIN is 34 or 35 with glibc).
+	run(false, "raise", syscall.Signal(40))
+	run(true, "raise", syscall.Signal(40))
+	run(true, "wait", syscall.Signal(40))
 	run(true, "_exit", 0)
 	run(false, "oneshot", syscall.SIGTERM)
 	run(true, "oneshot", syscall.SIGTERM)
