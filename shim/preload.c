@@ -204,7 +204,6 @@ static __thread siginfo_t sig_info[NSIG]; /* what came with each */
 static void run_held(void);
 static int held_sig(int sig);
 static int fault_sig(int sig);
-static void sigpipe(void);
 
 /* A thread that calls the core gets a signal stack (unless it has one):
  * the Go runtime takes it as the thread's, and the program's handlers
@@ -1263,9 +1262,9 @@ __attribute__((constructor)) static void init(void)
 	LOAD(_exit);
 #undef LOAD
 	/* A signal the program inherited ignored is ignored in prog_act too
-	 * (sigpipe reads it there): the Go runtime installs a handler of its
-	 * own for SIGPIPE, and the program's disposition is then ours to
-	 * remember. */
+	 * (on_pipe and catch_ends read it there): the Go runtime installs a
+	 * handler of its own for SIGPIPE, and the program's disposition is
+	 * then ours to remember. */
 	for (int sig = 1; sig < NSIG; sig++) {
 		struct sigaction cur;
 		if ((held_sig(sig) || fault_sig(sig)) && real_sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_IGN)
@@ -1730,7 +1729,7 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 			if (r == -EBADF && kernel_took(fd))
 				return real_send(fd, buf, n, flags);
 			if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
-				sigpipe();
+				raise(SIGPIPE); /* as the kernel does; on_pipe closes first */
 			errno = -r;
 			return -1;
 		}
@@ -3193,14 +3192,6 @@ static void run_held(void)
  * SIGKILL end the process unattended: onloadd is the answer there (a
  * stack from onloadd outlives its process). */
 
-/* sigpipe raises SIGPIPE for a send on a connection that can send no
- * more, as the kernel does: where the program leaves it at the default,
- * on_pipe closes the connections first. */
-static void sigpipe(void)
-{
-	raise(SIGPIPE);
-}
-
 /* forward calls the handler next stands for (the Go runtime's), and
  * reports whether there was one. */
 static int forward(const struct sigaction *next, int sig, siginfo_t *si, void *uc)
@@ -3220,7 +3211,7 @@ static int forward(const struct sigaction *next, int sig, siginfo_t *si, void *u
  * to a socket or pipe with no reader fails with EPIPE and goes on. For a
  * write of the program's at the default it ends the process, unattended.
  * Where the program leaves SIGPIPE at its default, on_pipe stands in
- * front of the runtime's handler (pipe_next): the SIGPIPE of a thread
+ * front of the runtime's handler (stood): the SIGPIPE of a thread
  * outside the core (the program's write to a kernel fd with no reader,
  * or the shim's own for a connection that can send no more) closes the
  * connections first (close_at_end) and ends the process by it; one on a
@@ -3228,12 +3219,12 @@ static int forward(const struct sigaction *next, int sig, siginfo_t *si, void *u
  * say) goes on to the runtime's handler, as before. A default the
  * program sets later puts on_pipe back: with the real default there,
  * the core's own writes would end the process. */
-static struct sigaction pipe_next;
+static struct sigaction stood[NSIG]; /* what stood before on_fault or on_pipe */
 
 static void on_pipe(int sig, siginfo_t *si, void *uc)
 {
 	if (in_core || prog_act[sig].sa_handler != SIG_DFL) {
-		if (forward(&pipe_next, sig, si, uc))
+		if (forward(&stood[sig], sig, si, uc))
 			return;
 	} else {
 		close_at_end(sig);
@@ -3323,7 +3314,6 @@ static int fault_sig(int sig)
 	return sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGTRAP || sig == SIGSYS;
 }
 
-static struct sigaction fault_next[NSIG]; /* what stood before on_fault */
 static uintptr_t core_text[2], shim_text[2]; /* [lo, hi): the core's and our mappings */
 
 struct text_find {
@@ -3379,7 +3369,7 @@ static uintptr_t fault_pc(void *uc)
 static void on_fault(int sig, siginfo_t *si, void *uc)
 {
 	uintptr_t pc = fault_pc(uc);
-	const struct sigaction *next = &fault_next[sig];
+	const struct sigaction *next = &stood[sig];
 	if (in_core || in_text(core_text, pc) || in_text(shim_text, pc)) {
 		if (si->si_code <= 0 && syscall(SYS_gettid) != getpid()) {
 			/* Sent (kill), not a fault, and to a thread that cannot
@@ -3415,6 +3405,21 @@ static int is_on_fault(const struct sigaction *a)
 	return (a->sa_flags & SA_SIGINFO) && a->sa_sigaction == on_fault;
 }
 
+/* in_front: sig has a catch that stands in front of what stood there
+ * (stood): on_pipe for SIGPIPE, on_fault for the faults. */
+static int in_front(int sig)
+{
+	return sig == SIGPIPE || fault_sig(sig);
+}
+
+static void front_act(int sig, struct sigaction *a)
+{
+	if (sig == SIGPIPE)
+		pipe_act(a);
+	else
+		fault_act(a);
+}
+
 /* catch_ends runs once the core has loaded; uncatch_ends, in a child
  * forked after that, gives back the defaults and the kernel's resets:
  * Go cannot run there, and the parent's connections are the parent's. */
@@ -3424,22 +3429,14 @@ static void catch_ends(void)
 	text_range((void *)on_fault, shim_text);
 	for (int sig = 1; sig < NSIG; sig++) {
 		struct sigaction cur, a;
-		if (fault_sig(sig)) {
+		if (in_front(sig)) {
 			/* The Go runtime's handler stands where the program left
-			 * the default (SIGSEGV, SIGBUS, SIGFPE), or the default. */
+			 * the default (SIGPIPE, SIGSEGV, SIGBUS, SIGFPE), or the
+			 * default. */
 			if (prog_act[sig].sa_handler == SIG_DFL && real_sigaction(sig, NULL, &cur) == 0 &&
 			    (cur.sa_handler == SIG_DFL || runtime_handler(&cur))) {
-				fault_next[sig] = cur;
-				fault_act(&a);
-				real_sigaction(sig, &a, NULL);
-			}
-			continue;
-		}
-		if (sig == SIGPIPE) {
-			if (prog_act[sig].sa_handler == SIG_DFL && real_sigaction(sig, NULL, &cur) == 0 &&
-			    (cur.sa_handler == SIG_DFL || runtime_handler(&cur))) {
-				pipe_next = cur;
-				pipe_act(&a);
+				stood[sig] = cur;
+				front_act(sig, &a);
 				real_sigaction(sig, &a, NULL);
 			}
 			continue;
@@ -3460,25 +3457,18 @@ static void uncatch_ends(void)
 {
 	for (int sig = 1; sig < NSIG; sig++) {
 		struct sigaction cur, a;
-		if (fault_sig(sig) && real_sigaction(sig, NULL, &cur) == 0 && is_on_fault(&cur)) {
-			real_sigaction(sig, &fault_next[sig], NULL);
-			continue;
-		}
-		if (sig == SIGPIPE && real_sigaction(sig, NULL, &cur) == 0 && is_on_pipe(&cur)) {
-			real_sigaction(sig, &pipe_next, NULL);
+		if (in_front(sig) && real_sigaction(sig, NULL, &cur) == 0 && (is_on_fault(&cur) || is_on_pipe(&cur))) {
+			real_sigaction(sig, &stood[sig], NULL);
 			continue;
 		}
 		if (!ends_process(sig) || real_sigaction(sig, NULL, &cur) < 0 || !is_on_signal(&cur))
 			continue;
 		if (prog_act[sig].sa_handler == SIG_DFL) {
-			memset(&a, 0, sizeof a);
-			a.sa_handler = SIG_DFL;
+			set_default(sig);
 		} else if (prog_act[sig].sa_flags & SA_RESETHAND) {
 			handler_act(sig, &prog_act[sig], &a);
-		} else {
-			continue;
+			real_sigaction(sig, &a, NULL);
 		}
-		real_sigaction(sig, &a, NULL);
 	}
 }
 

@@ -739,7 +739,7 @@ static void test_dispositions(void)
 				if (pipe(pp) == 0 && close(pp[0]) == 0)
 					write(pp[1], "x", 1);
 			} else if (k == 3) {
-				*(volatile int *)(uintptr_t)(k - 3) = 1;
+				*(volatile int *)(uintptr_t)(k - 3) = 1; /* null, unseen by the compiler */
 			} else if (k == 4) {
 				abort();
 			} else {
