@@ -21,7 +21,8 @@ import (
 //
 //	header   the layout hash, the lock, configuration, counters
 //	sockets  the socket table: fixed slots, linked by SockID
-//	buckets  the connection hash table: SockID chains by 4-tuple
+//	buckets  the connection hash table: SockID chains by 4-tuple, then
+//	         as many chains of the sockets bound to each port, by port
 //	neigh    the neighbour table: IPv4 → Ethernet address
 //	timers   the timer wheel (package timers)
 //
@@ -32,8 +33,9 @@ import (
 // imageVersion changes whenever the meaning of the image changes in a way
 // the layout hash cannot see. 2: the send queue's frame flags carry the
 // SACK scoreboard, and the TCB flags were renumbered. 3: the socket's wake
-// flag has a bit of its own (it shared one with sfRcvBufSet).
-const imageVersion = 3
+// flag has a bit of its own (it shared one with sfRcvBufSet). 4: the
+// buckets region holds the port chains after the 4-tuple chains.
+const imageVersion = 4
 
 const imageMagic = 0x474d494f // "OIMG"
 
@@ -170,6 +172,7 @@ type Image struct {
 	hdr     *header
 	socks   []sock
 	buckets []uint32
+	ports   []uint32 // the sockets bound to each port (portLinkLocked)
 	neigh   []neighbour
 	wheel   *timers.Wheel
 }
@@ -197,7 +200,8 @@ func layoutFor(c *Config) imageLayout {
 	}
 	l.offSockets = align(uint64(unsafe.Sizeof(header{})))
 	l.offBuckets = align(l.offSockets + uint64(c.Sockets)*uint64(unsafe.Sizeof(sock{})))
-	l.offNeigh = align(l.offBuckets + uint64(l.buckets)*4)
+	l.offNeigh = align(l.offBuckets + 2*uint64(l.buckets)*4) // the 4-tuple chains, then the ports'
+
 	l.offTimers = align(l.offNeigh + neighEntries*uint64(unsafe.Sizeof(neighbour{})))
 	l.size = uint64(pageAlign(int(l.offTimers) + timers.Size(c.Sockets*timersPerSock+stackTimers, c.TimerSlots)))
 	return l
@@ -250,7 +254,7 @@ func newImage(c *Config, now Mono) (*Image, error) {
 		return nil, err
 	}
 	for i := range img.buckets {
-		img.buckets[i] = noSlot
+		img.buckets[i], img.ports[i] = noSlot, noSlot
 	}
 	img.formatSockets()
 	if img.wheel, err = timers.Format(img.mem[l.offTimers:], c.Sockets*timersPerSock+stackTimers, c.TimerSlots, timers.Tick(int64(now)/int64(c.Tick))); err != nil {
@@ -310,13 +314,14 @@ func (img *Image) view() error {
 	}
 	if h.sockets < 1 || h.sockets > maxSockets || h.buckets == 0 || h.buckets > 2*maxSockets || h.buckets&(h.buckets-1) != 0 || h.neighs != neighEntries ||
 		!fits(h.offSockets, uint64(h.sockets), uint64(unsafe.Sizeof(sock{}))) || h.offSockets < uint64(unsafe.Sizeof(header{})) ||
-		!fits(h.offBuckets, uint64(h.buckets), 4) || h.offBuckets < h.offSockets+uint64(h.sockets)*uint64(unsafe.Sizeof(sock{})) ||
-		!fits(h.offNeigh, uint64(h.neighs), uint64(unsafe.Sizeof(neighbour{}))) || h.offNeigh < h.offBuckets+uint64(h.buckets)*4 ||
+		!fits(h.offBuckets, 2*uint64(h.buckets), 4) || h.offBuckets < h.offSockets+uint64(h.sockets)*uint64(unsafe.Sizeof(sock{})) ||
+		!fits(h.offNeigh, uint64(h.neighs), uint64(unsafe.Sizeof(neighbour{}))) || h.offNeigh < h.offBuckets+2*uint64(h.buckets)*4 ||
 		h.offTimers >= size || h.offTimers < h.offNeigh+uint64(h.neighs)*uint64(unsafe.Sizeof(neighbour{})) || h.tickNs == 0 {
 		return errors.New("stack image header is inconsistent")
 	}
 	img.socks = unsafe.Slice((*sock)(unsafe.Pointer(&img.mem[h.offSockets])), h.sockets)
 	img.buckets = unsafe.Slice((*uint32)(unsafe.Pointer(&img.mem[h.offBuckets])), h.buckets)
+	img.ports = unsafe.Slice((*uint32)(unsafe.Pointer(&img.mem[h.offBuckets+uint64(h.buckets)*4])), h.buckets)
 	img.neigh = unsafe.Slice((*neighbour)(unsafe.Pointer(&img.mem[h.offNeigh])), h.neighs)
 	return nil
 }

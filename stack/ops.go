@@ -122,6 +122,7 @@ func (s *Stack) bindLocked(sk *sock, local netip.AddrPort, claim portClaim) erro
 	}
 	sk.localAddr, sk.localPort = addr, port
 	sk.flags |= sfBound
+	s.portLinkLocked(sk)
 	s.hashLocked(sk)
 	return nil
 }
@@ -473,9 +474,8 @@ func (s *Stack) closeLocked(sk *sock) {
 
 // portSharedLocked reports whether another socket is bound to sk's port.
 func (s *Stack) portSharedLocked(sk *sock) bool {
-	for i := range s.img.socks {
-		o := &s.img.socks[i]
-		if o != sk && o.kind == sk.kind && o.flags&sfBound != 0 && o.localPort == sk.localPort {
+	for o := range s.boundToLocked(sk.kind, sk.localPort) {
+		if o != sk {
 			return true
 		}
 	}

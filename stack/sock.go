@@ -2,6 +2,7 @@ package stack
 
 import (
 	"fmt"
+	"iter"
 	"net/netip"
 	"sync/atomic"
 	"unsafe"
@@ -71,6 +72,7 @@ type sock struct {
 	flags     uint16
 	gen       uint32 // generation of the slot's current SockID
 	next      uint32 // free list or hash chain
+	portNext  uint32 // chain of the sockets bound to one port, while sfBound
 
 	localAddr, remoteAddr [4]byte
 	localPort, remotePort uint16
@@ -256,6 +258,9 @@ func (s *Stack) freeSockLocked(sk *sock) {
 	if gen == 0 {
 		gen = 1
 	}
+	if sk.flags&sfBound != 0 {
+		s.portUnlinkLocked(sk)
+	}
 	*sk = sock{gen: gen, next: h.sockFree}
 	h.sockFree = idx
 	h.sockInUse -= min(h.sockInUse, 1)
@@ -347,11 +352,7 @@ func (s *Stack) findLocked(kind uint8, laddr [4]byte, lport uint16, raddr [4]byt
 // Connect checks.
 func (s *Stack) portInUseLocked(kind uint8, addr [4]byte, port uint16, claim portClaim) bool {
 	var zero [4]byte
-	for i := range s.img.socks {
-		sk := &s.img.socks[i]
-		if sk.kind != kind || sk.flags&sfBound == 0 || sk.localPort != port {
-			continue
-		}
+	for sk := range s.boundToLocked(kind, port) {
 		if sk.flags&sfPortHolder != 0 && claim == claimConnect {
 			continue // a shared port's connections are told apart by their four-tuples
 		}
@@ -375,6 +376,71 @@ func (s *Stack) portInUseLocked(kind uint8, addr [4]byte, port uint16, claim por
 		}
 	}
 	return false
+}
+
+// The port chains: the sockets bound to a port, in a chain from
+// ports[port % len(ports)] through portNext (with the other ports of that
+// bucket), so that a bind, a connect and a close look at the sockets on
+// their port only, where a scan of the table cost every one (the kernel's
+// bind hash). A socket is in its chain while sfBound: from its bind (or
+// its birth from a listener) to its slot's release.
+
+// portBucketLocked is the head of port's chain.
+func (s *Stack) portBucketLocked(port uint16) *uint32 {
+	return &s.img.ports[uint32(port)&uint32(len(s.img.ports)-1)]
+}
+
+// portLinkLocked puts sk, just bound, in its port's chain.
+func (s *Stack) portLinkLocked(sk *sock) {
+	head := s.portBucketLocked(sk.localPort)
+	sk.portNext = *head
+	*head = s.slotOf(sk)
+}
+
+// portUnlinkLocked takes sk, bound, out of its port's chain.
+func (s *Stack) portUnlinkLocked(sk *sock) {
+	me := s.slotOf(sk)
+	link := s.portBucketLocked(sk.localPort)
+	for steps := 0; *link != noSlot; steps++ {
+		if *link >= uint32(len(s.img.socks)) || steps >= len(s.img.socks) {
+			s.img.hdr.counters.ImageCorrupt++
+			return
+		}
+		if *link == me {
+			*link = sk.portNext
+			break
+		}
+		link = &s.img.socks[*link].portNext
+	}
+	sk.portNext = noSlot
+}
+
+// boundToLocked yields the sockets of kind bound to port. The chain is
+// the image's, which another process writes too: a link out of the table,
+// or a chain longer than the table, is counted and the whole table is
+// looked through instead (from where the chain went wrong on, a socket
+// may be yielded twice).
+func (s *Stack) boundToLocked(kind uint8, port uint16) iter.Seq[*sock] {
+	return func(yield func(*sock) bool) {
+		want := func(sk *sock) bool { return sk.kind == kind && sk.flags&sfBound != 0 && sk.localPort == port }
+		i := *s.portBucketLocked(port)
+		for steps := 0; i != noSlot; steps++ {
+			if i >= uint32(len(s.img.socks)) || steps >= len(s.img.socks) {
+				s.img.hdr.counters.ImageCorrupt++
+				for j := range s.img.socks {
+					if sk := &s.img.socks[j]; want(sk) && !yield(sk) {
+						return
+					}
+				}
+				return
+			}
+			sk := &s.img.socks[i]
+			if want(sk) && !yield(sk) {
+				return
+			}
+			i = sk.portNext
+		}
+	}
 }
 
 // sockSize is a constant, so that slotOf divides by multiplying.

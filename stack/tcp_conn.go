@@ -190,6 +190,7 @@ func (s *Stack) passiveChildLocked(l *sock, h vnic.Handle, p *ipPacket, g *segme
 	child.remoteAddr, child.remotePort = p.src, g.sport
 	copy(child.remoteMAC[:], frame[6:12]) // answer the way the segment came
 	child.flags = sfBound | sfConnected | sfRemoteMAC
+	s.portLinkLocked(child)
 	child.tflags = tfPassive | tfOrphan | l.tflags&(tfNoDelay|tfCork|tfKeepAlive|tfLinger0|tfReuseAddr)
 	child.rcvBuf, child.sndBuf = l.rcvBuf, l.sndBuf
 	child.flags |= l.flags & (sfRcvBufSet | sfSndBufSet)
