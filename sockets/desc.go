@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/xdp-onload/onload/stack"
 )
 
@@ -137,13 +135,10 @@ func (s *Stack) kernelPort(kfd int) (uint16, error) {
 	return s.bindEphemeral(kfd)
 }
 
-// bindEphemeral binds kfd, not bound, to the stack's address and an
-// ephemeral port the kernel picks, and returns the port.
+// bindEphemeral binds kfd, a TCP socket not bound, to the stack's address
+// and an ephemeral port (bindFree), and returns the port.
 func (s *Stack) bindEphemeral(kfd int) (uint16, error) {
-	if err := unix.Bind(kfd, &unix.SockaddrInet4{Addr: s.addr.Addr().As4()}); err != nil {
-		return 0, os.NewSyscallError("bind", err)
-	}
-	return s.boundPort(kfd)
+	return s.bindFree(stack.TCP, kfd, s.addr.Addr())
 }
 
 // boundPort is the port kernel socket kfd is bound to (0: none). It is

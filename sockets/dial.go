@@ -240,7 +240,7 @@ func (s *Stack) openBound(p stack.Proto, laddr netip.AddrPort) (stack.SockID, re
 	port := laddr.Port()
 	var r reservation
 	if s.host {
-		if r, port, err = reservePort(p, s.addr.Addr(), port); err != nil {
+		if r, port, err = s.reservePort(p, s.addr.Addr(), port); err != nil {
 			s.st.Close(id)
 			return stack.NullSock, reservation{}, err
 		}

@@ -133,7 +133,7 @@ func (s *Stack) connectShared(id stack.SockID, dst netip.AddrPort) error {
 // holdPort steers a new port to the stack, held by an engine socket of
 // its own (stack.HoldPort), and returns it.
 func (s *Stack) holdPort() (uint16, error) {
-	r, port, err := reservePort(stack.TCP, s.addr.Addr(), 0)
+	r, port, err := s.reservePort(stack.TCP, s.addr.Addr(), 0)
 	if err != nil {
 		return 0, err
 	}

@@ -33,6 +33,9 @@ type Stack struct {
 	// clients reach them through loopback, not through our interface).
 	host   bool
 	ifname string
+	// ports: the kernel's ephemeral range (kernelPorts), read once.
+	portsOnce sync.Once
+	ports     portRange
 	// kernelConnects: why connections this process opens go to the
 	// kernel, from onloadd (control.StackReply.KernelConnects); "": they
 	// are the stack's.

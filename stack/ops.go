@@ -130,19 +130,44 @@ func (s *Stack) bindLocked(sk *sock, local netip.AddrPort, claim portClaim) erro
 // ephemeralLocked finds a free port in the ephemeral range, starting after
 // the last one handed out.
 func (s *Stack) ephemeralLocked(kind uint8, addr [4]byte) (uint16, bool) {
+	return s.freePortLocked(kind, addr, ephemeralLow, ephemeralHigh, nil)
+}
+
+// freePortLocked finds a port from lo to hi that no socket of kind is
+// bound to on addr (the wildcard: on any address), and that skip (if
+// not nil) does not refuse, starting after the last one handed out.
+func (s *Stack) freePortLocked(kind uint8, addr [4]byte, lo, hi uint16, skip func(uint16) bool) (uint16, bool) {
 	h := s.img.hdr
-	const n = ephemeralHigh - ephemeralLow + 1
-	for range n {
+	n := int(hi) - int(lo) + 1
+	for range max(n, 0) {
 		p := h.ephemeral
-		if p < ephemeralLow || p > ephemeralHigh {
-			p = ephemeralLow
+		if p < uint32(lo) || p > uint32(hi) {
+			p = uint32(lo)
 		}
 		h.ephemeral = p + 1
-		if !s.portInUseLocked(kind, addr, uint16(p), claimBind) {
+		if (skip == nil || !skip(uint16(p))) && !s.portInUseLocked(kind, addr, uint16(p), claimBind) {
 			return uint16(p), true
 		}
 	}
 	return 0, false
+}
+
+// FreePort is a port from lo to hi that no socket of protocol p on the
+// stack is bound to, in any state (a connection its user closed, still
+// sending its FIN, included), and that skip (if not nil) does not
+// refuse, for a caller that binds a kernel socket to it before it binds
+// the stack's socket beside it (sockets: the kernel's own pick may be
+// a port a closed connection of the stack still has to the same peer,
+// which the kernel no longer knows of). ErrNoPorts if there is none.
+func (s *Stack) FreePort(p Proto, lo, hi uint16, skip func(uint16) bool) (uint16, error) {
+	s.lock()
+	defer s.unlock()
+	var zero [4]byte
+	port, ok := s.freePortLocked(uint8(p), zero, lo, hi, skip)
+	if !ok {
+		return 0, ErrNoPorts
+	}
+	return port, nil
 }
 
 // Connect connects a socket to remote. For TCP it starts the handshake and
