@@ -34,7 +34,8 @@ import (
 // the layout hash cannot see. 2: the send queue's frame flags carry the
 // SACK scoreboard, and the TCB flags were renumbered. 3: the socket's wake
 // flag has a bit of its own (it shared one with sfRcvBufSet). 4: the
-// buckets region holds the port chains after the 4-tuple chains.
+// buckets region holds the port chains after the 4-tuple chains (and the
+// TIME-WAIT list, which the layout hash sees, came with it).
 const imageVersion = 4
 
 const imageMagic = 0x474d494f // "OIMG"
@@ -78,6 +79,7 @@ type header struct {
 	sockFree                     uint32 // head of the free socket list (a slot index)
 	sockInUse                    uint32
 	sockTimeWait                 uint32 // of those, in TIME-WAIT: recycled when the table is full
+	twHead, twTail               uint32 // the TIME-WAIT list (twLinkLocked), oldest first
 	sockSynRcvd                  uint32 // of those, passive and half-open: a flood's are answered by cookies
 	overflow                     uint32 // 1: the table is nearly full of live sockets: new connections go to the kernel (Options.Overflow)
 	ephemeral                    uint32 // next ephemeral port to try
@@ -239,7 +241,7 @@ func newImage(c *Config, now Mono) (*Image, error) {
 		recvMax: uint32(c.RecvBufferMax), sendMax: uint32(c.SendBufferMax), ccAlgo: uint32(congestionAlgo(c.Congestion)),
 		minRTO: uint32(c.MinRTO / time.Microsecond), delAck: uint64(c.DelayedAck), timeWait: uint64(c.TimeWait),
 		offSockets: l.offSockets, offBuckets: l.offBuckets, offNeigh: l.offNeigh, offTimers: l.offTimers,
-		ephemeral: ephemeralLow,
+		ephemeral: ephemeralLow, twHead: noSlot, twTail: noSlot,
 	}
 	copy(h.mac[:], c.MAC)
 	if c.Gateway.IsValid() {

@@ -2,7 +2,9 @@ package stack
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 )
@@ -120,5 +122,110 @@ func TestPortChains(t *testing.T) {
 	inUse(p, "bound, behind a broken link")
 	if b.Counters().ImageCorrupt == before {
 		t.Fatal("the broken link was not counted (ImageCorrupt)")
+	}
+}
+
+// TestTimeWaitList checks the TIME-WAIT list, from which a full table
+// recycles a connection without a look through the table: it holds
+// every connection in TIME-WAIT in the order they entered it; the
+// recycle takes the first whose user has closed it, passing over one the
+// user still holds; a connection leaves the list as it leaves TIME-WAIT;
+// and with the list's head broken in the image, the recycle counts it
+// and still finds the connection closest to its end.
+func TestTimeWaitList(t *testing.T) {
+	a, b, _ := memStacks(t, nil)
+	poll := func() { a.Poll(); b.Poll() }
+	until := func(what string, ok func() bool) {
+		t.Helper()
+		for end := time.Now().Add(5 * time.Second); !ok(); poll() {
+			if time.Now().After(end) {
+				t.Fatalf("no %s within 5s", what)
+			}
+		}
+	}
+	l, _ := b.Open(TCP)
+	if err := b.Bind(l, netip.AddrPortFrom(netip.Addr{}, 80)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Listen(l, 0); err != nil {
+		t.Fatal(err)
+	}
+	// state reads the slot: a connection its user closed is no longer
+	// the user's to ask about (TCPInfo).
+	state := func(id SockID) string {
+		a.lock()
+		defer a.unlock()
+		if sk := &a.img.socks[id.index()]; sk.gen == id.gen() && sk.kind == kindTCP {
+			return stateName(sk.state)
+		}
+		return "gone"
+	}
+	// Five connections into TIME-WAIT on a, one after another: the first
+	// by a shutdown (its user still holds it), the others by a close.
+	var conns []SockID
+	for i := range 5 {
+		c, _ := a.Open(TCP)
+		a.Connect(c, netip.AddrPortFrom(b.Addr(), 80))
+		var srv SockID
+		until("accept", func() bool { var err error; srv, err = b.Accept(l); return err == nil })
+		if i == 0 {
+			a.Shutdown(c, 1) // SHUT_WR
+		} else {
+			a.Close(c)
+		}
+		until("the peer's end", func() bool { _, err := b.Recv(srv, make([]byte, 8), false); return err == nil })
+		b.Close(srv)
+		until(fmt.Sprintf("TIME-WAIT for connection %d (in %s)", i, state(c)), func() bool { return state(c) == "TIME-WAIT" })
+		conns = append(conns, c)
+	}
+	list := func() []int {
+		a.lock()
+		defer a.unlock()
+		var slots []int
+		for i, n := a.img.hdr.twHead, 0; i != noSlot && n < 10; n++ {
+			slots = append(slots, int(i))
+			i = a.img.socks[i].twNext
+		}
+		return slots
+	}
+	want := func(ids ...int) {
+		t.Helper()
+		var slots []int
+		for _, i := range ids {
+			slots = append(slots, conns[i].Slot())
+		}
+		if got := list(); !slices.Equal(got, slots) {
+			t.Fatalf("TIME-WAIT list %v, want the slots of connections %v: %v", got, ids, slots)
+		}
+	}
+	want(0, 1, 2, 3, 4)
+	recycle := func() {
+		t.Helper()
+		a.lock()
+		ok := a.recycleTimeWaitLocked()
+		a.unlock()
+		if !ok {
+			t.Fatal("nothing recycled")
+		}
+	}
+	recycle()
+	if state(conns[0]) != "TIME-WAIT" || state(conns[1]) != "gone" {
+		t.Fatalf("recycled: connection 0 %s, 1 %s; want the first the user closed, 1, gone", state(conns[0]), state(conns[1]))
+	}
+	want(0, 2, 3, 4)
+	a.Close(conns[0]) // now closed by its user too: the oldest to go
+	recycle()
+	want(2, 3, 4)
+
+	a.lock()
+	a.img.hdr.twHead = uint32(len(a.img.socks)) + 5
+	a.unlock()
+	before := a.Counters().ImageCorrupt
+	recycle()
+	if a.Counters().ImageCorrupt == before {
+		t.Fatal("the broken list was not counted (ImageCorrupt)")
+	}
+	if state(conns[2]) == "TIME-WAIT" && state(conns[3]) == "TIME-WAIT" && state(conns[4]) == "TIME-WAIT" {
+		t.Fatal("with the list broken, nothing was recycled")
 	}
 }

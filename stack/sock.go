@@ -61,6 +61,8 @@ const (
 	// its connections was handed over to the kernel, which now has that
 	// four-tuple where the stack cannot see it.
 	sfPortRetired = 1 << 8
+	// sfTimeWaitList: a connection in the TIME-WAIT list (twLinkLocked).
+	sfTimeWaitList = 1 << 9
 )
 
 // sock is one slot of the socket table. Fields are plain values: the slot
@@ -73,6 +75,8 @@ type sock struct {
 	gen       uint32 // generation of the slot's current SockID
 	next      uint32 // free list or hash chain
 	portNext  uint32 // chain of the sockets bound to one port, while sfBound
+	// The TIME-WAIT list, oldest first, while sfTimeWaitList.
+	twPrev, twNext uint32
 
 	localAddr, remoteAddr [4]byte
 	localPort, remotePort uint16
@@ -227,26 +231,88 @@ func (s *Stack) overflowCheckLocked() {
 // standalone stack's Options.Overflow does.
 func (s *Stack) Overflow() bool { return atomic.LoadUint32(&s.img.hdr.overflow) != 0 }
 
-// recycleTimeWaitLocked frees the TIME-WAIT socket closest to its end
-// when the table is full (as Linux does past tcp_max_tw_buckets).
+// recycleTimeWaitLocked frees the TIME-WAIT socket its user has closed
+// that entered TIME-WAIT first, when the table is full (as Linux does
+// past tcp_max_tw_buckets): the TIME-WAIT list's oldest, without a look
+// through the table (which cost each new connection the whole table once
+// it filled with TIME-WAIT). The list is in order of entry; a clock that
+// a FIN again restarted (RFC 9293 3.10.7.4) does not move its socket.
 func (s *Stack) recycleTimeWaitLocked() bool {
-	var best *sock
-	var bestAt uint64
-	for i := range s.img.socks {
-		sk := &s.img.socks[i]
-		if sk.kind == kindTCP && sk.state == tcpTimeWait && sk.tflags&tfOrphan != 0 {
-			at, _ := s.img.wheel.Deadline(s.sockTimer(sk, timerTW))
-			if best == nil || uint64(at) < bestAt {
-				best, bestAt = sk, uint64(at)
-			}
-		}
-	}
+	best := s.oldestTimeWaitLocked()
 	if best == nil {
 		return false
 	}
 	s.tcpCloseFinalLocked(best)
 	s.img.hdr.counters.TCPTimeWaitReuse++
 	return s.img.hdr.sockFree < uint32(len(s.img.socks))
+}
+
+func recyclable(sk *sock) bool {
+	return sk.kind == kindTCP && sk.state == tcpTimeWait && sk.tflags&tfOrphan != 0
+}
+
+// oldestTimeWaitLocked is the first recyclable socket of the TIME-WAIT
+// list; where the list has none (its user still holds every one, or the
+// image's list is broken: counted), the one closest to its end, by a look
+// through the table.
+func (s *Stack) oldestTimeWaitLocked() *sock {
+	n := uint32(len(s.img.socks))
+	i := s.img.hdr.twHead
+	for steps := uint32(0); i != noSlot; steps++ {
+		if i >= n || steps >= n {
+			s.img.hdr.counters.ImageCorrupt++
+			break
+		}
+		sk := &s.img.socks[i]
+		if recyclable(sk) {
+			return sk
+		}
+		i = sk.twNext
+	}
+	var best *sock
+	var bestAt uint64
+	for i := range s.img.socks {
+		if sk := &s.img.socks[i]; recyclable(sk) {
+			at, _ := s.img.wheel.Deadline(s.sockTimer(sk, timerTW))
+			if best == nil || uint64(at) < bestAt {
+				best, bestAt = sk, uint64(at)
+			}
+		}
+	}
+	return best
+}
+
+// twLinkLocked puts sk, just in TIME-WAIT, at the TIME-WAIT list's tail.
+func (s *Stack) twLinkLocked(sk *sock) {
+	h := s.img.hdr
+	me := s.slotOf(sk)
+	sk.twPrev, sk.twNext = h.twTail, noSlot
+	if t := h.twTail; t < uint32(len(s.img.socks)) {
+		s.img.socks[t].twNext = me
+	} else {
+		h.twHead = me
+	}
+	h.twTail = me
+	sk.flags |= sfTimeWaitList
+}
+
+// twUnlinkLocked takes sk out of the TIME-WAIT list. Its links are the
+// image's: one out of the table ends the list there.
+func (s *Stack) twUnlinkLocked(sk *sock) {
+	h := s.img.hdr
+	n := uint32(len(s.img.socks))
+	if p := sk.twPrev; p < n {
+		s.img.socks[p].twNext = sk.twNext
+	} else {
+		h.twHead = sk.twNext
+	}
+	if x := sk.twNext; x < n {
+		s.img.socks[x].twPrev = sk.twPrev
+	} else {
+		h.twTail = sk.twPrev
+	}
+	sk.twPrev, sk.twNext = noSlot, noSlot
+	sk.flags &^= sfTimeWaitList
 }
 
 // freeSockLocked returns a slot to the free list; its frames must already
@@ -260,6 +326,9 @@ func (s *Stack) freeSockLocked(sk *sock) {
 	}
 	if sk.flags&sfBound != 0 {
 		s.portUnlinkLocked(sk)
+	}
+	if sk.flags&sfTimeWaitList != 0 {
+		s.twUnlinkLocked(sk)
 	}
 	*sk = sock{gen: gen, next: h.sockFree}
 	h.sockFree = idx

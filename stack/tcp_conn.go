@@ -397,6 +397,9 @@ func (s *Stack) tcpCloseFinalLocked(sk *sock) {
 		// the one place a TIME-WAIT socket leaves the count.
 		s.img.hdr.sockTimeWait -= min(s.img.hdr.sockTimeWait, 1)
 	}
+	if sk.flags&sfTimeWaitList != 0 {
+		s.twUnlinkLocked(sk)
+	}
 	sk.state = tcpClosed
 	sk.tflags &^= tfAckNow | tfDelAck
 	if sk.tflags&tfOrphan != 0 {

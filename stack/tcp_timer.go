@@ -285,6 +285,7 @@ func (s *Stack) armKeepaliveLocked(sk *sock) {
 func (s *Stack) enterTimeWaitLocked(sk *sock) {
 	if sk.state != tcpTimeWait {
 		s.img.hdr.sockTimeWait++
+		s.twLinkLocked(sk)
 		s.overflowCheckLocked()
 	}
 	sk.state = tcpTimeWait
