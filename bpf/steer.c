@@ -320,7 +320,14 @@ int steer(struct xdp_md *ctx)
 	// A listener's port also carries the connections its kernel half
 	// accepted (the LD_PRELOAD shim accelerates a listening socket only
 	// when the program first waits on it): a segment other than a SYN
-	// whose connection the kernel has goes to the kernel.
+	// whose connection the kernel has goes to the kernel. One the kernel
+	// has only in TIME-WAIT does not: that connection has ended, and the
+	// four-tuple may be the stack's new one's, whose SYN came to the
+	// stack (a client reusing its port after a kernel server's close:
+	// every connection of a server restarted under the stack failed while
+	// its kernel predecessor's TIME-WAIT lasted, the handshake's ACK
+	// going to the kernel). The kernel's TIME-WAIT then misses a
+	// retransmitted FIN, which the stack answers with a reset.
 	if (redirect_ctr == CTR_REDIRECT_LISTENER && l4proto == IPPROTO_TCP && (l4[13] & (TCP_SYN | TCP_ACK)) != TCP_SYN) {
 		struct bpf_sock_tuple_ipv4 t = {
 			.saddr = fk.remote_addr,
@@ -332,7 +339,7 @@ int steer(struct xdp_md *ctx)
 		if (sk) {
 			__u32 state = sk->state;
 			bpf_sk_release(sk);
-			if (state != BPF_TCP_LISTEN)
+			if (state != BPF_TCP_LISTEN && state != BPF_TCP_TIME_WAIT)
 				return pass(CTR_PASS_KERNEL_FLOW);
 		}
 	}

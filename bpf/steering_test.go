@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -258,7 +259,8 @@ func TestSteeringVerdicts(t *testing.T) {
 // leaves to the kernel the segments of connections the kernel has on
 // that port (its kernel half accepted them before the stack listened),
 // and takes SYNs and every segment of a connection the kernel does not
-// have.
+// have, or has only in TIME-WAIT (a new connection of the stack's on a
+// four-tuple a kernel server closed).
 func TestSteeringKernelFlowsOnListenerPort(t *testing.T) {
 	r := newRig(t)
 	r.socket(1, 0)
@@ -295,6 +297,8 @@ func TestSteeringKernelFlowsOnListenerPort(t *testing.T) {
 	r.expect("fin of the kernel's connection", frame(kernel, header.TCPFlagAck|header.TCPFlagFin), 0, xdpPass, bpf.CounterPassKernelFlow)
 	other := netip.AddrPortFrom(ipA, 40000)
 	r.expect("ack of a connection the kernel does not have", frame(other, header.TCPFlagAck), 0, xdpRedirect, bpf.CounterRedirectListener)
+	ended := timeWaitOn(t, r, ln)
+	r.expect("ack of a four-tuple the kernel has in TIME-WAIT", frame(ended, header.TCPFlagAck), 0, xdpRedirect, bpf.CounterRedirectListener)
 	r.expect("syn", frame(kernel, header.TCPFlagSyn), 0, xdpRedirect, bpf.CounterRedirectListener)
 
 	// A stack whose socket table is full leaves new connections to the
@@ -310,6 +314,52 @@ func TestSteeringKernelFlowsOnListenerPort(t *testing.T) {
 	r.expect("syn-ack to a full stack", frame(other, header.TCPFlagSyn|header.TCPFlagAck), 0, xdpRedirect, bpf.CounterRedirectListener)
 	ctl.SetFull(false)
 	r.expect("syn once it has room", frame(other, header.TCPFlagSyn), 0, xdpRedirect, bpf.CounterRedirectListener)
+}
+
+// timeWaitOn makes a connection to ln, in the rig's host, that the
+// server's side closes first, and returns the client's address once the
+// server's socket is in TIME-WAIT.
+func timeWaitOn(t *testing.T, r *rig, ln net.Listener) netip.AddrPort {
+	t.Helper()
+	var c, s net.Conn
+	err := r.host.Do(func() (err error) {
+		c, err = net.Dial("tcp", ln.Addr().String())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // past the connections the test made before, unaccepted
+		if s, err = ln.Accept(); err != nil {
+			t.Fatal(err)
+		}
+		if s.RemoteAddr().String() == c.LocalAddr().String() {
+			break
+		}
+		t.Cleanup(func(s net.Conn) func() { return func() { s.Close() } }(s))
+	}
+	s.Close() // the server's FIN first
+	c.Close()
+	client := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	// /proc/net/tcp: local and remote address:port in hex, then the state
+	// (06: TIME-WAIT).
+	hexAP := func(ap netip.AddrPort) string {
+		a := ap.Addr().As4()
+		return fmt.Sprintf("%02X%02X%02X%02X:%04X", a[3], a[2], a[1], a[0], ap.Port())
+	}
+	want := hexAP(ln.Addr().(*net.TCPAddr).AddrPort()) + " " + hexAP(client) + " 06"
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var tab []byte
+		if err := r.host.Do(func() (err error) { tab, err = os.ReadFile("/proc/thread-self/net/tcp"); return }); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(tab), want) {
+			return client
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the server's side of %v is not in TIME-WAIT after 5s:\n%s", client, tab)
+		}
+	}
 }
 
 // withIPOptions inserts 4 bytes of IP options (NOP NOP NOP EOL) and fixes

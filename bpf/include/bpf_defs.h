@@ -77,6 +77,7 @@ struct bpf_sock {
 	__u32 state;
 };
 #define BPF_F_CURRENT_NETNS (-1)
+#define BPF_TCP_TIME_WAIT 6
 #define BPF_TCP_LISTEN 10
 static long (*bpf_sk_release)(void *sk) = (void *)86;
 static struct bpf_sock *(*bpf_skc_lookup_tcp)(void *ctx, struct bpf_sock_tuple_ipv4 *tuple, __u32 tuple_size,
