@@ -74,7 +74,8 @@ type sock struct {
 	flags     uint16
 	gen       uint32 // generation of the slot's current SockID
 	next      uint32 // free list or hash chain
-	portNext  uint32 // chain of the sockets bound to one port, while sfBound
+	// The chain of the sockets bound to one port's bucket, while sfBound.
+	portPrev, portNext uint32
 	// The TIME-WAIT list, oldest first, while sfTimeWaitList.
 	twPrev, twNext uint32
 
@@ -459,29 +460,33 @@ func (s *Stack) portBucketLocked(port uint16) *uint32 {
 	return &s.img.ports[uint32(port)&uint32(len(s.img.ports)-1)]
 }
 
-// portLinkLocked puts sk, just bound, in its port's chain.
+// portLinkLocked puts sk, just bound, at the head of its port's chain.
 func (s *Stack) portLinkLocked(sk *sock) {
 	head := s.portBucketLocked(sk.localPort)
-	sk.portNext = *head
-	*head = s.slotOf(sk)
+	me := s.slotOf(sk)
+	sk.portPrev, sk.portNext = noSlot, *head
+	if h := *head; h < uint32(len(s.img.socks)) {
+		s.img.socks[h].portPrev = me
+	}
+	*head = me
 }
 
-// portUnlinkLocked takes sk, bound, out of its port's chain.
+// portUnlinkLocked takes sk, bound, out of its port's chain, without a
+// walk: a busy server's port has every connection on its chain (which a
+// walk from the head cost at each close, a tenth of nginx's workers'
+// time with Connection: close). Its links are the image's: one out of
+// the table is taken as the chain's end.
 func (s *Stack) portUnlinkLocked(sk *sock) {
-	me := s.slotOf(sk)
-	link := s.portBucketLocked(sk.localPort)
-	for steps := 0; *link != noSlot; steps++ {
-		if *link >= uint32(len(s.img.socks)) || steps >= len(s.img.socks) {
-			s.img.hdr.counters.ImageCorrupt++
-			return
-		}
-		if *link == me {
-			*link = sk.portNext
-			break
-		}
-		link = &s.img.socks[*link].portNext
+	n := uint32(len(s.img.socks))
+	if p := sk.portPrev; p < n {
+		s.img.socks[p].portNext = sk.portNext
+	} else if head := s.portBucketLocked(sk.localPort); *head == s.slotOf(sk) {
+		*head = sk.portNext
 	}
-	sk.portNext = noSlot
+	if x := sk.portNext; x < n {
+		s.img.socks[x].portPrev = sk.portPrev
+	}
+	sk.portPrev, sk.portNext = noSlot, noSlot
 }
 
 // boundToLocked yields the sockets of kind bound to port. The chain is
