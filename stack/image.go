@@ -203,7 +203,6 @@ func layoutFor(c *Config) imageLayout {
 	l.offSockets = align(uint64(unsafe.Sizeof(header{})))
 	l.offBuckets = align(l.offSockets + uint64(c.Sockets)*uint64(unsafe.Sizeof(sock{})))
 	l.offNeigh = align(l.offBuckets + 2*uint64(l.buckets)*4) // the 4-tuple chains, then the ports'
-
 	l.offTimers = align(l.offNeigh + neighEntries*uint64(unsafe.Sizeof(neighbour{})))
 	l.size = uint64(pageAlign(int(l.offTimers) + timers.Size(c.Sockets*timersPerSock+stackTimers, c.TimerSlots)))
 	return l

@@ -298,18 +298,18 @@ func (s *Stack) twLinkLocked(sk *sock) {
 }
 
 // twUnlinkLocked takes sk out of the TIME-WAIT list. Its links are the
-// image's: one out of the table ends the list there.
+// image's: one out of the table is taken as the list's end.
 func (s *Stack) twUnlinkLocked(sk *sock) {
 	h := s.img.hdr
-	n := uint32(len(s.img.socks))
+	n, me := uint32(len(s.img.socks)), s.slotOf(sk)
 	if p := sk.twPrev; p < n {
 		s.img.socks[p].twNext = sk.twNext
-	} else {
+	} else if h.twHead == me {
 		h.twHead = sk.twNext
 	}
 	if x := sk.twNext; x < n {
 		s.img.socks[x].twPrev = sk.twPrev
-	} else {
+	} else if h.twTail == me {
 		h.twTail = sk.twPrev
 	}
 	sk.twPrev, sk.twNext = noSlot, noSlot
