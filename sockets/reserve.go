@@ -59,29 +59,38 @@ const bindFreeTries = 32
 // after bindFreeTries of them, or with no free port in the range, the
 // kernel picks.
 func (s *Stack) bindFree(p stack.Proto, fd int, addr netip.Addr) (uint16, error) {
-	r := s.kernelPorts()
 	if s.enter() {
-		for range bindFreeTries {
-			port, err := s.st.FreePort(p, r.lo, r.hi, r.reserved)
-			if err != nil {
-				break
-			}
-			err = unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4(), Port: int(port)})
-			if err == nil {
-				s.leave()
-				return port, nil
-			}
-			if !errors.Is(err, unix.EADDRINUSE) {
-				s.leave()
-				return 0, os.NewSyscallError("bind", err)
-			}
-		}
+		port, err := s.bindOffered(p, fd, addr)
 		s.leave()
+		if port != 0 || err != nil {
+			return port, err
+		}
 	}
 	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4()}); err != nil {
 		return 0, os.NewSyscallError("bind", err)
 	}
 	return s.boundPort(fd)
+}
+
+// bindOffered is bindFree's offer of the stack's free ports: the port fd
+// is bound to, or 0 (and no error) if the kernel is to pick. Between
+// enter and leave.
+func (s *Stack) bindOffered(p stack.Proto, fd int, addr netip.Addr) (uint16, error) {
+	r := s.kernelPorts()
+	for range bindFreeTries {
+		port, err := s.st.FreePort(p, r.lo, r.hi, r.reserved)
+		if err != nil {
+			return 0, nil // none free in the range
+		}
+		err = unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4(), Port: int(port)})
+		if err == nil {
+			return port, nil
+		}
+		if !errors.Is(err, unix.EADDRINUSE) {
+			return 0, os.NewSyscallError("bind", err)
+		}
+	}
+	return 0, nil
 }
 
 // portRange is the kernel's ephemeral port range and its reserved ports

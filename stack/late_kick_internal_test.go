@@ -70,16 +70,7 @@ func TestKicksAfterTheLock(t *testing.T) {
 	c, _ := a.Open(TCP)
 	a.Connect(c, netip.AddrPortFrom(addrB, 80))
 	var srv SockID
-	until := func(what string, ok func() bool) {
-		t.Helper()
-		for end := time.Now().Add(5 * time.Second); !ok(); {
-			if time.Now().After(end) {
-				t.Fatalf("no %s within 5s", what)
-			}
-			a.Poll()
-			b.Poll()
-		}
-	}
+	until := func(what string, ok func() bool) { t.Helper(); pollUntil(t, what, ok, a, b) }
 	until("accept", func() bool { var err error; srv, err = b.Accept(l); return err == nil })
 	msg := bytes.Repeat([]byte("late"), 1000)
 	if n, err := a.Send(c, msg); n != len(msg) || err != nil {
@@ -100,6 +91,19 @@ func TestKicksAfterTheLock(t *testing.T) {
 	until("reply", func() bool { n, err := a.Recv(c, buf, false); return err == nil && n == 4 })
 	if nic.kicks == 0 || nic.locked != 0 || nic.due {
 		t.Errorf("%d kicks given, %d of them under the lock, one still due: %v; want some, none, false", nic.kicks, nic.locked, nic.due)
+	}
+}
+
+// pollUntil polls stacks until ok, failing the test if that takes 5 s.
+func pollUntil(t *testing.T, what string, ok func() bool, stacks ...*Stack) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); !ok(); {
+		if time.Now().After(end) {
+			t.Fatalf("no %s within 5s", what)
+		}
+		for _, s := range stacks {
+			s.Poll()
+		}
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
-	"time"
 )
 
 // TestPortChains checks that a bind finds every socket on its port
@@ -91,17 +90,7 @@ func TestPortChains(t *testing.T) {
 	c, _ := a.Open(TCP)
 	a.Connect(c, netip.AddrPortFrom(b.Addr(), lp))
 	var srv SockID
-	for end := time.Now().Add(5 * time.Second); ; {
-		var err error
-		if srv, err = b.Accept(l); err == nil {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatal("no connection accepted in 5s")
-		}
-		a.Poll()
-		b.Poll()
-	}
+	pollUntil(t, "a connection accepted", func() bool { var err error; srv, err = b.Accept(l); return err == nil }, a, b)
 	b.Close(l)
 	inUse(lp, "an accepted connection on it")
 	_ = srv
@@ -134,15 +123,7 @@ func TestPortChains(t *testing.T) {
 // and still finds the connection closest to its end.
 func TestTimeWaitList(t *testing.T) {
 	a, b, _ := memStacks(t, nil)
-	poll := func() { a.Poll(); b.Poll() }
-	until := func(what string, ok func() bool) {
-		t.Helper()
-		for end := time.Now().Add(5 * time.Second); !ok(); poll() {
-			if time.Now().After(end) {
-				t.Fatalf("no %s within 5s", what)
-			}
-		}
-	}
+	until := func(what string, ok func() bool) { t.Helper(); pollUntil(t, what, ok, a, b) }
 	l, _ := b.Open(TCP)
 	if err := b.Bind(l, netip.AddrPortFrom(netip.Addr{}, 80)); err != nil {
 		t.Fatal(err)

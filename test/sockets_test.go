@@ -235,9 +235,7 @@ func TestDefaultStackLifetime(t *testing.T) {
 func TestDialPortInTimeWait(t *testing.T) {
 	RequireRoot(t)
 	a, b := Pair(t, LinkOptions{})
-	if out, err := b.Run("sysctl", "-qw", "net.ipv4.ip_local_port_range=40000 40000"); err != nil {
-		Missing(t, "cannot narrow the host's ephemeral ports (sysctl): %v %s", err, out)
-	}
+	narrowEphemeralPorts(t, b, 40000, 40000)
 	s := ourSockets(t, b, sockets.Balanced)
 	ln, err := a.KernelEcho(a.Iface0().Addr().String() + ":0")
 	if err != nil {
@@ -245,15 +243,7 @@ func TestDialPortInTimeWait(t *testing.T) {
 	}
 	defer ln.Close()
 	d := sockets.Dialer{Stack: s}
-	timeWait := func() int {
-		n := 0
-		for _, r := range s.Engine().Sockets() {
-			if r.State == "TIME-WAIT" && r.Local.Port() == 40000 {
-				n++
-			}
-		}
-		return n
-	}
+	timeWait := func() int { return socketsIn(s, "TIME-WAIT", 40000) }
 	for i := range 3 {
 		var c net.Conn
 		if err := b.Do(func() (err error) { c, err = d.Dial("tcp", ln.Addr().String()); return }); err != nil {
@@ -290,6 +280,27 @@ func TestDialPortInTimeWait(t *testing.T) {
 	}
 }
 
+// narrowEphemeralPorts gives host h the ephemeral ports lo to hi only, or
+// skips the test.
+func narrowEphemeralPorts(t *testing.T, h *Host, lo, hi int) {
+	t.Helper()
+	if out, err := h.Run("sysctl", "-qw", fmt.Sprintf("net.ipv4.ip_local_port_range=%d %d", lo, hi)); err != nil {
+		Missing(t, "cannot narrow the host's ephemeral ports (sysctl): %v %s", err, out)
+	}
+}
+
+// socketsIn counts s's sockets in TCP state state, on local port port
+// (0: any).
+func socketsIn(s *sockets.Stack, state string, port uint16) int {
+	n := 0
+	for _, r := range s.Engine().Sockets() {
+		if r.State == state && (port == 0 || r.Local.Port() == port) {
+			n++
+		}
+	}
+	return n
+}
+
 // TestDialPortInFinWait: a connection we closed whose peer has not closed
 // stays in FIN-WAIT-2 in the stack, but its kernel reservation went with
 // it, so the kernel may pick its port for the next dial's reservation,
@@ -303,9 +314,7 @@ func TestDialPortInFinWait(t *testing.T) {
 	RequireRoot(t)
 	a, b := Pair(t, LinkOptions{})
 	const lo, ports = 40000, 10
-	if out, err := b.Run("sysctl", "-qw", fmt.Sprintf("net.ipv4.ip_local_port_range=%d %d", lo, lo+ports-1)); err != nil {
-		Missing(t, "cannot narrow the host's ephemeral ports (sysctl): %v %s", err, out)
-	}
+	narrowEphemeralPorts(t, b, lo, lo+ports-1)
 	s := ourSockets(t, b, sockets.Balanced)
 	var ln net.Listener
 	if err := a.Do(func() (err error) { ln, err = net.Listen("tcp", a.Iface0().Addr().String()+":0"); return }); err != nil {
@@ -328,15 +337,7 @@ func TestDialPortInFinWait(t *testing.T) {
 		}
 	}()
 	d := sockets.Dialer{Stack: s}
-	finWait := func() int {
-		n := 0
-		for _, r := range s.Engine().Sockets() {
-			if r.State == "FIN-WAIT-2" {
-				n++
-			}
-		}
-		return n
-	}
+	finWait := func() int { return socketsIn(s, "FIN-WAIT-2", 0) }
 	used := map[int]bool{}
 	for i := range ports - 1 {
 		var c net.Conn
