@@ -303,13 +303,50 @@ static int load_core(void)
 	return core_state;
 }
 
+/* t_sigstack counts the program's handlers running on the thread's
+ * signal stack (on_signal). A socket call from one of them enters Go,
+ * which runs it on a goroutine's stack: a signal that came in there would
+ * be given its frame at the top of the signal stack again (the kernel
+ * goes by where the thread is, and the thread is not on the signal stack
+ * then), over the frames of the handler that is running there, which
+ * then crashed as it returned. The Go runtime's own preemption signal
+ * did it now and then; another signal of the program's, every time it
+ * came at that moment. So such a call is made with every signal
+ * blocked, and those that came meanwhile arrive as it returns, on the
+ * signal stack below the handler's frames, as the kernel nests them. */
+static __thread int t_sigstack;
+static __thread sigset_t t_sigstack_mask; /* the mask to restore (core_leave) */
+
+static inline void core_enter(void)
+{
+	if (t_sigstack) {
+		/* Not the faults: one of Go's own would end the process. */
+		sigset_t all;
+		sigfillset(&all);
+		for (int sig = 1; sig < 32; sig++)
+			if (fault_sig(sig))
+				sigdelset(&all, sig);
+		pthread_sigmask(SIG_BLOCK, &all, &t_sigstack_mask);
+	}
+	if (!t_alt)
+		thread_altstack();
+	in_core = 1;
+}
+
+static inline void core_leave(void)
+{
+	in_core = 0;
+	if (t_sigstack)
+		pthread_sigmask(SIG_SETMASK, &t_sigstack_mask, NULL);
+	if (sig_held)
+		run_held();
+}
+
 /* Calls into the core mark the thread: a signal that comes meanwhile is
  * held until the call is done (on_signal), so that its handler, which
  * may touch a socket, never re-enters Go. */
-#define CORE(call) ({ if (!t_alt) thread_altstack(); in_core = 1; __typeof__(call) r_ = (call); \
-		      in_core = 0; if (sig_held) run_held(); r_; })
-#define CORE_VOID(call) do { if (!t_alt) thread_altstack(); in_core = 1; call; in_core = 0; \
-			     if (sig_held) run_held(); } while (0)
+#define CORE(call) ({ core_enter(); __typeof__(call) r_ = (call); core_leave(); r_; })
+#define CORE_VOID(call) do { core_enter(); call; core_leave(); } while (0)
 
 /* exit_close runs at the program's exit (atexit, so before the core's
  * library is torn down), at _exit, and at a signal that ends the process
@@ -715,9 +752,32 @@ static inline void count_waiter(void)
 	}
 }
 
+/* owe_kick notes that this thread's send left frames for its next wait's
+ * kick (flush_kicks), and that its exit must give the kick should no
+ * wait come (thread_exit). */
+static __thread char t_keyed;
+
+static inline void owe_kick(void)
+{
+	kick_owed = 1;
+	if (!t_keyed) {
+		t_keyed = 1;
+		pthread_setspecific(thread_key, (void *)1);
+	}
+}
+
 static void thread_exit(void *p)
 {
 	(void)p;
+	/* A thread that sends and ends (a worker's last answer) gives its
+	 * kick as it goes. The stack's Sleeper gives it within a millisecond
+	 * otherwise, when the Go runtime runs it: it was seen not to for
+	 * seconds (interrupts.Sleeper.wakeOverdue). */
+	if (kick_owed) {
+		kick_owed = 0;
+		if (core_state == 1 && !after_fork)
+			CORE_VOID(core.kick());
+	}
 	if (t_efd >= 0)
 		real_close(t_efd);
 	if (t_waiter) {
@@ -741,22 +801,23 @@ static void thread_exit(void *p)
 static void thread_altstack(void)
 {
 	t_alt = 1;
+	/* The stack first: the thread's first call into Go installs the
+	 * runtime's own 32 KiB signal stack on a thread that has none, and
+	 * this one was then never installed. */
+	stack_t ss;
+	if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_DISABLE)) {
+		void *m = mmap(NULL, ALTSTACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+		ss = (stack_t){.ss_sp = m, .ss_size = ALTSTACK};
+		if (m != MAP_FAILED && sigaltstack(&ss, NULL) < 0)
+			munmap(m, ALTSTACK);
+		else if (m != MAP_FAILED) {
+			t_alt_mem = m;
+			pthread_setspecific(thread_key, (void *)1);
+		}
+	}
 	in_core = 1;
 	core.thread();
 	in_core = 0;
-	stack_t ss;
-	if (sigaltstack(NULL, &ss) < 0 || !(ss.ss_flags & SS_DISABLE))
-		return; /* the program's, or Go's already */
-	void *m = mmap(NULL, ALTSTACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-	if (m == MAP_FAILED)
-		return;
-	ss = (stack_t){.ss_sp = m, .ss_size = ALTSTACK};
-	if (sigaltstack(&ss, NULL) < 0) {
-		munmap(m, ALTSTACK);
-		return;
-	}
-	t_alt_mem = m;
-	pthread_setspecific(thread_key, (void *)1);
 }
 
 static int thread_efd(void)
@@ -1714,7 +1775,7 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 		 * gives (flush_kicks): a program answering many clients sends
 		 * all its answers in one system call. */
 		long r = CORE(core.send(e->h, (const char *)buf + done, n - done, 1));
-		kick_owed = 1;
+		owe_kick();
 		if (r > 0) {
 			done += r;
 			if (done == n)
@@ -3155,7 +3216,11 @@ static void on_signal(int sig, siginfo_t *si, void *uc)
 		sig_held |= 1ull << (sig - 1);
 		return;
 	}
+	stack_t ss;
+	int onstack = sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK);
+	t_sigstack += onstack;
 	call_handler(sig, si, uc);
+	t_sigstack -= onstack;
 }
 
 /* run_held runs the handlers of the signals held while the thread was in

@@ -634,6 +634,71 @@ static void test_handler_calls(int s)
 	close(idle_sock);
 }
 
+/* test_nested_signal: a handler makes socket calls, one after another,
+ * while another signal with a handler of its own comes every few tens of
+ * microseconds. Under the shim both handlers run on the thread's signal
+ * stack, and the first one's calls enter the Go core, which runs on a
+ * stack of its own: a signal that came in there was given a frame at the
+ * top of the signal stack again, over the first handler's own (the
+ * process crashed as it returned; the Go runtime's preemption signal did
+ * the same, now and then, in test_handler_calls). */
+static volatile sig_atomic_t usr2s;
+static volatile int usr2_stop;
+static void on_usr2_count(int sig)
+{
+	(void)sig;
+	usr2s++;
+}
+
+static void on_alarm_calls(int sig)
+{
+	(void)sig;
+	int saved = errno;
+	char c;
+	for (int i = 0; i < 100; i++)
+		if (!(recv(idle_sock, &c, 1, MSG_DONTWAIT | MSG_PEEK) < 0 && errno == EAGAIN))
+			handler_odd++;
+	handler_calls++;
+	errno = saved;
+}
+
+static void *usr2_sender(void *arg)
+{
+	for (int i = 0; i < 20000 && !usr2_stop; i++) {
+		pthread_kill(*(pthread_t *)arg, SIGUSR2);
+		usleep(20);
+	}
+	return NULL;
+}
+
+static void test_nested_signal(void)
+{
+	idle_sock = dial();
+	handler_calls = handler_odd = usr2s = 0;
+	struct sigaction sa = {.sa_handler = on_usr2_count, .sa_flags = SA_RESTART};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGUSR2, &sa, NULL);
+	sa.sa_handler = on_alarm_calls;
+	sigaction(SIGALRM, &sa, NULL);
+	pthread_t self = pthread_self(), t;
+	usr2_stop = 0;
+	pthread_create(&t, NULL, usr2_sender, &self);
+	struct itimerval it = {.it_interval = {0, 2000}, .it_value = {0, 2000}};
+	setitimer(ITIMER_REAL, &it, NULL);
+	double end = now_ns() + 300e6;
+	while (now_ns() < end && handler_calls < 1000)
+		usleep(100);
+	struct itimerval off = {0};
+	setitimer(ITIMER_REAL, &off, NULL);
+	usr2_stop = 1;
+	pthread_join(t, NULL);
+	signal(SIGALRM, SIG_DFL);
+	signal(SIGUSR2, SIG_DFL);
+	say("a handler's socket calls while another handler's signal comes: %d answered otherwise than the kernel's, "
+	    "handlers ran: %s %s", (int)handler_odd, handler_calls > 0 ? "yes" : "no", usr2s > 0 ? "yes" : "no");
+	close(idle_sock);
+}
+
 /* test_early_handler: the same, with signals sent by another thread to
  * this one, and a handler the program set before its first socket (the
  * core loads at that socket, and the Go runtime, starting, reads and
@@ -916,6 +981,7 @@ int main(int argc, char **argv)
 	test_signals(s);
 	test_foreign_signal(s);
 	test_handler_calls(s);
+	test_nested_signal();
 	test_early_handler(s);
 	test_fork_after(s);
 	test_dispositions();
