@@ -317,7 +317,7 @@ func (s *Sleeper) TimerSet(at int64) {
 	for {
 		cur := s.wakeAt.Load()
 		if at >= cur {
-			if cur < s.st.Clock()-int64(overdue) {
+			if cur != math.MaxInt64 && cur < s.st.Clock()-int64(overdue) {
 				s.wakeOverdue()
 			}
 			return

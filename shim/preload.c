@@ -2285,6 +2285,74 @@ static int64_t ts_ns(const struct timespec *t)
 	return t ? t->tv_sec * 1000000000LL + t->tv_nsec : -1;
 }
 
+/* ---- waits the kernel serves alone ------------------------------------
+ *
+ * A wait on the kernel's fds alone goes straight to libc. Once the core
+ * is loaded the Go runtime handles SIGURG (its preemption signal: one
+ * meant for a thread's time in Go can land just after the thread left
+ * it; or one sent to the process), and the kernel then ends the wait with
+ * EINTR where, the signal being at its default, it would have gone on.
+ * So a wait that EINTR ends with none of the program's handlers run on
+ * the thread (t_handled) goes again, for the time it has left. */
+struct kwait {
+	unsigned handled;
+	int64_t end; /* on now_ns; -1: none, for ever */
+};
+
+static inline void kwait_begin(struct kwait *k, int64_t timeout_ns)
+{
+	k->handled = t_handled;
+	k->end = timeout_ns < 0 ? -1 : timeout_ns > 0 && core_state == 1 ? now_ns() + timeout_ns : 0;
+}
+
+/* kwait_again reports whether the wait that returned r goes again, and
+ * for how long (*left_ns; -1 for ever). */
+static int kwait_again(struct kwait *k, int r, int64_t *left_ns)
+{
+	if (r >= 0 || errno != EINTR || core_state != 1 || t_handled != k->handled)
+		return 0;
+	int64_t left = k->end > 0 ? k->end - now_ns() : k->end;
+	*left_ns = k->end < 0 ? -1 : left > 0 ? left : 0;
+	return 1;
+}
+
+static int ns_ms(int64_t ns)
+{
+	return ns < 0 ? -1 : ns >= INT_MAX * 1000000LL ? INT_MAX : (int)((ns + 999999) / 1000000);
+}
+
+static struct timespec *ns_ts(int64_t ns, struct timespec *ts)
+{
+	if (ns < 0)
+		return NULL;
+	ts->tv_sec = ns / 1000000000LL;
+	ts->tv_nsec = ns % 1000000000LL;
+	return ts;
+}
+
+static int kernel_poll(struct pollfd *fds, nfds_t n, int timeout)
+{
+	struct kwait k;
+	kwait_begin(&k, timeout < 0 ? -1 : timeout * 1000000LL);
+	int r;
+	int64_t left;
+	while (kwait_again(&k, r = real_poll(fds, n, timeout), &left))
+		timeout = ns_ms(left);
+	return r;
+}
+
+static int kernel_ppoll(struct pollfd *fds, nfds_t n, const struct timespec *t, const sigset_t *mask)
+{
+	struct kwait k;
+	kwait_begin(&k, ts_ns(t));
+	int r;
+	int64_t left;
+	struct timespec ts;
+	while (kwait_again(&k, r = real_ppoll(fds, n, t, mask), &left))
+		t = ns_ts(left, &ts);
+	return r;
+}
+
 static int any_ours(struct pollfd *fds, nfds_t n)
 {
 	if (!fdt)
@@ -2302,14 +2370,14 @@ static int any_ours(struct pollfd *fds, nfds_t n)
 EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
 	if (!any_ours(fds, n))
-		return real_poll(fds, n, timeout);
+		return kernel_poll(fds, n, timeout);
 	return wait_poll(fds, n, timeout < 0 ? -1 : timeout * 1000000LL, NULL);
 }
 
 EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *t, const sigset_t *mask)
 {
 	if (!any_ours(fds, n))
-		return real_ppoll(fds, n, t, mask);
+		return kernel_ppoll(fds, n, t, mask);
 	return wait_poll(fds, n, ts_ns(t), mask);
 }
 
@@ -2381,17 +2449,43 @@ static int do_select(int n, fd_set *r, fd_set *w, fd_set *x, int64_t timeout_ns,
 	return count;
 }
 
+/* kernel_pselect is pselect on the kernel's fds alone (see kwait). The
+ * sets are the caller's again for each try: the kernel's leaves them
+ * as they were when it fails. */
+static int kernel_pselect(int n, fd_set *r, fd_set *w, fd_set *x, const struct timespec *t, const sigset_t *mask)
+{
+	struct kwait k;
+	kwait_begin(&k, ts_ns(t));
+	int ret;
+	int64_t left;
+	struct timespec ts;
+	while (kwait_again(&k, ret = real_pselect(n, r, w, x, t, mask), &left))
+		t = ns_ts(left, &ts);
+	return ret;
+}
+
 EXPORT int select(int n, fd_set *r, fd_set *w, fd_set *x, struct timeval *t)
 {
-	if (!select_ours(n, r, w, x))
-		return real_select(n, r, w, x, t);
+	if (!select_ours(n, r, w, x)) {
+		if (core_state != 1)
+			return real_select(n, r, w, x, t);
+		/* As Linux's select, the time left goes back in *t. */
+		struct kwait k;
+		kwait_begin(&k, t ? t->tv_sec * 1000000000LL + t->tv_usec * 1000LL : -1);
+		int ret;
+		int64_t left;
+		while (kwait_again(&k, ret = real_select(n, r, w, x, t), &left))
+			if (t)
+				*t = (struct timeval){.tv_sec = left / 1000000000LL, .tv_usec = left % 1000000000LL / 1000};
+		return ret;
+	}
 	return do_select(n, r, w, x, t ? t->tv_sec * 1000000000LL + t->tv_usec * 1000LL : -1, NULL);
 }
 
 EXPORT int pselect(int n, fd_set *r, fd_set *w, fd_set *x, const struct timespec *t, const sigset_t *mask)
 {
 	if (!select_ours(n, r, w, x))
-		return real_pselect(n, r, w, x, t, mask);
+		return kernel_pselect(n, r, w, x, t, mask);
 	return do_select(n, r, w, x, ts_ns(t), mask);
 }
 
@@ -3132,24 +3226,45 @@ static int ep_has_ours(int epfd)
 	return e && e->kind == K_EPOLL && e->ep && e->ep->n > 0 && !in_core;
 }
 
+/* kernel_epoll_pwait is epoll_wait (pwait 0) or epoll_pwait on an
+ * instance of the kernel's fds alone (see kwait). */
+static int kernel_epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask, int pwait)
+{
+	struct kwait k;
+	kwait_begin(&k, timeout < 0 ? -1 : timeout * 1000000LL);
+	int r;
+	int64_t left;
+	while (kwait_again(&k, r = pwait ? real_epoll_pwait(epfd, ev, max, timeout, mask) : real_epoll_wait(epfd, ev, max, timeout), &left))
+		timeout = ns_ms(left);
+	return r;
+}
+
 EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
 {
 	if (!ep_has_ours(epfd))
-		return real_epoll_wait(epfd, ev, max, timeout);
+		return kernel_epoll_pwait(epfd, ev, max, timeout, NULL, 0);
 	return do_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : timeout * 1000000LL, NULL);
 }
 
 EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask)
 {
 	if (!ep_has_ours(epfd))
-		return real_epoll_pwait(epfd, ev, max, timeout, mask);
+		return kernel_epoll_pwait(epfd, ev, max, timeout, mask, 1);
 	return do_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : timeout * 1000000LL, mask);
 }
 
 EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const struct timespec *t, const sigset_t *mask)
 {
-	if (!ep_has_ours(epfd))
-		return real_epoll_pwait2(epfd, ev, max, t, mask);
+	if (!ep_has_ours(epfd)) {
+		struct kwait k;
+		kwait_begin(&k, ts_ns(t));
+		int r;
+		int64_t left;
+		struct timespec ts;
+		while (kwait_again(&k, r = real_epoll_pwait2(epfd, ev, max, t, mask), &left))
+			t = ns_ts(left, &ts);
+		return r;
+	}
 	return do_epoll_wait(epfd, ev, max, ts_ns(t), mask);
 }
 

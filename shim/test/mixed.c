@@ -557,10 +557,17 @@ static volatile int urg_stop;
 static void *urg_sender(void *arg)
 {
 	(void)arg;
-	for (int i = 0; i < 200 && !urg_stop; i++) {
+	for (int i = 0; i < 500 && !urg_stop; i++) {
 		pthread_kill(main_thread, SIGURG);
 		usleep(5000);
 	}
+	return NULL;
+}
+
+static void *late_write(void *arg)
+{
+	usleep(300000);
+	write(*(int *)arg, "w", 1);
 	return NULL;
 }
 
@@ -586,6 +593,34 @@ static void test_foreign_signal(int s)
 	pthread_create(&t, NULL, late_send, &s);
 	check("recv across a signal the program does not handle", read_full(s, buf, 4));
 	pthread_join(t, NULL);
+	/* The same with a pipe alone: the waits go straight to the kernel. */
+	int pp[2];
+	if (pipe(pp) < 0)
+		die("pipe");
+	char c;
+	pthread_create(&t, NULL, late_write, &pp[1]);
+	struct pollfd q = {.fd = pp[0], .events = POLLIN};
+	check("poll on a pipe across a signal the program does not handle", poll(&q, 1, 5000));
+	pthread_join(t, NULL);
+	check("its byte", read(pp[0], &c, 1));
+	int ep2 = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event pe = {.events = EPOLLIN, .data.u64 = 8};
+	epoll_ctl(ep2, EPOLL_CTL_ADD, pp[0], &pe);
+	pthread_create(&t, NULL, late_write, &pp[1]);
+	check("epoll_wait on a pipe across a signal the program does not handle", epoll_wait(ep2, out, 4, 5000));
+	pthread_join(t, NULL);
+	check("its byte", read(pp[0], &c, 1));
+	pthread_create(&t, NULL, late_write, &pp[1]);
+	fd_set rs;
+	FD_ZERO(&rs);
+	FD_SET(pp[0], &rs);
+	struct timeval tv = {5, 0};
+	check("select on a pipe across a signal the program does not handle", select(pp[0] + 1, &rs, NULL, NULL, &tv));
+	pthread_join(t, NULL);
+	check("its byte", read(pp[0], &c, 1));
+	close(ep2);
+	close(pp[0]);
+	close(pp[1]);
 	urg_stop = 1;
 	pthread_join(u, NULL);
 	close(ep);
