@@ -743,27 +743,33 @@ static uint32_t epoll_gen; /* numbers the epoll instances (fdent.epgen) */
 static int waiter_threads;
 static __thread char t_waiter;
 
+/* thread_ends registers the thread for thread_exit (once). */
+static __thread char t_keyed;
+
+static inline void thread_ends(void)
+{
+	if (!t_keyed) {
+		t_keyed = 1;
+		pthread_setspecific(thread_key, (void *)1);
+	}
+}
+
 static inline void count_waiter(void)
 {
 	if (!t_waiter) {
 		t_waiter = 1;
 		__atomic_add_fetch(&waiter_threads, 1, __ATOMIC_RELAXED);
-		pthread_setspecific(thread_key, (void *)1);
+		thread_ends();
 	}
 }
 
 /* owe_kick notes that this thread's send left frames for its next wait's
  * kick (flush_kicks), and that its exit must give the kick should no
  * wait come (thread_exit). */
-static __thread char t_keyed;
-
 static inline void owe_kick(void)
 {
 	kick_owed = 1;
-	if (!t_keyed) {
-		t_keyed = 1;
-		pthread_setspecific(thread_key, (void *)1);
-	}
+	thread_ends();
 }
 
 static void thread_exit(void *p)
@@ -798,23 +804,30 @@ static void thread_exit(void *p)
 
 /* thread_altstack runs at a thread's first call into the core: the core
  * counts the thread (onl_thread) and the thread gets a signal stack. */
+static void install_altstack(void)
+{
+	stack_t ss;
+	if (sigaltstack(NULL, &ss) < 0 || !(ss.ss_flags & SS_DISABLE))
+		return; /* the program's */
+	void *m = mmap(NULL, ALTSTACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+	if (m == MAP_FAILED)
+		return;
+	ss = (stack_t){.ss_sp = m, .ss_size = ALTSTACK};
+	if (sigaltstack(&ss, NULL) < 0) {
+		munmap(m, ALTSTACK);
+		return;
+	}
+	t_alt_mem = m;
+	thread_ends();
+}
+
 static void thread_altstack(void)
 {
 	t_alt = 1;
 	/* The stack first: the thread's first call into Go installs the
 	 * runtime's own 32 KiB signal stack on a thread that has none, and
 	 * this one was then never installed. */
-	stack_t ss;
-	if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_DISABLE)) {
-		void *m = mmap(NULL, ALTSTACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-		ss = (stack_t){.ss_sp = m, .ss_size = ALTSTACK};
-		if (m != MAP_FAILED && sigaltstack(&ss, NULL) < 0)
-			munmap(m, ALTSTACK);
-		else if (m != MAP_FAILED) {
-			t_alt_mem = m;
-			pthread_setspecific(thread_key, (void *)1);
-		}
-	}
+	install_altstack();
 	in_core = 1;
 	core.thread();
 	in_core = 0;
@@ -824,7 +837,7 @@ static int thread_efd(void)
 {
 	if (t_efd < 0) {
 		t_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-		pthread_setspecific(thread_key, (void *)1);
+		thread_ends();
 	}
 	return t_efd;
 }
@@ -2467,8 +2480,6 @@ static int kernel_pselect(int n, fd_set *r, fd_set *w, fd_set *x, const struct t
 EXPORT int select(int n, fd_set *r, fd_set *w, fd_set *x, struct timeval *t)
 {
 	if (!select_ours(n, r, w, x)) {
-		if (core_state != 1)
-			return real_select(n, r, w, x, t);
 		/* As Linux's select, the time left goes back in *t. */
 		struct kwait k;
 		kwait_begin(&k, t ? t->tv_sec * 1000000000LL + t->tv_usec * 1000LL : -1);
