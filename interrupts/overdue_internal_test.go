@@ -1,6 +1,7 @@
 package interrupts
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -25,9 +26,38 @@ func (c *clockStack) Elsewhere() (bool, int64)           { return false, 0 }
 // an earlier wake-up than its own and change nothing. A Sleeper about to
 // wake, or waking later than asked, is left to its timer.
 func TestTimerSetWakesOverdueSleeper(t *testing.T) {
+	for _, thread := range []bool{false, true} {
+		t.Run(fmt.Sprintf("thread=%v", thread), func(t *testing.T) {
+			testTimerSetWakesOverdue(t, thread)
+		})
+	}
+}
+
+func testTimerSetWakesOverdue(t *testing.T, thread bool) {
 	st := &clockStack{now: int64(time.Hour)}
-	s := &Sleeper{st: st, timer: time.NewTimer(time.Hour), kick: make(chan struct{}, 1)}
-	s.timer.Stop()
+	s := &Sleeper{st: st}
+	// pending reports a kick not yet taken, and takes it.
+	var pending func() bool
+	if thread {
+		w, err := newThreadWaiter(nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.w = w
+		pending = func() bool { return w.pending.Swap(false) }
+	} else {
+		w := newChanWaiter(nil, nil)
+		s.w = w
+		pending = func() bool {
+			select {
+			case <-w.kicks:
+				return true
+			default:
+				return false
+			}
+		}
+	}
+	defer s.w.close()
 	s.state.Store(stArmed)
 	ms := int64(time.Millisecond)
 	for _, c := range []struct {
@@ -45,15 +75,12 @@ func TestTimerSetWakesOverdueSleeper(t *testing.T) {
 			at += st.now
 		}
 		s.wakeAt.Store(at)
-		for len(s.kick) > 0 {
-			<-s.kick
-		}
+		pending()
 		before := s.Stats().Overdue
 		s.TimerSet(st.now + ms)
-		kicked := len(s.kick) == 1
+		kicked := pending()
 		if kicked != c.kicked || (s.Stats().Overdue-before == 1) != c.kicked {
 			t.Errorf("%s: kicked %v (Overdue +%d), want %v", c.name, kicked, s.Stats().Overdue-before, c.kicked)
 		}
 	}
-	s.timer.Stop()
 }

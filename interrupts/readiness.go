@@ -25,15 +25,19 @@ import (
 // kernel one early return in the epoll callback and wakes nobody. The set
 // itself waits in the Go runtime's network poller: a goroutine blocked on
 // it holds no OS thread.
+//
+// A Sleeper on a thread of its own (Policy.Thread) waits on the set
+// itself instead (irqFD, takeIRQ), and the set never joins the poller.
 type readiness struct {
-	epfd  int
-	fds   []int
-	f     *os.File
-	rc    syscall.RawConn
-	c     chan struct{}
-	done  chan struct{}
-	once  sync.Once
-	armed atomic.Bool // the sockets are enabled in the set: an arm is pending
+	epfd    int
+	fds     []int
+	f       *os.File
+	rc      syscall.RawConn
+	c       chan struct{}
+	done    chan struct{}
+	started sync.Once
+	once    sync.Once
+	armed   atomic.Bool // the sockets are enabled in the set: an arm is pending
 }
 
 func newReadiness(fds []int) (*readiness, error) {
@@ -58,15 +62,36 @@ func newReadiness(fds []int) (*readiness, error) {
 	if err := unix.SetNonblock(epfd, true); err != nil {
 		return fail("set epoll non-blocking", err)
 	}
-	r := &readiness{epfd: epfd, fds: fds, c: make(chan struct{}, 1), done: make(chan struct{})}
-	// A non-blocking descriptor joins the runtime's poller.
-	r.f = os.NewFile(uintptr(epfd), "xsk-readiness")
-	if r.rc, err = r.f.SyscallConn(); err != nil {
-		r.f.Close()
-		return nil, fmt.Errorf("interrupts: %w", err)
+	return &readiness{epfd: epfd, fds: fds, c: make(chan struct{}, 1), done: make(chan struct{})}, nil
+}
+
+// C is the channel the signals come on: the first call puts the set in
+// the runtime's poller, read by a goroutine (run).
+func (r *readiness) C() <-chan struct{} {
+	r.started.Do(func() {
+		// A non-blocking descriptor joins the runtime's poller.
+		r.f = os.NewFile(uintptr(r.epfd), "xsk-readiness")
+		var err error
+		if r.rc, err = r.f.SyscallConn(); err != nil {
+			// Only for a file that is not open: the set was made above.
+			close(r.done)
+			return
+		}
+		go r.run()
+	})
+	return r.c
+}
+
+// irqFD is the set itself, readable once a socket has fired, for a
+// Sleeper that waits in the kernel (threadWaiter); takeIRQ takes the
+// event, as run does.
+func (r *readiness) irqFD() int { return r.epfd }
+
+func (r *readiness) takeIRQ() {
+	var evs [8]unix.EpollEvent
+	if n, _ := unix.EpollWait(r.epfd, evs[:], 0); n > 0 {
+		r.armed.Store(false)
 	}
-	go r.run()
-	return r, nil
 }
 
 // arm asks for one signal on c when a socket's RX ring has a frame: at
@@ -123,6 +148,12 @@ func (r *readiness) run() {
 func (r *readiness) close() error {
 	var err error
 	r.once.Do(func() {
+		// Nobody can start the goroutine from here on.
+		r.started.Do(func() { r.f = nil })
+		if r.f == nil {
+			err = unix.Close(r.epfd)
+			return
+		}
 		err = r.f.Close()
 		<-r.done
 	})

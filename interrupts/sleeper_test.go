@@ -89,6 +89,19 @@ func pair(t *testing.T, mc vnic.MemConfig) (a, b *end) {
 	return pairWith(t, mc, interrupts.Policy{})
 }
 
+// waiters runs a test with the Sleepers sleeping in the Go scheduler and
+// on threads of their own (Policy.Thread; the in-memory NIC's interrupt
+// reaches them through an eventfd).
+func waiters(t *testing.T, test func(*testing.T, interrupts.Policy)) {
+	for _, thread := range []bool{false, true} {
+		name := "goroutine"
+		if thread {
+			name = "thread"
+		}
+		t.Run(name, func(t *testing.T) { test(t, interrupts.Policy{Thread: thread}) })
+	}
+}
+
 // pairWith is pair with the Sleepers' policy.
 func pairWith(t *testing.T, mc vnic.MemConfig, pol interrupts.Policy) (a, b *end) {
 	t.Helper()
@@ -120,8 +133,10 @@ func pairWith(t *testing.T, mc vnic.MemConfig, pol interrupts.Policy) (a, b *end
 
 // TestSleeperArmsWhenIdle checks an idle stack is left alone: the Sleeper
 // arms and stops polling.
-func TestSleeperArmsWhenIdle(t *testing.T) {
-	a, _ := pair(t, vnic.MemConfig{})
+func TestSleeperArmsWhenIdle(t *testing.T) { waiters(t, testSleeperArmsWhenIdle) }
+
+func testSleeperArmsWhenIdle(t *testing.T, pol interrupts.Policy) {
+	a, _ := pairWith(t, vnic.MemConfig{}, pol)
 	time.Sleep(50 * time.Millisecond)
 	before := a.sl.Stats()
 	time.Sleep(200 * time.Millisecond)
@@ -136,8 +151,10 @@ func TestSleeperArmsWhenIdle(t *testing.T) {
 
 // TestSleeperWakesOnArrival parks a goroutine on a UDP socket; a datagram
 // from the peer must wake it through the interrupt.
-func TestSleeperWakesOnArrival(t *testing.T) {
-	a, b := pair(t, vnic.MemConfig{})
+func TestSleeperWakesOnArrival(t *testing.T) { waiters(t, testSleeperWakesOnArrival) }
+
+func testSleeperWakesOnArrival(t *testing.T, pol interrupts.Policy) {
+	a, b := pairWith(t, vnic.MemConfig{}, pol)
 	rx, tx := udpPair(t, a, b)
 	time.Sleep(20 * time.Millisecond) // both Sleepers armed
 	irqs := b.sl.Stats().IRQs
@@ -162,8 +179,10 @@ func TestSleeperWakesOnArrival(t *testing.T) {
 // through 30% loss. The handshake runs on a clean wire: a lost SYN-ACK,
 // resent by the server's timer, would give the client an honest
 // one-second sample and RTOs of seconds.
-func TestTimersFireWhileAsleep(t *testing.T) {
-	a, b := pair(t, vnic.MemConfig{Seed: 7})
+func TestTimersFireWhileAsleep(t *testing.T) { waiters(t, testTimersFireWhileAsleep) }
+
+func testTimersFireWhileAsleep(t *testing.T, pol interrupts.Policy) {
+	a, b := pairWith(t, vnic.MemConfig{Seed: 7}, pol)
 	l, _ := b.st.Open(stack.TCP)
 	b.st.Bind(l, netip.AddrPortFrom(netip.Addr{}, 80))
 	b.st.Listen(l, 0)
@@ -239,7 +258,11 @@ func TestTimersFireWhileAsleep(t *testing.T) {
 // interrupt nor takes the frames in, but still runs the timers; once the
 // thread has been away for DirectGrace, it attends the stack as before.
 func TestSleeperLeavesFramesToDirectThreads(t *testing.T) {
-	a, b := pair(t, vnic.MemConfig{})
+	waiters(t, testSleeperLeavesFramesToDirectThreads)
+}
+
+func testSleeperLeavesFramesToDirectThreads(t *testing.T, pol interrupts.Policy) {
+	a, b := pairWith(t, vnic.MemConfig{}, pol)
 	rx, tx := udpPair(t, a, b)
 	send := func(msg string) {
 		if _, err := a.st.SendTo(tx, []byte(msg), netip.AddrPortFrom(addrB.Addr(), 7000)); err != nil {
@@ -345,8 +368,10 @@ func tcpPair(t *testing.T, a, b *end) (c, srv stack.SockID) {
 // SendCorked left waiting (autocorking) goes when the Sleeper's timer, set
 // as sockets.Desc.SendMore sets it, comes, though another thread blocks
 // on the interrupt itself and the Sleeper sleeps for the timers alone.
-func TestSleeperSendsWhatSendMoreLeft(t *testing.T) {
-	a, b := pair(t, vnic.MemConfig{})
+func TestSleeperSendsWhatSendMoreLeft(t *testing.T) { waiters(t, testSleeperSendsWhatSendMoreLeft) }
+
+func testSleeperSendsWhatSendMoreLeft(t *testing.T, pol interrupts.Policy) {
+	a, b := pairWith(t, vnic.MemConfig{}, pol)
 	c, srv := tcpPair(t, a, b)
 	// Another thread of a's blocks on the interrupt itself, and stays.
 	a.sl.ParkDirect()
@@ -427,8 +452,10 @@ func TestSpinSlots(t *testing.T) {
 // must see the owed kick itself and send the segment within its bound;
 // it had slept until the blocked thread came back (5s in the shim's
 // conformance program, TestShimMixed, whose sender thread then exited).
-func TestSleeperSendMoreRacesArm(t *testing.T) {
-	a, b := pair(t, vnic.MemConfig{})
+func TestSleeperSendMoreRacesArm(t *testing.T) { waiters(t, testSleeperSendMoreRacesArm) }
+
+func testSleeperSendMoreRacesArm(t *testing.T, pol interrupts.Policy) {
+	a, b := pairWith(t, vnic.MemConfig{}, pol)
 	c, srv := tcpPair(t, a, b)
 	// Another thread of a's blocks on the interrupt itself, and stays.
 	// Woken (a timer due now), the Sleeper leaves the frames to it and

@@ -76,7 +76,9 @@ func (s *steeringSource) Arm() {
 
 func (s *steeringSource) Disarm()            { s.ctl.Disarm() }
 func (s *steeringSource) State() string      { return s.r.state() }
-func (s *steeringSource) C() <-chan struct{} { return s.r.c }
+func (s *steeringSource) C() <-chan struct{} { return s.r.C() }
+func (s *steeringSource) irqFD() int         { return s.r.irqFD() }
+func (s *steeringSource) takeIRQ()           { s.r.takeIRQ() }
 
 // drain reads the wake-event ring so that it never fills; readiness, not
 // the events, wakes the stack.
@@ -128,5 +130,7 @@ type readinessSource struct{ r *readiness }
 func (s readinessSource) Arm()               { s.r.arm() }
 func (s readinessSource) Disarm()            {}
 func (s readinessSource) State() string      { return s.r.state() }
-func (s readinessSource) C() <-chan struct{} { return s.r.c }
+func (s readinessSource) C() <-chan struct{} { return s.r.C() }
+func (s readinessSource) irqFD() int         { return s.r.irqFD() }
+func (s readinessSource) takeIRQ()           { s.r.takeIRQ() }
 func (s readinessSource) Close() error       { return s.r.close() }

@@ -297,7 +297,10 @@ var threadWakes atomic.Bool
 // outside Go, each on its own descriptors (the LD_PRELOAD shim's): a stack
 // shared with other processes wakes them through a socket they wait on
 // (RemoteWakeFD), not through a goroutine that waits for the others'
-// polls and wakes them in turn. Call it before the first stack.
+// polls and wakes them in turn. The stacks' Sleepers then sleep on
+// threads of their own (interrupts.Policy.Thread): such threads come into
+// Go from C, and the runtime's timers and wake-ups can be late there.
+// Call it before the first stack.
 func WakesToThreads() { threadWakes.Store(true) }
 
 // RemoteWakeFD is the socket that turns readable when another process's

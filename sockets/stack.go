@@ -138,7 +138,7 @@ func (s *Stack) start(st *stack.Stack, irq interrupts.Source) error {
 	s.waits = make([]atomic.Pointer[waitq], st.Capacity())
 	s.wakes.init(st.Capacity(), runtime.GOMAXPROCS(0))
 	var err error
-	s.sl, err = interrupts.Start(st, irq, interrupts.Policy{Spin: s.cfg.Spin, Spinners: s.cfg.SpinThreads})
+	s.sl, err = interrupts.Start(st, irq, interrupts.Policy{Spin: s.cfg.Spin, Spinners: s.cfg.SpinThreads, Thread: threadWakes.Load()})
 	return err
 }
 

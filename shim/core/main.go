@@ -633,6 +633,7 @@ func onl_exit() {
 	if stk == nil {
 		return
 	}
+	sockets.LogDebug("at exit: sleeper %+v", stk.Sleeper().Stats())
 	if err := stk.Finish(exitLinger); err != nil {
 		sockets.LogError("exit: %v", err)
 	}
