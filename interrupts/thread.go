@@ -3,6 +3,7 @@ package interrupts
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -30,7 +31,19 @@ type threadWaiter struct {
 	// alone touches it).
 	held bool
 	evs  [4]unix.EpollEvent
+	turn int64 // when the thread last gave its processor a turn (nanotime)
 }
+
+// turnEvery is how often the Sleeper's thread gives its Go processor a
+// turn of the scheduler before it blocks (runtime.Gosched). A goroutine
+// locked to its thread that blocks in system calls never goes through
+// the scheduler, so its processor's schedule tick stands still; once it
+// has stood 10 ms the runtime's monitor takes the processor back at every
+// one of its ticks that finds the thread in the kernel, and ticks every
+// 20 µs: under redis-server the monitor took 3.9% of the samples, and
+// the runtime's threads together 6.4% against 3.7% with the goroutine.
+// The shim's own threads do the same (onl_resched).
+const turnEvery = 5 * time.Millisecond
 
 // fdLine is an interrupt line whose signal is a descriptor: readable once
 // the line has fired, until take consumes the signal.
@@ -106,6 +119,10 @@ func (w *threadWaiter) wait(irq bool) wakeReason {
 	if irq && w.held {
 		w.held = false
 		return wokeIRQ
+	}
+	if now := nanotime(); now-w.turn >= int64(turnEvery) {
+		w.turn = now
+		runtime.Gosched()
 	}
 	for {
 		n, err := unix.EpollWait(w.ep, w.evs[:], -1)
@@ -224,4 +241,11 @@ func drain(fd int) {
 			return
 		}
 	}
+}
+
+// nanotime is CLOCK_MONOTONIC in nanoseconds.
+func nanotime() int64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
 }
