@@ -333,7 +333,12 @@ func (s *Sleeper) TimerSet(at int64) {
 	for {
 		cur := s.wakeAt.Load()
 		if at >= cur {
-			if cur != math.MaxInt64 && cur < s.st.Clock()-int64(overdue) {
+			// The last poll stands for now: a clock read here, on every
+			// socket call's way out, took 5.7% of redis-server's samples
+			// under the shim (this PVM guest's clock is dear), and under
+			// load, when a Sleeper can be overdue, threads poll all the
+			// time.
+			if cur != math.MaxInt64 && cur < s.st.PolledAt()-int64(overdue) {
 				s.wakeOverdue()
 			}
 			return
