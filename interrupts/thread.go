@@ -46,14 +46,14 @@ type threadWaiter struct {
 const turnEvery = 5 * time.Millisecond
 
 // fdLine is an interrupt line whose signal is a descriptor: readable once
-// the line has fired, until take consumes the signal.
+// the line has fired, until takeIRQ consumes the signal.
 type fdLine interface {
 	irqFD() int
 	takeIRQ()
 }
 
-func newThreadWaiter(src Source, stop <-chan struct{}) (w *threadWaiter, err error) {
-	w = &threadWaiter{ep: -1, tfd: -1, kfd: -1, stop: stop}
+func newThreadWaiter(src Source, stop <-chan struct{}) (_ *threadWaiter, err error) {
+	w := &threadWaiter{ep: -1, tfd: -1, kfd: -1, stop: stop}
 	defer func() {
 		if err != nil {
 			w.close()
@@ -73,9 +73,11 @@ func newThreadWaiter(src Source, stop <-chan struct{}) (w *threadWaiter, err err
 	case fdLine:
 		w.line = l
 	default:
-		if w.line, err = bridge(src.C()); err != nil {
+		b, err := bridge(src.C())
+		if err != nil {
 			return nil, err
 		}
+		w.line = b
 	}
 	fds := []int{w.tfd, w.kfd}
 	if w.line != nil {
@@ -197,7 +199,7 @@ type chanLine struct {
 func bridge(c <-chan struct{}) (*chanLine, error) {
 	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("interrupts: eventfd: %w", err)
+		return nil, fmt.Errorf("interrupts: eventfd for the interrupt line: %w", err)
 	}
 	b := &chanLine{efd: efd, quit: make(chan struct{}), done: make(chan struct{})}
 	go func() {

@@ -3,6 +3,8 @@ package interrupts
 import (
 	"fmt"
 	"math"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,3 +98,68 @@ func TestThreadTimerAbsolute(t *testing.T) {
 		t.Errorf("woke %v after a timer due %v before it was set", after, time.Duration(set-at))
 	}
 }
+
+// TestThreadWaiterOutOfFiles: a thread waiter that cannot get one of its
+// descriptors says which, and leaves none of the others open.
+func TestThreadWaiterOutOfFiles(t *testing.T) {
+	open := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Skipf("cannot count open files: %v", err)
+		}
+		return len(ents)
+	}
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
+	mem := memLine{make(chan struct{})} // a channel line: the bridge's eventfd is the fourth
+	failed := 0
+	for spare := 0; spare < 5; spare++ {
+		before := open()
+		// The lowest free numbers, which new descriptors take in turn: a
+		// limit of free[spare] leaves spare of them.
+		var free [5]int
+		for i := range free {
+			fd, err := unix.Dup(0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			free[i] = fd
+		}
+		for _, fd := range free {
+			unix.Close(fd)
+		}
+		low := lim
+		low.Cur = uint64(free[spare])
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+			t.Fatal(err)
+		}
+		w, err := newThreadWaiter(mem, nil)
+		unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
+		t.Logf("%d spare: %v", spare, err)
+		if err == nil {
+			w.close()
+		} else {
+			failed++
+			if !strings.Contains(err.Error(), "interrupts: ") {
+				t.Errorf("with %d spare descriptors: %v: does not say where", spare, err)
+			}
+		}
+		if after := open(); after != before {
+			t.Errorf("with %d spare descriptors (%v): %d files open after, %d before", spare, err, after, before)
+		}
+	}
+	if failed < 4 {
+		t.Errorf("only %d of 5 limits failed: the test did not reach every descriptor", failed)
+	}
+}
+
+// memLine is a Source that signals on a channel alone.
+type memLine struct{ c chan struct{} }
+
+func (m memLine) Arm()               {}
+func (m memLine) Disarm()            {}
+func (m memLine) C() <-chan struct{} { return m.c }
+func (m memLine) Close() error       { return nil }
