@@ -776,9 +776,9 @@ static void thread_exit(void *p)
 {
 	(void)p;
 	/* A thread that sends and ends (a worker's last answer) gives its
-	 * kick as it goes. The stack's Sleeper gives it within a millisecond
-	 * otherwise, when the Go runtime runs it: it was seen not to for
-	 * seconds (interrupts.Sleeper.wakeOverdue). */
+	 * kick as it goes, where the stack's Sleeper would give it only at
+	 * its 1 ms bound (and was seen not to for seconds, before
+	 * interrupts.Sleeper.TimerSet's second look). */
 	if (kick_owed) {
 		kick_owed = 0;
 		if (core_state == 1 && !after_fork)
@@ -1028,10 +1028,11 @@ static int log_wait_off;
  * on a kernel socket is woken by the kernel at a packet's arrival: the
  * AF_XDP socket is readable while a frame is in its RX ring, and the
  * thread polls the stack when it wakes so. The stack's Sleeper then
- * leaves the frames to it and attends the timers only (ParkDirect); the
- * Sleeper's own wake-up goes through the Go runtime's poller, its
- * goroutine and the thread's eventfd, three threads' wake-ups where
- * this is one. The eventfd still wakes the thread when another thread
+ * leaves the frames to it and attends the timers only (ParkDirect); a
+ * wake-up through the Sleeper would take its thread's and then the
+ * thread's eventfd, two threads' wake-ups where this is one (three when
+ * it was a goroutine woken through the Go runtime's poller). The
+ * eventfd still wakes the thread when another thread
  * or process polls the stack and makes one of its sockets ready. */
 static int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsigned *edges, int k,
 		      const unsigned *logseq, struct pollfd *p, int np, int epfd, int conns, const sigset_t *mask)
