@@ -60,7 +60,7 @@ type Policy struct {
 	// in the Go scheduler on a channel and a runtime timer
 	// (threadWaiter). For a process whose threads come into Go from C
 	// (the LD_PRELOAD shim's), where the runtime's timers and wake-ups
-	// have been seen late by 10 ms and more. It costs the process one
+	// come late more often (threadWaiter). It costs the process one
 	// thread a stack. The Stack's Clock must be CLOCK_MONOTONIC, in
 	// nanoseconds, as the engine's is.
 	Thread bool

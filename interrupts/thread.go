@@ -13,12 +13,11 @@ import (
 // threadWaiter sleeps on an OS thread of its own (Policy.Thread), blocked
 // in the kernel in epoll_wait on a timerfd (the timer), an eventfd (kicks,
 // and Stop) and the interrupt line's descriptor. Its wake-ups and timers
-// are the kernel's alone. The Go runtime's are not dependable in a process
-// whose threads come into Go from C and go back to C keeping their
-// processors (the LD_PRELOAD shim's): there a runtime timer set, or a
-// goroutine readied, from such a thread has waited for the runtime's
-// monitor to take the processor back, 10 ms and more under load, and
-// seconds once (see wakeOverdue).
+// are the kernel's alone. In a process whose threads come into Go from C
+// and go back to C keeping their processors (the LD_PRELOAD shim's) the
+// Go runtime's came later: under two CPU hogs, in the conformance
+// program's signal tests, the goroutine woke more than 1 ms late 427-445
+// times a minute (12 ms at the latest), the thread 146-157 (8 ms).
 type threadWaiter struct {
 	ep, tfd, kfd int
 	line         fdLine

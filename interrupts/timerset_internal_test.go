@@ -14,11 +14,7 @@ import (
 // monoStack is a Stack with nothing to do, on CLOCK_MONOTONIC.
 type monoStack struct{ clockStack }
 
-func (monoStack) Clock() int64 {
-	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return ts.Nano()
-}
+func (monoStack) Clock() int64 { return nanotime() }
 
 // waiterFor makes a waiter of either kind for s.
 func waiterFor(t *testing.T, thread bool) waiter {

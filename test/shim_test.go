@@ -159,8 +159,8 @@ func TestShimMixed(t *testing.T) {
 // blocks for the echo. The send leaves its frames for the thread's next
 // wait's kick; the thread gives it as it ends. Left to the stack's
 // Sleeper, the frames waited up to its millisecond bound, and for 5 to
-// 47 s when the Go runtime did not run the Sleeper (see the Sleeper's
-// wakeOverdue): the conformance program's rare stall.
+// 47 s when two of its timer settings crossed (see the Sleeper's
+// TimerSet): the conformance program's rare stall.
 func TestShimThreadExitKicks(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "exitkick")
