@@ -32,7 +32,7 @@ func (s *Steering) AddClusterListener(l Listener, c ClusterID) error {
 	if err != nil {
 		return err
 	}
-	if err := s.objs.Listeners.Put(k, uint32(c)|clusterBit); err != nil {
+	if err := s.putListener(k, uint32(c)|clusterBit); err != nil {
 		return fmt.Errorf("add listener %s %s:%d for cluster %d: %w", l.Proto, l.Addr, l.Port, c, err)
 	}
 	return nil

@@ -57,6 +57,7 @@
 #define MAX_STACKS 256
 #define MAX_QUEUES 64
 #define CLUSTER_BIT 0x80000000u // a listener entry naming a cluster
+#define KERNEL_BIT 0x40000000u  // a listener entry whose port the kernel may have connections on
 #define MAX_LANES 16	 // per stack; lane 0 is the stack's own socket
 #define LANE_BUCKETS 1024 // per stack, a power of two
 #define ETH_ALEN 6
@@ -123,6 +124,18 @@ struct wake_event {
 	__u32 stack;
 	__u32 queue;
 };
+
+// kernel_flows[0] is 1 once the kernel may have connections on a port a
+// listener entry steers, whatever that entry's KERNEL_BIT says: the
+// program sets it when it passes a SYN the stack could have had (a full
+// stack, a cluster's queue without a member), user space at a handover.
+// Nothing clears it.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} kernel_flows SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -205,6 +218,24 @@ static __always_inline int pass(__u32 idx)
 {
 	count(idx);
 	return XDP_PASS;
+}
+
+// kernel_flows_set records that the kernel now has, or may have, a
+// connection on a listener entry's port (kernel_flows).
+static __always_inline void kernel_flows_set(void)
+{
+	__u32 zero = 0;
+	__u32 *k = bpf_map_lookup_elem(&kernel_flows, &zero);
+	if (k && !*k)
+		*k = 1;
+}
+
+// kernel_flows_any reports kernel_flows[0].
+static __always_inline int kernel_flows_any(void)
+{
+	__u32 zero = 0;
+	__u32 *k = bpf_map_lookup_elem(&kernel_flows, &zero);
+	return k && *(volatile __u32 *)k;
 }
 
 static __always_inline void wake(__u32 stack, __u32 queue)
@@ -328,7 +359,17 @@ int steer(struct xdp_md *ctx)
 	// its kernel predecessor's TIME-WAIT lasted, the handshake's ACK
 	// going to the kernel). The kernel's TIME-WAIT then misses a
 	// retransmitted FIN, which the stack answers with a reset.
-	if (redirect_ctr == CTR_REDIRECT_LISTENER && l4proto == IPPROTO_TCP && (l4[13] & (TCP_SYN | TCP_ACK)) != TCP_SYN) {
+	//
+	// The look-up is the dearest step of a frame's way here (on veth, a
+	// few per cent of the sending client's CPU), so it is made only where
+	// the kernel may have such a connection: for an entry whose KERNEL_BIT
+	// is set (every entry starts with it; user space clears it once it has
+	// found no connection of the kernel's on the port,
+	// Steering.CheckKernelFlows), and for every entry once kernel_flows
+	// says the kernel has taken one since.
+	__u32 id = *stack;
+	if (redirect_ctr == CTR_REDIRECT_LISTENER && l4proto == IPPROTO_TCP && (l4[13] & (TCP_SYN | TCP_ACK)) != TCP_SYN &&
+	    ((id & KERNEL_BIT) || kernel_flows_any())) {
 		struct bpf_sock_tuple_ipv4 t = {
 			.saddr = fk.remote_addr,
 			.daddr = fk.local_addr,
@@ -344,17 +385,19 @@ int steer(struct xdp_md *ctx)
 		}
 	}
 
-	__u32 id = *stack;
+	if (redirect_ctr == CTR_REDIRECT_LISTENER)
+		id &= ~KERNEL_BIT;
 	__u32 queue = ctx->rx_queue_index;
 	if (id & CLUSTER_BIT) {
 		if (redirect_ctr != CTR_REDIRECT_LISTENER || (id & ~CLUSTER_BIT) >= MAX_STACKS)
 			return pass(CTR_PASS_BAD_ENTRY);
-		if (queue >= MAX_QUEUES)
-			return pass(CTR_PASS_NO_MEMBER);
 		__u32 mk = (id & ~CLUSTER_BIT) * MAX_QUEUES + queue;
-		__u32 *member = bpf_map_lookup_elem(&cluster_members, &mk);
-		if (!member || !*member)
+		__u32 *member = queue < MAX_QUEUES ? bpf_map_lookup_elem(&cluster_members, &mk) : 0;
+		if (!member || !*member) {
+			if (l4proto == IPPROTO_TCP)
+				kernel_flows_set();
 			return pass(CTR_PASS_NO_MEMBER);
+		}
 		id = *member - 1;
 	}
 	if (id >= MAX_STACKS)
@@ -375,8 +418,10 @@ int steer(struct xdp_md *ctx)
 	// it (CTR_PASS_KERNEL_FLOW above).
 	if (redirect_ctr == CTR_REDIRECT_LISTENER && l4proto == IPPROTO_TCP && (l4[13] & (TCP_SYN | TCP_ACK)) == TCP_SYN) {
 		struct stack_ctl *ctl = bpf_map_lookup_elem(&control, &id);
-		if (ctl && *(volatile __u32 *)&ctl->full)
+		if (ctl && *(volatile __u32 *)&ctl->full) {
+			kernel_flows_set();
 			return pass(CTR_PASS_FULL);
+		}
 	}
 
 	wake(id, queue);

@@ -54,6 +54,7 @@ const (
 	steerMapCounters        = "counters"
 	steerMapEvents          = "events"
 	steerMapFlows           = "flows"
+	steerMapKernelFlows     = "kernel_flows"
 	steerMapLaneXsks        = "lane_xsks"
 	steerMapLanes           = "lanes"
 	steerMapListeners       = "listeners"
@@ -118,6 +119,7 @@ type steerMapSpecs struct {
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
 	Events         *ebpf.MapSpec `ebpf:"events"`
 	Flows          *ebpf.MapSpec `ebpf:"flows"`
+	KernelFlows    *ebpf.MapSpec `ebpf:"kernel_flows"`
 	LaneXsks       *ebpf.MapSpec `ebpf:"lane_xsks"`
 	Lanes          *ebpf.MapSpec `ebpf:"lanes"`
 	Listeners      *ebpf.MapSpec `ebpf:"listeners"`
@@ -156,6 +158,7 @@ type steerMaps struct {
 	Counters       *ebpf.Map `ebpf:"counters"`
 	Events         *ebpf.Map `ebpf:"events"`
 	Flows          *ebpf.Map `ebpf:"flows"`
+	KernelFlows    *ebpf.Map `ebpf:"kernel_flows"`
 	LaneXsks       *ebpf.Map `ebpf:"lane_xsks"`
 	Lanes          *ebpf.Map `ebpf:"lanes"`
 	Listeners      *ebpf.Map `ebpf:"listeners"`
@@ -169,6 +172,7 @@ func (m *steerMaps) Close() error {
 		m.Counters,
 		m.Events,
 		m.Flows,
+		m.KernelFlows,
 		m.LaneXsks,
 		m.Lanes,
 		m.Listeners,

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -74,13 +75,17 @@ type WakeEvent struct {
 type Steering struct {
 	objs    steerObjects
 	control []byte // the control map, mmapped
+
+	mu     sync.Mutex
+	gens   map[steerListenerKey]uint64 // a listener entry's writes, for CheckKernelFlows
+	closed bool
 }
 
 // Load loads the steering program into the kernel. It does not attach it.
 func Load() (*Steering, error) {
 	// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
 	_ = rlimit.RemoveMemlock()
-	s := &Steering{}
+	s := &Steering{gens: make(map[steerListenerKey]uint64)}
 	if err := loadSteerObjects(&s.objs, nil); err != nil {
 		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
 			return nil, fmt.Errorf("loading the XDP steering program needs CAP_BPF and CAP_NET_ADMIN: run as root, or let onloadd make the stack (start onloadd; ONLOAD_DAEMON=auto): %w", err)
@@ -108,6 +113,9 @@ func (s *Steering) ForwardProgram() *ebpf.Program { return s.objs.Forward }
 // Close unloads the program and maps (an attachment holds its own
 // reference to the program).
 func (s *Steering) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
 	var errs []error
 	if s.control != nil {
 		errs = append(errs, unix.Munmap(s.control))
@@ -188,7 +196,9 @@ func flowKey(f Flow) (steerFlowKey, error) {
 }
 
 // AddListener steers frames matching l to stack id, replacing any entry for
-// the same listener.
+// the same listener. The program looks the entry's non-SYN segments up in
+// the kernel's tables, for connections of the kernel's on the port, until
+// CheckKernelFlows finds there are none.
 func (s *Steering) AddListener(l Listener, id StackID) error {
 	if err := checkStack(id); err != nil {
 		return err
@@ -197,7 +207,7 @@ func (s *Steering) AddListener(l Listener, id StackID) error {
 	if err != nil {
 		return err
 	}
-	if err := s.objs.Listeners.Put(k, uint32(id)); err != nil {
+	if err := s.putListener(k, uint32(id)); err != nil {
 		return fmt.Errorf("add listener %s %s:%d: %w", l.Proto, l.Addr, l.Port, err)
 	}
 	return nil
@@ -210,10 +220,21 @@ func (s *Steering) RemoveListener(l Listener) error {
 	if err != nil {
 		return err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gens[k]++
 	if err := s.objs.Listeners.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("remove listener %s %s:%d: %w", l.Proto, l.Addr, l.Port, err)
 	}
 	return nil
+}
+
+// putListener writes listener entry k with value v and KERNEL_BIT.
+func (s *Steering) putListener(k steerListenerKey, v uint32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gens[k]++
+	return s.objs.Listeners.Put(k, v|kernelBit)
 }
 
 // AddFlow steers the frames of flow f to stack id.

@@ -294,6 +294,9 @@ func TestSteeringKernelFlowsOnListenerPort(t *testing.T) {
 	}
 	kernel := conn.LocalAddr().(*net.TCPAddr).AddrPort()
 	r.expect("ack of the kernel's connection", frame(kernel, header.TCPFlagAck), 0, xdpPass, bpf.CounterPassKernelFlow)
+	// The check finds the kernel's connection and leaves the look-up on.
+	r.checkKernelFlows(bpf.Listener{Proto: bpf.TCP, Port: port})
+	r.expect("ack of the kernel's connection, after the check", frame(kernel, header.TCPFlagAck), 0, xdpPass, bpf.CounterPassKernelFlow)
 	r.expect("fin of the kernel's connection", frame(kernel, header.TCPFlagAck|header.TCPFlagFin), 0, xdpPass, bpf.CounterPassKernelFlow)
 	other := netip.AddrPortFrom(ipA, 40000)
 	r.expect("ack of a connection the kernel does not have", frame(other, header.TCPFlagAck), 0, xdpRedirect, bpf.CounterRedirectListener)
@@ -308,12 +311,135 @@ func TestSteeringKernelFlowsOnListenerPort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if marked, err := r.s.KernelFlowsMarked(); err != nil || marked {
+		t.Fatalf("kernel flows marked before any SYN went to the kernel: %v, %v", marked, err)
+	}
 	ctl.SetFull(true)
 	r.expect("syn to a full stack", frame(other, header.TCPFlagSyn), 0, xdpPass, bpf.CounterPassFull)
+	if marked, err := r.s.KernelFlowsMarked(); err != nil || !marked {
+		t.Errorf("a SYN passed to the kernel did not mark the kernel's flows: %v, %v", marked, err)
+	}
 	r.expect("ack to a full stack", frame(other, header.TCPFlagAck), 0, xdpRedirect, bpf.CounterRedirectListener)
 	r.expect("syn-ack to a full stack", frame(other, header.TCPFlagSyn|header.TCPFlagAck), 0, xdpRedirect, bpf.CounterRedirectListener)
 	ctl.SetFull(false)
 	r.expect("syn once it has room", frame(other, header.TCPFlagSyn), 0, xdpRedirect, bpf.CounterRedirectListener)
+}
+
+// checkKernelFlows runs l's CheckKernelFlows in the rig's host, with no
+// grace, and waits for it.
+func (r *rig) checkKernelFlows(l bpf.Listener) {
+	r.t.Helper()
+	var done <-chan error
+	r.host.Do(func() error { done = r.s.CheckKernelFlows(l, 0); return nil })
+	select {
+	case err := <-done:
+		if err != nil {
+			r.t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		r.t.Fatal("CheckKernelFlows: no answer in 10s")
+	}
+}
+
+// TestSteeringKernelLookupSkipped checks that a listener entry on whose
+// port CheckKernelFlows found no connection of the kernel's sends its
+// segments to the stack without looking them up in the kernel's tables;
+// that a check begun before the entry was written again leaves the
+// look-up on; and that the look-up comes back for every entry once the
+// kernel's flows are marked (a handover).
+func TestSteeringKernelLookupSkipped(t *testing.T) {
+	r := newRig(t)
+	r.socket(1, 0)
+	la := r.iface.Addr()
+	// kernelConn listens on a port of the kernel's and connects to it.
+	kernelConn := func() (port uint16, kernel netip.AddrPort) {
+		var ln net.Listener
+		var conn net.Conn
+		if err := r.host.Do(func() (err error) {
+			if ln, err = net.Listen("tcp", netip.AddrPortFrom(la, 0).String()); err != nil {
+				return err
+			}
+			conn, err = net.Dial("tcp", ln.Addr().String())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(); ln.Close() })
+		return uint16(ln.Addr().(*net.TCPAddr).Port), conn.LocalAddr().(*net.TCPAddr).AddrPort()
+	}
+	frame := func(from netip.AddrPort, port uint16) []byte {
+		b := make([]byte, 1514)
+		n, err := pkt.TCP(b, pkt.Endpoint{MAC: macA, Addr: from}, pkt.Endpoint{MAC: macB, Addr: netip.AddrPortFrom(la, port)},
+			pkt.TCPSegment{Seq: 1000, Flags: header.TCPFlagAck, Window: 65535})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b[:n]
+	}
+
+	// A check that finds no connection of the kernel's clears the entry's
+	// look-up: a connection the kernel makes afterwards (which the
+	// steering would not let it make: its SYN goes to the stack) is not
+	// looked up.
+	free := bpf.Listener{Proto: bpf.TCP, Addr: la, Port: 0}
+	var ln net.Listener
+	if err := r.host.Do(func() (err error) { ln, err = net.Listen("tcp", netip.AddrPortFrom(la, 0).String()); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	free.Port = uint16(ln.Addr().(*net.TCPAddr).Port)
+	if err := r.s.AddListener(free, 1); err != nil {
+		t.Fatal(err)
+	}
+	r.checkKernelFlows(free)
+	var late net.Conn
+	if err := r.host.Do(func() (err error) { late, err = net.Dial("tcp", ln.Addr().String()); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	lateFrom := late.LocalAddr().(*net.TCPAddr).AddrPort()
+	r.expect("ack on a port checked free", frame(lateFrom, free.Port), 0, xdpRedirect, bpf.CounterRedirectListener)
+
+	// A check that finds the kernel's connection leaves the look-up on.
+	port, kernel := kernelConn()
+	busy := bpf.Listener{Proto: bpf.TCP, Port: port}
+	if err := r.s.AddListener(busy, 1); err != nil {
+		t.Fatal(err)
+	}
+	r.checkKernelFlows(busy)
+	r.expect("ack on a port checked busy", frame(kernel, port), 0, xdpPass, bpf.CounterPassKernelFlow)
+
+	// A check begun before its entry was written again leaves the new
+	// entry's look-up on, though it finds the port free.
+	var ln2 net.Listener
+	if err := r.host.Do(func() (err error) { ln2, err = net.Listen("tcp", netip.AddrPortFrom(la, 0).String()); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln2.Close()
+	again := bpf.Listener{Proto: bpf.TCP, Port: uint16(ln2.Addr().(*net.TCPAddr).Port)}
+	if err := r.s.AddListener(again, 1); err != nil {
+		t.Fatal(err)
+	}
+	var stale <-chan error
+	r.host.Do(func() error { stale = r.s.CheckKernelFlows(again, 100*time.Millisecond); return nil })
+	if err := r.s.AddListener(again, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-stale; err != nil {
+		t.Fatal(err)
+	}
+	var conn2 net.Conn
+	if err := r.host.Do(func() (err error) { conn2, err = net.Dial("tcp", ln2.Addr().String()); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	r.expect("ack on a port written again after its check began", frame(conn2.LocalAddr().(*net.TCPAddr).AddrPort(), again.Port), 0, xdpPass, bpf.CounterPassKernelFlow)
+
+	// Marked: every entry looks its segments up again.
+	if err := r.s.MarkKernelFlows(); err != nil {
+		t.Fatal(err)
+	}
+	r.expect("ack on a port checked free, once the kernel's flows are marked", frame(lateFrom, free.Port), 0, xdpPass, bpf.CounterPassKernelFlow)
 }
 
 // timeWaitOn makes a connection to ln, in the rig's host, that the
@@ -686,7 +812,15 @@ func TestSteeringClusters(t *testing.T) {
 		t.Errorf("cluster %d's members read back as %v, %v; want queue 0: 2, 1: 3, 2: 4", cl, m, err)
 	}
 	r.expect("syn on queue 2, whose member has no socket", syn, 2, xdpDrop, bpf.CounterDropNoXSK)
+	if marked, err := r.s.KernelFlowsMarked(); err != nil || marked {
+		t.Fatalf("kernel flows marked before any SYN went to the kernel: %v, %v", marked, err)
+	}
 	r.expect("syn on queue 3, which has no member", syn, 3, xdpPass, bpf.CounterPassNoMember)
+	// The kernel has that connection, on a port whose segments the stacks
+	// take: the program looks every listener entry's up from now on.
+	if marked, err := r.s.KernelFlowsMarked(); err != nil || !marked {
+		t.Errorf("a SYN passed to the kernel for want of a member did not mark the kernel's flows: %v, %v", marked, err)
+	}
 	if err := r.s.ClearClusterMember(cl, 1); err != nil {
 		t.Fatal(err)
 	}

@@ -85,6 +85,8 @@ func (d *Daemon) addFilterLocked(c *client, s *dstack, req *control.FilterReques
 		}
 		return fmt.Errorf("filter %s %s:%d: %w", key.Proto, key.Addr, key.Port, err)
 	}
+	// onloadd runs in the interface's network namespace.
+	s.ifc.steer.CheckKernelFlows(key, bpf.KernelFlowsGrace)
 	f := &filter{key: key, proof: proof, owner: c, stack: s, rule: rule}
 	s.ifc.filters[key] = f
 	s.filters[key] = f

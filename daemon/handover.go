@@ -43,7 +43,12 @@ func (f pinFilters) PinFlow(p stack.Proto, local, remote netip.AddrPort) error {
 	return f.steer.AddFlow(tcpFlow(local, remote), f.id)
 }
 
+// UnpinFlow removes PinFlow's entry; the connection may be the kernel's
+// now, on a listener entry's port (bpf.Steering.MarkKernelFlows).
 func (f pinFilters) UnpinFlow(p stack.Proto, local, remote netip.AddrPort) error {
+	if err := f.steer.MarkKernelFlows(); err != nil {
+		return err
+	}
 	return f.steer.RemoveFlow(tcpFlow(local, remote))
 }
 

@@ -20,9 +20,18 @@ func bpfProto(p Proto) bpf.Proto {
 	return bpf.UDP
 }
 
-// AddListener steers p traffic to local to the stack.
+// AddListener steers p traffic to local to the stack, and lets the
+// steering program stop looking the port's segments up in the kernel's
+// tables once the kernel is found to have no connection on it
+// (bpf.Steering.CheckKernelFlows, in the calling thread's network
+// namespace, the interface's).
 func (f SteeringFilters) AddListener(p Proto, local netip.AddrPort) error {
-	return f.Steering.AddListener(bpf.Listener{Proto: bpfProto(p), Addr: local.Addr(), Port: local.Port()}, f.Stack)
+	l := bpf.Listener{Proto: bpfProto(p), Addr: local.Addr(), Port: local.Port()}
+	if err := f.Steering.AddListener(l, f.Stack); err != nil {
+		return err
+	}
+	f.Steering.CheckKernelFlows(l, bpf.KernelFlowsGrace)
+	return nil
 }
 
 // RemoveListener stops steering p traffic to local.
@@ -36,7 +45,13 @@ func (f SteeringFilters) PinFlow(p Proto, local, remote netip.AddrPort) error {
 	return f.Steering.AddFlow(bpf.Flow{Proto: bpfProto(p), Local: local, Remote: remote}, f.Stack)
 }
 
-// UnpinFlow removes PinFlow's entry.
+// UnpinFlow removes PinFlow's entry. The connection may be the kernel's
+// now (a handover), on a port a listener entry steers: the steering
+// program looks listener ports' segments up in the kernel's tables from
+// then on.
 func (f SteeringFilters) UnpinFlow(p Proto, local, remote netip.AddrPort) error {
+	if err := f.Steering.MarkKernelFlows(); err != nil {
+		return err
+	}
 	return f.Steering.RemoveFlow(bpf.Flow{Proto: bpfProto(p), Local: local, Remote: remote})
 }

@@ -64,10 +64,14 @@ func steer(iface string, proto bpf.Proto, port uint16, fd int) (*steering, error
 		st.close()
 		return nil, err
 	}
-	if err := s.AddListener(bpf.Listener{Proto: proto, Port: port}, 0); err != nil {
+	l := bpf.Listener{Proto: proto, Port: port}
+	if err := s.AddListener(l, 0); err != nil {
 		st.close()
 		return nil, err
 	}
+	// As a stack's listener: no look-up of the kernel's sockets once none
+	// is found on the port (this process runs in the host's namespace).
+	s.CheckKernelFlows(l, bpf.KernelFlowsGrace)
 	return st, nil
 }
 
