@@ -77,7 +77,8 @@ type Steering struct {
 	control []byte // the control map, mmapped
 
 	mu     sync.Mutex
-	gens   map[steerListenerKey]uint64 // a listener entry's writes, for CheckKernelFlows
+	gens   map[steerListenerKey]uint64 // each listener entry's last write (seq), for CheckKernelFlows
+	seq    uint64
 	closed bool
 }
 
@@ -222,7 +223,7 @@ func (s *Steering) RemoveListener(l Listener) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.gens[k]++
+	delete(s.gens, k)
 	if err := s.objs.Listeners.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("remove listener %s %s:%d: %w", l.Proto, l.Addr, l.Port, err)
 	}
@@ -233,7 +234,8 @@ func (s *Steering) RemoveListener(l Listener) error {
 func (s *Steering) putListener(k steerListenerKey, v uint32) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.gens[k]++
+	s.seq++
+	s.gens[k] = s.seq
 	return s.objs.Listeners.Put(k, v|kernelBit)
 }
 

@@ -142,7 +142,7 @@ func (d *Daemon) addClusterFilterLocked(s *dstack, key bpf.Listener, f *filter) 
 		if err := s.ifc.steer.AddClusterListener(key, id); err != nil {
 			return fmt.Errorf("filter %s %s:%d: %w", key.Proto, key.Addr, key.Port, err)
 		}
-		s.ifc.steer.CheckKernelFlows(key, bpf.KernelFlowsGrace)
+		checkKernelFlows(s.ifc.steer, key, f.proof)
 		cp = &clusterPort{id: id, filters: map[*dstack]*filter{}}
 		cl.ports[key] = cp
 		s.ifc.filters[key] = f

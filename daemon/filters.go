@@ -85,8 +85,7 @@ func (d *Daemon) addFilterLocked(c *client, s *dstack, req *control.FilterReques
 		}
 		return fmt.Errorf("filter %s %s:%d: %w", key.Proto, key.Addr, key.Port, err)
 	}
-	// onloadd runs in the interface's network namespace.
-	s.ifc.steer.CheckKernelFlows(key, bpf.KernelFlowsGrace)
+	checkKernelFlows(s.ifc.steer, key, proof)
 	f := &filter{key: key, proof: proof, owner: c, stack: s, rule: rule}
 	s.ifc.filters[key] = f
 	s.filters[key] = f
@@ -219,4 +218,21 @@ func sameNetns(fd int) (bool, error) {
 		}
 	}
 	return a.Dev == b.Dev && a.Ino == b.Ino, nil
+}
+
+// checkKernelFlows lets the steering program stop looking key's segments
+// up in the kernel's tables once the kernel is found to have no
+// connection on the port (bpf.Steering.CheckKernelFlows; onloadd runs in
+// the interface's network namespace), for a listening socket's port: a
+// proof that listens. A dialled connection's port keeps the look-up: a
+// check at every connect would read the kernel's whole socket table each
+// time.
+func checkKernelFlows(steer *bpf.Steering, key bpf.Listener, proof int) {
+	if key.Proto != bpf.TCP {
+		return
+	}
+	if v, err := unix.GetsockoptInt(proof, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || v == 0 {
+		return
+	}
+	steer.CheckKernelFlows(key, bpf.KernelFlowsGrace)
 }

@@ -20,18 +20,17 @@ func bpfProto(p Proto) bpf.Proto {
 	return bpf.UDP
 }
 
-// AddListener steers p traffic to local to the stack, and lets the
-// steering program stop looking the port's segments up in the kernel's
-// tables once the kernel is found to have no connection on it
-// (bpf.Steering.CheckKernelFlows, in the calling thread's network
-// namespace, the interface's).
+// AddListener steers p traffic to local to the stack.
 func (f SteeringFilters) AddListener(p Proto, local netip.AddrPort) error {
-	l := bpf.Listener{Proto: bpfProto(p), Addr: local.Addr(), Port: local.Port()}
-	if err := f.Steering.AddListener(l, f.Stack); err != nil {
-		return err
-	}
-	f.Steering.CheckKernelFlows(l, bpf.KernelFlowsGrace)
-	return nil
+	return f.Steering.AddListener(bpf.Listener{Proto: bpfProto(p), Addr: local.Addr(), Port: local.Port()}, f.Stack)
+}
+
+// CheckKernelFlows lets the steering program stop looking the listening
+// port's segments up in the kernel's tables once the kernel is found to
+// have no connection on it (bpf.Steering.CheckKernelFlows, in the
+// calling thread's network namespace, the interface's).
+func (f SteeringFilters) CheckKernelFlows(p Proto, local netip.AddrPort) {
+	f.Steering.CheckKernelFlows(bpf.Listener{Proto: bpfProto(p), Addr: local.Addr(), Port: local.Port()}, bpf.KernelFlowsGrace)
 }
 
 // RemoveListener stops steering p traffic to local.

@@ -91,6 +91,15 @@ type FlowPinner interface {
 	UnpinFlow(p Proto, local, remote netip.AddrPort) error
 }
 
+// KernelFlowsChecker is a Filters that can stop the steering program's
+// look-up of the kernel's sockets for a listening port's segments once
+// the kernel is found to have no connection there: Listen asks it. A
+// dialled connection's port keeps the look-up: a check at every connect
+// would read the kernel's whole socket table each time.
+type KernelFlowsChecker interface {
+	CheckKernelFlows(p Proto, local netip.AddrPort)
+}
+
 // ErrHandoverState is returned for a connection that is not in a state
 // the kernel can take: ESTABLISHED, or CLOSE-WAIT (the peer's FIN came),
 // or, with a FIN of ours queued or sent and not acknowledged, FIN-WAIT-1,

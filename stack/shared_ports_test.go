@@ -154,3 +154,49 @@ func TestConnectShared(t *testing.T) {
 		t.Fatalf("filters removed after the first holder's close: %v, want %v", fl.removed, want)
 	}
 }
+
+// checkLog is a filterLog that also records the checks of the kernel's
+// connections its stack asks for.
+type checkLog struct {
+	filterLog
+	checked []netip.AddrPort
+}
+
+func (f *checkLog) CheckKernelFlows(p stack.Proto, local netip.AddrPort) {
+	f.checked = append(f.checked, local)
+}
+
+// TestListenChecksKernelFlows: a listening socket's port, and only that,
+// is checked for connections of the kernel's (stack.KernelFlowsChecker):
+// a dialled connection's bind steers its port without a check.
+func TestListenChecksKernelFlows(t *testing.T) {
+	var fl checkLog
+	s, peer := withNetstackOptions(t, vnic.MemConfig{}, stack.Config{}, stack.Options{Filters: &fl})
+	netstackServe(t, peer, 6000, func(c io.ReadWriter) { io.Copy(c, c) })
+	ln, err := s.Open(stack.TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Bind(ln, netip.AddrPortFrom(addrA.Addr(), 7100)); err != nil {
+		t.Fatal(err)
+	}
+	if len(fl.checked) != 0 {
+		t.Fatalf("checked at bind: %v", fl.checked)
+	}
+	if err := s.Listen(ln, 8); err != nil {
+		t.Fatal(err)
+	}
+	if len(fl.checked) != 1 || fl.checked[0].Port() != 7100 {
+		t.Fatalf("checked after listen: %v, want port 7100", fl.checked)
+	}
+	c, err := s.Open(stack.TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Connect(c, netip.AddrPortFrom(addrB.Addr(), 6000)); !errors.Is(err, syscall.EINPROGRESS) {
+		t.Fatalf("connect: %v", err)
+	}
+	if len(fl.added) != 2 || len(fl.checked) != 1 {
+		t.Fatalf("after a connect: filters %v, checked %v; want two filters, one check", fl.added, fl.checked)
+	}
+}

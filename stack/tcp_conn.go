@@ -71,6 +71,9 @@ func (s *Stack) Listen(id SockID, backlog int) error {
 	sk.state = tcpListen
 	sk.backlog = uint16(clampBacklog(backlog))
 	sk.acceptHead, sk.acceptTail = noSlot, noSlot
+	if c, ok := s.filters.(KernelFlowsChecker); ok {
+		c.CheckKernelFlows(TCP, addrPort(sk.localAddr, sk.localPort))
+	}
 	return nil
 }
 
