@@ -55,8 +55,8 @@ func (s *Steering) KernelFlowsMarked() (bool, error) {
 }
 
 // CheckKernelFlows clears l's KERNEL_BIT if, after grace, the kernel has
-// no TCP connection on l's address and port but in LISTEN or TIME-WAIT
-// (the states the program's look-up lets through anyway). The kernel
+// no TCP socket on l's address and port but in LISTEN or TIME-WAIT (the
+// states the program's look-up lets through anyway) or CLOSE. The kernel
 // looked at is that of the network namespace of the calling thread,
 // which must be the interface's. grace lets segments the program passed
 // before the entry was made reach the kernel's tables. The check runs in
