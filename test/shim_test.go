@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -124,6 +125,92 @@ func runBounded(t *testing.T, cmd *exec.Cmd, limit time.Duration) (string, strin
 		t.Fatalf("%s: %v\nstdout:\n%s\nstderr:\n%s", cmd, err, stdout, stderr)
 	}
 	return stdout, stderr
+}
+
+// TestShimKernelHalfConnection: a connection that the listener's kernel
+// half accepted before the shim took the port (shim/test/kernhalf.c
+// accepts it from the backlog after the shim's core has taken the port
+// at that accept) keeps working for well past the steering's check of
+// the kernel's connections (bpf.KernelFlowsGrace): its segments go to
+// the kernel, every echo comes back whole.
+func TestShimKernelHalfConnection(t *testing.T) {
+	shimOnloadd(t)
+	a, b := Pair(t, LinkOptions{})
+	prog := buildC(t, "kernhalf")
+	srv := shimCommand(t, a, nil, prog, "7300")
+	stdin, err := srv.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log SyncBuffer
+	srv.Stderr = &log
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer stopGroup(srv)
+	out := bufio.NewReader(stdout)
+	lines := make(chan string, 4)
+	go func() {
+		for {
+			l, err := out.ReadString('\n')
+			if err != nil {
+				close(lines)
+				return
+			}
+			lines <- strings.TrimSpace(l)
+		}
+	}()
+	next := func(what string) string {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("kernhalf ended before %s:\n%s", what, log.String())
+			}
+			return l
+		case <-time.After(10 * time.Second):
+			t.Fatalf("kernhalf: no %s in 10s:\n%s", what, log.String())
+		}
+		return ""
+	}
+	if l := next("listening"); l != "listening" {
+		t.Fatalf("kernhalf said %q, want listening:\n%s", l, log.String())
+	}
+	addr := netip.AddrPortFrom(a.Iface0().Addr(), 7300).String()
+	var conn net.Conn
+	if err := b.Do(func() (err error) { conn, err = net.DialTimeout("tcp", addr, 5*time.Second); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	// 30 exchanges 40 ms apart: past the check, 50 ms after the port was
+	// taken, by more than a second.
+	r := bufio.NewReader(conn)
+	sent := 0
+	for i := range 30 {
+		msg := fmt.Sprintf("exchange %d of the kernel's connection\n", i)
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(conn, msg); err != nil {
+			t.Fatalf("exchange %d: write: %v\n%s", i, err, log.String())
+		}
+		got, err := r.ReadString('\n')
+		if err != nil || got != msg {
+			t.Fatalf("exchange %d: read %q, %v; want %q\n%s", i, got, err, msg, log.String())
+		}
+		sent += len(msg)
+		time.Sleep(40 * time.Millisecond)
+	}
+	conn.(*net.TCPConn).CloseWrite()
+	if l := next("its count"); l != fmt.Sprintf("echoed %d", sent) {
+		t.Fatalf("kernhalf said %q, want echoed %d:\n%s", l, sent, log.String())
+	}
+	requireAccelerated(t, log.String(), "listening")
 }
 
 // TestShimMixed runs the conformance program (shim/test/mixed.c) against
