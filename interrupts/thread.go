@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/xdp-onload/onload/internal/monotime"
 )
 
 // threadWaiter sleeps on an OS thread of its own (Policy.Thread), blocked
@@ -30,7 +32,7 @@ type threadWaiter struct {
 	// alone touches it).
 	held bool
 	evs  [4]unix.EpollEvent
-	turn int64 // when the thread last gave its processor a turn (nanotime)
+	turn int64 // when the thread last gave its processor a turn (monotime.Now)
 }
 
 // turnEvery is how often the Sleeper's thread gives its Go processor a
@@ -121,7 +123,7 @@ func (w *threadWaiter) wait(irq bool) wakeReason {
 		w.held = false
 		return wokeIRQ
 	}
-	if now := nanotime(); now-w.turn >= int64(turnEvery) {
+	if now := monotime.Now(); now-w.turn >= int64(turnEvery) {
 		w.turn = now
 		runtime.Gosched()
 	}
@@ -242,11 +244,4 @@ func drain(fd int) {
 			return
 		}
 	}
-}
-
-// nanotime is CLOCK_MONOTONIC in nanoseconds.
-func nanotime() int64 {
-	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return ts.Nano()
 }

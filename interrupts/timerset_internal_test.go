@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/xdp-onload/onload/internal/monotime"
 )
 
 // monoStack is a Stack with nothing to do, on CLOCK_MONOTONIC.
 type monoStack struct{ clockStack }
 
-func (monoStack) Clock() int64 { return nanotime() }
+func (monoStack) Clock() int64 { return monotime.Now() }
 
 // waiterFor makes a waiter of either kind for s.
 func waiterFor(t *testing.T, thread bool) waiter {

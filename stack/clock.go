@@ -4,17 +4,14 @@ import (
 	"math/bits"
 	"sync/atomic"
 	"time"
-	_ "unsafe" // for go:linkname
 
+	"github.com/xdp-onload/onload/internal/monotime"
 	"github.com/xdp-onload/onload/timers"
 )
 
-// nanotime is CLOCK_MONOTONIC in nanoseconds through the vDSO (about 25ns,
-// no system call). It is the same clock in every process, which the image
-// needs: onloadd runs the timers of a stack another process armed.
-//
-//go:linkname nanotime runtime.nanotime
-func nanotime() int64
+// nanotime is CLOCK_MONOTONIC in nanoseconds, the same clock in every
+// process (monotime.Now).
+func nanotime() int64 { return monotime.Now() }
 
 // fastClock is CLOCK_MONOTONIC read through the TSC where it runs at a
 // constant rate: rdtsc costs a third of the vDSO's clock_gettime here, and
