@@ -1,7 +1,6 @@
 package interrupts
 
 import (
-	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -26,38 +25,27 @@ func (c *clockStack) Elsewhere() (bool, int64)           { return false, 0 }
 // an earlier wake-up than its own and change nothing. A Sleeper about to
 // wake, or waking later than asked, is left to its timer.
 func TestTimerSetWakesOverdueSleeper(t *testing.T) {
-	for _, thread := range []bool{false, true} {
-		t.Run(fmt.Sprintf("thread=%v", thread), func(t *testing.T) {
-			testTimerSetWakesOverdue(t, thread)
-		})
-	}
+	eachWaiter(t, testTimerSetWakesOverdue)
 }
 
 func testTimerSetWakesOverdue(t *testing.T, thread bool) {
 	st := &clockStack{now: int64(time.Hour)}
-	s := &Sleeper{st: st}
+	s := &Sleeper{st: st, w: waiterFor(t, thread)}
+	defer s.w.close()
 	// pending reports a kick not yet taken, and takes it.
-	var pending func() bool
-	if thread {
-		w, err := newThreadWaiter(nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.w = w
-		pending = func() bool { return w.pending.Swap(false) }
-	} else {
-		w := newChanWaiter(nil, nil)
-		s.w = w
-		pending = func() bool {
+	pending := func() bool {
+		switch w := s.w.(type) {
+		case *threadWaiter:
+			return w.pending.Swap(false)
+		case *chanWaiter:
 			select {
 			case <-w.kicks:
 				return true
 			default:
-				return false
 			}
 		}
+		return false
 	}
-	defer s.w.close()
 	s.state.Store(stArmed)
 	ms := int64(time.Millisecond)
 	for _, c := range []struct {

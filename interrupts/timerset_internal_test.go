@@ -18,7 +18,15 @@ type monoStack struct{ clockStack }
 
 func (monoStack) Clock() int64 { return monotime.Now() }
 
-// waiterFor makes a waiter of either kind for s.
+// eachWaiter runs test with the goroutine's waiter (thread=false) and
+// the thread's (thread=true).
+func eachWaiter(t *testing.T, test func(t *testing.T, thread bool)) {
+	for _, thread := range []bool{false, true} {
+		t.Run(fmt.Sprintf("thread=%v", thread), func(t *testing.T) { test(t, thread) })
+	}
+}
+
+// waiterFor makes a waiter of either kind, with no interrupt line.
 func waiterFor(t *testing.T, thread bool) waiter {
 	if !thread {
 		return newChanWaiter(nil, nil)
@@ -36,44 +44,42 @@ func waiterFor(t *testing.T, thread bool) waiter {
 // TimerSet's second look at wakeAt it slept to the later one, and every
 // TimerSet meanwhile saw the earlier wake-up and set nothing.
 func TestTimerSetsRace(t *testing.T) {
-	for _, thread := range []bool{false, true} {
-		t.Run(fmt.Sprintf("thread=%v", thread), func(t *testing.T) {
-			st := &monoStack{}
-			s := &Sleeper{st: st, w: waiterFor(t, thread)}
-			defer s.w.close()
-			s.wakeAt.Store(math.MaxInt64)
-			s.state.Store(stArmed)
+	eachWaiter(t, func(t *testing.T, thread bool) {
+		st := &monoStack{}
+		s := &Sleeper{st: st, w: waiterFor(t, thread)}
+		defer s.w.close()
+		s.wakeAt.Store(math.MaxInt64)
+		s.state.Store(stArmed)
 
-			now := st.Clock()
-			early, late := now+int64(20*time.Millisecond), now+int64(2*time.Second)
-			// The first TimerSet lowers wakeAt to late, then waits for
-			// the second to finish before it sets the timer.
-			cas, resume := make(chan struct{}), make(chan struct{})
-			first := func() {
-				afterTimerCAS.Store(nil)
-				close(cas)
-				<-resume
-			}
-			afterTimerCAS.Store(&first)
-			defer afterTimerCAS.Store(nil)
-			done := make(chan struct{})
-			go func() {
-				s.TimerSet(late)
-				close(done)
-			}()
-			<-cas
-			s.TimerSet(early)
-			close(resume)
-			<-done
+		now := st.Clock()
+		early, late := now+int64(20*time.Millisecond), now+int64(2*time.Second)
+		// The first TimerSet lowers wakeAt to late, then waits for
+		// the second to finish before it sets the timer.
+		cas, resume := make(chan struct{}), make(chan struct{})
+		first := func() {
+			afterTimerCAS.Store(nil)
+			close(cas)
+			<-resume
+		}
+		afterTimerCAS.Store(&first)
+		defer afterTimerCAS.Store(nil)
+		done := make(chan struct{})
+		go func() {
+			s.TimerSet(late)
+			close(done)
+		}()
+		<-cas
+		s.TimerSet(early)
+		close(resume)
+		<-done
 
-			if why := s.w.wait(false); why != wokeTimer {
-				t.Fatalf("woke for %d, not the timer", why)
-			}
-			if woke := st.Clock(); woke > early+int64(500*time.Millisecond) {
-				t.Errorf("woke %v after the earlier timer, %v before the later", time.Duration(woke-early), time.Duration(late-woke))
-			}
-		})
-	}
+		if why := s.w.wait(false); why != wokeTimer {
+			t.Fatalf("woke for %d, not the timer", why)
+		}
+		if woke := st.Clock(); woke > early+int64(500*time.Millisecond) {
+			t.Errorf("woke %v after the earlier timer, %v before the later", time.Duration(woke-early), time.Duration(late-woke))
+		}
+	})
 }
 
 // TestThreadTimerAbsolute: the thread waiter's timer is set to an
