@@ -65,15 +65,18 @@ func (s *Steering) KernelFlowsMarked() (bool, error) {
 // meanwhile is left as it is.
 func (s *Steering) CheckKernelFlows(l Listener, grace time.Duration) <-chan error {
 	done := make(chan error, 1)
-	if l.Proto != TCP {
-		close(done)
-		return done
-	}
-	k, err := listenerKey(l)
-	if err != nil {
+	// ended is done with err, for a check that ends before it starts.
+	ended := func(err error) <-chan error {
 		done <- err
 		close(done)
 		return done
+	}
+	if l.Proto != TCP {
+		return ended(nil)
+	}
+	k, err := listenerKey(l)
+	if err != nil {
+		return ended(err)
 	}
 	s.mu.Lock()
 	gen := s.gens[k]
@@ -82,9 +85,7 @@ func (s *Steering) CheckKernelFlows(l Listener, grace time.Duration) <-chan erro
 	ns, err := netns.Get()
 	runtime.UnlockOSThread()
 	if err != nil {
-		done <- fmt.Errorf("check the kernel's connections on %s:%d: network namespace: %w", l.Addr, l.Port, err)
-		close(done)
-		return done
+		return ended(fmt.Errorf("check the kernel's connections on %s:%d: network namespace: %w", l.Addr, l.Port, err))
 	}
 	time.AfterFunc(grace, func() {
 		defer close(done)

@@ -20,9 +20,14 @@ func bpfProto(p Proto) bpf.Proto {
 	return bpf.UDP
 }
 
+// listener is the steering's entry for p traffic to local.
+func listener(p Proto, local netip.AddrPort) bpf.Listener {
+	return bpf.Listener{Proto: bpfProto(p), Addr: local.Addr(), Port: local.Port()}
+}
+
 // AddListener steers p traffic to local to the stack.
 func (f SteeringFilters) AddListener(p Proto, local netip.AddrPort) error {
-	return f.Steering.AddListener(bpf.Listener{Proto: bpfProto(p), Addr: local.Addr(), Port: local.Port()}, f.Stack)
+	return f.Steering.AddListener(listener(p, local), f.Stack)
 }
 
 // CheckKernelFlows lets the steering program stop looking the listening
@@ -30,12 +35,12 @@ func (f SteeringFilters) AddListener(p Proto, local netip.AddrPort) error {
 // have no connection on it (bpf.Steering.CheckKernelFlows, in the
 // calling thread's network namespace, the interface's).
 func (f SteeringFilters) CheckKernelFlows(p Proto, local netip.AddrPort) {
-	f.Steering.CheckKernelFlows(bpf.Listener{Proto: bpfProto(p), Addr: local.Addr(), Port: local.Port()}, bpf.KernelFlowsGrace)
+	f.Steering.CheckKernelFlows(listener(p, local), bpf.KernelFlowsGrace)
 }
 
 // RemoveListener stops steering p traffic to local.
 func (f SteeringFilters) RemoveListener(p Proto, local netip.AddrPort) error {
-	return f.Steering.RemoveListener(bpf.Listener{Proto: bpfProto(p), Addr: local.Addr(), Port: local.Port()})
+	return f.Steering.RemoveListener(listener(p, local))
 }
 
 // PinFlow steers one connection's frames to the stack ahead of every
