@@ -47,34 +47,45 @@ func rcvWSFor(n uint32) uint8 {
 // port if it is not bound). backlog bounds the connections waiting for
 // Accept and, separately, those still in the handshake (0: 128).
 func (s *Stack) Listen(id SockID, backlog int) error {
+	local, err := s.listen(id, backlog)
+	if err != nil || !local.IsValid() {
+		return err
+	}
+	// Outside the lock: it opens the thread's network namespace.
+	if c, ok := s.filters.(KernelFlowsChecker); ok {
+		c.CheckKernelFlows(TCP, local)
+	}
+	return nil
+}
+
+// listen is Listen under the stack lock. It returns the address of a
+// socket it turned into a listener, and none for one already listening.
+func (s *Stack) listen(id SockID, backlog int) (netip.AddrPort, error) {
 	s.lock()
 	defer s.unlock()
 	sk, err := s.sockLocked(id)
 	if err != nil {
-		return err
+		return netip.AddrPort{}, err
 	}
 	if sk.kind != kindTCP {
-		return ErrNotSupported
+		return netip.AddrPort{}, ErrNotSupported
 	}
 	if sk.state == tcpListen {
 		sk.backlog = uint16(clampBacklog(backlog))
-		return nil
+		return netip.AddrPort{}, nil
 	}
 	if sk.state != tcpClosed || sk.flags&sfConnected != 0 {
-		return ErrInvalid
+		return netip.AddrPort{}, ErrInvalid
 	}
 	if sk.flags&sfBound == 0 {
 		if err := s.bindLocked(sk, netip.AddrPort{}, claimBind); err != nil {
-			return err
+			return netip.AddrPort{}, err
 		}
 	}
 	sk.state = tcpListen
 	sk.backlog = uint16(clampBacklog(backlog))
 	sk.acceptHead, sk.acceptTail = noSlot, noSlot
-	if c, ok := s.filters.(KernelFlowsChecker); ok {
-		c.CheckKernelFlows(TCP, addrPort(sk.localAddr, sk.localPort))
-	}
-	return nil
+	return addrPort(sk.localAddr, sk.localPort), nil
 }
 
 // ShareListener gives this process a share of the TCP listener bound to
