@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/xdp-onload/onload/internal/eventfd"
 	"github.com/xdp-onload/onload/stack"
 )
 
@@ -100,8 +101,7 @@ func (w *watcher) end() {
 		return
 	}
 	w.ended.Do(func() {
-		var one = [8]byte{1}
-		unix.Write(w.stop, one[:])
+		eventfd.Signal(w.stop)
 		<-w.done
 		unix.Close(w.stop)
 	})

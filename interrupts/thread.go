@@ -1,7 +1,6 @@
 package interrupts
 
 import (
-	"errors"
 	"fmt"
 	"runtime"
 	"sync/atomic"
@@ -9,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/xdp-onload/onload/internal/eventfd"
 	"github.com/xdp-onload/onload/internal/monotime"
 )
 
@@ -114,7 +114,7 @@ func (w *threadWaiter) kick() bool {
 	if w.pending.Swap(true) {
 		return false
 	}
-	writeOne(w.kfd)
+	eventfd.Signal(w.kfd)
 	return true
 }
 
@@ -145,11 +145,11 @@ func (w *threadWaiter) wait(irq bool) wakeReason {
 				// Cleared before it is read: a kick written after the
 				// read is seen by the next wait.
 				w.pending.Store(false)
-				drain(w.kfd)
+				eventfd.Drain(w.kfd)
 				kicked = true
 			case fd == w.tfd:
 				w.timerOn.Store(false)
-				drain(w.tfd)
+				eventfd.Drain(w.tfd)
 				timer = true
 			case w.line != nil && fd == w.line.irqFD():
 				w.line.takeIRQ()
@@ -208,7 +208,7 @@ func bridge(c <-chan struct{}) (*chanLine, error) {
 		for {
 			select {
 			case <-c:
-				writeOne(b.efd)
+				eventfd.Signal(b.efd)
 			case <-b.quit:
 				return
 			}
@@ -218,30 +218,10 @@ func bridge(c <-chan struct{}) (*chanLine, error) {
 }
 
 func (b *chanLine) irqFD() int { return b.efd }
-func (b *chanLine) takeIRQ()   { drain(b.efd) }
+func (b *chanLine) takeIRQ()   { eventfd.Drain(b.efd) }
 
 func (b *chanLine) close() {
 	close(b.quit)
 	<-b.done
 	unix.Close(b.efd)
-}
-
-// writeOne adds one to an eventfd.
-func writeOne(fd int) {
-	one := [8]byte{1}
-	for {
-		if _, err := unix.Write(fd, one[:]); !errors.Is(err, unix.EINTR) {
-			return
-		}
-	}
-}
-
-// drain reads an eventfd's or a timerfd's count, leaving it unreadable.
-func drain(fd int) {
-	var b [8]byte
-	for {
-		if _, err := unix.Read(fd, b[:]); !errors.Is(err, unix.EINTR) {
-			return
-		}
-	}
 }

@@ -6,8 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/xdp-onload/onload/internal/eventfd"
 	"github.com/xdp-onload/onload/stack"
 )
 
@@ -75,7 +74,7 @@ func (w *waitq) wake() int32 {
 		w.ch, w.n, w.want = nil, 0, 0
 	}
 	for _, fd := range w.efds {
-		signalEventfd(int(fd))
+		eventfd.Signal(int(fd))
 	}
 	w.efds = w.efds[:0]
 	w.mu.Unlock()
@@ -98,12 +97,6 @@ func (w *waitq) unwatch(efd int32) {
 		w.efds = slices.Delete(w.efds, i, i+1)
 	}
 	w.mu.Unlock()
-}
-
-// signalEventfd adds 1 to eventfd fd: a thread blocked on it wakes.
-func signalEventfd(fd int) {
-	one := [8]byte{1}
-	unix.Write(fd, one[:])
 }
 
 // deadline is one direction's deadline (SetReadDeadline and the like):
