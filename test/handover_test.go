@@ -487,21 +487,7 @@ func pausedForkho(t *testing.T, prog string, a, b *Host, ln net.Listener, sock, 
 	t.Helper()
 	env := []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + a.Iface0().Name,
 		"ONLOAD_STACK_NAME=" + stackName}
-	cmd := shimCommand(t, a, env, prog, b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), "pause")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr SyncBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { stopGroup(cmd) })
+	stdin, stdout, stderr := startPiped(t, shimCommand(t, a, env, prog, b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), "pause"))
 	out := make(chan string, 2)
 	go func() {
 		b := make([]byte, 4096)

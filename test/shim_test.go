@@ -66,6 +66,28 @@ func stopGroup(cmd *exec.Cmd) {
 	cmd.Wait()
 }
 
+// startPiped starts a shimCommand with a pipe to its standard input and
+// one from its standard output, its standard error kept in log. It and
+// everything it forked are killed when the test ends.
+func startPiped(t *testing.T, cmd *exec.Cmd) (stdin io.WriteCloser, stdout io.Reader, log *SyncBuffer) {
+	t.Helper()
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err = cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	log = new(SyncBuffer)
+	cmd.Stderr = log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopGroup(cmd) })
+	return stdin, stdout, log
+}
+
 // requireAccelerated fails the test unless the shim's log shows that a
 // socket was accelerated (what: "connecting" or "listening").
 func requireAccelerated(t *testing.T, log, what string) {
@@ -137,21 +159,7 @@ func TestShimKernelHalfConnection(t *testing.T) {
 	shimOnloadd(t)
 	a, b := Pair(t, LinkOptions{})
 	prog := buildC(t, "kernhalf")
-	srv := shimCommand(t, a, nil, prog, "7300")
-	stdin, err := srv.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := srv.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var log SyncBuffer
-	srv.Stderr = &log
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer stopGroup(srv)
+	stdin, stdout, log := startPiped(t, shimCommand(t, a, nil, prog, "7300"))
 	out := bufio.NewReader(stdout)
 	lines := make(chan string, 4)
 	go func() {
