@@ -351,20 +351,23 @@ func TestSteeringKernelLookupSkipped(t *testing.T) {
 	r := newRig(t)
 	r.socket(1, 0)
 	la := r.iface.Addr()
-	// kernelConn listens on a port of the kernel's and connects to it.
-	kernelConn := func() (port uint16, kernel netip.AddrPort) {
+	// listen listens on a port of the kernel's, in the rig's host.
+	listen := func() net.Listener {
 		var ln net.Listener
-		var conn net.Conn
-		if err := r.host.Do(func() (err error) {
-			if ln, err = net.Listen("tcp", netip.AddrPortFrom(la, 0).String()); err != nil {
-				return err
-			}
-			conn, err = net.Dial("tcp", ln.Addr().String())
-			return err
-		}); err != nil {
+		if err := r.host.Do(func() (err error) { ln, err = net.Listen("tcp", netip.AddrPortFrom(la, 0).String()); return }); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { conn.Close(); ln.Close() })
+		t.Cleanup(func() { ln.Close() })
+		return ln
+	}
+	// kernelConn listens on a port of the kernel's and connects to it.
+	kernelConn := func() (port uint16, kernel netip.AddrPort) {
+		ln := listen()
+		var conn net.Conn
+		if err := r.host.Do(func() (err error) { conn, err = net.Dial("tcp", ln.Addr().String()); return }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
 		return uint16(ln.Addr().(*net.TCPAddr).Port), conn.LocalAddr().(*net.TCPAddr).AddrPort()
 	}
 	frame := func(from netip.AddrPort, port uint16) []byte {
@@ -381,13 +384,8 @@ func TestSteeringKernelLookupSkipped(t *testing.T) {
 	// look-up: a connection the kernel makes afterwards (which the
 	// steering would not let it make: its SYN goes to the stack) is not
 	// looked up.
-	free := bpf.Listener{Proto: bpf.TCP, Addr: la, Port: 0}
-	var ln net.Listener
-	if err := r.host.Do(func() (err error) { ln, err = net.Listen("tcp", netip.AddrPortFrom(la, 0).String()); return }); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	free.Port = uint16(ln.Addr().(*net.TCPAddr).Port)
+	ln := listen()
+	free := bpf.Listener{Proto: bpf.TCP, Addr: la, Port: uint16(ln.Addr().(*net.TCPAddr).Port)}
 	if err := r.s.AddListener(free, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -411,11 +409,7 @@ func TestSteeringKernelLookupSkipped(t *testing.T) {
 
 	// A check begun before its entry was written again leaves the new
 	// entry's look-up on, though it finds the port free.
-	var ln2 net.Listener
-	if err := r.host.Do(func() (err error) { ln2, err = net.Listen("tcp", netip.AddrPortFrom(la, 0).String()); return }); err != nil {
-		t.Fatal(err)
-	}
-	defer ln2.Close()
+	ln2 := listen()
 	again := bpf.Listener{Proto: bpf.TCP, Port: uint16(ln2.Addr().(*net.TCPAddr).Port)}
 	if err := r.s.AddListener(again, 1); err != nil {
 		t.Fatal(err)

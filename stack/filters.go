@@ -25,6 +25,11 @@ func listener(p Proto, local netip.AddrPort) bpf.Listener {
 	return bpf.Listener{Proto: bpfProto(p), Addr: local.Addr(), Port: local.Port()}
 }
 
+// flow is the steering's entry for one connection's p traffic.
+func flow(p Proto, local, remote netip.AddrPort) bpf.Flow {
+	return bpf.Flow{Proto: bpfProto(p), Local: local, Remote: remote}
+}
+
 // AddListener steers p traffic to local to the stack.
 func (f SteeringFilters) AddListener(p Proto, local netip.AddrPort) error {
 	return f.Steering.AddListener(listener(p, local), f.Stack)
@@ -46,7 +51,7 @@ func (f SteeringFilters) RemoveListener(p Proto, local netip.AddrPort) error {
 // PinFlow steers one connection's frames to the stack ahead of every
 // listener entry and of the kernel's own sockets (a handover).
 func (f SteeringFilters) PinFlow(p Proto, local, remote netip.AddrPort) error {
-	return f.Steering.AddFlow(bpf.Flow{Proto: bpfProto(p), Local: local, Remote: remote}, f.Stack)
+	return f.Steering.AddFlow(flow(p, local, remote), f.Stack)
 }
 
 // UnpinFlow removes PinFlow's entry. The connection may be the kernel's
@@ -57,5 +62,5 @@ func (f SteeringFilters) UnpinFlow(p Proto, local, remote netip.AddrPort) error 
 	if err := f.Steering.MarkKernelFlows(); err != nil {
 		return err
 	}
-	return f.Steering.RemoveFlow(bpf.Flow{Proto: bpfProto(p), Local: local, Remote: remote})
+	return f.Steering.RemoveFlow(flow(p, local, remote))
 }
