@@ -157,9 +157,14 @@ func (s *Stack) tcpRecvLocked(sk *sock, buf []byte, peek bool) (int, error) {
 	return 0, ErrWouldBlock
 }
 
-// windowUpdateLocked tells the peer when reading has opened the window
-// enough to matter (RFC 9293 3.8.6.2.2): by two segments or half the
-// buffer.
+// windowUpdateLocked tells the peer when reading has opened a window
+// that had closed to half its size or less, by at least doubling it, as
+// Linux does (tcp_cleanup_rbuf). A window more open than that needs no
+// segment of its own: the peer has room to send, and the next ACK (for
+// its data, or on our reply) carries the new edge. RFC 9293 3.8.6.2.2
+// allows an update for any opening of min(MSS, half the buffer); sent at
+// each read, such updates are a pure ACK for every request a
+// request/response server reads, beside the ACK its reply carries.
 func (s *Stack) windowUpdateLocked(sk *sock) {
 	if !synchronized(sk.state) || sk.tflags&tfRcvFin != 0 {
 		return
@@ -168,12 +173,13 @@ func (s *Stack) windowUpdateLocked(sk *sock) {
 	if used >= sk.rcvBuf {
 		return
 	}
-	free := sk.rcvBuf - used
+	maxWnd := min(sk.rcvBuf, 0xffff<<sk.rcvWS)
+	wnd := min(sk.rcvBuf-used, maxWnd)
 	adv := uint32(0)
 	if sk.rcvNxt.LessThan(sk.rcvAdv) {
 		adv = uint32(sk.rcvNxt.Size(sk.rcvAdv))
 	}
-	if free >= adv+2*uint32(sk.mss) || free >= adv+sk.rcvBuf/2 {
+	if adv <= maxWnd/2 && wnd >= 2*adv && wnd-adv >= min(uint32(sk.mss), maxWnd/2) {
 		sk.tflags |= tfAckNow
 		s.tcpOutputLocked(sk)
 	}
