@@ -29,7 +29,7 @@ build:
 	$(GO) build -o bin/onloadd ./cmd/onloadd
 	$(GO) build -buildmode=c-shared -o bin/libonload-core.so ./shim/core
 	rm -f bin/libonload-core.h
-	$(CC) $(SHIM_CFLAGS) -o bin/libonload.so shim/preload.c -ldl -lpthread
+	$(CC) $(SHIM_CFLAGS) -o bin/libonload.so shim/*.c -ldl -lpthread
 	$(CC) -O2 -Wall -o bin/shim-mixed shim/test/mixed.c -lpthread
 	$(CC) -O2 -Wall -o bin/mcping test/bench/mcping/mcping.c -lpthread
 	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o bin/onload-bench ./test/bench

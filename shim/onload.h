@@ -1,7 +1,8 @@
 /*
- * The interface between the shim's C interposer (preload.c) and its Go
- * core (core/, built with -buildmode=c-shared and loaded by the
- * interposer at the first socket operation that needs a stack).
+ * The interface between the shim's C interposer (the .c files here,
+ * shim.h their overview) and its Go core (core/, built with
+ * -buildmode=c-shared and loaded by the interposer at the first socket
+ * operation that needs a stack).
  *
  * Every core call is non-blocking. Calls return a value >= 0 or a
  * negated errno. A handle (h) names one accelerated socket; 0 is none.

@@ -289,7 +289,7 @@ func TestShimThreadExitKicks(t *testing.T) {
 // on accelerated sockets while the main thread, on the same processor,
 // counts for 500 ms. Under the shim with a long spin one of the two
 // spins; with two threads waiting on the stack a spinner yields its
-// processor (SPIN_YIELD_NS in shim/preload.c), so the main thread must
+// processor (SPIN_YIELD_NS in shim/wait.c), so the main thread must
 // get most of it, as on the kernel, where both sleep. A spinner that kept
 // the processor for its scheduler slices would leave it about half.
 func TestShimSpinYields(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 
 // Handovers for children. A child forked after the core loaded cannot
 // run Go; on its first use of an inherited connection it asks for the
-// connection's handover to the kernel (preload.c, child_takes), in
+// connection's handover to the kernel (fdtable.c, child_takes), in
 // onloadd's protocol (hello, then handover with the connection's kernel
 // socket beside it). On a stack from onloadd it asks onloadd. On a stack
 // this process made, only this process can: it serves those requests on

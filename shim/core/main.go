@@ -1,6 +1,6 @@
 // Command core is the LD_PRELOAD shim's Go core, built with
 // -buildmode=c-shared (bin/libonload-core.so). The C interposer
-// (shim/preload.c) loads it at a process's first socket operation that
+// (shim/*.c) loads it at a process's first socket operation that
 // needs a stack and calls the functions exported here, which drive
 // package sockets' descriptor API (sockets.Desc). shim/onload.h is the
 // interface: every call is non-blocking, returns a value >= 0 or a
@@ -838,7 +838,7 @@ func onl_handover(h, kfd C.int) C.int {
 
 // onl_handed_over is 1 if a handover took handle h's socket (under way,
 // or ended moments ago): the caller found it gone and waits for the
-// kernel's connection on its kernel socket (preload.c, kernel_took).
+// kernel's connection on its kernel socket (fdtable.c, kernel_took).
 //
 //export onl_handed_over
 func onl_handed_over(h C.int) C.int {

@@ -4,7 +4,7 @@
  * the rounds, of the time from the send to the echo's arrival, in
  * microseconds. Under the shim the send leaves its frames for the
  * thread's next wait's kick; a thread that ends has none, and gives the
- * kick as it ends (thread_exit in shim/preload.c), instead of leaving
+ * kick as it ends (thread_exit in shim/wait.c), instead of leaving
  * the frames for the stack's Sleeper to send within a millisecond.
  *
  * usage: exitkick ADDR PORT

@@ -1,0 +1,746 @@
+/* calls.c: the socket calls on accelerated descriptors (see shim.h). */
+#include "shim.h"
+
+/* The options the program set on the kernel socket before the core saw
+ * it, for the engine's socket; none to read if defaults (a socket made
+ * here that the program set no option on: nine getsockopt calls a
+ * connection otherwise). */
+static void copy_options(int fd, int h, int defaults)
+{
+	if (defaults)
+		return;
+	static const struct { int level, name, opt; } opts[] = {
+		{IPPROTO_TCP, TCP_NODELAY, ONL_OPT_NODELAY},
+		{IPPROTO_TCP, TCP_CORK, ONL_OPT_CORK},
+		{IPPROTO_TCP, TCP_DEFER_ACCEPT, ONL_OPT_DEFER_ACCEPT},
+		{SOL_SOCKET, SO_KEEPALIVE, ONL_OPT_KEEPALIVE},
+		{IPPROTO_TCP, TCP_KEEPIDLE, ONL_OPT_KEEPIDLE},
+		{IPPROTO_TCP, TCP_KEEPINTVL, ONL_OPT_KEEPINTVL},
+		{IPPROTO_TCP, TCP_KEEPCNT, ONL_OPT_KEEPCNT},
+		{IPPROTO_TCP, TCP_USER_TIMEOUT, ONL_OPT_USER_TIMEOUT},
+	};
+	for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+		int v = 0;
+		socklen_t l = sizeof v;
+		if (real_getsockopt(fd, opts[i].level, opts[i].name, &v, &l) == 0 && v)
+			CORE(core.setopt(h, opts[i].opt, v));
+	}
+	struct linger lg;
+	socklen_t l = sizeof lg;
+	if (real_getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &l) == 0 && lg.l_onoff)
+		CORE(core.setopt(h, ONL_OPT_LINGER, lg.l_linger));
+}
+
+static int nonblocking(int fd)
+{
+	int fl = real_fcntl(fd, F_GETFL);
+	return fl >= 0 && (fl & O_NONBLOCK);
+}
+
+/* stack_known reads what a wait needs from the stack, once a socket is
+ * accelerated (the stack exists). */
+static void stack_known(void)
+{
+	spin_ns = CORE(core.spin_ns());
+	irq_fd = CORE(core.irq_fd());
+	remote_fd = CORE(core.remote_fd());
+}
+
+/* accel_listener hands a listening socket to the core, once, if it will
+ * have it; the entry is K_OURS after, or not ours. */
+
+void accel_listener(int fd, struct fdent *e)
+{
+	if (e->kind != K_TCP || !e->listening || after_fork)
+		return;
+	pthread_mutex_lock(&mu);
+	if (e->kind == K_TCP && !e->tried && load_core() == 1) {
+		struct sockaddr_in sa;
+		socklen_t l = sizeof sa;
+		int h = 0;
+		if (real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && sa.sin_family == AF_INET)
+			h = CORE(core.listen(fd, sa.sin_addr.s_addr));
+		if (h > 0) {
+			int nb = nonblocking(fd), defaults = e->fresh && !e->opts_set;
+			set_ours(fd, h, nb, nb, 1);
+			kreg_take(fd, e);
+			copy_options(fd, h, defaults);
+			stack_known();
+			debugf("fd %d: listening, accelerated", fd);
+		} else {
+			kreg_forget(fd);
+			e->tried = 1;
+			debugf("fd %d: listening in the kernel", fd);
+		}
+	}
+	pthread_mutex_unlock(&mu);
+}
+
+EXPORT int listen(int fd, int backlog)
+{
+	struct fdent *e = ent(fd);
+	if (e && e->kind == K_OURS) {
+		errno = EINVAL; /* connected */
+		return -1;
+	}
+	int r = real_listen(fd, backlog);
+	if (r == 0 && e && e->kind == K_TCP)
+		e->listening = 1;
+	return r;
+}
+
+EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
+{
+	struct fdent *e = ent(fd);
+	if (e && e->kind == K_OURS) {
+		CHECK_USABLE();
+		int ev;
+		CORE_VOID(core.events(&e->h, &ev, NULL, 1, 0));
+		errno = ev & ONL_WRITABLE ? EISCONN : EALREADY;
+		return -1;
+	}
+	if (!e || e->kind != K_TCP || e->listening || !a || l < sizeof(struct sockaddr_in) ||
+	    a->sa_family != AF_INET || after_fork || load_core() != 1)
+		return real_connect(fd, a, l);
+	const struct sockaddr_in *sin = (const struct sockaddr_in *)a;
+	int nb = nonblocking(fd);
+	int h = CORE(core.connect(fd, sin->sin_addr.s_addr, sin->sin_port));
+	if (h == 0) {
+		pthread_mutex_lock(&mu);
+		kreg_forget(fd);
+		e->kind = K_NONE;
+		pthread_mutex_unlock(&mu);
+		return real_connect(fd, a, l);
+	}
+	if (h < 0) {
+		errno = -h;
+		return -1;
+	}
+	int defaults = e->fresh && !e->opts_set;
+	pthread_mutex_lock(&mu);
+	set_ours(fd, h, nb, nb, 0);
+	kreg_take(fd, e);
+	pthread_mutex_unlock(&mu);
+	copy_options(fd, h, defaults);
+	stack_known();
+	debugf("fd %d: connecting, accelerated", fd);
+	if (nb) {
+		errno = EINPROGRESS;
+		return -1;
+	}
+	if (wait_one(fd, POLLOUT) < 0)
+		return -1;
+	int err = CORE(core.sockerr(h));
+	if (err) {
+		errno = err;
+		return -1;
+	}
+	return 0;
+}
+
+static void fill_addr(struct sockaddr *a, socklen_t *l, uint32_t ip, uint16_t port)
+{
+	if (!a || !l)
+		return;
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = port, .sin_addr.s_addr = ip};
+	memcpy(a, &sin, *l < sizeof sin ? *l : sizeof sin);
+	*l = sizeof sin;
+}
+
+EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
+{
+	struct fdent *e = ours_or_listener(fd);
+	if (!e || !e->listening)
+		return real_accept4(fd, a, l, flags);
+	CHECK_USABLE();
+	for (;;) {
+		int ev;
+		CORE_VOID(core.events(&e->h, &ev, NULL, 1, 0));
+		if (ev & ONL_READABLE) {
+			int kfd = real_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | (flags & SOCK_CLOEXEC), 0);
+			if (kfd < 0)
+				return -1;
+			/* The fd first: out of fds, the connection stays queued,
+			 * as the kernel's does. */
+			int h = CORE(core.accept(e->h, kfd));
+			if (h > 0) {
+				pthread_mutex_lock(&mu);
+				set_ours(kfd, h, !!(flags & SOCK_NONBLOCK), 1, 0);
+				pthread_mutex_unlock(&mu);
+				uint32_t lip, rip;
+				uint16_t lp, rp;
+				if (CORE(core.addrs(h, &lip, &lp, &rip, &rp)) == 0)
+					fill_addr(a, l, rip, rp);
+				return kfd;
+			}
+			real_close(kfd);
+			if (h != -EAGAIN) {
+				errno = -h;
+				return -1;
+			}
+		}
+		/* Clients through loopback reach the kernel's half. */
+		int k = real_accept4(fd, a, l, flags);
+		if (k >= 0 || errno != EAGAIN)
+			return k;
+		if (!blocked(e, fd, 0, POLLIN))
+			return -1;
+	}
+}
+
+EXPORT int accept(int fd, struct sockaddr *a, socklen_t *l) { return accept4(fd, a, l, 0); }
+
+static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags)
+{
+	CHILD_TAKES(fd, e);
+	if (!e || e->kind != K_OURS)
+		return real_recv(fd, buf, n, flags);
+	CHECK_USABLE();
+	if (e->listening) {
+		errno = ENOTCONN;
+		return -1;
+	}
+	size_t got = 0;
+	for (;;) {
+		if (e->kind != K_OURS) /* taken over while this call waited */
+			return got ? (ssize_t)got : real_recv(fd, buf, n, flags);
+		long r = CORE(core.recv(e->h, (char *)buf + got, n - got, flags & MSG_PEEK));
+		if (r > 0) {
+			got += r;
+			if (!(flags & MSG_WAITALL) || got == n || (flags & MSG_PEEK))
+				return got;
+			continue;
+		}
+		if (r == 0)
+			return got;
+		if (r != -EAGAIN) {
+			if (got)
+				return got;
+			if (r == -EBADF && kernel_took(fd))
+				return real_recv(fd, buf, n, flags);
+			errno = -r;
+			return -1;
+		}
+		if (!blocked(e, fd, flags, POLLIN))
+			return got ? (ssize_t)got : -1;
+	}
+}
+
+/* ours_send queues all of buf (blocking) or what fits (non-blocking). */
+static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int flags)
+{
+	CHILD_TAKES(fd, e);
+	if (!e || e->kind != K_OURS)
+		return real_send(fd, buf, n, flags);
+	CHECK_USABLE();
+	size_t done = 0;
+	for (;;) {
+		if (e->kind != K_OURS) /* taken over while this call waited */
+			return done ? (ssize_t)done : real_send(fd, buf, n, flags);
+		/* The frames wait for the kick that this thread's next wait
+		 * gives (flush_kicks): a program answering many clients sends
+		 * all its answers in one system call. */
+		long r = CORE(core.send(e->h, (const char *)buf + done, n - done, 1));
+		owe_kick();
+		if (r > 0) {
+			done += r;
+			if (done == n)
+				return done;
+			continue;
+		}
+		if (r == 0 && n == 0)
+			return 0;
+		if (r < 0 && r != -EAGAIN) {
+			if (done)
+				return done;
+			if (r == -EBADF && kernel_took(fd))
+				return real_send(fd, buf, n, flags);
+			if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
+				raise(SIGPIPE); /* as the kernel does; on_pipe closes first */
+			errno = -r;
+			return -1;
+		}
+		if (!blocked(e, fd, flags, POLLOUT))
+			return done ? (ssize_t)done : -1;
+	}
+}
+
+EXPORT ssize_t read(int fd, void *b, size_t n)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_recv(e, fd, b, n, 0) : real_read(fd, b, n);
+}
+
+EXPORT ssize_t write(int fd, const void *b, size_t n)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_send(e, fd, b, n, 0) : real_write(fd, b, n);
+}
+
+EXPORT ssize_t recv(int fd, void *b, size_t n, int flags)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_recv(e, fd, b, n, flags) : real_recv(fd, b, n, flags);
+}
+
+EXPORT ssize_t recvfrom(int fd, void *b, size_t n, int flags, struct sockaddr *a, socklen_t *l)
+{
+	struct fdent *e = ours(fd);
+	if (!e)
+		return real_recvfrom(fd, b, n, flags, a, l);
+	ssize_t r = ours_recv(e, fd, b, n, flags);
+	if (r >= 0 && a && l)
+		*l = 0; /* TCP: no address, as the kernel */
+	return r;
+}
+
+EXPORT ssize_t send(int fd, const void *b, size_t n, int flags)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_send(e, fd, b, n, flags) : real_send(fd, b, n, flags);
+}
+
+EXPORT ssize_t sendto(int fd, const void *b, size_t n, int flags, const struct sockaddr *a, socklen_t l)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_send(e, fd, b, n, flags) : real_sendto(fd, b, n, flags, a, l);
+}
+
+/* Small gathers go out as one send (one segment, as the kernel would
+ * coalesce them); big ones an iovec at a time. */
+#define GATHER 65536
+static __thread char *t_gather;
+
+static ssize_t ours_sendv(struct fdent *e, int fd, const struct iovec *iov, int cnt, int flags)
+{
+	size_t total = 0;
+	for (int i = 0; i < cnt; i++)
+		total += iov[i].iov_len;
+	if (cnt == 1)
+		return ours_send(e, fd, iov[0].iov_base, iov[0].iov_len, flags);
+	if (total <= GATHER && (t_gather || (t_gather = malloc(GATHER)))) {
+		size_t off = 0;
+		for (int i = 0; i < cnt; i++) {
+			memcpy(t_gather + off, iov[i].iov_base, iov[i].iov_len);
+			off += iov[i].iov_len;
+		}
+		return ours_send(e, fd, t_gather, total, flags);
+	}
+	ssize_t done = 0;
+	for (int i = 0; i < cnt; i++) {
+		ssize_t r = ours_send(e, fd, iov[i].iov_base, iov[i].iov_len, flags);
+		if (r < 0)
+			return done ? done : -1;
+		done += r;
+		if ((size_t)r < iov[i].iov_len)
+			break;
+	}
+	return done;
+}
+
+static ssize_t ours_recvv(struct fdent *e, int fd, const struct iovec *iov, int cnt, int flags)
+{
+	ssize_t done = 0;
+	for (int i = 0; i < cnt; i++) {
+		if (iov[i].iov_len == 0)
+			continue;
+		ssize_t r = ours_recv(e, fd, iov[i].iov_base, iov[i].iov_len, done ? flags | MSG_DONTWAIT : flags);
+		if (r < 0)
+			return done ? done : -1;
+		done += r;
+		if ((size_t)r < iov[i].iov_len)
+			break;
+	}
+	return done;
+}
+
+EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_recvv(e, fd, iov, cnt, 0) : real_readv(fd, iov, cnt);
+}
+
+EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_sendv(e, fd, iov, cnt, 0) : real_writev(fd, iov, cnt);
+}
+
+EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
+{
+	struct fdent *e = ours(fd);
+	if (!e)
+		return real_recvmsg(fd, m, flags);
+	ssize_t r = ours_recvv(e, fd, m->msg_iov, m->msg_iovlen, flags);
+	if (r >= 0) {
+		m->msg_namelen = 0;
+		m->msg_controllen = 0;
+		m->msg_flags = 0;
+	}
+	return r;
+}
+
+EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
+{
+	struct fdent *e = ours(fd);
+	return e ? ours_sendv(e, fd, m->msg_iov, m->msg_iovlen, flags) : real_sendmsg(fd, m, flags);
+}
+
+EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct timespec *t)
+{
+	struct fdent *e = ours(fd);
+	if (!e)
+		return real_recvmmsg(fd, v, n, flags, t);
+	unsigned int i;
+	for (i = 0; i < n; i++) {
+		int f = flags & ~MSG_WAITFORONE;
+		if (i > 0 && (flags & MSG_WAITFORONE))
+			f |= MSG_DONTWAIT;
+		ssize_t r = recvmsg(fd, &v[i].msg_hdr, f);
+		if (r < 0)
+			return i ? (int)i : -1;
+		v[i].msg_len = r;
+		if (r == 0)
+			return i + 1;
+	}
+	return i;
+}
+
+EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
+{
+	struct fdent *e = ours(fd);
+	if (!e)
+		return real_sendmmsg(fd, v, n, flags);
+	unsigned int i;
+	for (i = 0; i < n; i++) {
+		ssize_t r = sendmsg(fd, &v[i].msg_hdr, flags);
+		if (r < 0)
+			return i ? (int)i : -1;
+		v[i].msg_len = r;
+	}
+	return i;
+}
+
+/* sendfile on an accelerated socket reads the file and sends what it
+ * read. */
+EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n)
+{
+	struct fdent *e = ours(out);
+	if (!e)
+		return real_sendfile(out, in, off, n);
+	char buf[16384];
+	size_t done = 0;
+	while (done < n) {
+		size_t want = n - done < sizeof buf ? n - done : sizeof buf;
+		ssize_t r = off ? pread(in, buf, want, *off) : real_read(in, buf, want);
+		if (r <= 0) {
+			if (r < 0 && !done)
+				return -1;
+			break;
+		}
+		/* Blocking: all of it; non-blocking: what fits, and the file's
+		 * offset goes back by what did not. */
+		ssize_t s = ours_send(e, out, buf, r, 0);
+		if (s < 0) {
+			if (!off)
+				lseek(in, -r, SEEK_CUR);
+			if (!done)
+				return -1;
+			break;
+		}
+		done += s;
+		if (off)
+			*off += s;
+		else if (s < r)
+			lseek(in, s - r, SEEK_CUR);
+		if (s < r)
+			break;
+	}
+	return done;
+}
+
+EXPORT ssize_t sendfile64(int out, int in, off_t *off, size_t n) { return sendfile(out, in, off, n); }
+
+/* The fortified versions (_FORTIFY_SOURCE) that programs built with it
+ * call instead. */
+EXPORT ssize_t __read_chk(int fd, void *b, size_t n, size_t blen)
+{
+	(void)blen;
+	return read(fd, b, n);
+}
+
+EXPORT ssize_t __recv_chk(int fd, void *b, size_t n, size_t blen, int flags)
+{
+	(void)blen;
+	return recv(fd, b, n, flags);
+}
+
+EXPORT ssize_t __recvfrom_chk(int fd, void *b, size_t n, size_t blen, int flags, struct sockaddr *a, socklen_t *l)
+{
+	(void)blen;
+	return recvfrom(fd, b, n, flags, a, l);
+}
+
+EXPORT int close(int fd)
+{
+	struct fdent *e = ent(fd);
+	if (e && e->kind != K_NONE) {
+		pthread_mutex_lock(&mu);
+		drop(fd);
+		pthread_mutex_unlock(&mu);
+	}
+	return real_close(fd);
+}
+
+EXPORT int shutdown(int fd, int how)
+{
+	struct fdent *e = ours(fd);
+	CHILD_TAKES(fd, e);
+	if (!e || e->listening)
+		return real_shutdown(fd, how);
+	CHECK_USABLE();
+	int r = CORE(core.shutdown(e->h, how));
+	if (r == -EBADF && kernel_took(fd))
+		return real_shutdown(fd, how);
+	if (r < 0) {
+		errno = -r;
+		return -1;
+	}
+	return 0;
+}
+
+EXPORT int getsockopt(int fd, int level, int name, void *v, socklen_t *l)
+{
+	struct fdent *e = ours(fd);
+	CHILD_TAKES(fd, e);
+	if (!e || e->listening || after_fork)
+		return real_getsockopt(fd, level, name, v, l);
+	if (level == SOL_SOCKET && name == SO_ERROR && v && l && *l >= sizeof(int)) {
+		*(int *)v = CORE(core.sockerr(e->h));
+		*l = sizeof(int);
+		return 0;
+	}
+	if (level == IPPROTO_TCP && name == TCP_INFO && v && l) {
+		struct onl_tcpinfo ti;
+		int r = CORE(core.tcpinfo(e->h, &ti));
+		if (r < 0) {
+			errno = -r;
+			return -1;
+		}
+		struct tcp_info k;
+		memset(&k, 0, sizeof k);
+		k.tcpi_state = ti.state;
+		k.tcpi_rto = ti.rto_us;
+		k.tcpi_rtt = ti.rtt_us;
+		k.tcpi_rttvar = ti.rttvar_us;
+		k.tcpi_snd_mss = ti.snd_mss;
+		k.tcpi_rcv_mss = ti.rcv_mss;
+		k.tcpi_snd_cwnd = ti.snd_cwnd;
+		k.tcpi_snd_ssthresh = ti.snd_ssthresh;
+		k.tcpi_unacked = ti.unacked;
+		k.tcpi_lost = ti.lost;
+		k.tcpi_retrans = ti.retrans;
+		k.tcpi_sacked = ti.sacked;
+		k.tcpi_backoff = ti.backoff;
+		k.tcpi_options = ti.options;
+		k.tcpi_snd_wscale = ti.snd_wscale;
+		k.tcpi_rcv_wscale = ti.rcv_wscale;
+		socklen_t n = *l < sizeof k ? *l : sizeof k;
+		memcpy(v, &k, n);
+		*l = n;
+		return 0;
+	}
+	/* The rest as the kernel socket has them: setsockopt sets both. */
+	return real_getsockopt(fd, level, name, v, l);
+}
+
+EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
+{
+	struct fdent *e = ours(fd);
+	CHILD_TAKES(fd, e);
+	if (!e && (level == IPPROTO_TCP || level == SOL_SOCKET)) {
+		struct fdent *k = ent(fd);
+		if (k && k->kind == K_TCP)
+			k->opts_set = 1; /* copy_options reads them */
+	}
+	int r = real_setsockopt(fd, level, name, v, l);
+	if (!e || r < 0 || after_fork || !v || l < sizeof(int))
+		return r;
+	/* A listener's options are the kernel half's (copy_options took
+	 * them when it was accelerated), but for the one the engine's half
+	 * acts on itself. */
+	if (e->listening && !(level == IPPROTO_TCP && name == TCP_DEFER_ACCEPT))
+		return r;
+	int opt = 0, val = *(const int *)v;
+	if (level == IPPROTO_TCP) {
+		switch (name) {
+		case TCP_NODELAY: opt = ONL_OPT_NODELAY; break;
+		case TCP_CORK: opt = ONL_OPT_CORK; break;
+		case TCP_DEFER_ACCEPT: opt = ONL_OPT_DEFER_ACCEPT; break;
+		case TCP_KEEPIDLE: opt = ONL_OPT_KEEPIDLE; break;
+		case TCP_KEEPINTVL: opt = ONL_OPT_KEEPINTVL; break;
+		case TCP_KEEPCNT: opt = ONL_OPT_KEEPCNT; break;
+		case TCP_USER_TIMEOUT: opt = ONL_OPT_USER_TIMEOUT; break;
+		}
+	} else if (level == SOL_SOCKET) {
+		switch (name) {
+		case SO_KEEPALIVE: opt = ONL_OPT_KEEPALIVE; break;
+		case SO_RCVBUF: opt = ONL_OPT_RCVBUF; break;
+		case SO_SNDBUF: opt = ONL_OPT_SNDBUF; break;
+		case SO_LINGER:
+			if (l >= sizeof(struct linger)) {
+				const struct linger *lg = v;
+				opt = ONL_OPT_LINGER;
+				val = lg->l_onoff ? lg->l_linger : -1;
+			}
+			break;
+		}
+	}
+	if (opt) {
+		if (opt == ONL_OPT_NODELAY || opt == ONL_OPT_CORK || opt == ONL_OPT_KEEPALIVE)
+			val = !!val;
+		int rr = CORE(core.setopt(e->h, opt, val));
+		if (rr < 0)
+			debugf("fd %d: option %d=%d not taken by the stack: %s", fd, opt, val, strerror(-rr));
+	}
+	return r;
+}
+
+/* name fills a with the socket's local (peer 0) or remote address. */
+static int name(int fd, struct sockaddr *a, socklen_t *l, int peer)
+{
+	struct fdent *e = ours(fd);
+	CHILD_TAKES(fd, e);
+	if (!e || e->listening || after_fork)
+		return peer ? real_getpeername(fd, a, l) : real_getsockname(fd, a, l);
+	uint32_t ip[2];
+	uint16_t port[2];
+	int r = CORE(core.addrs(e->h, &ip[0], &port[0], &ip[1], &port[1]));
+	if (r == -EBADF && kernel_took(fd))
+		return peer ? real_getpeername(fd, a, l) : real_getsockname(fd, a, l);
+	if (r < 0) {
+		errno = -r;
+		return -1;
+	}
+	if (peer && !ip[1]) {
+		errno = ENOTCONN;
+		return -1;
+	}
+	fill_addr(a, l, ip[peer], port[peer]);
+	return 0;
+}
+
+EXPORT int getsockname(int fd, struct sockaddr *a, socklen_t *l) { return name(fd, a, l, 0); }
+EXPORT int getpeername(int fd, struct sockaddr *a, socklen_t *l) { return name(fd, a, l, 1); }
+
+/* dup_to makes newfd name what oldfd names, after the kernel did. */
+static void dup_to(int oldfd, int newfd)
+{
+	struct fdent *o = ent(oldfd), *n = ent(newfd);
+	if (!o || !n || oldfd == newfd)
+		return;
+	pthread_mutex_lock(&mu);
+	drop(newfd);
+	if (o->kind == K_TCP || o->kind == K_OURS) {
+		if (o->kind == K_OURS)
+			mark_ours(newfd, 1);
+		*n = *o;
+		n->ep = NULL;
+		/* An option set through one of them is not seen on the other's
+		 * entry: copy_options reads them all. */
+		o->fresh = n->fresh = 0;
+		if (o->kind == K_OURS && (unsigned)o->h < MAX_HANDLES)
+			__atomic_add_fetch(&hrefs[o->h], 1, __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&mu);
+}
+
+EXPORT int dup(int fd)
+{
+	int r = real_dup(fd);
+	if (r >= 0)
+		dup_to(fd, r);
+	return r;
+}
+
+EXPORT int dup2(int fd, int fd2)
+{
+	int r = real_dup2(fd, fd2);
+	if (r >= 0)
+		dup_to(fd, r);
+	return r;
+}
+
+EXPORT int dup3(int fd, int fd2, int flags)
+{
+	int r = real_dup3(fd, fd2, flags);
+	if (r >= 0)
+		dup_to(fd, r);
+	return r;
+}
+
+static int do_fcntl(int fd, int cmd, long arg)
+{
+	struct fdent *e = ours(fd);
+	switch (cmd) {
+	case F_DUPFD:
+	case F_DUPFD_CLOEXEC: {
+		int r = real_fcntl(fd, cmd, arg);
+		if (r >= 0)
+			dup_to(fd, r);
+		return r;
+	}
+	case F_GETFL: {
+		int r = real_fcntl(fd, cmd);
+		if (e && r >= 0)
+			r = e->nonblock ? r | O_NONBLOCK : r & ~O_NONBLOCK;
+		return r;
+	}
+	case F_SETFL:
+		if (e) {
+			e->nonblock = !!(arg & O_NONBLOCK);
+			arg |= O_NONBLOCK;
+		}
+		return real_fcntl(fd, cmd, arg);
+	}
+	return real_fcntl(fd, cmd, arg);
+}
+
+EXPORT int fcntl(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	long arg = va_arg(ap, long);
+	va_end(ap);
+	return do_fcntl(fd, cmd, arg);
+}
+
+/* With _FILE_OFFSET_BITS=64, glibc's fcntl is fcntl64. */
+EXPORT int fcntl64(int fd, int cmd, ...) __attribute__((alias("fcntl")));
+
+EXPORT int ioctl(int fd, unsigned long req, ...)
+{
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	struct fdent *e = ours(fd);
+	if (e && req == FIONREAD)
+		CHILD_TAKES(fd, e);
+	if (e && req == FIONBIO && arg) {
+		e->nonblock = !!*(int *)arg;
+		return 0;
+	}
+	if (e && req == FIONREAD && arg && !e->listening) {
+		CHECK_USABLE();
+		int r = CORE(core.unread(e->h));
+		if (r < 0) {
+			errno = -r;
+			return -1;
+		}
+		*(int *)arg = r;
+		return 0;
+	}
+	return real_ioctl(fd, req, arg);
+}
+

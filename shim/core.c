@@ -1,0 +1,177 @@
+/* core.c: libc's functions, the Go core's loading, the calls into it, and the
+ * process's end (see shim.h). */
+#include "shim.h"
+
+/* ---- libc's functions ---------------------------------------------- */
+
+#define REAL_DEF(ret, name, ...) ret (*real_##name)(__VA_ARGS__);
+LIBC(REAL_DEF)
+
+uint64_t maybe_ours[NFAST / 64]; /* see shim.h */
+
+/* ---- the Go core ----------------------------------------------------- */
+
+struct core_fns core;
+
+int core_state;		/* 0 not loaded, 1 loaded, -1 failed */
+int after_fork;		/* a child forked after the core loaded */
+int log_debug;		/* ONLOAD_LOG=debug */
+long spin_ns;		/* the profile's spin time */
+int irq_fd = -1;	/* the stack's interrupt fd (onl_irq_fd) */
+int remote_fd = -1;	/* the stack's wake socket (onl_remote_fd) */
+pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* the table */
+static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER; /* loading the core */
+__thread volatile int in_core; /* this thread is in the Go core */
+__thread int in_handler; /* the program's signal handlers running on this thread */
+__thread int kick_owed; /* this thread's sends left frames for a kick */
+
+/* Signals that come while their thread is in the core wait for it to
+ * leave (see on_signal): the handlers for them, by signal, and what each
+ * thread holds back. in_core and sig_held are volatile: the handler
+ * writes them between any two of the thread's instructions, so leaving
+ * the core (clear in_core, then look at sig_held) must keep that order. */
+struct sigaction prog_act[NSIG];
+__thread volatile uint64_t sig_held; /* bit sig-1: held */
+__thread siginfo_t sig_info[NSIG]; /* what came with each */
+
+__thread int t_alt;
+__thread void *t_alt_mem;
+int loading;		/* the core is being loaded (its runtime starts) */
+void *core_base;	/* where the core is mapped */
+
+void logf_(const char *fmt, ...)
+{
+	char buf[512];
+	int n = snprintf(buf, sizeof buf, "onload[%d]: ", getpid());
+	va_list ap;
+	va_start(ap, fmt);
+	n += vsnprintf(buf + n, sizeof buf - n, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof buf - 2)
+		n = sizeof buf - 2;
+	buf[n++] = '\n';
+	real_write(2, buf, n);
+}
+
+int load_core(void)
+{
+	if (core_state)
+		return core_state;
+	pthread_mutex_lock(&load_mu);
+	if (core_state) {
+		pthread_mutex_unlock(&load_mu);
+		return core_state;
+	}
+	const char *path = getenv("ONLOAD_CORE");
+	char buf[PATH_MAX];
+	if (!path || !*path) {
+		/* Beside this library. */
+		Dl_info di;
+		if (dladdr((void *)load_core, &di) && di.dli_fname) {
+			snprintf(buf, sizeof buf, "%s", di.dli_fname);
+			char *slash = strrchr(buf, '/');
+			if (slash)
+				snprintf(slash + 1, sizeof buf - (slash + 1 - buf), "libonload-core.so");
+			else
+				snprintf(buf, sizeof buf, "libonload-core.so");
+			path = buf;
+		} else {
+			path = "libonload-core.so";
+		}
+	}
+	in_core = 1;
+	/* The Go runtime's threads start with the signal mask of the thread
+	 * that loads it, less the signals it cannot do without (synchronous
+	 * faults, its preemption signal): with the program's signals blocked
+	 * here, they are delivered to the program's threads only, and never
+	 * run its handlers on a thread of Go's, from which a socket call
+	 * would re-enter the runtime. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	loading = 1;
+	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	loading = 0;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	int ok = lib != NULL;
+#define SYM(name) do { if (ok && !(*(void **)&core.name = dlsym(lib, "onl_" #name))) ok = 0; } while (0)
+	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send); SYM(kick);
+	SYM(events); SYM(ready); SYM(arm); SYM(arm_ready); SYM(disarm_ready); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(thread); SYM(resched); SYM(spin_ns); SYM(try_spin);
+	SYM(end_spin); SYM(close); SYM(shutdown);
+	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
+	SYM(handover_info); SYM(handover); SYM(handed_over); SYM(exit); SYM(own_stack);
+#undef SYM
+	Dl_info ci;
+	if (ok && dladdr((void *)core.listen, &ci))
+		core_base = ci.dli_fbase;
+	in_core = 0;
+	if (sig_held)
+		run_held();
+	if (!ok) {
+		logf_("cannot load the core %s (%s): sockets use the kernel; set ONLOAD_CORE to its path",
+		      path, lib ? "missing symbols" : dlerror());
+		core_state = -1;
+	} else {
+		core_state = 1;
+		atexit(exit_close);
+		catch_ends();
+	}
+	pthread_mutex_unlock(&load_mu);
+	return core_state;
+}
+
+/* t_sigstack counts the program's handlers running on the thread's
+ * signal stack (on_signal). A socket call from one of them enters Go,
+ * which runs it on a goroutine's stack: a signal that came in there would
+ * be given its frame at the top of the signal stack again (the kernel
+ * goes by where the thread is, and the thread is not on the signal stack
+ * then), over the frames of the handler that is running there, which
+ * then crashed as it returned. The Go runtime's own preemption signal
+ * did it now and then; another signal of the program's, every time it
+ * came at that moment. So such a call is made with every signal
+ * blocked, and those that came meanwhile arrive as it returns, on the
+ * signal stack below the handler's frames, as the kernel nests them. */
+__thread int t_sigstack;
+__thread sigset_t t_sigstack_mask; /* the mask to restore (core_leave) */
+
+/* exit_close runs at the program's exit (atexit, so before the core's
+ * library is torn down), at _exit, and at a signal that ends the process
+ * (end_by_signal): on a stack of the process's own it closes the sockets
+ * left open as the kernel does, and serves the stack until they have
+ * delivered what was written and their FIN, for at most a second
+ * (onl_exit); once the process is gone nothing else would, and a peer
+ * that was not sending never learned that the connection ended. A stack
+ * from onloadd is onloadd's to finish. A child forked after the core
+ * loaded leaves its parent's stack alone: Go cannot run there. Only the
+ * first end closes (ending); a thread that ends the process while
+ * another closes waits for it (end_by_signal). */
+static int ending;		   /* a thread has begun closing (exit_close) */
+__thread int t_ending;		   /* this thread did */
+
+void exit_close(void)
+{
+	if (core_state != 1 || after_fork || in_core || __atomic_exchange_n(&ending, 1, __ATOMIC_SEQ_CST))
+		return;
+	t_ending = 1;
+	/* A signal meanwhile would end the process half way. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	handover_at_exit();
+	CORE_VOID(core.exit());
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* _exit ends the process at once, without the atexit handlers, but the
+ * kernel still closes its sockets: so does exit_close. (exit's own call
+ * of _exit is libc's, inside libc, and does not come here.) */
+EXPORT void _exit(int status)
+{
+	exit_close();
+	if (real__exit)
+		real__exit(status);
+	for (;;)
+		syscall(SYS_exit_group, status);
+}
+EXPORT void _Exit(int status) __attribute__((alias("_exit")));
+

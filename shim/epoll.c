@@ -1,0 +1,749 @@
+/* epoll.c: epoll (see shim.h). */
+#include "shim.h"
+
+/* ---- epoll ------------------------------------------------------------- */
+
+/* EP_LOG_WAIT: an instance of this many members or more blocks until the
+ * stack's ready log moves (any socket of the stack may have turned ready:
+ * onl_arm_ready) instead of arming each member, which costs more than the
+ * wake-ups for sockets not in it that the log's wait may bring. */
+#define EP_LOG_WAIT 128
+
+/* ep_log_room is how many of the ready log's entries a check takes: more
+ * and it checks every member instead. */
+static int ep_log_room(const struct ep *ep)
+{
+	int r = 2 * ep->n + 64;
+	return r < 2048 ? r : 2048;
+}
+
+/* ep_kernel_due says whether a check that found accelerated members ready,
+ * or one of a spin, also looks at the kernel's set (a system call): at
+ * most every EP_KERNEL_NS, as Onload's EF_POLL_NONBLOCK_FAST_USEC, so that
+ * a busy server's loop, or a spin, is not a system call a turn, and its
+ * kernel fds (a listener's kernel half, a pipe) wait that long at most.
+ * Near the caller's deadline it always looks, and so does a check that
+ * is not spinning and found nothing. */
+#define EP_KERNEL_NS 100000
+static int ep_kernel_due(struct ep *ep, int64_t deadline) /* under mu */
+{
+	int64_t now = now_ns();
+	if (now < ep->kernel_at && (deadline < 0 || deadline - now > EP_KERNEL_NS))
+		return 0;
+	ep->kernel_at = now + EP_KERNEL_NS;
+	return 1;
+}
+
+static struct ep *ep_of(int epfd)
+{
+	struct fdent *e = ent(epfd);
+	if (!e)
+		return NULL;
+	if (e->kind != K_EPOLL) {
+		memset(e, 0, sizeof *e);
+		e->kind = K_EPOLL;
+	}
+	return e->ep;
+}
+
+void ep_free(struct ep *ep)
+{
+	if (ep) {
+		free(ep->hidx);
+		free(ep->pend);
+		free(ep);
+	}
+}
+
+/* ep_pend asks for member h to be checked at the next call. */
+static void ep_pend(struct ep *ep, int h)
+{
+	if (ep->npend < ep->cap)
+		ep->pend[ep->npend++] = h;
+	else
+		ep->full = 1;
+}
+
+/* ep_remove takes member i out; the last takes its place. */
+static void ep_remove(struct ep *ep, int i)
+{
+	int h = ep->items[i].h;
+	if ((unsigned)h < (unsigned)ep->nhidx && ep->hidx[h] == i + 1)
+		ep->hidx[h] = 0;
+	ep->items[i] = ep->items[--ep->n];
+	int m = ep->items[i].h;
+	if (i < ep->n && (unsigned)m < (unsigned)ep->nhidx && ep->hidx[m] == ep->n + 1)
+		ep->hidx[m] = i + 1;
+	ep->ver++;
+}
+
+/* epfds are the epoll instances that have a list of accelerated members
+ * (ep), so that a close looks through them and not the whole fd table
+ * (65536 entries and more: a close of a connection spent a tenth of a
+ * proxy's time there). An entry whose fd no longer names such an
+ * instance is dropped where it is found. Under mu. */
+static int *epfds;
+static int nepfds;
+static int capepfds;
+
+static int epfds_add(int fd)
+{
+	for (int i = 0; i < nepfds; i++)
+		if (epfds[i] == fd)
+			return 0;
+	if (nepfds == capepfds) {
+		int cap = capepfds ? 2 * capepfds : 16;
+		int *n = realloc(epfds, cap * sizeof(int));
+		if (!n) {
+			errno = ENOMEM;
+			return -1;
+		}
+		epfds = n;
+		capepfds = cap;
+	}
+	epfds[nepfds++] = fd;
+	return 0;
+}
+
+/* ep_next_live returns the instance of epfds[*i] and its fd, dropping
+ * stale entries; NULL after the last. */
+static struct ep *ep_next_live(int *i, int *epfd)
+{
+	while (*i < nepfds) {
+		int fd = epfds[*i];
+		struct fdent *e = ent(fd);
+		if (e && e->kind == K_EPOLL && e->ep) {
+			*epfd = fd;
+			return e->ep;
+		}
+		epfds[*i] = epfds[--nepfds];
+	}
+	return NULL;
+}
+
+/* ep_find is the index of fd, whose handle is h, among ep's members; -1
+ * if it is none. Without dup'd members (multi) each handle's member is
+ * indexed (hidx). */
+static int ep_find(const struct ep *ep, int fd, int h)
+{
+	if (!ep)
+		return -1;
+	if (!ep->multi) {
+		if ((unsigned)h >= (unsigned)ep->nhidx || !ep->hidx[h])
+			return -1;
+		int i = ep->hidx[h] - 1;
+		return i < ep->n && ep->items[i].fd == fd ? i : -1;
+	}
+	for (int i = 0; i < ep->n; i++)
+		if (ep->items[i].fd == fd)
+			return i;
+	return -1;
+}
+
+/* epoll_forget removes fd (handle h) from every instance's list. */
+void epoll_forget(int fd, int h)
+{
+	int epfd;
+	for (int i = 0; i < nepfds; i++) {
+		struct ep *ep = ep_next_live(&i, &epfd);
+		int j = ep_find(ep, fd, h);
+		if (j >= 0)
+			ep_remove(ep, j);
+	}
+}
+
+/* epoll_to_kernel moves fd's registrations in the instances' lists of
+ * accelerated members into the kernel's sets (fd is the kernel's now). */
+void epoll_to_kernel(int fd, int h)
+{
+	int epfd;
+	for (int i = 0; i < nepfds; i++) {
+		struct ep *ep = ep_next_live(&i, &epfd);
+		int j = ep_find(ep, fd, h);
+		if (j < 0)
+			continue;
+		struct epoll_event ev = {.events = ep->items[j].events, .data = ep->items[j].data};
+		if (real_epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 && errno != EEXIST)
+			debugf("fd %d: into epoll %d: %s", fd, epfd, strerror(errno));
+		ep_remove(ep, j);
+	}
+}
+
+static int note_epoll(int r)
+{
+	struct fdent *e = ent(r);
+	if (e) {
+		pthread_mutex_lock(&mu);
+		memset(e, 0, sizeof *e);
+		e->kind = K_EPOLL;
+		e->epgen = ++epoll_gen;
+		pthread_mutex_unlock(&mu);
+	}
+	return r;
+}
+
+EXPORT int epoll_create(int size) { return note_epoll(real_epoll_create(size)); }
+EXPORT int epoll_create1(int flags) { return note_epoll(real_epoll_create1(flags)); }
+
+/* ep_grow makes room in ee's instance for one more member, and for handle
+ * h in its index; NULL (errno set) if memory runs out. */
+static struct ep *ep_grow(struct fdent *ee, struct ep *ep, int h)
+{
+	if (!ep && epfds_add(ee - fdt) < 0)
+		return NULL;
+	if (!ep || ep->n == ep->cap) {
+		int cap = ep ? ep->cap * 2 : 8;
+		int *pend = realloc(ep ? ep->pend : NULL, cap * sizeof(int));
+		if (!pend) {
+			errno = ENOMEM;
+			return NULL;
+		}
+		struct ep *n = realloc(ep, sizeof *ep + cap * sizeof(struct epi));
+		if (!n) {
+			if (!ep)
+				free(pend);
+			else
+				ep->pend = pend;
+			errno = ENOMEM;
+			return NULL;
+		}
+		if (!ep) {
+			memset(n, 0, sizeof *n);
+			n->full = 1; /* the first check starts the log */
+		}
+		n->pend = pend;
+		n->cap = cap;
+		ee->ep = ep = n;
+	}
+	if ((unsigned)h >= (unsigned)ep->nhidx) {
+		int nh = ep->nhidx ? ep->nhidx : 64;
+		while (nh <= h)
+			nh *= 2;
+		int *hidx = realloc(ep->hidx, nh * sizeof(int));
+		if (!hidx) {
+			errno = ENOMEM;
+			return NULL;
+		}
+		memset(hidx + ep->nhidx, 0, (nh - ep->nhidx) * sizeof(int));
+		ep->hidx = hidx;
+		ep->nhidx = nh;
+	}
+	return ep;
+}
+
+/* ---- registrations made while the kernel had the socket -------------
+ *
+ * A TCP socket the core has not seen (K_TCP) is the kernel's, and so are
+ * its epoll registrations. A program may register it before it connects
+ * (nginx adds an upstream connection with EPOLLIN|EPOLLOUT|EPOLLRDHUP|
+ * EPOLLET, then connects) or before it listens. Once the core has the
+ * socket, the kernel socket under it never turns readable: those
+ * registrations move to the instances' lists of accelerated members
+ * (kreg_take). kregs keeps them meanwhile, under mu: a few at a time,
+ * each gone at its socket's connect, listen or close. */
+struct kreg {
+	int fd, epfd;
+	uint32_t epgen; /* the instance's (fdent.epgen): epfd may be reused */
+	struct epoll_event ev;
+};
+static struct kreg *kregs;
+static int nkregs;
+static int capkregs;
+
+static int ep_ctl_locked(struct fdent *ee, int epfd, int op, int fd, struct fdent *fe, struct epoll_event *ev);
+
+/* kreg_ctl is epoll_ctl on a descriptor that is not accelerated: the
+ * kernel's, noted if it is a TCP socket the core may take yet. */
+static int kreg_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+	int r = real_epoll_ctl(epfd, op, fd, ev);
+	struct fdent *e = ent(fd), *ee = ent(epfd);
+	if (r < 0 || !e || !ee || e->kind != K_TCP || e->tried)
+		return r;
+	pthread_mutex_lock(&mu);
+	ep_of(epfd); /* an instance the shim did not see made (inherited) */
+	int i = 0;
+	while (i < nkregs && (kregs[i].fd != fd || kregs[i].epfd != epfd))
+		i++;
+	if (op == EPOLL_CTL_DEL || !ev) {
+		if (i < nkregs)
+			kregs[i] = kregs[--nkregs];
+	} else {
+		if (i == nkregs && nkregs == capkregs) {
+			int cap = capkregs ? 2 * capkregs : 16;
+			struct kreg *k = realloc(kregs, cap * sizeof *k);
+			if (k) {
+				kregs = k;
+				capkregs = cap;
+			}
+		}
+		if (i < capkregs) {
+			if (i == nkregs)
+				nkregs++;
+			kregs[i] = (struct kreg){.fd = fd, .epfd = epfd, .epgen = ee->epgen, .ev = *ev};
+		} else {
+			debugf("fd %d: out of memory to note its registration in epoll %d: "
+			       "it stays the kernel's if the socket is accelerated", fd, epfd);
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
+/* kreg_take moves fd's noted registrations into the instances' lists,
+ * now that fd is accelerated (entry fe). A listener's stay in the kernel
+ * too, for its kernel half (epoll_ctl). Under mu. */
+void kreg_take(int fd, struct fdent *fe)
+{
+	for (int i = 0; i < nkregs;) {
+		struct kreg k = kregs[i];
+		if (k.fd != fd) {
+			i++;
+			continue;
+		}
+		kregs[i] = kregs[--nkregs];
+		struct fdent *ee = ent(k.epfd);
+		if (!ee || ee->kind != K_EPOLL || ee->epgen != k.epgen)
+			continue; /* that instance is closed */
+		if (!fe->listening)
+			real_epoll_ctl(k.epfd, EPOLL_CTL_DEL, fd, NULL);
+		if (ep_ctl_locked(ee, k.epfd, EPOLL_CTL_ADD, fd, fe, &k.ev) < 0)
+			debugf("fd %d: into epoll %d as accelerated: %s", fd, k.epfd, strerror(errno));
+	}
+}
+
+/* kreg_forget drops fd's noted registrations: it is closed, or the
+ * kernel keeps it. Under mu. */
+void kreg_forget(int fd)
+{
+	for (int i = 0; i < nkregs;)
+		if (kregs[i].fd == fd)
+			kregs[i] = kregs[--nkregs];
+		else
+			i++;
+}
+
+/* ep_ctl_locked is epoll_ctl for an accelerated member fd (entry fe) of
+ * the instance epfd (entry ee), in the instance's list; under mu. */
+static int ep_ctl_locked(struct fdent *ee, int epfd, int op, int fd, struct fdent *fe, struct epoll_event *ev)
+{
+	struct ep *ep = ep_of(epfd);
+	int i = ep_find(ep, fd, fe->h);
+	int found = i >= 0;
+	int r = 0;
+	switch (op) {
+	case EPOLL_CTL_ADD:
+		if (found) {
+			errno = EEXIST;
+			r = -1;
+			break;
+		}
+		if (!(ep = ep_grow(ee, ep, fe->h))) {
+			r = -1;
+			break;
+		}
+		if (ep->hidx[fe->h])
+			ep->multi = 1;
+		i = ep->n++;
+		/* fallthrough */
+	case EPOLL_CTL_MOD:
+		if (!found && op == EPOLL_CTL_MOD) {
+			errno = ENOENT;
+			r = -1;
+			break;
+		}
+		if (!ev) {
+			errno = EFAULT;
+			r = -1;
+			if (op == EPOLL_CTL_ADD)
+				ep->n--;
+			break;
+		}
+		ep->items[i] = (struct epi){
+			.fd = fd, .h = fe->h, .events = ev->events, .data = ev->data,
+			.rd_seen = fe->rd_eagain - 1, .wr_seen = fe->wr_eagain - 1,
+		};
+		if ((unsigned)fe->h < (unsigned)ep->nhidx)
+			ep->hidx[fe->h] = i + 1;
+		else
+			ep->multi = 1; /* not indexed: always check all */
+		ep_pend(ep, fe->h);
+		break;
+	case EPOLL_CTL_DEL:
+		if (!found) {
+			errno = ENOENT;
+			r = -1;
+			break;
+		}
+		ep_remove(ep, i);
+		break;
+	default:
+		errno = EINVAL;
+		r = -1;
+	}
+	if (r == 0)
+		ep->ver++;
+	return r;
+}
+
+EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+	struct fdent *fe = ours_or_listener(fd);
+	struct fdent *ee = ent(epfd);
+	CHILD_TAKES(fd, fe);
+	if (!fe && ee && !after_fork)
+		return kreg_ctl(epfd, op, fd, ev);
+	if (!fe || !ee || after_fork)
+		return real_epoll_ctl(epfd, op, fd, ev);
+	if (fe->listening) {
+		/* The kernel's half too. */
+		int r = real_epoll_ctl(epfd, op, fd, ev);
+		if (r < 0)
+			return r;
+	}
+	pthread_mutex_lock(&mu);
+	int r = ep_ctl_locked(ee, epfd, op, fd, fe, ev);
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
+/* epoll's bits are poll's. */
+_Static_assert(EPOLLIN == POLLIN && EPOLLOUT == POLLOUT && EPOLLERR == POLLERR && EPOLLHUP == POLLHUP &&
+	       EPOLLRDHUP == POLLRDHUP && EPOLLRDNORM == POLLRDNORM && EPOLLWRNORM == POLLWRNORM,
+	       "epoll and poll bits differ");
+#define to_epoll(ev) ((uint32_t)(uint16_t)to_poll(ev))
+#define from_epoll(ev) from_poll((short)((ev) & 0xffff))
+
+/* ep_members lists an instance's accelerated members for the core (their
+ * handles in hs, 0 for a disabled one, and the events each wants), and
+ * says whether any is a connection (not a listener). */
+static int ep_members(struct ep *ep, int *hs, int *want)
+{
+	int conns = 0;
+	for (int j = 0; j < ep->n; j++) {
+		hs[j] = ep->items[j].disabled ? 0 : ep->items[j].h;
+		want[j] = hs[j] ? from_epoll(ep->items[j].events) : 0;
+		if (hs[j] && !conns) {
+			struct fdent *fe = ent(ep->items[j].fd);
+			conns = fe && !fe->listening;
+		}
+	}
+	return conns;
+}
+
+/* ep_collect reports ready members into out, up to max, from the events
+ * the core gave for hs[0..m): every member in order if full (ep_members),
+ * else the handles of those to check, some perhaps twice or no longer
+ * members. For a full check it sets what each member would wait for in
+ * want: its events, or, for an edge-triggered member whose readiness was
+ * reported already, its next change (ONL_EDGE from the edge count in
+ * edges). It refills the list of those to check at the next call: the
+ * ones it could not report for max first, then the level-triggered ones
+ * ready and those waiting for write space (later is scratch for them). */
+static int ep_collect(struct ep *ep, int full, struct epoll_event *out, int max, const int *hs, const int *evs,
+		      int *want, const unsigned *edges, int m, int *later)
+{
+	unsigned round = ++ep->round;
+	int k = 0, first = 0, nlater = 0;
+	for (int c = 0; c < m; c++) {
+		int j = full ? (ep->next + c) % m : c;
+		struct epi *it;
+		if (full) {
+			it = &ep->items[j];
+		} else {
+			int h = hs[j];
+			if ((unsigned)h >= (unsigned)ep->nhidx || !ep->hidx[h])
+				continue;
+			it = &ep->items[ep->hidx[h] - 1];
+			if (it->stamp == round)
+				continue;
+		}
+		it->stamp = round;
+		if (it->disabled)
+			continue;
+		if (k == max) {
+			ep->pend[first++] = it->h;
+			continue;
+		}
+		uint32_t ready = to_epoll(evs[j]) & (it->events | EPOLLERR | EPOLLHUP);
+		uint32_t got = ready;
+		if (it->events & EPOLLET) {
+			struct fdent *fe = ent(it->fd);
+			if (got && full) /* reported now or before: wait for the next edge */
+				want[j] = ONL_EDGE;
+			/* An edge, as the kernel's: the socket's edge count moved
+			 * (new data, a connection, a state change, an error) since
+			 * it was last reported, or the program found it empty (or
+			 * full) since. */
+			int moved = edges[j] != it->edge_seen;
+			if (fe && !moved && fe->rd_eagain == it->rd_seen)
+				got &= ~(EPOLLIN | EPOLLRDNORM | EPOLLRDHUP);
+			if (fe && !moved && fe->wr_eagain == it->wr_seen)
+				got &= ~(EPOLLOUT | EPOLLWRNORM);
+			if (got)
+				it->edge_seen = edges[j];
+			if (fe && (got & (EPOLLIN | EPOLLRDNORM | EPOLLRDHUP)))
+				it->rd_seen = fe->rd_eagain;
+			if (fe && (got & (EPOLLOUT | EPOLLWRNORM)))
+				it->wr_seen = fe->wr_eagain;
+		} else if (ready || ((it->events & EPOLLOUT) && !(evs[j] & ONL_WRITABLE))) {
+			later[nlater++] = it->h;
+		}
+		if (!got)
+			continue;
+		out[k].events = got;
+		out[k].data = it->data;
+		k++;
+		if (it->events & EPOLLONESHOT)
+			it->disabled = 1;
+	}
+	memcpy(ep->pend + first, later, nlater * sizeof(int));
+	ep->npend = first + nlater;
+	if (full)
+		ep->next = m ? (ep->next + 1) % m : 0;
+	return k;
+}
+
+/* ep_taken_over is taken_over for an epoll instance's members (hs as
+ * ep_members listed them). */
+static int ep_taken_over(struct fdent *ee, const int *hs, const int *evs, int n)
+{
+	int any = 0;
+	for (int j = 0; j < n; j++) {
+		if ((evs[j] & (ONL_ERROR | ONL_HANGUP)) != (ONL_ERROR | ONL_HANGUP) || hs[j] <= 0)
+			continue;
+		int fd = -1;
+		pthread_mutex_lock(&mu);
+		struct ep *ep = ee->kind == K_EPOLL ? ee->ep : NULL;
+		for (int i = 0; ep && i < ep->n; i++)
+			if (ep->items[i].h == hs[j])
+				fd = ep->items[i].fd;
+		pthread_mutex_unlock(&mu);
+		if (fd >= 0 && kernel_took(fd))
+			any = 1;
+	}
+	return any;
+}
+
+static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns, const sigset_t *mask)
+{
+	struct fdent *ee = ent(epfd);
+	struct ep *ep;
+	if (max <= 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	/* The first check kicks what sends left and polls (unless another
+	 * thread is in the stack), in the one call into the core a busy
+	 * server's epoll_wait makes; only if it finds nothing does the
+	 * thread claim a spin slot and spin (wait_begin's work, put off). */
+	if (timeout_ns != 0)
+		count_waiter();
+	int64_t now0 = now_ns();
+	keep_p(now0, RESCHED_BUSY_NS);
+	struct wait w = {.deadline = timeout_ns < 0 ? -1 : now0 + timeout_ns};
+	int spin_tried = timeout_ns == 0 || spin_ns <= 0, spin_try = 0;
+	int ret;
+	/* Scratch for the members' handles, events, wants and edge counts:
+	 * grown, not allocated again for every check of a spin. */
+	int *hs = NULL, room = 0;
+	int blocking = 0; /* the spin is over: check all, to arm them */
+	/* A check that finds nothing looks at the kernel's set only in a
+	 * call that does not wait, or after a block that the program's
+	 * epoll fd ended (wait_block's 1). Otherwise the call goes on to
+	 * spin, whose looks ep_kernel_due spaces, or to block, in a set that
+	 * holds the program's epoll fd: a kernel fd ready ends the block at
+	 * once. memcached's threads made two or three such system calls a
+	 * wait, one after every wake-up for a frame of the other thread's. */
+	int kernel_woke = timeout_ns == 0;
+	for (;;) {
+		pthread_mutex_lock(&mu);
+		ep = ee->ep;
+		int full = !ep || ep->full || ep->multi || blocking;
+		int logroom = full ? -1 : ep_log_room(ep);
+		int len = !ep ? 0 : full ? ep->n : ep->npend + logroom;
+		if (len + 1 > room) {
+			int *grown = realloc(hs, sizeof(int) * 5 * (len + 1));
+			if (!grown) {
+				pthread_mutex_unlock(&mu);
+				errno = ENOMEM;
+				ret = -1;
+				break;
+			}
+			hs = grown;
+			room = len + 1;
+		}
+		int *evs = hs + room, *want = evs + room, *later = want + room;
+		unsigned *edges = (unsigned *)(later + room);
+		int conns = 0, k0 = 0, nmembers = ep ? ep->n : 0;
+		if (full && ep) {
+			conns = ep_members(ep, hs, want);
+			k0 = ep->n;
+		} else if (ep) {
+			memcpy(hs, ep->pend, ep->npend * sizeof(int));
+			k0 = ep->npend;
+		}
+		unsigned ver = ep ? ep->ver : 0, seq0 = ep ? ep->seq : 0, seq = seq0;
+		pthread_mutex_unlock(&mu);
+		/* The core is asked without the table's lock: it takes the stack
+		 * lock, may poll and kick, and the other threads' waits (each on
+		 * its own instance) need the table meanwhile. What the members
+		 * were is checked after: a change since (epoll_ctl, close) asks
+		 * again, and reads the log again from where it was. */
+		int fl = w.spinning ? ONL_READY_POLL : ONL_READY_TRY_POLL;
+		if (kick_owed) {
+			kick_owed = 0;
+			fl |= ONL_READY_KICK;
+		}
+		if (spin_try)
+			fl |= ONL_READY_TRY_SPIN;
+		int m = CORE(core.ready(hs, evs, edges, k0, logroom, &seq, &fl));
+		if (spin_try) {
+			spin_try = 0;
+			spin_tried = 1;
+			if (fl & ONL_READY_SPINNING) {
+				w.spinning = 1;
+				w.spin_end = now_ns() + spin_ns;
+				w.yield_at = 0;
+			}
+		}
+		if (m < 0) {
+			pthread_mutex_lock(&mu);
+			if (ee->ep == ep && ep)
+				ep->full = 1;
+			pthread_mutex_unlock(&mu);
+			continue;
+		}
+		if (ep_taken_over(ee, hs, evs, m))
+			continue; /* those members are the kernel set's now */
+		pthread_mutex_lock(&mu);
+		if (ee->ep != ep || (ep && ep->ver != ver)) {
+			pthread_mutex_unlock(&mu);
+			continue;
+		}
+		int k = 0, kernel = 1;
+		if (ep) {
+			k = ep_collect(ep, full, out, max, hs, evs, want, edges, m, later);
+			kernel = k < max && ((k == 0 && kernel_woke && !blocking && !w.spinning) || ep_kernel_due(ep, w.deadline));
+			/* Another thread waiting on the instance read the log
+			 * meanwhile: what it took is not in this check. */
+			if (ep->seq != seq0)
+				ep->full = 1;
+			else if (full)
+				ep->full = 0;
+			ep->seq = seq;
+		}
+		pthread_mutex_unlock(&mu);
+		if (kernel && k < max) {
+			int r;
+			while ((r = real_epoll_wait(epfd, out + k, max - k, 0)) < 0 && errno == EINTR)
+				;
+			if (r < 0) {
+				ret = -1;
+				break;
+			}
+			/* A listener's two halves report once. */
+			for (int a = k; a < k + r; a++) {
+				int dup = -1;
+				for (int b = 0; b < k; b++)
+					if (out[b].data.u64 == out[a].data.u64)
+						dup = b;
+				if (dup >= 0) {
+					out[dup].events |= out[a].events;
+					out[a--] = out[k + --r];
+				}
+			}
+			k += r;
+		}
+		int64_t now;
+		if (k > 0 || wait_over(&w, &now)) {
+			ret = k;
+			break;
+		}
+		if (!spin_tried) {
+			spin_try = 1;
+			continue;
+		}
+		struct pollfd p[4] = {{.fd = epfd, .events = POLLIN}};
+		if (!full && !(w.spinning && now < w.spin_end)) {
+			/* A set of many: wait for the stack's ready log to move
+			 * past this check, instead of arming every member. */
+			if (nmembers >= EP_LOG_WAIT && !log_wait_off) {
+				if ((kernel_woke = wait_block(&w, now, NULL, NULL, NULL, NULL, 0, &seq, p, 1, epfd, 1, mask)) < 0) {
+					ret = -1;
+					break;
+				}
+				continue;
+			}
+			blocking = 1; /* check all before blocking, to arm them */
+			continue;
+		}
+		blocking = 0;
+		if ((kernel_woke = wait_block(&w, now, hs, want, evs, edges, k0, NULL, p, 1, epfd, conns, mask)) < 0) {
+			ret = -1;
+			break;
+		}
+	}
+	wait_end(&w);
+	free(hs);
+	return ret;
+}
+
+static int ep_has_ours(int epfd)
+{
+	struct fdent *e = ent(epfd);
+	if (e && e->kind == K_EPOLL && e->ep && after_fork) {
+		/* A child's inherited set: its connections go to the kernel
+		 * (and into the kernel's set). */
+		for (int i = e->ep->n - 1; i >= 0; i--) {
+			int fd = e->ep->items[i].fd;
+			struct fdent *m = ours(fd);
+			CHILD_TAKES(fd, m);
+		}
+		return 0;
+	}
+	return e && e->kind == K_EPOLL && e->ep && e->ep->n > 0 && !in_core;
+}
+
+/* kernel_epoll_pwait is epoll_wait (pwait 0) or epoll_pwait on an
+ * instance of the kernel's fds alone (see kwait). */
+static int kernel_epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask, int pwait)
+{
+	struct kwait k;
+	kwait_begin(&k, timeout < 0 ? -1 : timeout * 1000000LL);
+	int r;
+	int64_t left;
+	while (kwait_again(&k, r = pwait ? real_epoll_pwait(epfd, ev, max, timeout, mask) : real_epoll_wait(epfd, ev, max, timeout), &left))
+		timeout = ns_ms(left);
+	return r;
+}
+
+EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
+{
+	if (!ep_has_ours(epfd))
+		return kernel_epoll_pwait(epfd, ev, max, timeout, NULL, 0);
+	return do_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : timeout * 1000000LL, NULL);
+}
+
+EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask)
+{
+	if (!ep_has_ours(epfd))
+		return kernel_epoll_pwait(epfd, ev, max, timeout, mask, 1);
+	return do_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : timeout * 1000000LL, mask);
+}
+
+EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const struct timespec *t, const sigset_t *mask)
+{
+	if (!ep_has_ours(epfd)) {
+		struct kwait k;
+		kwait_begin(&k, ts_ns(t));
+		int r;
+		int64_t left;
+		struct timespec ts;
+		while (kwait_again(&k, r = real_epoll_pwait2(epfd, ev, max, t, mask), &left))
+			t = ns_ts(left, &ts);
+		return r;
+	}
+	return do_epoll_wait(epfd, ev, max, ts_ns(t), mask);
+}
+

@@ -1,0 +1,261 @@
+/* process.c: the shim's start (init), inherited sockets, fork and exec (see shim.h). */
+#include "shim.h"
+
+/* ---- the calls ------------------------------------------------------- */
+
+static void child_after_fork(void);
+
+/* adopt_inherited takes the TCP/IPv4 sockets the program inherited (from
+ * the program it was exec'd from: nginx's binary upgrade passes its
+ * listening sockets so; systemd's socket activation) as a socket() of its
+ * own: a listener is accelerated at its first accept, poll or epoll_ctl,
+ * an unconnected socket at its connect. A connected one stays the
+ * kernel's: the previous program handed its accelerated connections over
+ * to the kernel before the exec (handover_for_exec). */
+static void adopt_inherited(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return;
+	int dfd = dirfd(d);
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		char *end;
+		long fd = strtol(de->d_name, &end, 10);
+		if (*end || end == de->d_name || fd == dfd)
+			continue;
+		struct fdent *e = ent((int)fd);
+		int v;
+		socklen_t l = sizeof v;
+		if (!e || real_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &l) < 0 || v != AF_INET)
+			continue;
+		l = sizeof v;
+		if (real_getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &l) < 0 || v != SOCK_STREAM)
+			continue;
+		l = sizeof v;
+		if (real_getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &v, &l) < 0 || v != IPPROTO_TCP)
+			continue;
+		l = sizeof v;
+		int listening = real_getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &v, &l) == 0 && v;
+		if (!listening) {
+			struct sockaddr_in sa;
+			l = sizeof sa;
+			if (real_getpeername(fd, (struct sockaddr *)&sa, &l) == 0 || errno != ENOTCONN)
+				continue;
+		}
+		memset(e, 0, sizeof *e);
+		e->kind = K_TCP;
+		e->listening = listening;
+		debugf("fd %ld: inherited %s", fd, listening ? "listening" : "unconnected");
+	}
+	closedir(d);
+}
+
+__attribute__((constructor)) static void init(void)
+{
+#define LOAD(ret, name, ...) *(void **)&real_##name = dlsym(RTLD_NEXT, #name);
+	LIBC(LOAD)
+#undef LOAD
+	/* A signal the program inherited ignored is ignored in prog_act too
+	 * (on_pipe and catch_ends read it there): the Go runtime installs a
+	 * handler of its own for SIGPIPE, and the program's disposition is
+	 * then ours to remember. */
+	for (int sig = 1; sig < NSIG; sig++) {
+		struct sigaction cur;
+		if ((held_sig(sig) || fault_sig(sig)) && real_sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_IGN)
+			prog_act[sig].sa_handler = SIG_IGN;
+	}
+	const char *lv = getenv("ONLOAD_LOG");
+	log_debug = lv && strcmp(lv, "debug") == 0;
+	const char *dis = getenv("ONLOAD_DISABLE");
+	if (dis && strcmp(dis, "1") == 0)
+		return; /* an empty table: everything goes to libc */
+	struct rlimit rl;
+	nfdt = 65536;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max != RLIM_INFINITY && rl.rlim_max > (rlim_t)nfdt)
+		nfdt = rl.rlim_max > (1 << 20) ? (1 << 20) : (int)rl.rlim_max;
+	fdt = calloc(nfdt, sizeof *fdt);
+	hrefs = calloc(MAX_HANDLES, sizeof *hrefs);
+	if (!fdt || !hrefs) {
+		free(fdt);
+		fdt = NULL;
+		nfdt = 0;
+		return;
+	}
+	pthread_key_create(&thread_key, thread_exit);
+	pthread_atfork(prepare_fork, NULL, child_after_fork);
+	adopt_inherited();
+}
+
+static void child_after_fork(void)
+{
+	if (core_state == 1) {
+		after_fork = 1;
+		uncatch_ends();
+	}
+	/* The parent thread's eventfd and epoll set are shared: make our own.
+	 * The child has one thread, which has not blocked yet. */
+	t_efd = t_ep = t_ep_prog = -1;
+	t_waiter = 0;
+	waiter_threads = 0;
+}
+
+/* ---- exec ------------------------------------------------------------
+ *
+ * A connection the program passes across exec (not close-on-exec) is
+ * handed over to the kernel first: the new program, with or without the
+ * shim, finds a kernel connection on the fd. If the exec fails, the
+ * connections stay the kernel's, and work. */
+
+/* hand_over gives connection fd (entry e) to the kernel, for why: 0, or
+ * the core's negated errno. */
+static int hand_over(int fd, struct fdent *e, const char *why)
+{
+	int r = CORE(core.handover(e->h, fd));
+	if (r == 0) {
+		debugf("fd %d: handed over to the kernel %s", fd, why);
+		kernel_now(e);
+	}
+	return r;
+}
+
+static void handover_for_exec(void)
+{
+	if (!fdt || core_state != 1 || in_core)
+		return;
+	for (int fd = 0; fd < nfdt; fd++) {
+		struct fdent *e = &fdt[fd];
+		if (e->kind != K_OURS || e->listening)
+			continue;
+		int fl = real_fcntl(fd, F_GETFD);
+		if (fl < 0 || (fl & FD_CLOEXEC))
+			continue;
+		if (after_fork) {
+			child_takes(fd, e);
+			continue;
+		}
+		int r = hand_over(fd, e, "for exec");
+		if (r != 0)
+			logf_("fd %d: its connection could not be handed over to the kernel before exec (%s): "
+			      "the new program finds it unusable", fd, strerror(-r));
+	}
+}
+
+/* handover_at_exit, on a stack of the process's own: a connection the
+ * program left open with data still to deliver goes to the kernel, which
+ * delivers it after the process is gone and then closes the connection
+ * with the process's last fd on it, as it does its own sockets' (before,
+ * the exit served the stack for a second at most: a peer that read
+ * slowly got 3.6 MB of 4.2 and then a reset). The rest close in the
+ * stack (onl_exit), which is quicker: a handover takes system calls, and
+ * a connection with nothing outstanding ends within a round trip; but
+ * where a child forked after the core loaded may hold them, every one
+ * is handed over. */
+void handover_at_exit(void)
+{
+	if (!fdt || !CORE(core.own_stack()))
+		return;
+	/* A child forked after the core loaded may hold the connections
+	 * still, and use them after we are gone: then every one goes to the
+	 * kernel, on the fd the child has too (child_takes finds it there). */
+	siginfo_t si;
+	int child = forked_after_core && waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) == 0;
+	for (int fd = 0; fd < nfdt; fd++) {
+		struct fdent *e = &fdt[fd];
+		struct onl_tcpinfo ti;
+		if (e->kind != K_OURS || e->listening || CORE(core.tcpinfo(e->h, &ti)) < 0 ||
+		    (!child && ti.unacked == 0 && ti.notsent == 0))
+			continue;
+		int r = hand_over(fd, e, child ? "at exit, for a child" : "at exit, with data to deliver");
+		if (r != 0)
+			debugf("fd %d: its connection could not be handed over to the kernel at exit (%s): it ends in the stack",
+			       fd, strerror(-r));
+	}
+}
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+	handover_for_exec();
+	return real_execve(path, argv, envp);
+}
+
+EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+	handover_for_exec();
+	return real_execvpe(file, argv, envp);
+}
+
+EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
+{
+	handover_for_exec();
+	return real_fexecve(fd, argv, envp);
+}
+
+extern char **environ;
+
+EXPORT int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }
+EXPORT int execvp(const char *file, char *const argv[]) { return execvpe(file, argv, environ); }
+
+/* The list forms gather their arguments (and execle its environment). */
+#define EXEC_ARGS(first, ap, argv) do { \
+	size_t n_ = 1; \
+	va_list c_; \
+	va_copy(c_, ap); \
+	while (va_arg(c_, char *)) n_++; \
+	va_end(c_); \
+	argv = alloca((n_ + 1) * sizeof(char *)); \
+	argv[0] = (char *)(first); \
+	for (size_t i_ = 1; i_ <= n_; i_++) argv[i_] = va_arg(ap, char *); \
+} while (0)
+
+EXPORT int execl(const char *path, const char *arg, ...)
+{
+	va_list ap;
+	char **argv;
+	va_start(ap, arg);
+	EXEC_ARGS(arg, ap, argv);
+	va_end(ap);
+	return execve(path, argv, environ);
+}
+
+EXPORT int execlp(const char *file, const char *arg, ...)
+{
+	va_list ap;
+	char **argv;
+	va_start(ap, arg);
+	EXEC_ARGS(arg, ap, argv);
+	va_end(ap);
+	return execvpe(file, argv, environ);
+}
+
+EXPORT int execle(const char *path, const char *arg, ...)
+{
+	va_list ap;
+	char **argv;
+	va_start(ap, arg);
+	EXEC_ARGS(arg, ap, argv);
+	char **envp = va_arg(ap, char **);
+	va_end(ap);
+	return execve(path, argv, envp);
+}
+
+/* vfork's child shares our memory and runs no fork handlers: a close()
+ * there would close the parent's socket. Like Onload's default, it is a
+ * fork (whose child handler, child_after_fork, runs: it is registered
+ * with pthread_atfork, so that glibc's own forks, daemon()'s among them,
+ * run it too). */
+EXPORT pid_t vfork(void) { return real_fork(); }
+
+EXPORT int socket(int domain, int type, int protocol)
+{
+	int fd = real_socket(domain, type, protocol);
+	struct fdent *e = ent(fd);
+	if (e && domain == AF_INET && (type & 0xf) == SOCK_STREAM &&
+	    (protocol == 0 || protocol == IPPROTO_TCP)) {
+		memset(e, 0, sizeof *e);
+		e->kind = K_TCP;
+		e->fresh = 1;
+	}
+	return fd;
+}
+

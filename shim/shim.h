@@ -1,0 +1,497 @@
+/*
+ * libonload.so: the LD_PRELOAD interposer. `onloadd run -- CMD` preloads
+ * it into an unmodified program.
+ *
+ * It keeps a table of the program's file descriptors that are TCP/IPv4
+ * sockets. Every call on any other descriptor goes straight to libc (its
+ * function found once with dlsym(RTLD_NEXT)) after one table lookup.
+ * socket(), bind() and listen() stay in the kernel. The Go core
+ * (libonload-core.so, shim/core) is loaded at the first operation that
+ * needs a stack: a connect(), or the first accept, poll or epoll_ctl on a
+ * listening socket. So a pre-fork master that only binds and listens
+ * leaves its workers free to load it. The core then decides: a socket it
+ * does not accelerate (another interface, loopback, no stack) stays the
+ * kernel's, with ONLOAD_LOG=debug saying why.
+ *
+ * An accelerated socket stands on its kernel socket, whose fd number the
+ * program holds: it holds the port, and fstat, fcntl and /proc/self/fd
+ * see a socket. Its data goes through the core.
+ *
+ * Waiting (blocking calls, poll, select, epoll) spins on the stack for
+ * the profile's spin time, then arms the sockets with the thread's
+ * eventfd and blocks in the kernel on it beside the program's own fds.
+ *
+ * The Go runtime cannot run in a child forked after it loaded: there an
+ * inherited connection is handed over to the kernel at its first use
+ * (onloadd, or the parent for a stack it made, re-creates it on its
+ * kernel socket with TCP_REPAIR), and is the kernel's from then on, in
+ * the child and in the parent; close() closes only the child's fd. A
+ * connection passed across exec is handed over before it.
+ *
+ * The program's signal handlers run through on_signal, which holds a
+ * signal that finds its thread in the core until the thread leaves. On a
+ * stack of the process's own, its end closes its connections as the
+ * kernel's would: exit (atexit), _exit, the signals it leaves at a
+ * default that ends it (caught, then raised again at the default), and
+ * a fault in its own code (on_fault).
+ */
+#ifndef ONLOAD_SHIM_INTERNAL_H
+#define ONLOAD_SHIM_INTERNAL_H
+
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <link.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <alloca.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/select.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include "onload.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* libc's functions, found once with dlsym(RTLD_NEXT) at load (init, in
+ * process.c): real_NAME is libc's NAME. */
+#define LIBC(X) \
+	X(int, socket, int, int, int) \
+	X(int, listen, int, int) \
+	X(int, accept, int, struct sockaddr *, socklen_t *) \
+	X(int, accept4, int, struct sockaddr *, socklen_t *, int) \
+	X(int, connect, int, const struct sockaddr *, socklen_t) \
+	X(ssize_t, read, int, void *, size_t) \
+	X(ssize_t, write, int, const void *, size_t) \
+	X(ssize_t, readv, int, const struct iovec *, int) \
+	X(ssize_t, writev, int, const struct iovec *, int) \
+	X(ssize_t, recv, int, void *, size_t, int) \
+	X(ssize_t, recvfrom, int, void *, size_t, int, struct sockaddr *, socklen_t *) \
+	X(ssize_t, recvmsg, int, struct msghdr *, int) \
+	X(int, recvmmsg, int, struct mmsghdr *, unsigned int, int, struct timespec *) \
+	X(ssize_t, send, int, const void *, size_t, int) \
+	X(ssize_t, sendto, int, const void *, size_t, int, const struct sockaddr *, socklen_t) \
+	X(ssize_t, sendmsg, int, const struct msghdr *, int) \
+	X(int, sendmmsg, int, struct mmsghdr *, unsigned int, int) \
+	X(ssize_t, sendfile, int, int, off_t *, size_t) \
+	X(int, close, int) \
+	X(int, shutdown, int, int) \
+	X(int, getsockopt, int, int, int, void *, socklen_t *) \
+	X(int, setsockopt, int, int, int, const void *, socklen_t) \
+	X(int, getsockname, int, struct sockaddr *, socklen_t *) \
+	X(int, getpeername, int, struct sockaddr *, socklen_t *) \
+	X(int, fcntl, int, int, ...) \
+	X(int, ioctl, int, unsigned long, ...) \
+	X(int, dup, int) \
+	X(int, dup2, int, int) \
+	X(int, dup3, int, int, int) \
+	X(int, poll, struct pollfd *, nfds_t, int) \
+	X(int, ppoll, struct pollfd *, nfds_t, const struct timespec *, const sigset_t *) \
+	X(int, select, int, fd_set *, fd_set *, fd_set *, struct timeval *) \
+	X(int, pselect, int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *) \
+	X(int, epoll_create, int) \
+	X(int, epoll_create1, int) \
+	X(int, epoll_ctl, int, int, int, struct epoll_event *) \
+	X(int, epoll_wait, int, struct epoll_event *, int, int) \
+	X(int, epoll_pwait, int, struct epoll_event *, int, int, const sigset_t *) \
+	X(int, epoll_pwait2, int, struct epoll_event *, int, const struct timespec *, const sigset_t *) \
+	X(pid_t, fork, void) \
+	X(int, execve, const char *, char *const[], char *const[]) \
+	X(int, execvpe, const char *, char *const[], char *const[]) \
+	X(int, fexecve, int, char *const[], char *const[]) \
+	X(int, sigaction, int, const struct sigaction *, struct sigaction *) \
+	X(void, _exit, int)
+#define REAL_DECL(ret, name, ...) extern ret (*real_##name)(__VA_ARGS__);
+LIBC(REAL_DECL)
+
+/* The Go core's functions (onl_NAME in libonload-core.so), found at its
+ * load (load_core). */
+struct core_fns {
+	int (*listen)(int, uint32_t);
+	int (*connect)(int, uint32_t, uint16_t);
+	int (*accept)(int, int);
+	long (*recv)(int, void *, size_t, int);
+	long (*send)(int, const void *, size_t, int);
+	void (*kick)(void);
+	void (*events)(int *, int *, unsigned *, int, int);
+	int (*ready)(int *, int *, unsigned *, int, int, unsigned *, int *);
+	int (*arm)(int *, int *, int *, unsigned *, int, int, int);
+	int (*arm_ready)(int, unsigned, int);
+	void (*disarm_ready)(int, int);
+	void (*disarm)(int *, int, int, int);
+	int (*irq_fd)(void);
+	int (*remote_fd)(void);
+	void (*take_remote)(void);
+	void (*thread)(void);
+	void (*resched)(void);
+	long (*spin_ns)(void);
+	int (*try_spin)(void);
+	void (*end_spin)(void);
+	void (*close)(int);
+	int (*shutdown)(int, int);
+	int (*setopt)(int, int, int);
+	int (*addrs)(int, uint32_t *, uint16_t *, uint32_t *, uint16_t *);
+	int (*sockerr)(int);
+	int (*unread)(int);
+	int (*tcpinfo)(int, struct onl_tcpinfo *);
+	int (*handover_info)(int, uint32_t *, uint32_t *, char *, int);
+	int (*handover)(int, int);
+	int (*handed_over)(int);
+	void (*exit)(void);
+	int (*own_stack)(void);
+};
+extern struct core_fns core;
+
+/* ---- types and constants the files share ------------------------- */
+
+/* maybe_ours has a bit for each fd below NFAST that is accelerated: set
+ * before the fd's entry becomes K_OURS, cleared when it stops. A call on
+ * any other fd reads one word here, beside libc's function pointers, and
+ * never the fd table: where every system call flushes the TLB (page-table
+ * isolation without PCID, as on the machine the shim was measured on),
+ * each page an interposed call touches costs a page walk. */
+#define NFAST 8192
+
+/* A thread that calls the core gets a signal stack (unless it has one):
+ * the Go runtime takes it as the thread's, and the program's handlers
+ * run on it (SA_ONSTACK). A handler's socket call enters Go from there,
+ * and Go assumes 32 KiB of it are free below: Go's own stack for a
+ * thread that has none is 32 KiB in all. */
+#define ALTSTACK (256 << 10)
+
+#define debugf(...) do { if (log_debug) logf_(__VA_ARGS__); } while (0)
+
+/* Calls into the core mark the thread: a signal that comes meanwhile is
+ * held until the call is done (on_signal), so that its handler, which
+ * may touch a socket, never re-enters Go. */
+#define CORE(call) ({ core_enter(); __typeof__(call) r_ = (call); core_leave(); r_; })
+
+#define CORE_VOID(call) do { core_enter(); call; core_leave(); } while (0)
+
+enum {
+	K_NONE,	   /* not ours: libc */
+	K_TCP,	   /* a TCP/IPv4 socket the core has not seen */
+	K_OURS,	   /* accelerated */
+	K_EPOLL,   /* an epoll instance */
+};
+
+struct ep;
+
+struct fdent {
+	uint8_t kind;
+	uint8_t nonblock;   /* O_NONBLOCK as the program set it (K_OURS) */
+	uint8_t listening;  /* listens (also in the kernel) */
+	uint8_t tried;	    /* the core declined it */
+	union {
+		int h;		    /* the core's handle (K_OURS) */
+		uint32_t epgen;	    /* K_EPOLL: which epoll instance (wait_block) */
+	};
+	uint32_t rd_eagain, wr_eagain; /* reads/writes that found nothing: EPOLLET */
+	struct ep *ep;	    /* K_EPOLL */
+	/* K_OURS, a connection: its names at onloadd, for a child forked
+	 * after the core loaded to ask for its handover (prepare_fork). */
+	uint8_t ho_ok;
+	uint32_t ho_stack, ho_sock;
+	/* K_TCP: made by socket() here (fresh: its options are the
+	 * kernel's defaults), and whether the program set an option on it
+	 * since (copy_options). */
+	uint8_t fresh, opts_set;
+};
+
+#define MAX_HANDLES (1 << 17)
+
+/* In a child forked after the core loaded, a connection is handed over
+ * to the kernel at its first use: e becomes NULL, and the call goes to
+ * the kernel. */
+#define CHILD_TAKES(fd, e) do { \
+	if ((e) && after_fork && !(e)->listening && child_takes((fd), (e)) == 0) (e) = NULL; \
+} while (0)
+
+/* A call on an accelerated socket: the core must be usable from here. */
+#define CHECK_USABLE() do { \
+	if (after_fork) return refuse_after_fork(); \
+	if (in_core) { errno = EINTR; return -1; } \
+} while (0)
+
+/*
+ * A wait: spin on the stack for the profile's spin time (as many threads
+ * at a time as ONLOAD_SPIN_THREADS, by default one: each poll serves
+ * every socket), then arm the sockets with the thread's
+ * eventfd and block in the kernel on it beside the program's own fds.
+ */
+struct wait {
+	int64_t deadline; /* -1: none */
+	int64_t spin_end;
+	int64_t yield_at; /* the spin's next sched_yield (SPIN_YIELD_NS) */
+	int spinning;
+};
+
+/* keep_p's period for a thread that does not block (wait.c). */
+#define RESCHED_BUSY_NS 8000000
+
+/* A wait on the kernel's fds alone goes straight to libc. Once the core
+ * is loaded the Go runtime handles SIGURG (its preemption signal: one
+ * meant for a thread's time in Go can land just after the thread left
+ * it; or one sent to the process), and the kernel then ends the wait with
+ * EINTR where, the signal being at its default, it would have gone on.
+ * So a wait that EINTR ends with none of the program's handlers run on
+ * the thread (t_handled) goes again, for the time it has left. */
+struct kwait {
+	unsigned handled;
+	int64_t end; /* on now_ns; -1: none, for ever */
+};
+
+/* An epoll instance's accelerated members, which the kernel's epoll does
+ * not see (a listener is in both: the kernel's half serves loopback). */
+struct epi {
+	int fd, h;
+	uint32_t events;
+	epoll_data_t data;
+	uint8_t disabled;	      /* EPOLLONESHOT, reported */
+	uint32_t rd_seen, wr_seen;    /* EPOLLET: the EAGAIN counts when last reported */
+	uint32_t edge_seen;	      /* EPOLLET: the socket's edge count then */
+	unsigned stamp;		      /* the check that last looked at it (ep.round) */
+};
+
+/*
+ * An instance checks, at each epoll_wait, only the members that may be
+ * ready, as the kernel's epoll keeps a ready list that its sockets'
+ * wake-ups fill: those it found ready last time (level-triggered) or
+ * could not report for the caller's max, those waiting for write space,
+ * new and changed ones (epoll_ctl), and those the stack's ready log names
+ * since it last read it (onl_ready: a segment, a timer, a connection came
+ * for them). It checks every member when the log cannot say (it wrapped,
+ * or another thread read it meanwhile) and before it blocks, to arm them
+ * all.
+ */
+struct ep {
+	int n, cap, next;
+	unsigned ver;	  /* counts changes of the members (under mu) */
+	unsigned seq;	  /* the stack's ready log, read up to here */
+	uint8_t full;	  /* check every member at the next call */
+	uint8_t multi;	  /* a socket is in twice (dup'd fds): check all, always */
+	unsigned round;	  /* counts checks (epi.stamp) */
+	int64_t kernel_at; /* when the kernel's set is due a look (ep_kernel_due) */
+	int *hidx, nhidx; /* by handle: its member's index + 1 (0: none) */
+	int *pend, npend; /* handles to check at the next call; room for cap */
+	struct epi items[];
+};
+
+/* ---- what each file defines for the others ----------------------- */
+
+/* core.c */
+extern uint64_t maybe_ours[NFAST / 64];
+extern int core_state;
+extern int after_fork;
+extern int log_debug;
+extern long spin_ns;
+extern int irq_fd;
+extern int remote_fd;
+extern pthread_mutex_t mu;
+extern __thread volatile int in_core;
+extern __thread int in_handler;
+extern __thread int kick_owed;
+extern struct sigaction prog_act[NSIG];
+extern __thread volatile uint64_t sig_held;
+extern __thread siginfo_t sig_info[NSIG];
+extern __thread int t_alt;
+extern __thread void *t_alt_mem;
+extern int loading;
+extern void *core_base;
+void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void exit_close(void);
+int load_core(void);
+extern __thread int t_sigstack;
+extern __thread sigset_t t_sigstack_mask;
+extern __thread int t_ending;
+
+/* fdtable.c */
+extern struct fdent *fdt;
+extern int nfdt;
+extern int *hrefs;
+int refuse_after_fork(void);
+int child_takes(int fd, struct fdent *e);
+void set_ours(int fd, int h, int nonblock, int knb, int listening);
+void drop(int fd);
+void kernel_now(struct fdent *e);
+int kernel_took(int fd);
+extern int forked_after_core;
+void prepare_fork(void);
+
+/* wait.c */
+void thread_altstack(void);
+extern pthread_key_t thread_key;
+extern __thread int t_efd;
+extern __thread int t_ep;
+extern __thread int t_ep_prog;
+extern uint32_t epoll_gen;
+extern int waiter_threads;
+extern __thread char t_waiter;
+extern __thread char t_keyed;
+void thread_exit(void *p);
+int64_t now_ns(void);
+short to_poll(int ev);
+int from_poll(short ev);
+extern __thread int sig_norestart;
+extern __thread unsigned t_handled;
+void wait_end(struct wait *w);
+int wait_over(struct wait *w, int64_t *now);
+extern int log_wait_off;
+int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsigned *edges, int k,
+		      const unsigned *logseq, struct pollfd *p, int np, int epfd, int conns, const sigset_t *mask);
+int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask);
+int wait_one(int fd, short events);
+void keep_p(int64_t now, int64_t every);
+int blocked(struct fdent *e, int fd, int flags, short ev);
+
+/* process.c */
+void handover_at_exit(void);
+
+/* calls.c */
+void accel_listener(int fd, struct fdent *e);
+
+/* poll.c */
+int64_t ts_ns(const struct timespec *t);
+int kwait_again(struct kwait *k, int r, int64_t *left_ns);
+int ns_ms(int64_t ns);
+struct timespec *ns_ts(int64_t ns, struct timespec *ts);
+
+/* epoll.c */
+void epoll_forget(int fd, int h);
+void ep_free(struct ep *ep);
+void kreg_forget(int fd);
+void kreg_take(int fd, struct fdent *fe);
+void epoll_to_kernel(int fd, int h);
+
+/* signals.c */
+void run_held(void);
+int held_sig(int sig);
+int fault_sig(int sig);
+void catch_ends(void);
+void uncatch_ends(void);
+
+/* ---- small helpers, inline on the hot paths ----------------------- */
+
+/* mark_ours sets or clears fd's bit in maybe_ours. */
+static inline void mark_ours(int fd, int on)
+{
+	if ((unsigned)fd >= NFAST)
+		return;
+	uint64_t bit = (uint64_t)1 << (fd & 63);
+	if (on)
+		__atomic_or_fetch(&maybe_ours[fd >> 6], bit, __ATOMIC_RELAXED);
+	else
+		__atomic_and_fetch(&maybe_ours[fd >> 6], ~bit, __ATOMIC_RELAXED);
+}
+
+static inline void core_enter(void)
+{
+	if (t_sigstack) {
+		/* Not the faults: one of Go's own would end the process. */
+		sigset_t all;
+		sigfillset(&all);
+		for (int sig = 1; sig < 32; sig++)
+			if (fault_sig(sig))
+				sigdelset(&all, sig);
+		pthread_sigmask(SIG_BLOCK, &all, &t_sigstack_mask);
+	}
+	if (!t_alt)
+		thread_altstack();
+	in_core = 1;
+}
+
+static inline void core_leave(void)
+{
+	in_core = 0;
+	if (t_sigstack)
+		pthread_sigmask(SIG_SETMASK, &t_sigstack_mask, NULL);
+	if (sig_held)
+		run_held();
+}
+
+/* ent is fd's entry in the table; ours, the entry of an accelerated
+ * fd (NULL for any other, after one word of maybe_ours). */
+static inline struct fdent *ent(int fd)
+{
+	return (unsigned)fd < (unsigned)nfdt ? &fdt[fd] : NULL;
+}
+
+static inline struct fdent *ours(int fd)
+{
+	if ((unsigned)fd < NFAST && !((__atomic_load_n(&maybe_ours[fd >> 6], __ATOMIC_RELAXED) >> (fd & 63)) & 1))
+		return NULL;
+	struct fdent *e = ent(fd);
+	return e && e->kind == K_OURS ? e : NULL;
+}
+
+/* thread_ends registers the thread for thread_exit (once). */
+static inline void thread_ends(void)
+{
+	if (!t_keyed) {
+		t_keyed = 1;
+		pthread_setspecific(thread_key, (void *)1);
+	}
+}
+
+/* count_waiter counts the thread among waiter_threads (once). */
+static inline void count_waiter(void)
+{
+	if (!t_waiter) {
+		t_waiter = 1;
+		__atomic_add_fetch(&waiter_threads, 1, __ATOMIC_RELAXED);
+		thread_ends();
+	}
+}
+
+/* owe_kick notes that this thread's send left frames for its next wait's
+ * kick (flush_kicks), and that its exit must give the kick should no
+ * wait come (thread_exit). */
+static inline void owe_kick(void)
+{
+	kick_owed = 1;
+	thread_ends();
+}
+
+/* ours_or_listener is ours(), after handing a listening socket the
+ * core has not seen to it (accel_listener). */
+static inline struct fdent *ours_or_listener(int fd)
+{
+	struct fdent *e = ent(fd);
+	if (e && e->kind == K_TCP && e->listening && !e->tried)
+		accel_listener(fd, e);
+	return e && e->kind == K_OURS ? e : NULL;
+}
+
+/* kwait_begin starts a wait on the kernel's fds alone (struct kwait). */
+static inline void kwait_begin(struct kwait *k, int64_t timeout_ns)
+{
+	k->handled = t_handled;
+	k->end = timeout_ns < 0 ? -1 : timeout_ns > 0 && core_state == 1 ? now_ns() + timeout_ns : 0;
+}
+
+#endif

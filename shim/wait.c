@@ -1,0 +1,508 @@
+/* wait.c: waiting: spin on the stack, then block in the kernel on the thread's
+ * eventfd beside the program's own fds (see shim.h). */
+#include "shim.h"
+
+/* ---- waiting ---------------------------------------------------------- */
+
+pthread_key_t thread_key;
+__thread int t_efd = -1;
+/* The thread's own epoll set for blocking in epoll_wait (wait_block):
+ * its eventfd, the stack's interrupt fd (EPOLLEXCLUSIVE) and the
+ * program's epoll fd t_ep_prog of instance t_ep_gen. */
+__thread int t_ep = -1;
+__thread int t_ep_prog = -1;
+static __thread uint32_t t_ep_gen;
+uint32_t epoll_gen; /* numbers the epoll instances (fdent.epgen) */
+
+/* waiter_threads counts the threads that have waited on the stack, with
+ * a timeout other than 0 (t_waiter): with two or more, a spinner yields
+ * (SPIN_YIELD_NS). */
+int waiter_threads;
+__thread char t_waiter;
+
+__thread char t_keyed; /* thread_ends ran */
+
+void thread_exit(void *p)
+{
+	(void)p;
+	/* A thread that sends and ends (a worker's last answer) gives its
+	 * kick as it goes, where the stack's Sleeper would give it only at
+	 * its 1 ms bound (and was seen not to for seconds, before
+	 * interrupts.Sleeper.TimerSet's second look). */
+	if (kick_owed) {
+		kick_owed = 0;
+		if (core_state == 1 && !after_fork)
+			CORE_VOID(core.kick());
+	}
+	if (t_efd >= 0)
+		real_close(t_efd);
+	if (t_waiter) {
+		t_waiter = 0;
+		__atomic_sub_fetch(&waiter_threads, 1, __ATOMIC_RELAXED);
+	}
+	if (t_ep >= 0)
+		real_close(t_ep);
+	t_efd = t_ep = t_ep_prog = -1;
+	stack_t ss;
+	if (t_alt_mem && sigaltstack(NULL, &ss) == 0 && ss.ss_sp == t_alt_mem && !(ss.ss_flags & SS_ONSTACK)) {
+		ss.ss_flags = SS_DISABLE;
+		if (sigaltstack(&ss, NULL) == 0)
+			munmap(t_alt_mem, ALTSTACK);
+	}
+	t_alt_mem = NULL;
+}
+
+/* thread_altstack runs at a thread's first call into the core: the core
+ * counts the thread (onl_thread) and the thread gets a signal stack. */
+static void install_altstack(void)
+{
+	stack_t ss;
+	if (sigaltstack(NULL, &ss) < 0 || !(ss.ss_flags & SS_DISABLE))
+		return; /* the program's */
+	void *m = mmap(NULL, ALTSTACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+	if (m == MAP_FAILED)
+		return;
+	ss = (stack_t){.ss_sp = m, .ss_size = ALTSTACK};
+	if (sigaltstack(&ss, NULL) < 0) {
+		munmap(m, ALTSTACK);
+		return;
+	}
+	t_alt_mem = m;
+	thread_ends();
+}
+
+void thread_altstack(void)
+{
+	t_alt = 1;
+	/* The stack first: the thread's first call into Go installs the
+	 * runtime's own 32 KiB signal stack on a thread that has none, and
+	 * this one was then never installed. */
+	install_altstack();
+	in_core = 1;
+	core.thread();
+	in_core = 0;
+}
+
+static int thread_efd(void)
+{
+	if (t_efd < 0) {
+		t_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		thread_ends();
+	}
+	return t_efd;
+}
+
+/* thread_ep is the thread's epoll set with the program's epoll fd epfd
+ * in it, or -1 (the caller blocks with ppoll). The stack's interrupt fd
+ * is in every thread's set with EPOLLEXCLUSIVE, so that a frame's
+ * arrival wakes one of the threads blocked in epoll_wait, not all (the
+ * thundering herd ppoll gives: memcached's threads woke together at
+ * every frame and fought for the stack). The program's epoll fd is
+ * registered again when the thread waits on another one, or on a new
+ * instance under the same number (epgen). */
+static int thread_ep(int epfd)
+{
+	struct fdent *ee = ent(epfd);
+	if (!ee || ee->kind != K_EPOLL)
+		return -1;
+	if (t_ep < 0) {
+		int efd = thread_efd();
+		if (efd < 0 || (t_ep = real_epoll_create1(EPOLL_CLOEXEC)) < 0)
+			return t_ep = -1;
+		struct epoll_event a = {.events = EPOLLIN, .data.fd = efd};
+		struct epoll_event b = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = irq_fd};
+		struct epoll_event c = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = remote_fd};
+		if (real_epoll_ctl(t_ep, EPOLL_CTL_ADD, efd, &a) < 0 ||
+		    real_epoll_ctl(t_ep, EPOLL_CTL_ADD, irq_fd, &b) < 0 ||
+		    (remote_fd >= 0 && real_epoll_ctl(t_ep, EPOLL_CTL_ADD, remote_fd, &c) < 0)) {
+			real_close(t_ep);
+			return t_ep = -1;
+		}
+	}
+	if (t_ep_prog != epfd || t_ep_gen != ee->epgen) {
+		if (t_ep_prog >= 0)
+			real_epoll_ctl(t_ep, EPOLL_CTL_DEL, t_ep_prog, NULL);
+		struct epoll_event c = {.events = EPOLLIN, .data.fd = epfd};
+		if (real_epoll_ctl(t_ep, EPOLL_CTL_ADD, epfd, &c) < 0 && errno != EEXIST) {
+			t_ep_prog = -1;
+			return -1;
+		}
+		t_ep_prog = epfd;
+		t_ep_gen = ee->epgen;
+	}
+	return t_ep;
+}
+
+int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+short to_poll(int ev)
+{
+	short r = 0;
+	if (ev & ONL_READABLE) r |= POLLIN | POLLRDNORM;
+	if (ev & ONL_WRITABLE) r |= POLLOUT | POLLWRNORM;
+	if (ev & ONL_ERROR) r |= POLLERR;
+	if (ev & ONL_HANGUP) r |= POLLHUP;
+	if (ev & ONL_RDHUP) r |= POLLRDHUP;
+	return r;
+}
+
+int from_poll(short ev)
+{
+	int r = 0;
+	if (ev & (POLLIN | POLLRDNORM | POLLRDHUP)) r |= ONL_READABLE;
+	if (ev & (POLLOUT | POLLWRNORM)) r |= ONL_WRITABLE;
+	if (ev & POLLRDHUP) r |= ONL_RDHUP;
+	return r;
+}
+
+/* Whether a blocking call a signal interrupted restarts: set (by
+ * on_signal) when a handler without SA_RESTART runs on the thread, so
+ * the call fails with EINTR as the kernel's would. */
+__thread int sig_norestart;
+
+/* t_handled counts the program's handlers run on the thread: a wait that
+ * a signal interrupted tells by it whether the signal was the program's
+ * (EINTR) or the Go runtime's (a wake-up like any). */
+__thread unsigned t_handled;
+
+/* SPIN_YIELD_NS: in a program with more than one thread that waits on
+ * the stack (waiter_threads), a spinning thread yields its processor as it
+ * starts to spin and then this often (sched_yield, which returns at once
+ * when nothing else is runnable there). A spinner otherwise keeps the
+ * processor for the scheduler's whole slice, a millisecond or more,
+ * while the thread it woke (whose socket its poll made ready) waits for
+ * one: memcached -t 2 under mcping on two CPUs had 1-4% of its gets take
+ * over 1.1 ms, against 0.1% on the kernel, and its p99 was 0.7-1.8 ms.
+ * Yielding at the spin's start took the p99 to 0.4-0.6 of that, the gets
+ * a second unchanged (docs/SHIM-PERFORMANCE.md). A program with one such
+ * thread (redis, sockperf, an nginx worker) wakes no sibling, and does
+ * not yield: redis lost a few per cent to it. */
+#define SPIN_YIELD_NS 20000
+
+/* flush_kicks hands the NIC what this thread's sends left for a kick. */
+static inline void flush_kicks(void)
+{
+	if (kick_owed) {
+		kick_owed = 0;
+		CORE_VOID(core.kick());
+	}
+}
+
+/* keep_p: a thread that waits on the stack has its Go processor go
+ * through the scheduler (onl_resched) every few milliseconds. The Go
+ * runtime's monitor (sysmon) takes a processor back from a thread in C
+ * once the processor has run no goroutine for 10 ms, and a thread that
+ * comes in from C runs none: from then on it lost its processor at
+ * nearly every wait, and its next call took one again and woke the
+ * monitor (onl_resched has the figures). The turn costs the thread
+ * about 40 us here, so it is taken where the thread would block anyway
+ * (wait_block, RESCHED_IDLE_NS after the last), and by a thread that
+ * does not block only at the start of a wait RESCHED_BUSY_NS after the
+ * last, below the 10 ms with room for the monitor's own tick. A wait in
+ * a signal handler leaves it to the thread's next wait outside one: the
+ * turn blocks the thread until the runtime hands its processor back. */
+#define RESCHED_IDLE_NS 5000000
+static __thread int64_t t_resched;
+
+void keep_p(int64_t now, int64_t every)
+{
+	if (now - t_resched >= every && core_state == 1 && !after_fork && !in_handler) {
+		t_resched = now;
+		CORE_VOID(core.resched());
+	}
+}
+
+static void wait_begin(struct wait *w, int64_t timeout_ns)
+{
+	if (timeout_ns != 0)
+		count_waiter();
+	flush_kicks();
+	int64_t now = now_ns();
+	keep_p(now, RESCHED_BUSY_NS);
+	w->deadline = timeout_ns < 0 ? -1 : now + timeout_ns;
+	w->spinning = 0;
+	if (timeout_ns != 0 && spin_ns > 0 && CORE(core.try_spin())) {
+		w->spinning = 1;
+		w->spin_end = now_ns() + spin_ns;
+		w->yield_at = 0; /* at once: see SPIN_YIELD_NS */
+	}
+}
+
+void wait_end(struct wait *w)
+{
+	if (w->spinning)
+		CORE_VOID(core.end_spin());
+	w->spinning = 0;
+}
+
+/* wait_over reports, after a check that found nothing, that the time is
+ * up; *now is the time, where wait_block needs it. */
+int wait_over(struct wait *w, int64_t *now)
+{
+	*now = w->deadline >= 0 || w->spinning ? now_ns() : 0;
+	return w->deadline >= 0 && *now >= w->deadline;
+}
+
+/* log_wait_off: the stack cannot wake a thread at its ready log's next
+ * entry (it is shared with other processes): epoll arms each member. */
+int log_wait_off;
+
+/* wait_block spins on (returns at once) or blocks: it arms the k
+ * sockets hs for want (or, if logseq is set, the stack's ready log from
+ * that position: onl_arm_ready) and polls p[0..np-1] with the thread's
+ * eventfd in p[np] (and the stack's interrupt fd in p[np+1]) until
+ * either side is ready, the deadline or a signal. 0: check again; 1:
+ * check again, and the program's own fds (p[0..np-1]) are ready; -1
+ * with errno.
+ *
+ * The thread waits on the stack's interrupt itself, as a thread blocked
+ * on a kernel socket is woken by the kernel at a packet's arrival: the
+ * AF_XDP socket is readable while a frame is in its RX ring, and the
+ * thread polls the stack when it wakes so. The stack's Sleeper then
+ * leaves the frames to it and attends the timers only (ParkDirect); a
+ * wake-up through the Sleeper would take its thread's and then the
+ * thread's eventfd, two threads' wake-ups where this is one (three when
+ * it was a goroutine woken through the Go runtime's poller). The
+ * eventfd still wakes the thread when another thread
+ * or process polls the stack and makes one of its sockets ready. */
+int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsigned *edges, int k,
+		      const unsigned *logseq, struct pollfd *p, int np, int epfd, int conns, const sigset_t *mask)
+{
+	if (w->spinning && now < w->spin_end) {
+		if (now >= w->yield_at && __atomic_load_n(&waiter_threads, __ATOMIC_RELAXED) > 1) {
+			sched_yield();
+			w->yield_at = now + SPIN_YIELD_NS;
+		}
+		return 0;
+	}
+	wait_end(w);
+	int efd = thread_efd();
+	/* A thread that waits on listeners only (memcached's and nginx's
+	 * accepting threads) leaves the interrupt to those that wait on
+	 * connections, and to the Sleeper: with it, it was the thread every
+	 * frame woke, to hand the frame to another. */
+	int direct = irq_fd >= 0 && conns;
+	/* epoll_pwait2 (glibc 2.35) takes the deadline to the nanosecond;
+	 * without it, ppoll. */
+	int tep = direct && epfd >= 0 && real_epoll_pwait2 ? thread_ep(epfd) : -1;
+	int park = direct ? ONL_PARK_DIRECT : ONL_PARK;
+	keep_p(now ? now : now_ns(), RESCHED_IDLE_NS); /* now is 0 without a deadline */
+	if (logseq) {
+		int a = CORE(core.arm_ready(efd, *logseq, park));
+		if (a < 0)
+			log_wait_off = 1; /* check again, and arm each member */
+		if (a != 0)
+			return 0;
+	} else if (CORE(core.arm(hs, want, evs, edges, k, efd, park)) > 0) {
+		return 0;
+	}
+	struct timespec ts, *tsp = NULL;
+	if (w->deadline >= 0) {
+		int64_t left = w->deadline - now;
+		ts.tv_sec = left / 1000000000LL;
+		ts.tv_nsec = left % 1000000000LL;
+		tsp = &ts;
+	}
+	/* Go's preemption signal (SIGURG, for the threads it ran on) waits
+	 * where the program gave a mask: it would fail the program's poll
+	 * with EINTR. Without one, the thread's own mask stands (reading it
+	 * is a system call a block), and a signal that ran none of the
+	 * program's handlers (t_handled) is a wake-up like any: the caller
+	 * checks and waits again. */
+	sigset_t m, *mp = NULL;
+	if (mask) {
+		m = *mask;
+		sigaddset(&m, SIGURG);
+		mp = &m;
+	}
+	unsigned handled = t_handled;
+	int r, irq = 0, woke = 0, remote = 0, prog = 0;
+	if (tep >= 0) {
+		struct epoll_event got[4];
+		r = real_epoll_pwait2(tep, got, 4, tsp, mp);
+		for (int i = 0; i < r; i++) {
+			irq |= got[i].data.fd == irq_fd;
+			woke |= got[i].data.fd == efd;
+			remote |= got[i].data.fd == remote_fd;
+			prog |= got[i].data.fd == epfd;
+		}
+	} else {
+		int n = np;
+		p[n++] = (struct pollfd){.fd = efd, .events = POLLIN};
+		if (direct)
+			p[n++] = (struct pollfd){.fd = irq_fd, .events = POLLIN};
+		if (remote_fd >= 0)
+			p[n++] = (struct pollfd){.fd = remote_fd, .events = POLLIN};
+		r = real_ppoll(p, n, tsp, mp);
+		woke = r > 0 && (p[np].revents & POLLIN);
+		irq = direct && r > 0 && (p[np + 1].revents & POLLIN);
+		remote = remote_fd >= 0 && r > 0 && (p[n - 1].revents & POLLIN);
+		for (int i = 0; r > 0 && i < np; i++)
+			prog |= p[i].revents != 0;
+	}
+	int saved = errno;
+	int unpark = !direct ? ONL_PARK : irq ? ONL_UNPARK_POLL : ONL_PARK_DIRECT;
+	if (logseq)
+		CORE_VOID(core.disarm_ready(efd, unpark));
+	else
+		CORE_VOID(core.disarm(hs, k, efd, unpark));
+	if (remote) {
+		/* Another process's poll made ready sockets this process's
+		 * threads wait on: wake them (our own readiness the caller
+		 * checks again). */
+		char b[64];
+		while (real_recv(remote_fd, b, sizeof b, MSG_DONTWAIT) > 0)
+			;
+		CORE_VOID(core.take_remote());
+	}
+	/* One read empties the eventfd (a counter, not a semaphore). */
+	uint64_t v;
+	if (woke || remote)
+		(void)real_read(efd, &v, sizeof v);
+	if (r < 0 && saved == EINTR && !mp && t_handled == handled)
+		r = 0;
+	errno = saved;
+	return r < 0 ? -1 : prog;
+}
+
+/* check_poll is a poll that does not wait. A signal (Go's preemption
+ * signal, SIGURG, comes to threads that ran Go code) may interrupt even
+ * that: it is tried again. */
+static int check_poll(struct pollfd *p, nfds_t n)
+{
+	int r;
+	while ((r = real_poll(p, n, 0)) < 0 && errno == EINTR)
+		;
+	return r;
+}
+
+/*
+ * wait_poll is poll() over fds where some are ours. Ours are checked
+ * through the core (a listener also in the kernel: it serves clients
+ * that come through loopback); the rest with the kernel. timeout_ns < 0
+ * waits for ever.
+ */
+/* taken_over: of the k accelerated fds (fds[idx[j]]) whose core events
+ * are evs[j], those whose socket the core no longer has (error and
+ * hangup) may have been taken over by the kernel; 1 if any was. */
+static int taken_over(const struct pollfd *fds, const int *idx, const int *evs, int k)
+{
+	int any = 0;
+	for (int j = 0; j < k; j++)
+		if ((evs[j] & (ONL_ERROR | ONL_HANGUP)) == (ONL_ERROR | ONL_HANGUP) && kernel_took(fds[idx[j]].fd))
+			any = 1;
+	return any;
+}
+
+int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask)
+{
+	int hs_buf[64], want_buf[64], ev_buf[64], idx_buf[64];
+	struct pollfd tmp_buf[67]; /* and wait_block's three */
+	int *hs = hs_buf, *want = want_buf, *evs = ev_buf, *idx = idx_buf;
+	struct pollfd *tmp = tmp_buf;
+	void *heap = NULL;
+	if (n >= 64) {
+		heap = malloc((n + 2) * (4 * sizeof(int) + sizeof(struct pollfd)));
+		if (!heap) {
+			errno = ENOMEM;
+			return -1;
+		}
+		hs = heap; want = hs + n; evs = want + n; idx = evs + n;
+		tmp = (struct pollfd *)(idx + n + 4);
+	}
+	int k = 0, nkernel = 0, conns = 0;
+	for (nfds_t i = 0; i < n; i++) {
+		tmp[i] = fds[i];
+		tmp[i].revents = 0;
+		struct fdent *e = ours(fds[i].fd);
+		if (e) {
+			conns |= !e->listening;
+			hs[k] = e->h;
+			want[k] = from_poll(fds[i].events);
+			idx[k++] = i;
+			if (!e->listening)
+				tmp[i].fd = -1;
+			else
+				nkernel++;
+		} else if (fds[i].fd >= 0) {
+			nkernel++;
+		}
+	}
+	struct wait w;
+	wait_begin(&w, timeout_ns);
+	int ret;
+	for (;;) {
+		int ready = 0;
+		CORE_VOID(core.events(hs, evs, NULL, k, w.spinning));
+		if (taken_over(fds, idx, evs, k)) {
+			/* Those fds are the kernel's now: wait again. */
+			wait_end(&w);
+			free(heap);
+			return wait_poll(fds, n, timeout_ns, mask);
+		}
+		if (nkernel > 0 && check_poll(tmp, n) < 0) {
+			ret = -1;
+			break;
+		}
+		for (nfds_t i = 0; i < n; i++)
+			fds[i].revents = tmp[i].revents;
+		for (int j = 0; j < k; j++) {
+			struct pollfd *p = &fds[idx[j]];
+			p->revents |= to_poll(evs[j]) & (p->events | POLLERR | POLLHUP);
+		}
+		for (nfds_t i = 0; i < n; i++)
+			ready += fds[i].revents != 0;
+		int64_t now;
+		if (ready > 0 || wait_over(&w, &now)) {
+			ret = ready;
+			break;
+		}
+		if (wait_block(&w, now, hs, want, evs, NULL, k, NULL, tmp, n, -1, conns, mask) < 0) {
+			ret = -1;
+			break;
+		}
+		for (nfds_t i = 0; i < n; i++)
+			tmp[i].revents = 0;
+	}
+	wait_end(&w);
+	free(heap);
+	return ret;
+}
+
+/* wait_one waits for fd (ours) to be ready for events; 0, or -1 with
+ * errno (EINTR: a signal whose handler does not restart). */
+int wait_one(int fd, short events)
+{
+	for (;;) {
+		struct pollfd p = {.fd = fd, .events = events};
+		sig_norestart = 0;
+		int r = wait_poll(&p, 1, -1, NULL);
+		if (r > 0)
+			return 0;
+		if (r < 0 && errno == EINTR && !sig_norestart)
+			continue;
+		return -1;
+	}
+}
+
+/* blocked: a call on fd found nothing to do (EAGAIN). It counts that
+ * for EPOLLET, and waits for ev unless the call must not block. 1: try
+ * again; 0: the call ends, with errno (EAGAIN, EINTR) if it did nothing. */
+int blocked(struct fdent *e, int fd, int flags, short ev)
+{
+	if (ev == POLLIN)
+		e->rd_eagain++;
+	else
+		e->wr_eagain++;
+	if (e->nonblock || (flags & MSG_DONTWAIT)) {
+		errno = EAGAIN;
+		return 0;
+	}
+	return wait_one(fd, ev) == 0;
+}
+
