@@ -1,5 +1,5 @@
-/* core.c: libc's functions, the Go core's loading, the calls into it, and the
- * process's end (see shim.h). */
+/* core.c: libc's functions, the Go core's loading, the calls into it,
+ * and the process's end (see shim.h). */
 #include "shim.h"
 
 /* ---- libc's functions ---------------------------------------------- */

@@ -1,4 +1,5 @@
-/* fdtable.c: the descriptor table, and handing connections over to the kernel (see shim.h). */
+/* fdtable.c: the descriptor table, and handing connections over to the
+ * kernel (see shim.h). */
 #include "shim.h"
 
 /* ---- the descriptor table ------------------------------------------ */

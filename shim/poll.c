@@ -3,7 +3,7 @@
 
 /* ---- poll and select ----------------------------------------------- */
 
-/* ---- waits the kernel serves alone: see struct kwait in shim.h ------- */
+/* A wait on the kernel's fds alone: see struct kwait in shim.h. */
 
 int64_t ts_ns(const struct timespec *t)
 {

@@ -1,7 +1,8 @@
-/* process.c: the shim's start (init), inherited sockets, fork and exec (see shim.h). */
+/* process.c: the shim's start (init), inherited sockets, fork and exec
+ * (see shim.h). */
 #include "shim.h"
 
-/* ---- the calls ------------------------------------------------------- */
+/* ---- the start ------------------------------------------------------- */
 
 static void child_after_fork(void);
 

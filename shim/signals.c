@@ -1,5 +1,5 @@
-/* signals.c: the program's signal handlers beside the core, the signals that end
- * the process, SIGPIPE, and faults (see shim.h). */
+/* signals.c: the program's signal handlers beside the core, the signals
+ * that end the process, SIGPIPE, and faults (see shim.h). */
 #include "shim.h"
 
 /* ---- signals ------------------------------------------------------------ */

@@ -1,5 +1,5 @@
-/* wait.c: waiting: spin on the stack, then block in the kernel on the thread's
- * eventfd beside the program's own fds (see shim.h). */
+/* wait.c: waiting: spin on the stack, then block in the kernel on the
+ * thread's eventfd beside the program's own fds (see shim.h). */
 #include "shim.h"
 
 /* ---- waiting ---------------------------------------------------------- */
