@@ -76,6 +76,10 @@
 
 #include "onload.h"
 
+/* Every name the files define is the library's own (hidden), whatever
+ * the compiler's flags, but the calls marked EXPORT: a program's
+ * function or variable of the same name must not bind to ours. */
+#pragma GCC visibility push(hidden)
 #define EXPORT __attribute__((visibility("default")))
 
 /* libc's functions, found once with dlsym(RTLD_NEXT) at load (init, in

@@ -70,6 +70,7 @@ const (
 	tfPeerDelAck              // a probe of one segment proved needless: the peer delays its ACK longer than tlpDelAckWait
 	tfPeerSlow                // a probe of several segments proved needless: the probe timeout is at least tlpMinPTOSlow
 	tfDSack                   // a duplicate segment arrived: the next segment we send reports it (dsackStart, dsackEnd)
+	tfPingPong                // we answer the peer's segments within the delayed-ACK time: a read leaves the ACK to the answer (windowUpdateLocked)
 )
 
 // userClosed reports whether the user closed the socket (an unaccepted

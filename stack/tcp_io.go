@@ -157,6 +157,13 @@ func (s *Stack) tcpRecvLocked(sk *sock, buf []byte, peek bool) (int, error) {
 	return 0, ErrWouldBlock
 }
 
+// answersLocked reports whether a segment of data we send now answers
+// the peer's last: it comes within the delayed-ACK time of it (Linux's
+// pingpong mode, entered in tcp_event_data_sent).
+func (s *Stack) answersLocked(sk *sock) bool {
+	return uint32(s.nowTick())-sk.lastRcv < uint32(s.ticks(durationNs(s.img.hdr.delAck)))
+}
+
 // windowUpdateLocked tells the peer when reading has opened a window
 // that had closed to half its size or less, by at least doubling it, as
 // Linux does (tcp_cleanup_rbuf). A window more open than that needs no
@@ -165,8 +172,19 @@ func (s *Stack) tcpRecvLocked(sk *sock, buf []byte, peek bool) (int, error) {
 // allows an update for any opening of min(MSS, half the buffer); sent at
 // each read, such updates are a pure ACK for every request a
 // request/response server reads, beside the ACK its reply carries.
+//
+// A read that empties the queue of a connection that does not answer
+// what it reads (not tfPingPong: a receiver of bulk data) sends the ACK
+// its last segment waits for at once, as Linux does for such a segment
+// that ended a write, rather than on the delayed-ACK timer: the sender
+// may be waiting for it to go on, or to close.
 func (s *Stack) windowUpdateLocked(sk *sock) {
 	if !synchronized(sk.state) || sk.tflags&tfRcvFin != 0 {
+		return
+	}
+	if sk.tflags&(tfDelAck|tfPingPong) == tfDelAck && sk.rcvBytes == 0 {
+		sk.tflags |= tfAckNow
+		s.tcpOutputLocked(sk)
 		return
 	}
 	used := sk.rcvBytes + sk.oooBytes

@@ -312,6 +312,9 @@ func (s *Stack) transmitSegLocked(sk *sock, f vnic.Frame, seq seqnum.Value, n in
 	}
 	f.SetAux(auxFlags, fl)
 	f.SetAux(auxTime, s.micros())
+	if n > 0 && sk.tflags&tfPingPong == 0 && s.answersLocked(sk) {
+		sk.tflags |= tfPingPong
+	}
 	s.ackSentLocked(sk)
 	if out == f {
 		if len(s.tx) > 0 {

@@ -124,6 +124,10 @@ func (s *Stack) tcpTimerLocked(sk *sock, n int) {
 		s.rtoExpiredLocked(sk)
 	case timerDelAck:
 		if sk.tflags&tfDelAck != 0 && s.lazyDueLocked(sk, timerDelAck, &sk.delAckAt) {
+			// No answer carried the ACK in time: not request and
+			// response, as Linux's delayed-ACK timer leaves pingpong
+			// mode (tcp_delack_timer_handler).
+			sk.tflags &^= tfPingPong
 			s.sendAckLocked(sk)
 		}
 	case timerTW:

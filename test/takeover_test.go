@@ -206,6 +206,13 @@ func TestTakeoverHelper(t *testing.T) {
 				return fmt.Errorf("the kernel did not acknowledge all of it: %s", s.DumpSocket(id))
 			}
 		}
+		// Our ACK of the kernel's last segment may be a delayed one: a
+		// read on a connection that answers leaves it for the answer.
+		// Poll past the delayed-ACK time (40 ms), as a process whose
+		// stack's timers run would.
+		for end := time.Now().Add(100 * time.Millisecond); time.Now().Before(end); {
+			s.Poll()
+		}
 		c := s.Counters()
 		fmt.Printf("pid %d read %d bytes and sent %d through the owner's connection; stack counters now %s\n", os.Getpid(), len(got), sent, &c)
 		return nil
