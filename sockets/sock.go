@@ -179,12 +179,14 @@ func (s *Stack) openAtFD(p stack.Proto, ap netip.AddrPort, listen bool, proof in
 	if listen {
 		s.st.SetOption(id, stack.ReuseAddr, 1)
 	}
-	if err = s.bind(p, id, ap, proof, false); err != nil {
-		err = sysErr("bind", err)
-	} else if listen {
-		if err = s.st.Listen(id, 4096); err != nil {
+	if listen {
+		// Bound and listening in one hold of the lock: no SYN finds
+		// the port steered here and no listener (stack.BindListen).
+		if err = s.withProof(p, ap, proof, func() error { return s.st.BindListen(id, ap, 4096) }); err != nil {
 			err = sysErr("listen", err)
 		}
+	} else if err = s.bind(p, id, ap, proof, false); err != nil {
+		err = sysErr("bind", err)
 	}
 	if err != nil {
 		s.st.Close(id)
@@ -235,12 +237,19 @@ func (s *Stack) bind(p stack.Proto, id stack.SockID, ap netip.AddrPort, proof in
 		}
 		return s.st.Bind(id, ap)
 	}
-	if s.proofs == nil {
-		return bind()
-	}
-	if connecting && p == stack.TCP && ap.Port() != 0 {
+	if s.proofs != nil && connecting && p == stack.TCP && ap.Port() != 0 {
 		// Steered before the engine's lock (daemonFilters).
 		return s.proofs.withProof(p, ap.Port(), proof, func() error { return s.proofs.steerFirst(ap, proof, bind) })
+	}
+	return s.withProof(p, ap, proof, bind)
+}
+
+// withProof runs bind, a call that binds an engine socket to ap, with
+// proof as the port's proof for onloadd's filter (on a stack of
+// onloadd's).
+func (s *Stack) withProof(p stack.Proto, ap netip.AddrPort, proof int, bind func() error) error {
+	if s.proofs == nil {
+		return bind()
 	}
 	return s.proofs.withProof(p, ap.Port(), proof, bind)
 }

@@ -54,11 +54,16 @@ func (s *Stack) Bind(id SockID, local netip.AddrPort) error {
 	if err != nil {
 		return err
 	}
-	claim := claimBind
+	return s.bindLocked(sk, local, sk.bindClaim())
+}
+
+// bindClaim is the claim a bind of sk makes on its port: SO_REUSEADDR's,
+// or a plain one.
+func (sk *sock) bindClaim() portClaim {
 	if sk.tflags&tfReuseAddr != 0 {
-		claim = claimReuse
+		return claimReuse
 	}
-	return s.bindLocked(sk, local, claim)
+	return claimBind
 }
 
 // BindConnecting binds a TCP socket that is about to connect (Connect

@@ -58,6 +58,40 @@ func (s *Stack) Listen(id SockID, backlog int) error {
 	return nil
 }
 
+// BindListen binds TCP socket id to local and makes it listen, in one
+// hold of the stack lock. Between a Bind and a Listen the port is steered
+// to the stack already (the filter goes in at bind), and a SYN that a
+// poll took in between would find a bound socket that does not listen
+// and draw a reset: a connection refused on a port whose program
+// listens, in the kernel (the shim's listener, accelerated after the
+// program's listen) or about to (a cluster's member joining).
+func (s *Stack) BindListen(id SockID, local netip.AddrPort, backlog int) error {
+	bound, err := s.bindListen(id, local, backlog)
+	if err != nil {
+		return err
+	}
+	if c, ok := s.filters.(KernelFlowsChecker); ok {
+		c.CheckKernelFlows(TCP, bound)
+	}
+	return nil
+}
+
+func (s *Stack) bindListen(id SockID, local netip.AddrPort, backlog int) (netip.AddrPort, error) {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	if sk.kind != kindTCP {
+		return netip.AddrPort{}, ErrNotSupported
+	}
+	if err := s.bindLocked(sk, local, sk.bindClaim()); err != nil {
+		return netip.AddrPort{}, err
+	}
+	return s.listenLocked(sk, backlog)
+}
+
 // listen is Listen under the stack lock. It returns the address of a
 // socket it turned into a listener, and none for one already listening.
 func (s *Stack) listen(id SockID, backlog int) (netip.AddrPort, error) {
@@ -67,6 +101,12 @@ func (s *Stack) listen(id SockID, backlog int) (netip.AddrPort, error) {
 	if err != nil {
 		return netip.AddrPort{}, err
 	}
+	return s.listenLocked(sk, backlog)
+}
+
+// listenLocked turns sk into a listener (binding it to an ephemeral port
+// if it is not bound).
+func (s *Stack) listenLocked(sk *sock, backlog int) (netip.AddrPort, error) {
 	if sk.kind != kindTCP {
 		return netip.AddrPort{}, ErrNotSupported
 	}
