@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -143,6 +144,9 @@ func TestAddrInUse(t *testing.T) {
 	_, err = lc.Listen(context.Background(), "tcp", addrB.Addr().String()+":8080")
 	if !errors.Is(err, syscall.EADDRINUSE) {
 		t.Fatalf("second listen on the port: %v, want EADDRINUSE", err)
+	}
+	if !strings.Contains(err.Error(), "bind: address already in use") {
+		t.Errorf("second listen on the port: %q, want the failing call named as net names it (bind)", err)
 	}
 	// Closed, the port is free again.
 	ln.Close()

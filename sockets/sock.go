@@ -183,7 +183,12 @@ func (s *Stack) openAtFD(p stack.Proto, ap netip.AddrPort, listen bool, proof in
 		// Bound and listening in one hold of the lock: no SYN finds
 		// the port steered here and no listener (stack.BindListen).
 		if err = s.withProof(p, ap, proof, func() error { return s.st.BindListen(id, ap, 4096) }); err != nil {
-			err = sysErr("listen", err)
+			// Named as the system call that fails so in the kernel.
+			name := "listen"
+			if isErrno(err, syscall.EADDRINUSE) || isErrno(err, syscall.EADDRNOTAVAIL) || isErrno(err, syscall.EACCES) {
+				name = "bind"
+			}
+			err = sysErr(name, err)
 		}
 	} else if err = s.bind(p, id, ap, proof, false); err != nil {
 		err = sysErr("bind", err)
