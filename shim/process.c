@@ -192,8 +192,6 @@ EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 	return real_fexecve(fd, argv, envp);
 }
 
-extern char **environ __attribute__((visibility("default"))); /* libc's */
-
 EXPORT int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }
 EXPORT int execvp(const char *file, char *const argv[]) { return execvpe(file, argv, environ); }
 

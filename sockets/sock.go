@@ -182,13 +182,10 @@ func (s *Stack) openAtFD(p stack.Proto, ap netip.AddrPort, listen bool, proof in
 	if listen {
 		// Bound and listening in one hold of the lock: no SYN finds
 		// the port steered here and no listener (stack.BindListen).
+		// The listen of a TCP socket just opened and bound cannot fail:
+		// an error is the bind's, named as net names it.
 		if err = s.withProof(p, ap, proof, func() error { return s.st.BindListen(id, ap, 4096) }); err != nil {
-			// Named as the system call that fails so in the kernel.
-			name := "listen"
-			if isErrno(err, syscall.EADDRINUSE) || isErrno(err, syscall.EADDRNOTAVAIL) || isErrno(err, syscall.EACCES) {
-				name = "bind"
-			}
-			err = sysErr(name, err)
+			err = sysErr("bind", err)
 		}
 	} else if err = s.bind(p, id, ap, proof, false); err != nil {
 		err = sysErr("bind", err)

@@ -127,6 +127,11 @@ type Mono int64
 // Now reads the clock.
 func Now() Mono { return Mono(nanotime()) }
 
+// delAckTicks is the delayed-ACK time (Config.DelayedAck), in ticks: the
+// delayed-ACK timer's wait, and the time within which data we send
+// answers the peer's (answersLocked).
+func (s *Stack) delAckTicks() timers.Tick { return s.ticks(durationNs(s.img.hdr.delAck)) }
+
 // ticks converts a duration to timer-wheel ticks, rounding up so that a
 // timer never fires early.
 func (s *Stack) ticks(d time.Duration) timers.Tick {

@@ -680,7 +680,7 @@ func (s *Stack) ackPolicyLocked(sk *sock, n int) {
 		return
 	}
 	sk.tflags |= tfDelAck
-	s.setLazyLocked(sk, timerDelAck, &sk.delAckAt, s.nowTick()+s.ticks(durationNs(s.img.hdr.delAck)))
+	s.setLazyLocked(sk, timerDelAck, &sk.delAckAt, s.nowTick()+s.delAckTicks())
 }
 
 // finLocked processes the peer's FIN, in sequence (RFC 9293 3.10.7.4,

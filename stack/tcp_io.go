@@ -161,7 +161,7 @@ func (s *Stack) tcpRecvLocked(sk *sock, buf []byte, peek bool) (int, error) {
 // the peer's last: it comes within the delayed-ACK time of it (Linux's
 // pingpong mode, entered in tcp_event_data_sent).
 func (s *Stack) answersLocked(sk *sock) bool {
-	return uint32(s.nowTick())-sk.lastRcv < uint32(s.ticks(durationNs(s.img.hdr.delAck)))
+	return uint32(s.nowTick())-sk.lastRcv < uint32(s.delAckTicks())
 }
 
 // windowUpdateLocked tells the peer when reading has opened a window
