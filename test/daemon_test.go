@@ -1470,10 +1470,14 @@ func TestDaemonOrphanRestart(t *testing.T) {
 	srv1, _ := daemonServer(t, b, dir, bin, sock, fmt.Sprintf("ONLOAD_TEST_PORT=%d", port), "ONLOAD_TIME_WAIT_MS=500")
 	addr := netip.AddrPortFrom(b.Iface0().Addr(), port).String()
 	// A slow download: the server is in the middle of writing 64 MiB.
+	// The client's buffer is small (16 KiB), so that what the dead
+	// server leaves queued cannot all fit in it: the old connection is
+	// still there when the new server comes, however long that takes.
+	const rcvbuf, queued = 16 << 10, 128 << 10
 	var old net.Conn
 	if err := a.Do(func() error {
 		d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
-			return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 64<<10) })
+			return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, rcvbuf) })
 		}}
 		c, err := d.Dial("tcp4", addr)
 		old = c
@@ -1489,6 +1493,18 @@ func TestDaemonOrphanRestart(t *testing.T) {
 	head := make([]byte, 256<<10)
 	if _, err := io.ReadFull(old, head); err != nil {
 		t.Fatal(err)
+	}
+	// Kill the server once its stack holds at least queued bytes of the
+	// connection's (the client reads no more until the end): a server
+	// killed between two of its writes may leave too little to outlast
+	// its restart, and its orphan stack would finish and go first.
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if sendQ(dumpDaemon(t, sock)) >= queued {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the server's stack never held %d bytes of the download: %+v", queued, dumpDaemon(t, sock).Stacks)
+		}
 	}
 	srv1.cmd.Process.Kill()
 	killed := time.Now()
@@ -1520,6 +1536,20 @@ func TestDaemonOrphanRestart(t *testing.T) {
 			t.Fatalf("the old connection's flow entry is still there 5s after it ended: %+v", dumpDaemon(t, sock).Stacks)
 		}
 	}
+}
+
+// sendQ is the largest send queue of the established TCP sockets in
+// onloadd's dump d.
+func sendQ(d *control.Dump) int {
+	n := 0
+	for _, s := range d.Stacks {
+		for _, so := range s.Sockets {
+			if so.Proto == "tcp" && so.State == "ESTABLISHED" {
+				n = max(n, int(so.SendQ))
+			}
+		}
+	}
+	return n
 }
 
 // streamBytes is the first n bytes of stream.
