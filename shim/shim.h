@@ -129,6 +129,11 @@
 	X(int, execvpe, const char *, char *const[], char *const[]) \
 	X(int, fexecve, int, char *const[], char *const[]) \
 	X(int, sigaction, int, const struct sigaction *, struct sigaction *) \
+	X(int, nanosleep, const struct timespec *, struct timespec *) \
+	X(int, clock_nanosleep, clockid_t, int, const struct timespec *, struct timespec *) \
+	X(int, pause, void) \
+	X(int, sigsuspend, const sigset_t *) \
+	X(int, sigtimedwait, const sigset_t *, siginfo_t *, const struct timespec *) \
 	X(void, _exit, int)
 #define REAL_DECL(ret, name, ...) extern ret (*real_##name)(__VA_ARGS__);
 LIBC(REAL_DECL)

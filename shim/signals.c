@@ -524,3 +524,103 @@ EXPORT sighandler_t signal(int sig, sighandler_t h)
 		return SIG_ERR;
 	return old.sa_handler;
 }
+
+/* ---- sleeps and signal waits ------------------------------------------
+ *
+ * The kernel never restarts these calls after a handler (signal(7)):
+ * they fail with EINTR. Once the core is loaded the Go runtime handles
+ * SIGURG, which the kernel ignores at its default (struct kwait in
+ * shim.h): a sleep or wait it ended with none of the program's handlers
+ * run on the thread (t_handled) goes on for the time it has left, as it
+ * would have on the kernel. sleep and usleep are glibc's own, on our
+ * nanosleep (glibc's call its nanosleep within libc, which we do not
+ * see). sigwaitinfo is glibc's sigtimedwait without a timeout, within
+ * libc: it is ours for the same reason. */
+
+/* interrupted reports whether a call that failed with err (an errno) at
+ * handled ended only for a signal of the core's. */
+static int interrupted(int err, unsigned handled)
+{
+	return err == EINTR && core_state == 1 && t_handled == handled;
+}
+
+EXPORT int nanosleep(const struct timespec *req, struct timespec *rem)
+{
+	unsigned handled = t_handled;
+	struct timespec left;
+	int r;
+	while ((r = real_nanosleep(req, &left)) < 0 && interrupted(errno, handled))
+		req = &left;
+	if (r < 0 && errno == EINTR && rem)
+		*rem = left;
+	return r;
+}
+
+/* clock_nanosleep returns its error, not -1 and errno. */
+EXPORT int clock_nanosleep(clockid_t clock, int flags, const struct timespec *req, struct timespec *rem)
+{
+	unsigned handled = t_handled;
+	int abs = flags & TIMER_ABSTIME;
+	struct timespec left;
+	int r;
+	while ((r = real_clock_nanosleep(clock, flags, req, abs ? NULL : &left)) != 0 && interrupted(r, handled))
+		if (!abs)
+			req = &left;
+	if (r == EINTR && !abs && rem)
+		*rem = left;
+	return r;
+}
+
+/* sleep returns the whole seconds left when a handler ended it, as
+ * glibc's. */
+EXPORT unsigned int sleep(unsigned int seconds)
+{
+	int saved = errno;
+	struct timespec ts = {.tv_sec = seconds};
+	if (nanosleep(&ts, &ts) < 0)
+		return (unsigned int)ts.tv_sec;
+	errno = saved;
+	return 0;
+}
+
+EXPORT int usleep(useconds_t us)
+{
+	struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
+	return nanosleep(&ts, NULL);
+}
+
+/* pause and sigsuspend return once a handler of the program's ran. */
+EXPORT int pause(void)
+{
+	unsigned handled = t_handled;
+	int r;
+	while ((r = real_pause()) < 0 && interrupted(errno, handled))
+		;
+	return r;
+}
+
+EXPORT int sigsuspend(const sigset_t *mask)
+{
+	unsigned handled = t_handled;
+	int r;
+	while ((r = real_sigsuspend(mask)) < 0 && interrupted(errno, handled))
+		;
+	return r;
+}
+
+EXPORT int sigtimedwait(const sigset_t *set, siginfo_t *info, const struct timespec *timeout)
+{
+	struct kwait k;
+	kwait_begin(&k, ts_ns(timeout));
+	int r;
+	int64_t left;
+	struct timespec ts;
+	while ((r = real_sigtimedwait(set, info, timeout)) < 0 && kwait_again(&k, r, &left))
+		timeout = ns_ts(left, &ts);
+	return r;
+}
+
+EXPORT int sigwaitinfo(const sigset_t *set, siginfo_t *info)
+{
+	return sigtimedwait(set, info, NULL);
+}

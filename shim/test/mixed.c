@@ -557,7 +557,7 @@ static volatile int urg_stop;
 static void *urg_sender(void *arg)
 {
 	(void)arg;
-	for (int i = 0; i < 500 && !urg_stop; i++) {
+	for (int i = 0; i < 2000 && !urg_stop; i++) {
 		pthread_kill(main_thread, SIGURG);
 		usleep(5000);
 	}
@@ -569,6 +569,97 @@ static void *late_write(void *arg)
 	usleep(300000);
 	write(*(int *)arg, "w", 1);
 	return NULL;
+}
+
+/* slept says whether the time since start (ns) is at least want_ms. */
+static const char *slept(double start, int want_ms)
+{
+	return now_ns() - start >= want_ms * 1e6 ? "its time" : "less than its time";
+}
+
+static volatile sig_atomic_t usr2_handled;
+static void on_usr2_handled(int sig)
+{
+	(void)sig;
+	usr2_handled++;
+}
+
+static void *usr2_later(void *arg)
+{
+	(void)arg;
+	usleep(300000);
+	pthread_kill(main_thread, SIGUSR2);
+	return NULL;
+}
+
+/* test_foreign_signal_sleeps: the sleeps, and the waits for a signal,
+ * across SIGURG (test_foreign_signal's sender): none ends early, as on
+ * the kernel, which never restarts them after a handler (signal(7)). */
+static void test_foreign_signal_sleeps(void)
+{
+	double t0 = now_ns();
+	struct timespec d = {0, 200000000}, rem = {0, 0};
+	check("nanosleep across a signal the program does not handle", nanosleep(&d, &rem));
+	say("nanosleep slept %s", slept(t0, 200));
+	t0 = now_ns();
+	say("clock_nanosleep across a signal the program does not handle: %d", clock_nanosleep(CLOCK_MONOTONIC, 0, &d, &rem));
+	say("clock_nanosleep slept %s", slept(t0, 200));
+	struct timespec until;
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	t0 = now_ns();
+	until.tv_nsec += 200000000;
+	if (until.tv_nsec >= 1000000000) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000;
+	}
+	say("clock_nanosleep to a time across a signal the program does not handle: %d",
+	    clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL));
+	say("clock_nanosleep to a time slept %s", slept(t0, 200));
+	t0 = now_ns();
+	check("usleep across a signal the program does not handle", usleep(200000));
+	say("usleep slept %s", slept(t0, 200));
+	t0 = now_ns();
+	check("sleep across a signal the program does not handle", sleep(1));
+	say("sleep slept %s", slept(t0, 1000));
+	/* SIGUSR2 blocked: sigtimedwait times out, across SIGURG. */
+	sigset_t usr2, old;
+	sigemptyset(&usr2);
+	sigaddset(&usr2, SIGUSR2);
+	pthread_sigmask(SIG_BLOCK, &usr2, &old);
+	t0 = now_ns();
+	struct timespec w = {0, 200000000};
+	check("sigtimedwait across a signal the program does not handle", sigtimedwait(&usr2, NULL, &w));
+	say("sigtimedwait waited %s", slept(t0, 200));
+	pthread_t t;
+	pthread_create(&t, NULL, usr2_later, NULL);
+	check("sigwaitinfo across a signal the program does not handle", sigwaitinfo(&usr2, NULL));
+	pthread_join(t, NULL);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	/* pause and sigsuspend end when the program's own handler has run,
+	 * 300 ms on, and not before. */
+	struct sigaction sa = {.sa_handler = on_usr2_handled}, prev;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGUSR2, &sa, &prev);
+	t0 = now_ns();
+	pthread_create(&t, NULL, usr2_later, NULL);
+	check("pause across a signal the program does not handle", pause());
+	say("pause waited %s, for the handler: %d", slept(t0, 250), (int)usr2_handled);
+	pthread_join(t, NULL);
+	sigset_t none;
+	sigemptyset(&none);
+	t0 = now_ns();
+	pthread_create(&t, NULL, usr2_later, NULL);
+	check("sigsuspend across a signal the program does not handle", sigsuspend(&none));
+	say("sigsuspend waited %s, for the handler: %d", slept(t0, 250), (int)usr2_handled);
+	pthread_join(t, NULL);
+	/* The program's own handler still ends a sleep. */
+	t0 = now_ns();
+	pthread_create(&t, NULL, usr2_later, NULL);
+	struct timespec two = {2, 0};
+	check("nanosleep across the program's own handler", nanosleep(&two, &rem));
+	say("it ended for the handler, with time left: %s", now_ns() - t0 < 1.5e9 && rem.tv_sec >= 1 ? "yes" : "no");
+	pthread_join(t, NULL);
+	sigaction(SIGUSR2, &prev, NULL);
 }
 
 static void test_foreign_signal(int s)
@@ -621,6 +712,7 @@ static void test_foreign_signal(int s)
 	close(ep2);
 	close(pp[0]);
 	close(pp[1]);
+	test_foreign_signal_sleeps();
 	urg_stop = 1;
 	pthread_join(u, NULL);
 	close(ep);
