@@ -61,8 +61,9 @@ void accel_listener(int fd, struct fdent *e)
 		if (real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && sa.sin_family == AF_INET)
 			h = CORE(core.listen(fd, sa.sin_addr.s_addr));
 		if (h > 0) {
-			int nb = nonblocking(fd), defaults = e->fresh && !e->opts_set;
+			int nb = nonblocking(fd), defaults = e->fresh && !e->opts_set, timeo = e->timeo;
 			set_ours(fd, h, nb, nb, 1);
+			htimeo[h] = timeo;
 			kreg_take(fd, e);
 			copy_options(fd, h, defaults);
 			stack_known();
@@ -116,9 +117,11 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 		errno = -h;
 		return -1;
 	}
-	int defaults = e->fresh && !e->opts_set;
+	int defaults = e->fresh && !e->opts_set, timeo = e->timeo;
 	pthread_mutex_lock(&mu);
 	set_ours(fd, h, nb, nb, 0);
+	if ((unsigned)h < MAX_HANDLES)
+		htimeo[h] = timeo;
 	kreg_take(fd, e);
 	pthread_mutex_unlock(&mu);
 	copy_options(fd, h, defaults);
@@ -128,14 +131,34 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 		errno = EINPROGRESS;
 		return -1;
 	}
-	if (wait_one(fd, POLLOUT) < 0)
+	if (wait_one(fd, POLLOUT, sock_deadline(e, fd, POLLOUT)) < 0) {
+		if (errno == EAGAIN)
+			errno = EINPROGRESS; /* SO_SNDTIMEO: it goes on, as the kernel's */
 		return -1;
+	}
 	int err = CORE(core.sockerr(h));
 	if (err) {
 		errno = err;
 		return -1;
 	}
 	return 0;
+}
+
+/* inherit_timeo gives kfd, accepted (handle h) on listener fd (entry l),
+ * the listener's SO_RCVTIMEO and SO_SNDTIMEO, as the kernel's accept
+ * gives a new connection its listener's options. */
+static void inherit_timeo(const struct fdent *l, int fd, int kfd, int h)
+{
+	if ((unsigned)l->h >= MAX_HANDLES || !htimeo[l->h] || (unsigned)h >= MAX_HANDLES)
+		return;
+	for (int i = 0; i < 2; i++) {
+		int name = i ? SO_SNDTIMEO : SO_RCVTIMEO;
+		struct timeval tv;
+		socklen_t len = sizeof tv;
+		if (real_getsockopt(fd, SOL_SOCKET, name, &tv, &len) == 0 && (tv.tv_sec || tv.tv_usec) &&
+		    real_setsockopt(kfd, SOL_SOCKET, name, &tv, sizeof tv) == 0)
+			htimeo[h] = 1;
+	}
 }
 
 static void fill_addr(struct sockaddr *a, socklen_t *l, uint32_t ip, uint16_t port)
@@ -153,6 +176,7 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	if (!e || !e->listening)
 		return real_accept4(fd, a, l, flags);
 	CHECK_USABLE();
+	int64_t dl = DL_UNREAD;
 	for (;;) {
 		int ev;
 		CORE_VOID(core.events(&e->h, &ev, NULL, 1, 0));
@@ -167,6 +191,7 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 				pthread_mutex_lock(&mu);
 				set_ours(kfd, h, !!(flags & SOCK_NONBLOCK), 1, 0);
 				pthread_mutex_unlock(&mu);
+				inherit_timeo(e, fd, kfd, h);
 				uint32_t lip, rip;
 				uint16_t lp, rp;
 				if (CORE(core.addrs(h, &lip, &lp, &rip, &rp)) == 0)
@@ -183,7 +208,7 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 		int k = real_accept4(fd, a, l, flags);
 		if (k >= 0 || errno != EAGAIN)
 			return k;
-		if (!blocked(e, fd, 0, POLLIN))
+		if (!blocked(e, fd, 0, POLLIN, &dl))
 			return -1;
 	}
 }
@@ -201,6 +226,7 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 		return -1;
 	}
 	size_t got = 0;
+	int64_t dl = DL_UNREAD;
 	for (;;) {
 		if (e->kind != K_OURS) /* taken over while this call waited */
 			return got ? (ssize_t)got : real_recv(fd, buf, n, flags);
@@ -221,7 +247,7 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 			errno = -r;
 			return -1;
 		}
-		if (!blocked(e, fd, flags, POLLIN))
+		if (!blocked(e, fd, flags, POLLIN, &dl))
 			return got ? (ssize_t)got : -1;
 	}
 }
@@ -234,6 +260,7 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 		return real_send(fd, buf, n, flags);
 	CHECK_USABLE();
 	size_t done = 0;
+	int64_t dl = DL_UNREAD;
 	for (;;) {
 		if (e->kind != K_OURS) /* taken over while this call waited */
 			return done ? (ssize_t)done : real_send(fd, buf, n, flags);
@@ -260,7 +287,7 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 			errno = -r;
 			return -1;
 		}
-		if (!blocked(e, fd, flags, POLLOUT))
+		if (!blocked(e, fd, flags, POLLOUT, &dl))
 			return done ? (ssize_t)done : -1;
 	}
 }
@@ -560,10 +587,14 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 	CHILD_TAKES(fd, e);
 	if (!e && (level == IPPROTO_TCP || level == SOL_SOCKET)) {
 		struct fdent *k = ent(fd);
-		if (k && k->kind == K_TCP)
+		if (k && k->kind == K_TCP) {
 			k->opts_set = 1; /* copy_options reads them */
+			k->timeo |= timeo_opt(level, name);
+		}
 	}
 	int r = real_setsockopt(fd, level, name, v, l);
+	if (e && r == 0 && timeo_opt(level, name) && (unsigned)e->h < MAX_HANDLES)
+		htimeo[e->h] = 1; /* a blocking call reads it (sock_deadline) */
 	if (!e || r < 0 || after_fork || !v || l < sizeof(int))
 		return r;
 	/* A listener's options are the kernel half's (copy_options took

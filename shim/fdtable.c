@@ -7,6 +7,7 @@
 struct fdent *fdt;
 int nfdt;
 int *hrefs;		/* by handle: descriptors naming it (dup) */
+uint8_t *htimeo;	/* by handle: its kernel socket may have SO_RCVTIMEO or SO_SNDTIMEO */
 
 int refuse_after_fork(void)
 {
@@ -35,8 +36,8 @@ void set_ours(int fd, int h, int nonblock, int knb, int listening)
 	e->h = h;
 	e->nonblock = nonblock;
 	e->listening = listening;
-	if ((unsigned)h < MAX_HANDLES)
-		__atomic_add_fetch(&hrefs[h], 1, __ATOMIC_RELAXED);
+	if ((unsigned)h < MAX_HANDLES && __atomic_add_fetch(&hrefs[h], 1, __ATOMIC_RELAXED) == 1)
+		htimeo[h] = 0; /* a new socket: its caller says */
 	if (knb)
 		return;
 	int fl = real_fcntl(fd, F_GETFL);

@@ -47,6 +47,7 @@ static void adopt_inherited(void)
 		memset(e, 0, sizeof *e);
 		e->kind = K_TCP;
 		e->listening = listening;
+		e->timeo = 1; /* its options are unknown */
 		debugf("fd %ld: inherited %s", fd, listening ? "listening" : "unconnected");
 	}
 	closedir(d);
@@ -77,8 +78,13 @@ __attribute__((constructor)) static void init(void)
 		nfdt = rl.rlim_max > (1 << 20) ? (1 << 20) : (int)rl.rlim_max;
 	fdt = calloc(nfdt, sizeof *fdt);
 	hrefs = calloc(MAX_HANDLES, sizeof *hrefs);
-	if (!fdt || !hrefs) {
+	htimeo = calloc(MAX_HANDLES, sizeof *htimeo);
+	if (!fdt || !hrefs || !htimeo) {
 		free(fdt);
+		free(hrefs);
+		free(htimeo);
+		hrefs = NULL;
+		htimeo = NULL;
 		fdt = NULL;
 		nfdt = 0;
 		return;

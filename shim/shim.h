@@ -230,6 +230,9 @@ struct fdent {
 	 * kernel's defaults), and whether the program set an option on it
 	 * since (copy_options). */
 	uint8_t fresh, opts_set;
+	/* K_TCP: the program may have set SO_RCVTIMEO or SO_SNDTIMEO on it
+	 * (or it came across exec): htimeo's flag once it is ours. */
+	uint8_t timeo;
 };
 
 #define MAX_HANDLES (1 << 17)
@@ -343,6 +346,7 @@ extern __thread int t_ending;
 extern struct fdent *fdt;
 extern int nfdt;
 extern int *hrefs;
+extern uint8_t *htimeo;
 int refuse_after_fork(void);
 int child_takes(int fd, struct fdent *e);
 void set_ours(int fd, int h, int nonblock, int knb, int listening);
@@ -374,9 +378,13 @@ extern int log_wait_off;
 int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsigned *edges, int k,
 		      const unsigned *logseq, struct pollfd *p, int np, int epfd, int conns, const sigset_t *mask);
 int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask);
-int wait_one(int fd, short events);
+int wait_one(int fd, short events, int64_t deadline);
 void keep_p(int64_t now, int64_t every);
-int blocked(struct fdent *e, int fd, int flags, short ev);
+/* A blocking call's deadline before its first wait reads it (blocked). */
+#define DL_UNREAD (-2)
+int64_t sock_deadline(const struct fdent *e, int fd, short ev);
+int blocked(struct fdent *e, int fd, int flags, short ev, int64_t *deadline);
+int timeo_opt(int level, int name);
 
 /* process.c */
 void handover_at_exit(void);

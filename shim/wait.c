@@ -474,26 +474,59 @@ int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 	return ret;
 }
 
-/* wait_one waits for fd (ours) to be ready for events; 0, or -1 with
- * errno (EINTR: a signal whose handler does not restart). */
-int wait_one(int fd, short events)
+/* wait_one waits for fd (ours) to be ready for events, until deadline
+ * (on now_ns; -1: for ever); 0, or -1 with errno: EINTR for a signal
+ * whose handler does not restart, EAGAIN when the deadline passed. A
+ * call with a deadline is not restarted after any handler, SA_RESTART
+ * or not (signal(7): sockets with timeouts). */
+int wait_one(int fd, short events, int64_t deadline)
 {
 	for (;;) {
 		struct pollfd p = {.fd = fd, .events = events};
+		int64_t left = -1;
+		if (deadline >= 0 && (left = deadline - now_ns()) <= 0) {
+			errno = EAGAIN;
+			return -1;
+		}
 		sig_norestart = 0;
-		int r = wait_poll(&p, 1, -1, NULL);
+		int r = wait_poll(&p, 1, left, NULL);
 		if (r > 0)
 			return 0;
-		if (r < 0 && errno == EINTR && !sig_norestart)
+		if (r == 0 || (errno == EINTR && !sig_norestart && deadline < 0))
 			continue;
 		return -1;
 	}
 }
 
+/* timeo_opt says whether level and name are SO_RCVTIMEO or SO_SNDTIMEO
+ * (either layout of the time). */
+int timeo_opt(int level, int name)
+{
+	return level == SOL_SOCKET && (name == SO_RCVTIMEO_OLD || name == SO_SNDTIMEO_OLD ||
+				       name == SO_RCVTIMEO_NEW || name == SO_SNDTIMEO_NEW);
+}
+
+/* sock_deadline is the deadline of a blocking call on fd (ours, entry e)
+ * that waits for ev from now: its kernel socket's SO_RCVTIMEO (POLLIN)
+ * or SO_SNDTIMEO, where the program set one (htimeo); -1: none. */
+int64_t sock_deadline(const struct fdent *e, int fd, short ev)
+{
+	if ((unsigned)e->h >= MAX_HANDLES || !htimeo[e->h])
+		return -1;
+	struct timeval tv;
+	socklen_t l = sizeof tv;
+	if (real_getsockopt(fd, SOL_SOCKET, ev == POLLIN ? SO_RCVTIMEO : SO_SNDTIMEO, &tv, &l) < 0 ||
+	    (tv.tv_sec == 0 && tv.tv_usec == 0))
+		return -1;
+	return now_ns() + tv.tv_sec * 1000000000LL + tv.tv_usec * 1000LL;
+}
+
 /* blocked: a call on fd found nothing to do (EAGAIN). It counts that
- * for EPOLLET, and waits for ev unless the call must not block. 1: try
- * again; 0: the call ends, with errno (EAGAIN, EINTR) if it did nothing. */
-int blocked(struct fdent *e, int fd, int flags, short ev)
+ * for EPOLLET, and waits for ev unless the call must not block, until
+ * *deadline (the call's: DL_UNREAD before its first wait, which reads
+ * it). 1: try again; 0: the call ends, with errno (EAGAIN, EINTR) if it
+ * did nothing. */
+int blocked(struct fdent *e, int fd, int flags, short ev, int64_t *deadline)
 {
 	if (ev == POLLIN)
 		e->rd_eagain++;
@@ -503,6 +536,8 @@ int blocked(struct fdent *e, int fd, int flags, short ev)
 		errno = EAGAIN;
 		return 0;
 	}
-	return wait_one(fd, ev) == 0;
+	if (*deadline == DL_UNREAD)
+		*deadline = sock_deadline(e, fd, ev);
+	return wait_one(fd, ev, *deadline) == 0;
 }
 

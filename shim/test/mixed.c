@@ -545,6 +545,61 @@ static void test_signals(int s)
 	signal(SIGALRM, SIG_DFL);
 }
 
+/* slept says whether the time since start (ns) is at least want_ms. */
+static const char *slept(double start, int want_ms)
+{
+	return now_ns() - start >= want_ms * 1e6 ? "its time" : "less than its time";
+}
+
+/* test_timeouts: SO_RCVTIMEO and SO_SNDTIMEO end a blocking call that
+ * waited for them, with what it did or EAGAIN; through a dup made
+ * before the option was set too (the option is the socket's), and on
+ * accept. A handler ends such a call with EINTR, SA_RESTART or not
+ * (signal(7)). */
+static void test_timeouts(void)
+{
+	int c = dial();
+	int d = dup(c);
+	struct timeval tv = {0, 200000};
+	check("SO_RCVTIMEO", setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv));
+	char buf[64];
+	double t0 = now_ns();
+	check("recv past SO_RCVTIMEO", recv(c, buf, sizeof buf, 0));
+	say("recv waited %s", slept(t0, 200));
+	t0 = now_ns();
+	check("read past SO_RCVTIMEO, through a dup made before", read(d, buf, sizeof buf));
+	say("read waited %s", slept(t0, 200));
+	/* The wait's end is the call's, not each wait's. */
+	struct sigaction sa = {.sa_handler = on_alarm, .sa_flags = SA_RESTART}, prev;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGALRM, &sa, &prev);
+	struct itimerval it = {.it_value = {0, 50000}};
+	setitimer(ITIMER_REAL, &it, NULL);
+	check("recv with SO_RCVTIMEO across an SA_RESTART handler", recv(c, buf, sizeof buf, 0));
+	sigaction(SIGALRM, &prev, NULL);
+	/* Sends until the echo server, whose answers this program does not
+	 * read, stops reading. */
+	check("SO_SNDTIMEO", setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv));
+	size_t big = 64 << 20;
+	char *data = calloc(1, big);
+	if (!data)
+		die("calloc");
+	ssize_t n = send(c, data, big, 0);
+	say("send past SO_SNDTIMEO: %s", n > 0 && (size_t)n < big ? "what it sent" : n < 0 && errno == EAGAIN ? "EAGAIN" : "something else");
+	free(data);
+	close(d);
+	close(c);
+	int l = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET};
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 8) < 0)
+		die("listener");
+	check("SO_RCVTIMEO on a listener", setsockopt(l, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv));
+	t0 = now_ns();
+	check("accept past SO_RCVTIMEO", accept(l, NULL, NULL));
+	say("accept waited %s", slept(t0, 200));
+	close(l);
+}
+
 /* test_foreign_signal: a signal the program has no handler for comes
  * again and again while the thread blocks in epoll_wait, poll and recv:
  * SIGURG, which the kernel ignores by default, and which under the shim
@@ -569,12 +624,6 @@ static void *late_write(void *arg)
 	usleep(300000);
 	write(*(int *)arg, "w", 1);
 	return NULL;
-}
-
-/* slept says whether the time since start (ns) is at least want_ms. */
-static const char *slept(double start, int want_ms)
-{
-	return now_ns() - start >= want_ms * 1e6 ? "its time" : "less than its time";
 }
 
 static volatile sig_atomic_t usr2_handled;
@@ -1112,6 +1161,7 @@ int main(int argc, char **argv)
 	test_names(s);
 	test_signals(s);
 	test_foreign_signal(s);
+	test_timeouts();
 	test_handler_calls(s);
 	test_nested_signal();
 	test_early_handler(s);
