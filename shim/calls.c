@@ -90,15 +90,62 @@ EXPORT int listen(int fd, int backlog)
 	return r;
 }
 
+/* connect_ended tells the program how its connect ended: 0, or -1 with
+ * the connection's error, ECONNABORTED if the program took it already
+ * (SO_ERROR), as the kernel's. */
+static int connect_ended(struct fdent *e)
+{
+	e->connecting = 0;
+	struct onl_tcpinfo ti;
+	if (CORE(core.tcpinfo(e->h, &ti)) == 0 && ti.state != TCP_CLOSE)
+		return 0;
+	e->connecting = CONN_FAILED;
+	int err = CORE(core.sockerr(e->h));
+	errno = err ? err : ECONNABORTED;
+	return -1;
+}
+
+/* connect_again is connect on a socket that is ours already. As the
+ * kernel's: one whose connect ended without the program told (the
+ * non-blocking connect's EINPROGRESS) gets the end, once: 0 or its
+ * error; EALREADY while it goes on (a blocking socket waits for it, as
+ * for a first connect); then EISCONN, as for one connected. One whose
+ * connect failed, and told so, connects anew (a program that retries
+ * until its server is up): in the kernel, which its socket goes back
+ * to. */
+static int connect_again(struct fdent *e, int fd, const struct sockaddr *a, socklen_t l)
+{
+	if (e->connecting == CONN_FAILED) {
+		debugf("fd %d: connecting again after a failed connect: in the kernel", fd);
+		kernel_now(e);
+		return real_connect(fd, a, l);
+	}
+	if (!e->connecting) {
+		errno = EISCONN;
+		return -1;
+	}
+	int ev;
+	CORE_VOID(core.events(&e->h, &ev, NULL, 1, 0));
+	if (!(ev & (ONL_WRITABLE | ONL_ERROR | ONL_HANGUP))) {
+		if (e->nonblock) {
+			errno = EALREADY;
+			return -1;
+		}
+		if (wait_one(fd, POLLOUT, sock_deadline(e, fd, POLLOUT)) < 0) {
+			if (errno == EAGAIN)
+				errno = EALREADY;
+			return -1;
+		}
+	}
+	return connect_ended(e);
+}
+
 EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 {
 	struct fdent *e = ent(fd);
 	if (e && e->kind == K_OURS) {
 		CHECK_USABLE();
-		int ev;
-		CORE_VOID(core.events(&e->h, &ev, NULL, 1, 0));
-		errno = ev & ONL_WRITABLE ? EISCONN : EALREADY;
-		return -1;
+		return connect_again(e, fd, a, l);
 	}
 	if (!e || e->kind != K_TCP || e->listening || !a || l < sizeof(struct sockaddr_in) ||
 	    a->sa_family != AF_INET || after_fork || load_core() != 1)
@@ -127,6 +174,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	copy_options(fd, h, defaults);
 	stack_known();
 	debugf("fd %d: connecting, accelerated", fd);
+	e->connecting = CONN_PENDING;
 	if (nb) {
 		errno = EINPROGRESS;
 		return -1;
@@ -136,12 +184,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 			errno = EINPROGRESS; /* SO_SNDTIMEO: it goes on, as the kernel's */
 		return -1;
 	}
-	int err = CORE(core.sockerr(h));
-	if (err) {
-		errno = err;
-		return -1;
-	}
-	return 0;
+	return connect_ended(e);
 }
 
 /* inherit_timeo gives kfd, accepted (handle h) on listener fd (entry l),

@@ -226,6 +226,11 @@ struct fdent {
 	 * after the core loaded to ask for its handover (prepare_fork). */
 	uint8_t ho_ok;
 	uint32_t ho_stack, ho_sock;
+	/* K_OURS: CONN_PENDING, its connect has not told the program how it
+	 * ended (it returned EINPROGRESS or EINTR): the next connect does,
+	 * as the kernel's; CONN_FAILED, it told a failure: the next connect
+	 * starts anew (connect_again). */
+	uint8_t connecting;
 	/* K_TCP: made by socket() here (fresh: its options are the
 	 * kernel's defaults), and whether the program set an option on it
 	 * since (copy_options). */
@@ -236,6 +241,8 @@ struct fdent {
 };
 
 #define MAX_HANDLES (1 << 17)
+#define CONN_PENDING 1
+#define CONN_FAILED 2
 
 /* In a child forked after the core loaded, a connection is handed over
  * to the kernel at its first use: e becomes NULL, and the call goes to

@@ -600,6 +600,56 @@ static void test_timeouts(void)
 	close(l);
 }
 
+/* test_connect_again: connect on a socket that connected, or tried to.
+ * A non-blocking connect's end is told once by the next connect (0 or
+ * the error; ECONNABORTED when SO_ERROR took the error), EISCONN after a
+ * success; after a failure the socket connects anew (a program that
+ * retries until its server is up). Port 1 of the peer refuses. */
+static int connect_nb(struct sockaddr_in *to)
+{
+	int c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	if (c < 0)
+		die("socket");
+	check("non-blocking connect", connect(c, (struct sockaddr *)to, sizeof *to));
+	struct pollfd p = {.fd = c, .events = POLLOUT};
+	poll(&p, 1, 5000);
+	return c;
+}
+
+static void test_connect_again(void)
+{
+	struct sockaddr_in refused = peer;
+	refused.sin_port = htons(1);
+	int c = connect_nb(&peer);
+	check("connect again, once it is connected", connect(c, (struct sockaddr *)&peer, sizeof peer));
+	check("and again", connect(c, (struct sockaddr *)&peer, sizeof peer));
+	fcntl(c, F_SETFL, 0);
+	echo(c, "connected so", "again");
+	close(c);
+	c = connect_nb(&peer);
+	int err = -1;
+	socklen_t l = sizeof err;
+	getsockopt(c, SOL_SOCKET, SO_ERROR, &err, &l);
+	say("SO_ERROR %d", err);
+	check("connect again after SO_ERROR", connect(c, (struct sockaddr *)&peer, sizeof peer));
+	close(c);
+	c = connect_nb(&refused);
+	check("connect again, once it is refused", connect(c, (struct sockaddr *)&refused, sizeof refused));
+	check("and again: anew", connect(c, (struct sockaddr *)&refused, sizeof refused));
+	close(c);
+	c = connect_nb(&refused);
+	getsockopt(c, SOL_SOCKET, SO_ERROR, &err, &l);
+	say("SO_ERROR %s", strerror(err));
+	check("connect again after SO_ERROR", connect(c, (struct sockaddr *)&refused, sizeof refused));
+	close(c);
+	c = socket(AF_INET, SOCK_STREAM, 0);
+	check("blocking connect, refused", connect(c, (struct sockaddr *)&refused, sizeof refused));
+	check("again: anew, refused again", connect(c, (struct sockaddr *)&refused, sizeof refused));
+	check("and to a server that listens", connect(c, (struct sockaddr *)&peer, sizeof peer));
+	echo(c, "connected at the third connect", "third");
+	close(c);
+}
+
 /* test_foreign_signal: a signal the program has no handler for comes
  * again and again while the thread blocks in epoll_wait, poll and recv:
  * SIGURG, which the kernel ignores by default, and which under the shim
@@ -1162,6 +1212,7 @@ int main(int argc, char **argv)
 	test_signals(s);
 	test_foreign_signal(s);
 	test_timeouts();
+	test_connect_again();
 	test_handler_calls(s);
 	test_nested_signal();
 	test_early_handler(s);
