@@ -270,16 +270,29 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 	}
 	size_t got = 0;
 	int64_t dl = DL_UNREAD;
+	/* MSG_TRUNC: TCP's discards what it takes, buf untouched (tcp(7)). */
+	char scratch[4096];
+	int trunc = flags & MSG_TRUNC;
 	for (;;) {
 		if (e->kind != K_OURS) /* taken over while this call waited */
 			return got ? (ssize_t)got : real_recv(fd, buf, n, flags);
-		long r = CORE(core.recv(e->h, (char *)buf + got, n - got, flags & MSG_PEEK));
+		size_t want = n - got;
+		char *to = (char *)buf + got;
+		if (trunc) {
+			to = scratch;
+			want = want < sizeof scratch ? want : sizeof scratch;
+		}
+		long r = CORE(core.recv(e->h, to, want, flags & MSG_PEEK));
 		if (r > 0) {
 			got += r;
+			if (trunc && r == (long)want && got < n && !(flags & MSG_PEEK))
+				continue; /* there may be more to discard */
 			if (!(flags & MSG_WAITALL) || got == n || (flags & MSG_PEEK))
 				return got;
 			continue;
 		}
+		if (r == -EAGAIN && got && !(flags & MSG_WAITALL))
+			return got;
 		if (r == 0)
 			return got;
 		if (r != -EAGAIN) {

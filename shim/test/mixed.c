@@ -600,6 +600,31 @@ static void test_timeouts(void)
 	close(l);
 }
 
+/* test_trunc: MSG_TRUNC on TCP discards what it takes and leaves the
+ * buffer as it was (tcp(7)); beyond one read's worth too. */
+static void test_trunc(int s)
+{
+	char buf[16], big[10000];
+	memset(buf, '-', sizeof buf);
+	if (send(s, "abcdef", 6, 0) != 6)
+		die("send");
+	wait_readable(s);
+	usleep(20000); /* all six */
+	long r = recv(s, buf, 2, MSG_TRUNC);
+	say("recv MSG_TRUNC: %ld, the buffer %.2s", r, buf);
+	check("the rest", read_full(s, buf, 4));
+	say("it is %.4s", buf);
+	memset(big, 'x', sizeof big);
+	if (send(s, big, sizeof big, 0) != (ssize_t)sizeof big)
+		die("send");
+	memset(big, '-', sizeof big);
+	r = recv(s, big, sizeof big, MSG_TRUNC | MSG_WAITALL);
+	int untouched = 1;
+	for (size_t i = 0; i < sizeof big; i++)
+		untouched &= big[i] == '-';
+	say("recv MSG_TRUNC|MSG_WAITALL of %zu: %ld, the buffer untouched: %d", sizeof big, r, untouched);
+}
+
 /* test_connect_again: connect on a socket that connected, or tried to.
  * A non-blocking connect's end is told once by the next connect (0 or
  * the error; ECONNABORTED when SO_ERROR took the error), EISCONN after a
@@ -1212,6 +1237,7 @@ int main(int argc, char **argv)
 	test_signals(s);
 	test_foreign_signal(s);
 	test_timeouts();
+	test_trunc(s);
 	test_connect_again();
 	test_handler_calls(s);
 	test_nested_signal();
