@@ -213,6 +213,18 @@ static void fill_addr(struct sockaddr *a, socklen_t *l, uint32_t ip, uint16_t po
 	*l = sizeof sin;
 }
 
+/* closed_in_call: fd, which a call found ours at its start (its drops
+ * then gen), is no longer: if another thread closed it meanwhile (the
+ * number may name another file by now) the call fails with EBADF (1);
+ * otherwise a handover gave it to the kernel (0), which takes the call. */
+static int closed_in_call(int fd, uint32_t gen)
+{
+	if (fdgen[fd] == gen)
+		return 0;
+	errno = EBADF;
+	return 1;
+}
+
 EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 {
 	struct fdent *e = ours_or_listener(fd);
@@ -220,6 +232,7 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 		return real_accept4(fd, a, l, flags);
 	CHECK_USABLE();
 	int64_t dl = DL_UNREAD;
+	uint32_t gen = fdgen[fd];
 	for (;;) {
 		int ev;
 		CORE_VOID(core.events(&e->h, &ev, NULL, 1, 0));
@@ -253,6 +266,8 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 			return k;
 		if (!blocked(e, fd, 0, POLLIN, &dl))
 			return -1;
+		if (closed_in_call(fd, gen))
+			return -1;
 	}
 }
 
@@ -270,12 +285,13 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 	}
 	size_t got = 0;
 	int64_t dl = DL_UNREAD;
+	uint32_t gen = fdgen[fd];
 	/* MSG_TRUNC: TCP's discards what it takes, buf untouched (tcp(7)). */
 	char scratch[4096];
 	int trunc = flags & MSG_TRUNC;
 	for (;;) {
-		if (e->kind != K_OURS) /* taken over while this call waited */
-			return got ? (ssize_t)got : real_recv(fd, buf, n, flags);
+		if (e->kind != K_OURS) /* taken over or closed while this call waited */
+			return got ? (ssize_t)got : closed_in_call(fd, gen) ? -1 : real_recv(fd, buf, n, flags);
 		size_t want = n - got;
 		char *to = (char *)buf + got;
 		if (trunc) {
@@ -317,9 +333,10 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 	CHECK_USABLE();
 	size_t done = 0;
 	int64_t dl = DL_UNREAD;
+	uint32_t gen = fdgen[fd];
 	for (;;) {
-		if (e->kind != K_OURS) /* taken over while this call waited */
-			return done ? (ssize_t)done : real_send(fd, buf, n, flags);
+		if (e->kind != K_OURS) /* taken over or closed while this call waited */
+			return done ? (ssize_t)done : closed_in_call(fd, gen) ? -1 : real_send(fd, buf, n, flags);
 		/* The frames wait for the kick that this thread's next wait
 		 * gives (flush_kicks): a program answering many clients sends
 		 * all its answers in one system call. */

@@ -8,6 +8,7 @@ struct fdent *fdt;
 int nfdt;
 int *hrefs;		/* by handle: descriptors naming it (dup) */
 uint8_t *htimeo;	/* by handle: its kernel socket may have SO_RCVTIMEO or SO_SNDTIMEO */
+uint32_t *fdgen;	/* by fd: how many times it was dropped (closed), for a call that waited */
 
 int refuse_after_fork(void)
 {
@@ -51,6 +52,7 @@ void drop(int fd)
 	struct fdent *e = ent(fd);
 	if (!e || e->kind == K_NONE)
 		return;
+	__atomic_add_fetch(&fdgen[fd], 1, __ATOMIC_RELAXED);
 	if (e->kind == K_OURS) {
 		int h = e->h;
 		epoll_forget(fd, h);

@@ -79,12 +79,15 @@ __attribute__((constructor)) static void init(void)
 	fdt = calloc(nfdt, sizeof *fdt);
 	hrefs = calloc(MAX_HANDLES, sizeof *hrefs);
 	htimeo = calloc(MAX_HANDLES, sizeof *htimeo);
-	if (!fdt || !hrefs || !htimeo) {
+	fdgen = calloc(nfdt, sizeof *fdgen);
+	if (!fdt || !hrefs || !htimeo || !fdgen) {
 		free(fdt);
 		free(hrefs);
 		free(htimeo);
+		free(fdgen);
 		hrefs = NULL;
 		htimeo = NULL;
+		fdgen = NULL;
 		fdt = NULL;
 		nfdt = 0;
 		return;

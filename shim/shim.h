@@ -354,6 +354,7 @@ extern struct fdent *fdt;
 extern int nfdt;
 extern int *hrefs;
 extern uint8_t *htimeo;
+extern uint32_t *fdgen;
 int refuse_after_fork(void);
 int child_takes(int fd, struct fdent *e);
 void set_ours(int fd, int h, int nonblock, int knb, int listening);

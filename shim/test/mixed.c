@@ -625,6 +625,43 @@ static void test_trunc(int s)
 	say("recv MSG_TRUNC|MSG_WAITALL of %zu: %ld, the buffer untouched: %d", sizeof big, r, untouched);
 }
 
+/* test_close_in_call: another thread closes a socket a recv waits on,
+ * and the number comes back at once for a new socket with data. The
+ * kernel's recv goes on with the socket it began on (here until its
+ * SO_RCVTIMEO); the shim's fails with EBADF. Neither may read the new
+ * socket's data. */
+static int closing = -1;
+static char close_buf[8];
+static long close_r;
+
+static void *recv_closing(void *arg)
+{
+	(void)arg;
+	close_r = recv(closing, close_buf, sizeof close_buf, 0);
+	return NULL;
+}
+
+static void test_close_in_call(void)
+{
+	closing = dial();
+	struct timeval tv = {0, 500000};
+	setsockopt(closing, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	pthread_t t;
+	pthread_create(&t, NULL, recv_closing, NULL);
+	usleep(100000);
+	int was = closing, sp[2];
+	close(closing);
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) < 0)
+		die("socketpair");
+	int other = sp[0] == was ? sp[1] : sp[0];
+	write(other, "pair", 4);
+	pthread_join(t, NULL);
+	say("a recv on a socket closed meanwhile, its number reused (%s): it read the new socket's data: %s",
+	    sp[0] == was || sp[1] == was ? "yes" : "no", close_r > 0 ? "yes" : "no");
+	close(sp[0]);
+	close(sp[1]);
+}
+
 /* test_connect_again: connect on a socket that connected, or tried to.
  * A non-blocking connect's end is told once by the next connect (0 or
  * the error; ECONNABORTED when SO_ERROR took the error), EISCONN after a
@@ -1238,6 +1275,7 @@ int main(int argc, char **argv)
 	test_foreign_signal(s);
 	test_timeouts();
 	test_trunc(s);
+	test_close_in_call();
 	test_connect_again();
 	test_handler_calls(s);
 	test_nested_signal();
