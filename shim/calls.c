@@ -63,7 +63,8 @@ void accel_listener(int fd, struct fdent *e)
 		if (h > 0) {
 			int nb = nonblocking(fd), defaults = e->fresh && !e->opts_set, timeo = e->timeo;
 			set_ours(fd, h, nb, nb, 1);
-			htimeo[h] = timeo;
+			if ((unsigned)h < MAX_HANDLES)
+				htimeo[h] = timeo;
 			kreg_take(fd, e);
 			copy_options(fd, h, defaults);
 			stack_known();
@@ -214,9 +215,10 @@ static void fill_addr(struct sockaddr *a, socklen_t *l, uint32_t ip, uint16_t po
 }
 
 /* closed_in_call: fd, which a call found ours at its start (its drops
- * then gen), is no longer: if another thread closed it meanwhile (the
- * number may name another file by now) the call fails with EBADF (1);
- * otherwise a handover gave it to the kernel (0), which takes the call. */
+ * then gen), may be no longer: if another thread closed it meanwhile
+ * (the number may name another file by now, an accelerated socket too)
+ * the call fails with EBADF (1); otherwise (0) a handover gave it to
+ * the kernel, which takes the call. */
 static int closed_in_call(int fd, uint32_t gen)
 {
 	if (fdgen[fd] == gen)
@@ -290,7 +292,7 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 	char scratch[4096];
 	int trunc = flags & MSG_TRUNC;
 	for (;;) {
-		if (e->kind != K_OURS) /* taken over or closed while this call waited */
+		if (fdgen[fd] != gen || e->kind != K_OURS) /* closed, or taken over, while this call waited */
 			return got ? (ssize_t)got : closed_in_call(fd, gen) ? -1 : real_recv(fd, buf, n, flags);
 		size_t want = n - got;
 		char *to = (char *)buf + got;
@@ -335,7 +337,7 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 	int64_t dl = DL_UNREAD;
 	uint32_t gen = fdgen[fd];
 	for (;;) {
-		if (e->kind != K_OURS) /* taken over or closed while this call waited */
+		if (fdgen[fd] != gen || e->kind != K_OURS) /* closed, or taken over, while this call waited */
 			return done ? (ssize_t)done : closed_in_call(fd, gen) ? -1 : real_send(fd, buf, n, flags);
 		/* The frames wait for the kick that this thread's next wait
 		 * gives (flush_kicks): a program answering many clients sends

@@ -626,7 +626,8 @@ static void test_trunc(int s)
 }
 
 /* test_close_in_call: another thread closes a socket a recv waits on,
- * and the number comes back at once for a new socket with data. The
+ * and the number comes back at once for a new socket with data: one of
+ * a socket pair, then a new connection (accelerated under the shim). The
  * kernel's recv goes on with the socket it began on (here until its
  * SO_RCVTIMEO); the shim's fails with EBADF. Neither may read the new
  * socket's data. */
@@ -643,23 +644,31 @@ static void *recv_closing(void *arg)
 
 static void test_close_in_call(void)
 {
-	closing = dial();
-	struct timeval tv = {0, 500000};
-	setsockopt(closing, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	pthread_t t;
-	pthread_create(&t, NULL, recv_closing, NULL);
-	usleep(100000);
-	int was = closing, sp[2];
-	close(closing);
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) < 0)
-		die("socketpair");
-	int other = sp[0] == was ? sp[1] : sp[0];
-	write(other, "pair", 4);
-	pthread_join(t, NULL);
-	say("a recv on a socket closed meanwhile, its number reused (%s): it read the new socket's data: %s",
-	    sp[0] == was || sp[1] == was ? "yes" : "no", close_r > 0 ? "yes" : "no");
-	close(sp[0]);
-	close(sp[1]);
+	for (int conn = 0; conn < 2; conn++) {
+		closing = dial();
+		struct timeval tv = {0, 500000};
+		setsockopt(closing, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+		pthread_t t;
+		pthread_create(&t, NULL, recv_closing, NULL);
+		usleep(100000);
+		int was = closing, sp[2] = {-1, -1};
+		close(closing);
+		if (conn) {
+			sp[0] = dial(); /* its echo is the data */
+			send(sp[0], "conn", 4, 0);
+		} else {
+			if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) < 0)
+				die("socketpair");
+			write(sp[0] == was ? sp[1] : sp[0], "pair", 4);
+		}
+		pthread_join(t, NULL);
+		say("a recv on a socket closed meanwhile, its number reused by a %s (%s): it read the new socket's data: %s",
+		    conn ? "connection" : "socket pair", sp[0] == was || sp[1] == was ? "yes" : "no",
+		    close_r > 0 ? "yes" : "no");
+		close(sp[0]);
+		if (sp[1] >= 0)
+			close(sp[1]);
+	}
 }
 
 /* test_connect_again: connect on a socket that connected, or tried to.
