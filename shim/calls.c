@@ -62,9 +62,7 @@ void accel_listener(int fd, struct fdent *e)
 			h = CORE(core.listen(fd, sa.sin_addr.s_addr));
 		if (h > 0) {
 			int nb = nonblocking(fd), defaults = e->fresh && !e->opts_set, timeo = e->timeo;
-			set_ours(fd, h, nb, nb, 1);
-			if ((unsigned)h < MAX_HANDLES)
-				htimeo[h] = timeo;
+			set_ours(fd, h, nb, nb, 1, timeo);
 			kreg_take(fd, e);
 			copy_options(fd, h, defaults);
 			stack_known();
@@ -167,9 +165,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	}
 	int defaults = e->fresh && !e->opts_set, timeo = e->timeo;
 	pthread_mutex_lock(&mu);
-	set_ours(fd, h, nb, nb, 0);
-	if ((unsigned)h < MAX_HANDLES)
-		htimeo[h] = timeo;
+	set_ours(fd, h, nb, nb, 0, timeo);
 	kreg_take(fd, e);
 	pthread_mutex_unlock(&mu);
 	copy_options(fd, h, defaults);
@@ -247,7 +243,7 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 			int h = CORE(core.accept(e->h, kfd));
 			if (h > 0) {
 				pthread_mutex_lock(&mu);
-				set_ours(kfd, h, !!(flags & SOCK_NONBLOCK), 1, 0);
+				set_ours(kfd, h, !!(flags & SOCK_NONBLOCK), 1, 0, 0);
 				pthread_mutex_unlock(&mu);
 				inherit_timeo(e, fd, kfd, h);
 				uint32_t lip, rip;

@@ -25,8 +25,9 @@ int refuse_after_fork(void)
 
 /* set_ours makes fd name handle h; nonblock is O_NONBLOCK as the program
  * set it, knb whether the kernel socket is non-blocking already (it is
- * made so otherwise: we do the waiting). */
-void set_ours(int fd, int h, int nonblock, int knb, int listening)
+ * made so otherwise: we do the waiting), timeo whether the kernel socket
+ * may carry SO_RCVTIMEO or SO_SNDTIMEO (htimeo, for a new socket). */
+void set_ours(int fd, int h, int nonblock, int knb, int listening, int timeo)
 {
 	struct fdent *e = ent(fd);
 	if (!e)
@@ -38,7 +39,7 @@ void set_ours(int fd, int h, int nonblock, int knb, int listening)
 	e->nonblock = nonblock;
 	e->listening = listening;
 	if ((unsigned)h < MAX_HANDLES && __atomic_add_fetch(&hrefs[h], 1, __ATOMIC_RELAXED) == 1)
-		htimeo[h] = 0; /* a new socket: its caller says */
+		htimeo[h] = timeo; /* a new socket */
 	if (knb)
 		return;
 	int fl = real_fcntl(fd, F_GETFL);

@@ -14,7 +14,7 @@ int64_t ts_ns(const struct timespec *t)
  * for how long (*left_ns; -1 for ever). */
 int kwait_again(struct kwait *k, int r, int64_t *left_ns)
 {
-	if (r >= 0 || errno != EINTR || core_state != 1 || t_handled != k->handled)
+	if (r >= 0 || !core_signal_only(errno, k->handled))
 		return 0;
 	int64_t left = k->end > 0 ? k->end - now_ns() : k->end;
 	*left_ns = k->end < 0 ? -1 : left > 0 ? left : 0;

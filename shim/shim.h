@@ -357,7 +357,7 @@ extern uint8_t *htimeo;
 extern uint32_t *fdgen;
 int refuse_after_fork(void);
 int child_takes(int fd, struct fdent *e);
-void set_ours(int fd, int h, int nonblock, int knb, int listening);
+void set_ours(int fd, int h, int nonblock, int knb, int listening, int timeo);
 void drop(int fd);
 void kernel_now(struct fdent *e);
 int kernel_took(int fd);
@@ -510,6 +510,14 @@ static inline struct fdent *ours_or_listener(int fd)
 	if (e && e->kind == K_TCP && e->listening && !e->tried)
 		accel_listener(fd, e);
 	return e && e->kind == K_OURS ? e : NULL;
+}
+
+/* core_signal_only reports whether a call that failed with err (an
+ * errno) and began when t_handled read handled ended only for a signal
+ * of the core's (struct kwait): it goes on, as on the kernel. */
+static inline int core_signal_only(int err, unsigned handled)
+{
+	return err == EINTR && core_state == 1 && t_handled == handled;
 }
 
 /* kwait_begin starts a wait on the kernel's fds alone (struct kwait). */

@@ -537,19 +537,12 @@ EXPORT sighandler_t signal(int sig, sighandler_t h)
  * see). sigwaitinfo is glibc's sigtimedwait without a timeout, within
  * libc: it is ours for the same reason. */
 
-/* interrupted reports whether a call that failed with err (an errno) at
- * handled ended only for a signal of the core's. */
-static int interrupted(int err, unsigned handled)
-{
-	return err == EINTR && core_state == 1 && t_handled == handled;
-}
-
 EXPORT int nanosleep(const struct timespec *req, struct timespec *rem)
 {
 	unsigned handled = t_handled;
 	struct timespec left;
 	int r;
-	while ((r = real_nanosleep(req, &left)) < 0 && interrupted(errno, handled))
+	while ((r = real_nanosleep(req, &left)) < 0 && core_signal_only(errno, handled))
 		req = &left;
 	if (r < 0 && errno == EINTR && rem)
 		*rem = left;
@@ -563,7 +556,7 @@ EXPORT int clock_nanosleep(clockid_t clock, int flags, const struct timespec *re
 	int abs = flags & TIMER_ABSTIME;
 	struct timespec left;
 	int r;
-	while ((r = real_clock_nanosleep(clock, flags, req, abs ? NULL : &left)) != 0 && interrupted(r, handled))
+	while ((r = real_clock_nanosleep(clock, flags, req, abs ? NULL : &left)) != 0 && core_signal_only(r, handled))
 		if (!abs)
 			req = &left;
 	if (r == EINTR && !abs && rem)
@@ -594,7 +587,7 @@ EXPORT int pause(void)
 {
 	unsigned handled = t_handled;
 	int r;
-	while ((r = real_pause()) < 0 && interrupted(errno, handled))
+	while ((r = real_pause()) < 0 && core_signal_only(errno, handled))
 		;
 	return r;
 }
@@ -603,7 +596,7 @@ EXPORT int sigsuspend(const sigset_t *mask)
 {
 	unsigned handled = t_handled;
 	int r;
-	while ((r = real_sigsuspend(mask)) < 0 && interrupted(errno, handled))
+	while ((r = real_sigsuspend(mask)) < 0 && core_signal_only(errno, handled))
 		;
 	return r;
 }
