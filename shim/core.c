@@ -53,6 +53,90 @@ void logf_(const char *fmt, ...)
 	real_write(2, buf, n);
 }
 
+/* ---- the core's own fds ----------------------------------------------- */
+
+/* The core's own fds (its BPF objects, the UMEM, the AF_XDP socket, its
+ * eventfds, timers and epoll sets: some thirty, made with the stack) and
+ * the interposer's (a thread's eventfd and epoll set) stay out of the
+ * program's way, at fd_base and above. A program's fds come from the
+ * lowest numbers free, as the kernel gives them, and some programs size
+ * their tables by the fds they expect to open: wrk's event loop holds
+ * 10 + 3 x its connections, and refused its first connection, on fd 34.
+ * The base is 1024, past select's reach, where the limit allows room
+ * there; else the last FD_ROOM below the limit; 0 (none) where the
+ * limit leaves too few. */
+#define FD_ROOM 128
+static int fd_base = -1;
+
+static int base_fd(void)
+{
+	if (fd_base < 0) {
+		struct rlimit rl;
+		int b = 0;
+		if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+			if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= 1024 + FD_ROOM)
+				b = 1024;
+			else if (rl.rlim_cur >= 2 * FD_ROOM)
+				b = (int)rl.rlim_cur - FD_ROOM;
+		}
+		fd_base = b;
+	}
+	return fd_base;
+}
+
+int fd_high(int fd)
+{
+	int b = base_fd();
+	if (fd < 0 || fd >= b)
+		return fd;
+	int h = real_fcntl(fd, F_DUPFD_CLOEXEC, b);
+	if (h < 0)
+		return fd; /* no room up there: it stays where it is */
+	real_close(fd);
+	return h;
+}
+
+/* hold_low fills every free fd below the base with a placeholder while
+ * the core loads and makes the stack, so that the fds it opens, in Go
+ * where no call of theirs comes here, land at the base or above;
+ * release_low frees the numbers again. A thread of the program that
+ * opens an fd meanwhile gets one up there too. */
+struct low_hold {
+	int *fd;
+	int n;
+};
+
+static void hold_low(struct low_hold *h)
+{
+	*h = (struct low_hold){0};
+	int b = base_fd();
+	int anchor = b > 0 ? eventfd(0, EFD_CLOEXEC) : -1;
+	if (anchor < 0)
+		return;
+	if (anchor >= b || !(h->fd = malloc(b * sizeof(int)))) {
+		real_close(anchor);
+		return;
+	}
+	h->fd[h->n++] = anchor;
+	while (h->n < b) {
+		int fd = real_fcntl(anchor, F_DUPFD_CLOEXEC, 0);
+		if (fd < 0)
+			break;
+		if (fd >= b) {
+			real_close(fd);
+			break;
+		}
+		h->fd[h->n++] = fd;
+	}
+}
+
+static void release_low(struct low_hold *h)
+{
+	for (int i = 0; i < h->n; i++)
+		real_close(h->fd[i]);
+	free(h->fd);
+}
+
 int load_core(void)
 {
 	if (core_state)
@@ -79,6 +163,8 @@ int load_core(void)
 			path = "libonload-core.so";
 		}
 	}
+	struct low_hold low;
+	hold_low(&low);
 	in_core = 1;
 	/* The Go runtime's threads start with the signal mask of the thread
 	 * that loads it, less the signals it cannot do without (synchronous
@@ -99,7 +185,7 @@ int load_core(void)
 	SYM(events); SYM(ready); SYM(arm); SYM(arm_ready); SYM(disarm_ready); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(thread); SYM(resched); SYM(spin_ns); SYM(try_spin);
 	SYM(end_spin); SYM(close); SYM(shutdown);
 	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
-	SYM(handover_info); SYM(handover); SYM(handed_over); SYM(exit); SYM(own_stack);
+	SYM(handover_info); SYM(handover); SYM(handed_over); SYM(exit); SYM(own_stack); SYM(init);
 #undef SYM
 	Dl_info ci;
 	if (ok && dladdr((void *)core.listen, &ci))
@@ -115,7 +201,10 @@ int load_core(void)
 		core_state = 1;
 		atexit(exit_close);
 		catch_ends();
+		/* The stack now, while the numbers below the base are held. */
+		CORE_VOID(core.init(base_fd()));
 	}
+	release_low(&low);
 	pthread_mutex_unlock(&load_mu);
 	return core_state;
 }

@@ -173,6 +173,7 @@ struct core_fns {
 	int (*handed_over)(int);
 	void (*exit)(void);
 	int (*own_stack)(void);
+	void (*init)(int);
 };
 extern struct core_fns core;
 
@@ -345,6 +346,7 @@ extern void *core_base;
 void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void exit_close(void);
 int load_core(void);
+int fd_high(int fd);
 extern __thread int t_sigstack;
 extern __thread sigset_t t_sigstack_mask;
 extern __thread int t_ending;

@@ -86,7 +86,7 @@ void thread_altstack(void)
 static int thread_efd(void)
 {
 	if (t_efd < 0) {
-		t_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		t_efd = fd_high(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
 		thread_ends();
 	}
 	return t_efd;
@@ -107,7 +107,7 @@ static int thread_ep(int epfd)
 		return -1;
 	if (t_ep < 0) {
 		int efd = thread_efd();
-		if (efd < 0 || (t_ep = real_epoll_create1(EPOLL_CLOEXEC)) < 0)
+		if (efd < 0 || (t_ep = fd_high(real_epoll_create1(EPOLL_CLOEXEC))) < 0)
 			return t_ep = -1;
 		struct epoll_event a = {.events = EPOLLIN, .data.fd = efd};
 		struct epoll_event b = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = irq_fd};

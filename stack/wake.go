@@ -13,6 +13,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/xdp-onload/onload/internal/fdbase"
 )
 
 // Sleeping and waking (seed 001): a thread that finds its socket not
@@ -386,9 +388,15 @@ func (s *Stack) closeWakeSockets() {
 	}
 }
 
-// dgramSocket is a non-blocking unix datagram socket, for wake-ups.
+// dgramSocket is a non-blocking unix datagram socket, for wake-ups, out
+// of the program's numbers (fdbase): the one a handle sends from is made
+// at its first wake-up, long after the stack.
 func dgramSocket() (int, error) {
-	return unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	return fdbase.Move(fd), nil
 }
 
 // wakeSockets are a handle's wake sockets: its own (WakeSocket), and the

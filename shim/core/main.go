@@ -25,6 +25,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/xdp-onload/onload/internal/fdbase"
 	"github.com/xdp-onload/onload/sockets"
 	"github.com/xdp-onload/onload/stack"
 )
@@ -636,6 +637,27 @@ func onl_exit() {
 	sockets.LogDebug("at exit: sleeper %+v", stk.Sleeper().Stats())
 	if err := stk.Finish(exitLinger); err != nil {
 		sockets.LogError("exit: %v", err)
+	}
+}
+
+// onl_init makes the process's stack as the core loads, and the service
+// that hands its connections over for children forked after (for a
+// stack of its own): the interposer holds the fd numbers below base
+// meanwhile, so that their fds stay out of the program's range, and what
+// the stack opens later is moved above base (fdbase). A stack that
+// cannot be made is told of by each call that needs it.
+//
+//export onl_init
+func onl_init(base C.int) {
+	fdbase.Set(int(base))
+	s, err := theStack()
+	if err != nil {
+		return
+	}
+	if _, _, viaDaemon := s.HandoverVia(); !viaDaemon {
+		if _, err := handoverService(); err != nil {
+			sockets.LogDebug("%v", err)
+		}
 	}
 }
 

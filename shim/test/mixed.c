@@ -116,6 +116,21 @@ static void test_fork_before(void)
 	say("child exit %d", WEXITSTATUS(st));
 }
 
+/* test_fd_numbers: a new fd is the lowest free, as the kernel gives it,
+ * with the stack made and threads that have waited on it: the
+ * interposer's and the core's own fds are out of the program's range. */
+static void test_fd_numbers(const char *when)
+{
+	int p[2];
+	if (pipe(p) < 0)
+		die("pipe");
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	say("%s: new fds %d %d %d", when, p[0], p[1], s);
+	close(p[0]);
+	close(p[1]);
+	close(s);
+}
+
 static void test_poll(int s, int pr, int pw, int ev, int file)
 {
 	struct pollfd p[4] = {
@@ -1270,6 +1285,7 @@ int main(int argc, char **argv)
 	lseek(file, 0, SEEK_SET);
 	int s = dial();
 	echo(s, "first socket", "hello");
+	test_fd_numbers("with the first socket");
 	test_poll(s, pp[0], pp[1], ev, file);
 	test_select(s, pp[0], pp[1], ev);
 	test_epoll(s, pp[0], pp[1], file);
@@ -1292,6 +1308,7 @@ int main(int argc, char **argv)
 	test_fork_after(s);
 	test_dispositions();
 	test_shutdown(s);
+	test_fd_numbers("at the end");
 	say("done");
 	return 0;
 }
