@@ -258,11 +258,17 @@ EXPORT int socket(int domain, int type, int protocol)
 {
 	int fd = real_socket(domain, type, protocol);
 	struct fdent *e = ent(fd);
-	if (e && domain == AF_INET && (type & 0xf) == SOCK_STREAM &&
-	    (protocol == 0 || protocol == IPPROTO_TCP)) {
+	int stream = (type & 0xf) == SOCK_STREAM && (protocol == 0 || protocol == IPPROTO_TCP);
+	if (e && domain == AF_INET && stream) {
 		memset(e, 0, sizeof *e);
 		e->kind = K_TCP;
 		e->fresh = 1;
+	} else if (fd >= 0 && (domain == AF_INET || domain == AF_INET6) && !after_fork) {
+		/* Where something is not accelerated, the debug log says so. */
+		debugf("fd %d: %s%s socket: the kernel's (the stack does TCP over IPv4 only%s)", fd,
+		       domain == AF_INET6 ? "an IPv6 " : "an IPv4 ",
+		       stream ? "TCP" : (type & 0xf) == SOCK_DGRAM ? "UDP" : "non-TCP",
+		       domain == AF_INET6 && stream ? "; a server listening on :: for IPv4 clients too can listen on 0.0.0.0 instead" : "");
 	}
 	return fd;
 }
