@@ -72,3 +72,30 @@ func testTimerSetWakesOverdue(t *testing.T, thread bool) {
 		}
 	}
 }
+
+// TestTimerSetUnknownTime: a TimerSet for a timer whose time the stack
+// does not know (0, stack.EarliestTimer) wakes the Sleeper now, as a
+// time: its wake-up is not counted hours late, and a TimerSet after it
+// does not take the Sleeper for overdue.
+func TestTimerSetUnknownTime(t *testing.T) {
+	eachWaiter(t, func(t *testing.T, thread bool) {
+		st := &clockStack{now: int64(time.Hour)}
+		s := &Sleeper{st: st, w: waiterFor(t, thread)}
+		defer s.w.close()
+		s.state.Store(stArmed)
+		s.wakeAt.Store(math.MaxInt64)
+		s.TimerSet(0)
+		if got := s.wakeAt.Load(); got != st.now {
+			t.Errorf("TimerSet(0) set the wake-up to %d, want now (%d)", got, st.now)
+		}
+		s.TimerSet(st.now + int64(time.Millisecond))
+		if n := s.Stats().Overdue; n != 0 {
+			t.Errorf("a TimerSet after TimerSet(0) counted the Sleeper overdue %d times", n)
+		}
+		st.now += int64(100 * time.Microsecond)
+		s.woke()
+		if late := s.Stats().MaxLate; late > time.Millisecond {
+			t.Errorf("the Sleeper woke %v late for TimerSet(0), 100µs after it", late)
+		}
+	})
+}

@@ -325,10 +325,19 @@ func (s *Sleeper) wake() {
 // to `at`. Whoever arms a timer while the Sleeper sleeps calls it (a
 // retransmission must fire while everyone sleeps). The Sleeper is not
 // woken for it: its timer is reset, from here, so that a Write that arms
-// a retransmission timer costs no goroutine switch.
+// a retransmission timer costs no goroutine switch. An `at` of 0 is a
+// timer whose time the stack does not know without a scan of its wheel
+// (stack.EarliestTimer): now, so that the Sleeper wakes and looks.
 func (s *Sleeper) TimerSet(at int64) {
 	if s.state.Load() != stArmed {
 		return
+	}
+	if at <= 0 {
+		// As a time: a wake-up due at 0 made the Sleeper's wake look
+		// hours late (MaxLate 16h28m in a shim's exit log: the clock's
+		// whole reading), and every TimerSet until it woke took it for
+		// overdue and kicked it again.
+		at = s.st.Clock()
 	}
 	for {
 		cur := s.wakeAt.Load()
