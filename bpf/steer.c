@@ -153,11 +153,17 @@ struct {
 	__type(value, __u32);
 } flows SEC(".maps");
 
+/* An XSKMAP's key and value by their sizes, not BTF types: the kernel
+ * takes no BTF for this map type, and a loader that offers it (cilium/ebpf
+ * does, then retries without) has the map made and freed first, and the
+ * free waits out an RCU grace period: some 18 ms of every stack's start,
+ * for each of the two maps. */
+#define XSKMAP_SIZES __uint(key_size, sizeof(__u32)); __uint(value_size, sizeof(__u32))
+
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
 	__uint(max_entries, MAX_STACKS * MAX_QUEUES);
-	__type(key, __u32);
-	__type(value, __u32);
+	XSKMAP_SIZES;
 } xsks SEC(".maps");
 
 // stack * LANE_BUCKETS + bucket: 0 for none, or lane | queue << 8.
@@ -172,8 +178,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
 	__uint(max_entries, MAX_STACKS * MAX_LANES);
-	__type(key, __u32);
-	__type(value, __u32);
+	XSKMAP_SIZES;
 } lane_xsks SEC(".maps");
 
 // cluster * MAX_QUEUES + queue: 0 for none, or the member stack + 1.
