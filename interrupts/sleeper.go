@@ -327,17 +327,11 @@ func (s *Sleeper) wake() {
 // woken for it: its timer is reset, from here, so that a Write that arms
 // a retransmission timer costs no goroutine switch. An `at` of 0 is a
 // timer whose time the stack does not know without a scan of its wheel
-// (stack.EarliestTimer): now, so that the Sleeper wakes and looks.
+// (stack.EarliestTimer): the Sleeper wakes at once, and every TimerSet
+// until it has woken kicks it (see wakeOverdue).
 func (s *Sleeper) TimerSet(at int64) {
 	if s.state.Load() != stArmed {
 		return
-	}
-	if at <= 0 {
-		// As a time: a wake-up due at 0 made the Sleeper's wake look
-		// hours late (MaxLate 16h28m in a shim's exit log: the clock's
-		// whole reading), and every TimerSet until it woke took it for
-		// overdue and kicked it again.
-		at = s.st.Clock()
 	}
 	for {
 		cur := s.wakeAt.Load()
@@ -489,7 +483,11 @@ const lateBound = time.Millisecond
 // woke records how late past its deadline an armed Sleeper woke.
 func (s *Sleeper) woke() {
 	at := s.wakeAt.Load()
-	if at == math.MaxInt64 {
+	if at == math.MaxInt64 || at <= 0 {
+		// No wake-up planned, or "at once" for a timer whose time was
+		// not known (TimerSet(0)): no time to be late past. Counted, it
+		// read as the clock's whole reading (MaxLate 16h28m in a shim's
+		// exit log).
 		return
 	}
 	late := s.st.Clock() - at
