@@ -89,10 +89,23 @@ func run(args []string) error {
 	env = setEnv(env, "ONLOAD_CORE", core)
 	path, err := exec.LookPath(cmd[0])
 	if err != nil {
-		return fmt.Errorf("run: %w", err)
+		return &exitError{127, fmt.Errorf("run: %w", err)}
 	}
-	return syscall.Exec(path, cmd, env)
+	err = syscall.Exec(path, cmd, env)
+	return &exitError{126, fmt.Errorf("run: exec %s: %w", path, err)}
 }
+
+// exitError is an error that ends onloadd with its own status: as env(1)
+// and nice(1) do, 127 when the command is not found and 126 when it is
+// found but cannot be run, so that a script tells those from the
+// command's own failure.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
 
 func setEnv(env []string, k, v string) []string {
 	for i, kv := range env {
