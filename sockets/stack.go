@@ -346,6 +346,31 @@ func (s *Stack) Dump() string {
 		return "stack closed"
 	}
 	defer s.leave()
+	nl := s.nicLine()
+	s.wakes.mu.Lock()
+	wk := fmt.Sprintf("wakes: %d woken not yet run (limit %d), %d queued; %d woken, %d queued first, %d sends held their kick",
+		s.wakes.backlog.Load(), s.wakes.limit, s.wakes.n, s.wakes.woken.Load(), s.wakes.queuedWakes.Load(), s.wakes.heldSends.Load())
+	s.wakes.mu.Unlock()
+	for i := range s.waits {
+		if w := s.waits[i].Load(); w != nil {
+			wk += s.dumpWaiters(i, w)
+		}
+	}
+	return fmt.Sprintf("%s%ssleeper %+v %s\n%s\n", s.st.Dump(), nl, s.sl.Stats(), s.sl.Line(), wk)
+}
+
+// NICDump describes the stack's NIC: its counters and, for AF_XDP, the
+// kernel's counters of the socket (frames it dropped for want of a fill
+// ring entry or room in the RX ring) and its rings.
+func (s *Stack) NICDump() string {
+	if !s.enter() {
+		return "stack closed"
+	}
+	defer s.leave()
+	return s.nicLine()
+}
+
+func (s *Stack) nicLine() string {
 	var ks string
 	var ns vnic.Stats
 	s.st.InspectNIC(func(nic vnic.NIC) { // the polls write what it reads
@@ -358,16 +383,7 @@ func (s *Stack) Dump() string {
 			}
 		}
 	})
-	s.wakes.mu.Lock()
-	wk := fmt.Sprintf("wakes: %d woken not yet run (limit %d), %d queued; %d woken, %d queued first, %d sends held their kick",
-		s.wakes.backlog.Load(), s.wakes.limit, s.wakes.n, s.wakes.woken.Load(), s.wakes.queuedWakes.Load(), s.wakes.heldSends.Load())
-	s.wakes.mu.Unlock()
-	for i := range s.waits {
-		if w := s.waits[i].Load(); w != nil {
-			wk += s.dumpWaiters(i, w)
-		}
-	}
-	return fmt.Sprintf("%snic %+v\n%ssleeper %+v %s\n%s\n", s.st.Dump(), ns, ks, s.sl.Stats(), s.sl.Line(), wk)
+	return fmt.Sprintf("nic %+v\n%s", ns, ks)
 }
 
 // dumpWaiters describes slot i's sleepers, if it has any: what they

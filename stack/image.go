@@ -92,7 +92,13 @@ type header struct {
 	// found nothing to poll, on the Clock: onloadd's watcher reads it
 	// (takeover.go), and its own polls do not write it.
 	appPolledAt int64
-	counters    Counters
+	// The receivers (tcp_rcvshare.go): how many connections took in data
+	// lately, as of the last count; the count's number; when it was made
+	// (the Clock).
+	rcvActive  uint32
+	rcvEpoch   uint32
+	rcvCountAt int64
+	counters   Counters
 
 	// The processes that share the stack and wake one another's threads
 	// (JoinWakes): a socket's owner is an index here, plus one.

@@ -30,6 +30,9 @@ func (s *Stack) pollLocked() int {
 	for _, h := range s.rx[:n] {
 		s.inputLocked(h)
 	}
+	if n > 0 && s.rxDepth > 0 {
+		s.countReceiversLocked()
+	}
 	if s.img.wheel.MayBeDue(s.nowTick()) {
 		s.timersLocked()
 	}

@@ -67,6 +67,7 @@ type Stack struct {
 	filters   Filters
 	resolver  Resolver
 	reserve   int // free frames kept for receiving (see lowFramesLocked)
+	rxDepth   int // the NIC's vnic.Info.RxDepth: the windows' shares are of it (tcp_rcvshare.go)
 	tickNs    int64
 	tickRecip uint64 // 2^64 / tickNs, for toTicks
 	fast      *fastClock
@@ -191,8 +192,8 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 		reserve: max(16, nic.Pool().Count()/32),
 		img:     img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver, overflow: opt.Overflow,
 		tickNs: int64(img.hdr.tickNs), tickRecip: recip(img.hdr.tickNs), fast: newClock(), mtu: int(img.hdr.mtu),
-		maxMTU: frameMTU(nic),
-		rx:     make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
+		maxMTU: frameMTU(nic), rxDepth: nic.Info().RxDepth,
+		rx: make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
 		loop: make([]vnic.Handle, 0, maxLoop), loopIn: make([]vnic.Handle, 0, maxLoop),
 		expired: make([]timers.ID, 64), wake: opt.Wake, readyWake: opt.ReadyWake, wakes: wakeSockets{own: -1},
 	}

@@ -94,6 +94,8 @@ type tcb struct {
 	sndWl1, sndWl2 seqnum.Value
 	rcvNxt         seqnum.Value
 	rcvAdv         seqnum.Value // right edge of the window we last advertised
+	rcvSeen        seqnum.Value // rcvNxt at the last count of receivers (tcp_rcvshare.go)
+	rcvSeenAt      uint32       // the count that saw rcvNxt move last
 	recover        seqnum.Value // NewReno: sndMax when fast recovery began
 	// A segment received twice, for the D-SACK block of our next segment
 	// (RFC 2883; tfDSack).

@@ -191,7 +191,7 @@ func (s *Stack) windowUpdateLocked(sk *sock) {
 	if used >= sk.rcvBuf {
 		return
 	}
-	maxWnd := min(sk.rcvBuf, 0xffff<<sk.rcvWS)
+	maxWnd := min(sk.rcvBuf, 0xffff<<sk.rcvWS, s.rcvShareLocked(sk))
 	wnd := min(sk.rcvBuf-used, maxWnd)
 	adv := uint32(0)
 	if sk.rcvNxt.LessThan(sk.rcvAdv) {

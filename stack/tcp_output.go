@@ -47,7 +47,9 @@ func writeTCPTail(b []byte, seq, ack seqnum.Value, flags uint8, hdrLen int, wnd 
 // rcvWindowLocked is the window to advertise, and moves rcvAdv to its
 // right edge. The window never shrinks (RFC 9293 3.8.6.2.1: the right
 // edge never moves left) and, to avoid silly windows (3.8.6.2.2), a closed
-// window opens only by at least min(MSS, half the buffer).
+// window opens only by at least min(MSS, half the buffer). It opens no
+// further than the connection's share of the NIC's receive depth
+// (tcp_rcvshare.go).
 func (s *Stack) rcvWindowLocked(sk *sock, syn bool) uint16 {
 	used := sk.rcvBytes + sk.oooBytes
 	free := uint32(0)
@@ -57,6 +59,7 @@ func (s *Stack) rcvWindowLocked(sk *sock, syn bool) uint16 {
 	if sk.tflags&tfShutRd != 0 && sk.state != tcpEstablished {
 		free = 0
 	}
+	free = min(free, s.rcvShareLocked(sk))
 	cur := uint32(0)
 	if sk.rcvAdv.LessThan(sk.rcvNxt) {
 		sk.rcvAdv = sk.rcvNxt

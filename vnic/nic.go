@@ -95,6 +95,9 @@ type Info struct {
 	Mode string // e.g. "xdp copy", "xdp zero-copy", "memory"
 	MTU  int
 	MAC  net.HardwareAddr
+	// RxDepth is how many frames can arrive while nobody polls (the fill
+	// ring's depth): more are dropped. 0: no such limit.
+	RxDepth int
 }
 
 func (i Info) String() string {

@@ -54,6 +54,11 @@ func (cfg XDPConfig) withDefaults() (XDPConfig, error) {
 	return cfg, nil
 }
 
+// refillBelow is the fill level below which a Receive that took frames
+// refills the ring (one that took none always does): the least the kernel
+// has to receive into between two polls, so the NIC's RxDepth.
+func refillBelow(target uint32) uint32 { return target - target/4 }
+
 // fillTarget is how many frames the fill ring is kept topped up with: the
 // fill depth, within the ring and half the frames.
 func (cfg XDPConfig) fillTarget() uint32 {
@@ -83,7 +88,11 @@ type XDP struct {
 	// late: the stack gives the kicks after its lock (SetLateKicks);
 	// due: one is owed to it (TakeKick).
 	late, due bool
-	zeroCopy  bool // the socket is bound zero-copy
+	// kicking: a thread of this process is in KickUnlocked's system call;
+	// kickAgain: another's frames went on the ring meanwhile, for it to
+	// kick for them once more.
+	kicking, kickAgain atomic.Bool
+	zeroCopy           bool // the socket is bound zero-copy
 	// lanes are more RX rings on the socket's queue (AddLane), which
 	// Receive drains after the socket's own. Replaced, never changed in
 	// place: Idle and RxPending read it without the stack lock.
@@ -125,7 +134,7 @@ func OpenXDP(cfg XDPConfig) (*XDP, error) {
 	iface := sock.Interface()
 	x := &XDP{
 		umem: umem, sock: sock, pool: pool,
-		info:       Info{Name: fmt.Sprintf("%s queue %d", iface.Name, cfg.Queue), Mode: mode, MTU: iface.MTU, MAC: iface.MAC},
+		info:       Info{Name: fmt.Sprintf("%s queue %d", iface.Name, cfg.Queue), Mode: mode, MTU: iface.MTU, MAC: iface.MAC, RxDepth: int(refillBelow(cfg.fillTarget()))},
 		fillTarget: cfg.fillTarget(),
 		zeroCopy:   sock.ZeroCopy(),
 	}
@@ -170,7 +179,7 @@ func AttachXDP(umemFD, sockFD int, cfg XDPConfig) (*XDP, error) {
 	}
 	x := &XDP{
 		umem: umem, sock: sock, pool: pool,
-		info:       Info{Name: fmt.Sprintf("%s queue %d", cfg.Interface, cfg.Queue), Mode: "xdp (attached)", MTU: 1500},
+		info:       Info{Name: fmt.Sprintf("%s queue %d", cfg.Interface, cfg.Queue), Mode: "xdp (attached)", MTU: 1500, RxDepth: int(refillBelow(cfg.fillTarget()))},
 		fillTarget: cfg.fillTarget(),
 		zeroCopy:   sock.ZeroCopy(),
 	}
@@ -281,16 +290,61 @@ func (x *XDP) TakeKick() bool {
 }
 
 // KickUnlocked gives a kick TakeKick took, without the stack lock: the
-// system call, which the kernel serialises with any other. Frames the
-// kernel leaves on the ring stay owed, for the next poll to kick (as
-// kick's).
+// system call. Frames the kernel leaves on the ring stay owed, for the
+// next poll to kick (as kick's).
+//
+// The kernel serialises a socket's transmits on a mutex, and a transmit
+// on veth runs the peer's receive, and the peer's TCP, in the caller's
+// context: a second thread's kick would spin on the mutex for as long. So
+// while one thread of the process kicks, another only asks it to kick once
+// more, which covers its frames, and goes on with its work.
 func (x *XDP) KickUnlocked() error {
-	err := x.sock.Kick()
+	if !x.kicking.CompareAndSwap(false, true) {
+		x.kickAgain.Store(true)
+		if x.kicking.CompareAndSwap(false, true) {
+			// The kicker finished before it could see the request.
+			return x.kickLoop()
+		}
+		return nil
+	}
+	return x.kickLoop()
+}
+
+// kickLoop kicks until no thread asks for another, then gives up the
+// kicking flag; a request that comes as it does is taken by its maker
+// (KickUnlocked) or by this loop again. After maxKickLoops kicks it leaves
+// what is still asked for owed (kickOwed), for the next poll: a thread
+// is not kept kicking for the others for ever.
+func (x *XDP) kickLoop() error {
+	var err error
+	for i := 1; ; i++ {
+		x.kickAgain.Store(false)
+		if e := x.sock.Kick(); e != nil && err == nil {
+			err = e
+		}
+		if x.kickAgain.Load() && i < maxKickLoops {
+			continue
+		}
+		x.kicking.Store(false)
+		if !x.kickAgain.Load() {
+			break
+		}
+		if i >= maxKickLoops {
+			x.kickOwed.Store(true)
+			break
+		}
+		if !x.kicking.CompareAndSwap(false, true) {
+			break // the asker kicks
+		}
+	}
 	if x.sock.TX.Pending() > 0 {
 		x.kickOwed.Store(true)
 	}
 	return err
 }
+
+// maxKickLoops bounds the kicks one KickUnlocked gives for other threads.
+const maxKickLoops = 16
 
 // doorbell kicks, or with late kicks leaves the kick due to the stack.
 func (x *XDP) doorbell() error {
@@ -416,7 +470,7 @@ func (x *XDP) Receive(hs []Handle) int {
 		got += g
 		n += m
 	}
-	if got == 0 || x.inFill < x.fillTarget/2 {
+	if got == 0 || x.inFill < refillBelow(x.fillTarget) {
 		x.reap()
 		x.refill()
 		// Only a zero-copy driver sets the fill ring's need-wakeup flag;

@@ -635,6 +635,7 @@ func onl_exit() {
 		return
 	}
 	sockets.LogDebug("at exit: sleeper %+v", stk.Sleeper().Stats())
+	sockets.LogDebug("at exit: %s", stk.NICDump())
 	if err := stk.Finish(exitLinger); err != nil {
 		sockets.LogError("exit: %v", err)
 	}
