@@ -27,9 +27,11 @@ func (s *Stack) pollLocked() int {
 	s.setClock(s.fast.now()) // a poll always needs it: timers
 	s.polledAt.Store(s.nowNs)
 	s.notePolled(s.nowNs)
+	s.batch = s.batchBuf[:0]
 	for _, h := range s.rx[:n] {
 		s.inputLocked(h)
 	}
+	s.outputBatchLocked()
 	if n > 0 && s.rxDepth > 0 {
 		s.countReceiversLocked()
 	}

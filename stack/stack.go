@@ -94,13 +94,20 @@ type Stack struct {
 	corkedN  atomic.Int32
 
 	// Scratch, used with the lock held.
-	rx      []vnic.Handle
-	tx      []vnic.Handle // frames to give to the NIC
-	txKeep  []vnic.Handle // frames to lend it (TCP data kept for retransmission)
-	loop    []vnic.Handle // frames to our own address, to take in at unlock (loopback.go)
-	loopIn  []vnic.Handle // the batch being taken in
-	looped  atomic.Int32  // len(loop), for idle
-	expired []timers.ID
+	rx []vnic.Handle
+	// batch: a poll's batch of frames is being taken in; it lists the
+	// connections whose output waits for the batch's end (tcp_batch.go).
+	// nil outside a poll.
+	batch    []SockID
+	batchBuf []SockID
+	batchRun int           // frames of the batch's last connection in a row
+	inOrder  bool          // the segment just taken in was data in order, by header prediction
+	tx       []vnic.Handle // frames to give to the NIC
+	txKeep   []vnic.Handle // frames to lend it (TCP data kept for retransmission)
+	loop     []vnic.Handle // frames to our own address, to take in at unlock (loopback.go)
+	loopIn   []vnic.Handle // the batch being taken in
+	looped   atomic.Int32  // len(loop), for idle
+	expired  []timers.ID
 
 	wake func(SockID) // Options.Wake
 	// readyWake is Options.ReadyWake, owed at the ready log's next entry
@@ -193,7 +200,7 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 		img:     img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver, overflow: opt.Overflow,
 		tickNs: int64(img.hdr.tickNs), tickRecip: recip(img.hdr.tickNs), fast: newClock(), mtu: int(img.hdr.mtu),
 		maxMTU: frameMTU(nic), rxDepth: nic.Info().RxDepth,
-		rx: make([]vnic.Handle, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
+		rx: make([]vnic.Handle, rxBudget), batchBuf: make([]SockID, 0, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
 		loop: make([]vnic.Handle, 0, maxLoop), loopIn: make([]vnic.Handle, 0, maxLoop),
 		expired: make([]timers.ID, 64), wake: opt.Wake, readyWake: opt.ReadyWake, wakes: wakeSockets{own: -1},
 	}

@@ -78,5 +78,6 @@ func (s *Stack) predictedLocked(sk *sock, h vnic.Handle, g *segment) (keep, ok b
 	sk.rcvNxt = sk.rcvNxt.Add(seqnum.Size(g.n))
 	s.rcvAutotuneLocked(sk, g.opts.tsEcr)
 	s.ackPolicyLocked(sk, g.n)
+	s.inOrder = true
 	return true, true
 }

@@ -91,13 +91,18 @@ func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
 	p.frame.Trim(p.l4off+doff, g.n)
 	c.RxTCP++
 	sk.lastRcv = uint32(s.nowTick())
+	s.inOrder = false
 	if sk.state == tcpSynSent {
 		s.synSentInputLocked(sk, h, &g)
 	} else {
 		s.segmentLocked(sk, h, &g)
 	}
 	if sk.kind == kindTCP && sk.state != tcpClosed {
-		s.tcpOutputLocked(sk)
+		if s.batch != nil && s.inOrder {
+			s.deferOutputLocked(sk)
+		} else {
+			s.tcpOutputLocked(sk)
+		}
 	}
 	if sk.kind != kindFree {
 		s.touchLocked(sk)
