@@ -94,7 +94,9 @@ func Open(cfg Config) (*Stack, error) {
 	}
 	undo = append(undo, nic.Close)
 	// At the process's exit the AF_XDP socket unbinds after the
-	// program's own sockets have closed (exitpark).
+	// program's own sockets have closed (exitpark). First in undo, the
+	// release runs last, after nic.Close and att.Close: the queue and the
+	// interface are free again when the teardown returns.
 	unpark, err := exitpark.Park(nic.FD(), att.FD())
 	if err != nil {
 		return fail(err)

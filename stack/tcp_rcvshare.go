@@ -63,10 +63,11 @@ func (s *Stack) countReceiversLocked() {
 // rcvShareLocked is how far sk's window may open beyond rcvNxt, in bytes:
 // its share of the receive depth, or no limit for a NIC without one.
 func (s *Stack) rcvShareLocked(sk *sock) uint32 {
-	if s.rxDepth == 0 {
+	f := s.rcvShareFrames()
+	if f == 0 {
 		return ^uint32(0)
 	}
-	return s.rcvShareFrames() * uint32(max(sk.mss, 536))
+	return f * uint32(max(sk.mss, 536))
 }
 
 // rcvShareFrames is a receiver's share of the receive depth, in frames (0:

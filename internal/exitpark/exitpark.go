@@ -27,8 +27,9 @@ import (
 )
 
 // Park holds fds' files (those not negative) until the returned release
-// is called or the process ends. Release before closing for good what must be free again
-// at once (an AF_XDP socket's queue), or the message keeps it open.
+// is called or the process ends. What must be free again at once when
+// closed (an AF_XDP socket's queue) needs the release too, or the message
+// keeps it open.
 func Park(fds ...int) (release func() error, err error) {
 	var keep []int
 	for _, fd := range fds {
