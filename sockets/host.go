@@ -14,7 +14,6 @@ import (
 
 	"github.com/xdp-onload/onload/bpf"
 	"github.com/xdp-onload/onload/internal/ethtool"
-	"github.com/xdp-onload/onload/internal/exitpark"
 	"github.com/xdp-onload/onload/interrupts"
 	"github.com/xdp-onload/onload/stack"
 	"github.com/xdp-onload/onload/vnic"
@@ -93,15 +92,6 @@ func Open(cfg Config) (*Stack, error) {
 		return fail(err)
 	}
 	undo = append(undo, nic.Close)
-	// At the process's exit the AF_XDP socket unbinds after the
-	// program's own sockets have closed (exitpark). First in undo, the
-	// release runs last, after nic.Close and att.Close: the queue and the
-	// interface are free again when the teardown returns.
-	unpark, err := exitpark.Park(nic.FD(), att.FD())
-	if err != nil {
-		return fail(err)
-	}
-	undo = append([]func() error{unpark}, undo...)
 	if err := steer.SetSocket(standaloneStack, 0, nic.FD()); err != nil {
 		return fail(err)
 	}

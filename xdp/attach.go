@@ -108,18 +108,6 @@ func attachError(name string, mode AttachMode, err error) error {
 	return fmt.Errorf("attach xdp program to %s in %s mode: %w", name, mode, err)
 }
 
-// FD is the link's descriptor (its last close detaches the program), or
-// -1.
-func (a *Attachment) FD() int {
-	if a == nil || a.link == nil {
-		return -1
-	}
-	if l, ok := a.link.(interface{ FD() int }); ok {
-		return l.FD()
-	}
-	return -1
-}
-
 // Close detaches the program.
 func (a *Attachment) Close() error {
 	if a == nil || a.link == nil {
