@@ -224,14 +224,16 @@ func processUID(pid int) (int, error) {
 	return 0, fmt.Errorf("process %d: no Uid in its status", pid)
 }
 
-// unconnectedTCP checks that fd is an IPv4 TCP socket the kernel has not
-// connected: what an accelerated connection's kernel socket is.
+// unconnectedTCP checks that fd is a TCP socket the kernel has not
+// connected, IPv4 or IPv6 (the shim's dual-stack sockets, whose IPv4
+// names are IPv4-mapped): what an accelerated connection's kernel socket
+// is.
 func unconnectedTCP(fd int) error {
 	dom, err1 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
 	typ, err2 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
 	proto, err3 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
-	if err := errors.Join(err1, err2, err3); err != nil || dom != unix.AF_INET || typ != unix.SOCK_STREAM || proto != unix.IPPROTO_TCP {
-		return fmt.Errorf("not an IPv4 TCP socket (%v)", err)
+	if err := errors.Join(err1, err2, err3); err != nil || (dom != unix.AF_INET && dom != unix.AF_INET6) || typ != unix.SOCK_STREAM || proto != unix.IPPROTO_TCP {
+		return fmt.Errorf("not a TCP/IP socket (%v)", err)
 	}
 	if _, err := unix.Getpeername(fd); !errors.Is(err, unix.ENOTCONN) {
 		return fmt.Errorf("a socket the kernel has connected (%v)", err)

@@ -46,6 +46,44 @@ static void stack_known(void)
 	remote_fd = CORE(core.remote_fd());
 }
 
+/* v4_of reads the IPv4 address and port (network order) that address a
+ * (of length l) names for socket fd: an IPv4 address, or on an IPv6
+ * socket an IPv4-mapped one (::ffff:a.b.c.d), or, where wild is set
+ * (a listener's own name), the IPv6 wildcard of a socket that is not
+ * IPV6_V6ONLY, which takes IPv4 too (0.0.0.0). 0: an address the
+ * stack does not serve (IPv6, or a family not the socket's). */
+static int v4_of(int fd, const struct fdent *e, const struct sockaddr *a, socklen_t l, int wild,
+		 uint32_t *ip, uint16_t *port)
+{
+	if (!a)
+		return 0;
+	if (!e->v6) {
+		if (a->sa_family != AF_INET || l < sizeof(struct sockaddr_in))
+			return 0;
+		const struct sockaddr_in *sin = (const struct sockaddr_in *)a;
+		*ip = sin->sin_addr.s_addr;
+		*port = sin->sin_port;
+		return 1;
+	}
+	if (a->sa_family != AF_INET6 || l < sizeof(struct sockaddr_in6))
+		return 0;
+	const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)a;
+	/* The kernel makes a socket bound to an IPv6 address (not the
+	 * wildcard, not IPv4-mapped) IPV6_V6ONLY too (inet6_bind). */
+	int v6only = 0;
+	socklen_t vl = sizeof v6only;
+	if (real_getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &vl) < 0 || v6only)
+		return 0;
+	if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr))
+		memcpy(ip, &s6->sin6_addr.s6_addr[12], 4);
+	else if (wild && IN6_IS_ADDR_UNSPECIFIED(&s6->sin6_addr))
+		*ip = 0;
+	else
+		return 0;
+	*port = s6->sin6_port;
+	return 1;
+}
+
 /* accel_listener hands a listening socket to the core, once, if it will
  * have it; the entry is K_OURS after, or not ours. */
 
@@ -55,14 +93,19 @@ void accel_listener(int fd, struct fdent *e)
 		return;
 	pthread_mutex_lock(&mu);
 	if (e->kind == K_TCP && !e->tried && load_core() == 1) {
-		struct sockaddr_in sa;
+		struct sockaddr_storage sa;
 		socklen_t l = sizeof sa;
-		int h = 0;
-		if (real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && sa.sin_family == AF_INET)
-			h = CORE(core.listen(fd, sa.sin_addr.s_addr));
+		int h = 0, v6 = e->v6;
+		uint32_t ip;
+		uint16_t port;
+		if (real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && v4_of(fd, e, (struct sockaddr *)&sa, l, 1, &ip, &port))
+			h = CORE(core.listen(fd, ip));
+		else if (v6)
+			debugf("fd %d: an IPv6 listener on an IPv6 address, or IPV6_V6ONLY: the kernel's", fd);
 		if (h > 0) {
 			int nb = nonblocking(fd), defaults = e->fresh && !e->opts_set, timeo = e->timeo;
 			set_ours(fd, h, nb, nb, 1, timeo);
+			e->v6 = v6;
 			kreg_take(fd, e);
 			copy_options(fd, h, defaults);
 			stack_known();
@@ -146,12 +189,17 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 		CHECK_USABLE();
 		return connect_again(e, fd, a, l);
 	}
-	if (!e || e->kind != K_TCP || e->listening || !a || l < sizeof(struct sockaddr_in) ||
-	    a->sa_family != AF_INET || after_fork || load_core() != 1)
+	uint32_t ip;
+	uint16_t port;
+	if (!e || e->kind != K_TCP || e->listening || after_fork || !v4_of(fd, e, a, l, 0, &ip, &port)) {
+		if (e && e->kind == K_TCP && e->v6 && !e->listening && !after_fork && a && a->sa_family == AF_INET6)
+			debugf("fd %d: an IPv6 connect that does not reach IPv4 (an IPv6 address, IPV6_V6ONLY, or bound to an IPv6 address): the kernel's", fd);
 		return real_connect(fd, a, l);
-	const struct sockaddr_in *sin = (const struct sockaddr_in *)a;
-	int nb = nonblocking(fd);
-	int h = CORE(core.connect(fd, sin->sin_addr.s_addr, sin->sin_port));
+	}
+	if (load_core() != 1)
+		return real_connect(fd, a, l);
+	int nb = nonblocking(fd), v6 = e->v6;
+	int h = CORE(core.connect(fd, ip, port));
 	if (h == 0) {
 		pthread_mutex_lock(&mu);
 		kreg_forget(fd);
@@ -166,6 +214,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	int defaults = e->fresh && !e->opts_set, timeo = e->timeo;
 	pthread_mutex_lock(&mu);
 	set_ours(fd, h, nb, nb, 0, timeo);
+	e->v6 = v6;
 	kreg_take(fd, e);
 	pthread_mutex_unlock(&mu);
 	copy_options(fd, h, defaults);
@@ -201,10 +250,21 @@ static void inherit_timeo(const struct fdent *l, int fd, int kfd, int h)
 	}
 }
 
-static void fill_addr(struct sockaddr *a, socklen_t *l, uint32_t ip, uint16_t port)
+/* fill_addr gives the program address ip:port (network order) as the
+ * kernel gives a name: truncated to *l, whose new value is the whole
+ * length; on an IPv6 socket (v6) as an IPv4-mapped address. */
+static void fill_addr(struct sockaddr *a, socklen_t *l, uint32_t ip, uint16_t port, int v6)
 {
 	if (!a || !l)
 		return;
+	if (v6) {
+		struct sockaddr_in6 s6 = {.sin6_family = AF_INET6, .sin6_port = port};
+		s6.sin6_addr.s6_addr[10] = s6.sin6_addr.s6_addr[11] = 0xff;
+		memcpy(&s6.sin6_addr.s6_addr[12], &ip, 4);
+		memcpy(a, &s6, *l < sizeof s6 ? *l : sizeof s6);
+		*l = sizeof s6;
+		return;
+	}
 	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = port, .sin_addr.s_addr = ip};
 	memcpy(a, &sin, *l < sizeof sin ? *l : sizeof sin);
 	*l = sizeof sin;
@@ -235,7 +295,8 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 		int ev;
 		CORE_VOID(core.events(&e->h, &ev, NULL, 1, 0));
 		if (ev & ONL_READABLE) {
-			int kfd = real_socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | (flags & SOCK_CLOEXEC), 0);
+			int v6 = e->v6;
+			int kfd = real_socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | (flags & SOCK_CLOEXEC), 0);
 			if (kfd < 0)
 				return -1;
 			/* The fd first: out of fds, the connection stays queued,
@@ -244,12 +305,14 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 			if (h > 0) {
 				pthread_mutex_lock(&mu);
 				set_ours(kfd, h, !!(flags & SOCK_NONBLOCK), 1, 0, 0);
+				if (ent(kfd))
+					ent(kfd)->v6 = v6;
 				pthread_mutex_unlock(&mu);
 				inherit_timeo(e, fd, kfd, h);
 				uint32_t lip, rip;
 				uint16_t lp, rp;
 				if (CORE(core.addrs(h, &lip, &lp, &rip, &rp)) == 0)
-					fill_addr(a, l, rip, rp);
+					fill_addr(a, l, rip, rp, v6);
 				return kfd;
 			}
 			real_close(kfd);
@@ -728,7 +791,7 @@ static int name(int fd, struct sockaddr *a, socklen_t *l, int peer)
 		errno = ENOTCONN;
 		return -1;
 	}
-	fill_addr(a, l, ip[peer], port[peer]);
+	fill_addr(a, l, ip[peer], port[peer], e->v6);
 	return 0;
 }
 

@@ -127,7 +127,7 @@ int kernel_took(int fd)
 	struct fdent *ke = ent(fd);
 	int h = ke && ke->kind == K_OURS ? ke->h : 0, done = 0;
 	for (int i = 0; i < 200000 && !done; i++) {
-		struct sockaddr_in sa;
+		struct sockaddr_storage sa;
 		socklen_t l = sizeof sa;
 		char w[20];
 		socklen_t wl = sizeof w;

@@ -28,8 +28,9 @@ static void adopt_inherited(void)
 		struct fdent *e = ent((int)fd);
 		int v;
 		socklen_t l = sizeof v;
-		if (!e || real_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &l) < 0 || v != AF_INET)
+		if (!e || real_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &l) < 0 || (v != AF_INET && v != AF_INET6))
 			continue;
+		int v6 = v == AF_INET6;
 		l = sizeof v;
 		if (real_getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &l) < 0 || v != SOCK_STREAM)
 			continue;
@@ -39,7 +40,7 @@ static void adopt_inherited(void)
 		l = sizeof v;
 		int listening = real_getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &v, &l) == 0 && v;
 		if (!listening) {
-			struct sockaddr_in sa;
+			struct sockaddr_storage sa;
 			l = sizeof sa;
 			if (real_getpeername(fd, (struct sockaddr *)&sa, &l) == 0 || errno != ENOTCONN)
 				continue;
@@ -48,6 +49,7 @@ static void adopt_inherited(void)
 		e->kind = K_TCP;
 		e->listening = listening;
 		e->timeo = 1; /* its options are unknown */
+		e->v6 = v6;
 		debugf("fd %ld: inherited %s", fd, listening ? "listening" : "unconnected");
 	}
 	closedir(d);
@@ -259,16 +261,19 @@ EXPORT int socket(int domain, int type, int protocol)
 	int fd = real_socket(domain, type, protocol);
 	struct fdent *e = ent(fd);
 	int stream = (type & 0xf) == SOCK_STREAM && (protocol == 0 || protocol == IPPROTO_TCP);
-	if (e && domain == AF_INET && stream) {
+	if (e && (domain == AF_INET || domain == AF_INET6) && stream) {
+		/* An IPv6 socket is accelerated where it reaches IPv4 (a
+		 * listener on :: that is not IPV6_V6ONLY, a connect to
+		 * ::ffff:a.b.c.d): v4_of decides at listen and connect. */
 		memset(e, 0, sizeof *e);
 		e->kind = K_TCP;
 		e->fresh = 1;
+		e->v6 = domain == AF_INET6;
 	} else if (fd >= 0 && (domain == AF_INET || domain == AF_INET6) && !after_fork) {
 		/* Where something is not accelerated, the debug log says so. */
-		debugf("fd %d: %s%s socket: the kernel's (the stack does TCP over IPv4 only%s)", fd,
+		debugf("fd %d: %s%s socket: the kernel's (the stack does TCP only)", fd,
 		       domain == AF_INET6 ? "an IPv6 " : "an IPv4 ",
-		       stream ? "TCP" : (type & 0xf) == SOCK_DGRAM ? "UDP" : "non-TCP",
-		       domain == AF_INET6 && stream ? "; a server listening on :: for IPv4 clients too can listen on 0.0.0.0 instead" : "");
+		       (type & 0xf) == SOCK_DGRAM ? "UDP" : "non-TCP");
 	}
 	return fd;
 }

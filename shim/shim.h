@@ -2,9 +2,10 @@
  * libonload.so: the LD_PRELOAD interposer. `onloadd run -- CMD` preloads
  * it into an unmodified program.
  *
- * It keeps a table of the program's file descriptors that are TCP/IPv4
- * sockets. Every call on any other descriptor goes straight to libc (its
- * function found once with dlsym(RTLD_NEXT)) after one table lookup.
+ * It keeps a table of the program's file descriptors that are TCP sockets
+ * (IPv4, or IPv6 reaching IPv4: fdent.v6). Every call on any other
+ * descriptor goes straight to libc (its function found once with
+ * dlsym(RTLD_NEXT)) after one table lookup.
  * socket(), bind() and listen() stay in the kernel. The Go core
  * (libonload-core.so, shim/core) is loaded at the first operation that
  * needs a stack: a connect(), or the first accept, poll or epoll_ctl on a
@@ -205,7 +206,7 @@ extern struct core_fns core;
 
 enum {
 	K_NONE,	   /* not ours: libc */
-	K_TCP,	   /* a TCP/IPv4 socket the core has not seen */
+	K_TCP,	   /* a TCP socket (IPv4, or IPv6: v6) the core has not seen */
 	K_OURS,	   /* accelerated */
 	K_EPOLL,   /* an epoll instance */
 };
@@ -239,6 +240,10 @@ struct fdent {
 	/* K_TCP: the program may have set SO_RCVTIMEO or SO_SNDTIMEO on it
 	 * (or it came across exec): htimeo's flag once it is ours. */
 	uint8_t timeo;
+	/* K_TCP, K_OURS: the program's socket is IPv6 (AF_INET6), reaching
+	 * IPv4 peers through IPv4-mapped addresses (::ffff:a.b.c.d): its
+	 * names are given as such (fill_addr). */
+	uint8_t v6;
 };
 
 #define MAX_HANDLES (1 << 17)

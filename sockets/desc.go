@@ -128,32 +128,36 @@ func (s *Stack) UnparkDirect() { s.sl.UnparkDirect() }
 // kernelPort is the port kfd is bound to, binding it to the stack's
 // address and an ephemeral port first if it is not bound.
 func (s *Stack) kernelPort(kfd int) (uint16, error) {
-	port, err := s.boundPort(kfd)
+	port, v6, err := s.boundPort(kfd)
 	if err != nil || port != 0 {
 		return port, err
 	}
-	return s.bindEphemeral(kfd)
+	return s.bindEphemeral(kfd, v6)
 }
 
-// bindEphemeral binds kfd, a TCP socket not bound, to the stack's address
-// and an ephemeral port (bindFree), and returns the port.
-func (s *Stack) bindEphemeral(kfd int) (uint16, error) {
-	return s.bindFree(stack.TCP, kfd, s.addr.Addr())
+// bindEphemeral binds kfd, a TCP socket not bound (IPv6 if v6), to the
+// stack's address and an ephemeral port (bindFree), and returns the port.
+func (s *Stack) bindEphemeral(kfd int, v6 bool) (uint16, error) {
+	return s.bindFree(stack.TCP, kfd, s.addr.Addr(), v6)
 }
 
-// boundPort is the port kernel socket kfd is bound to (0: none). It is
-// syscall's getsockname: x/sys/unix's asks the socket's protocol too (for
-// L2TP), a second system call a connection.
-func (s *Stack) boundPort(kfd int) (uint16, error) {
+// boundPort is the port kernel socket kfd is bound to (0: none), and
+// whether kfd is IPv6 (the shim's dual-stack sockets: its IPv4 names are
+// IPv4-mapped, inet4). It is syscall's getsockname: x/sys/unix's asks
+// the socket's protocol too (for L2TP), a second system call a
+// connection.
+func (s *Stack) boundPort(kfd int) (port uint16, v6 bool, err error) {
 	sa, err := syscall.Getsockname(kfd)
 	if err != nil {
-		return 0, os.NewSyscallError("getsockname", err)
+		return 0, false, os.NewSyscallError("getsockname", err)
 	}
-	in, ok := sa.(*syscall.SockaddrInet4)
-	if !ok {
-		return 0, stack.ErrInvalid
+	switch in := sa.(type) {
+	case *syscall.SockaddrInet4:
+		return uint16(in.Port), false, nil
+	case *syscall.SockaddrInet6:
+		return uint16(in.Port), true, nil
 	}
-	return uint16(in.Port), nil
+	return 0, false, stack.ErrInvalid
 }
 
 func (s *Stack) newDesc(id stack.SockID) (*Desc, error) {
@@ -233,7 +237,7 @@ func (s *Stack) shareListener(local netip.AddrPort) (stack.SockID, bool) {
 // then holds the port. The handshake has begun: the socket turns
 // writable when it completes, and SockError says why it failed.
 func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort) (*Desc, error) {
-	port, err := s.boundPort(kfd)
+	port, v6, err := s.boundPort(kfd)
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +251,7 @@ func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort) (*Desc, error) {
 			s.recordKernelFD(id, kfd)
 			return s.newDesc(id)
 		}
-		if port, err = s.bindEphemeral(kfd); err != nil {
+		if port, err = s.bindEphemeral(kfd, v6); err != nil {
 			return nil, err
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/xdp-onload/onload/internal/inet4"
 	"github.com/xdp-onload/onload/stack"
 )
 
@@ -32,7 +33,7 @@ func (s *Stack) reservePort(p stack.Proto, addr netip.Addr, port uint16) (reserv
 		return reservation{}, 0, os.NewSyscallError("socket", err)
 	}
 	if port == 0 {
-		port, err = s.bindFree(p, fd, addr)
+		port, err = s.bindFree(p, fd, addr, false)
 	} else if err = unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4(), Port: int(port)}); err != nil {
 		err = os.NewSyscallError("bind", err)
 	}
@@ -47,8 +48,8 @@ func (s *Stack) reservePort(p stack.Proto, addr netip.Addr, port uint16) (reserv
 // lets the kernel pick.
 const bindFreeTries = 32
 
-// bindFree binds kernel socket fd (of protocol p, not bound) to addr and
-// an ephemeral port, and returns the port. The port is one no socket of
+// bindFree binds kernel socket fd (of protocol p, not bound; IPv6 if v6,
+// inet4.Sockaddr) to addr and an ephemeral port, and returns the port. The port is one no socket of
 // the stack is bound to (stack.FreePort), in the kernel's ephemeral range
 // less its reserved ports, as the kernel's own pick is: the kernel's pick
 // alone may be a port that a connection the program closed still has on
@@ -58,31 +59,32 @@ const bindFreeTries = 32
 // few hundred connections). A port the kernel has in use is passed over;
 // after bindFreeTries of them, or with no free port in the range, the
 // kernel picks.
-func (s *Stack) bindFree(p stack.Proto, fd int, addr netip.Addr) (uint16, error) {
+func (s *Stack) bindFree(p stack.Proto, fd int, addr netip.Addr, v6 bool) (uint16, error) {
 	if s.enter() {
-		port, err := s.bindOffered(p, fd, addr)
+		port, err := s.bindOffered(p, fd, addr, v6)
 		s.leave()
 		if port != 0 || err != nil {
 			return port, err
 		}
 	}
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4()}); err != nil {
+	if err := unix.Bind(fd, inet4.Sockaddr(netip.AddrPortFrom(addr, 0), v6)); err != nil {
 		return 0, os.NewSyscallError("bind", err)
 	}
-	return s.boundPort(fd)
+	port, _, err := s.boundPort(fd)
+	return port, err
 }
 
 // bindOffered is bindFree's offer of the stack's free ports: the port fd
 // is bound to, or 0 (and no error) if the kernel is to pick. Between
 // enter and leave.
-func (s *Stack) bindOffered(p stack.Proto, fd int, addr netip.Addr) (uint16, error) {
+func (s *Stack) bindOffered(p stack.Proto, fd int, addr netip.Addr, v6 bool) (uint16, error) {
 	r := s.kernelPorts()
 	for range bindFreeTries {
 		port, err := s.st.FreePort(p, r.lo, r.hi, r.reserved)
 		if err != nil {
 			return 0, nil // none free in the range
 		}
-		err = unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4(), Port: int(port)})
+		err = unix.Bind(fd, inet4.Sockaddr(netip.AddrPortFrom(addr, port), v6))
 		if err == nil {
 			return port, nil
 		}

@@ -290,7 +290,9 @@ func handoverMidTransfer(t *testing.T, p *Path, s *sockets.Stack, weDial bool, i
 // a stack the process made (the parent serves its children's requests)
 // and on one from onloadd (onloadd repairs); and with the child exec'ing
 // a program without the shim that inherits the connection, or the
-// process itself exec'ing it.
+// process itself exec'ing it; and with an IPv6 socket connected to the
+// IPv4-mapped address (the shim's dual-stack sockets), standalone and
+// on onloadd's stack.
 func TestShimHandoverFork(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "forkho")
@@ -298,7 +300,9 @@ func TestShimHandoverFork(t *testing.T) {
 		name   string
 		daemon bool
 		exec   string // "fork-exec", "exec" or none
-	}{{"standalone", false, ""}, {"onloadd", true, ""}, {"fork-exec", false, "fork-exec"}, {"exec", false, "exec"}} {
+		ipv6   bool
+	}{{"standalone", false, "", false}, {"onloadd", true, "", false}, {"fork-exec", false, "fork-exec", false}, {"exec", false, "exec", false},
+		{"standalone IPv6", false, "", true}, {"onloadd IPv6", true, "", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b, ln := echoHosts(t)
 			var env []string
@@ -310,6 +314,9 @@ func TestShimHandoverFork(t *testing.T) {
 			args := []string{b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)}
 			if tc.exec != "" {
 				args = append(args, tc.exec, prog)
+			}
+			if tc.ipv6 {
+				env = append(env, "FORKHO_IPV6=1")
 			}
 			resets := noResets(t, b)
 			out, log, err := runLimited(shimCommand(t, a, env, prog, args...), 60*time.Second)

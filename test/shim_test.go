@@ -249,6 +249,106 @@ func TestShimMixed(t *testing.T) {
 	t.Logf("%d lines as on the kernel", strings.Count(want, "\n"))
 }
 
+// TestShimDualStack runs shim/test/dual.c, IPv6 sockets that reach IPv4
+// (a listener on [::] that is not IPV6_V6ONLY, a connect to
+// ::ffff:a.b.c.d), as server and as client, each side under the shim in
+// turn and the other on the kernel: every line (the names as
+// IPv4-mapped addresses, SO_DOMAIN, an IPV6_V6ONLY listener and socket
+// left IPv6 only, the listener's kernel half taking a client over
+// [::1]) must be as with both on the kernel, and the shim's side must
+// have carried the connection itself.
+func TestShimDualStack(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "dual")
+	a, b := Pair(t, LinkOptions{})
+	run := func(port int, srvShim, cliShim bool) (srv, cli, log string) {
+		t.Helper()
+		p := strconv.Itoa(port)
+		srvArgs := []string{"serve", p, a.Iface0().Addr().String()}
+		sc := b.Command(prog, srvArgs...)
+		if srvShim {
+			sc = shimCommand(t, b, nil, prog, srvArgs...)
+		}
+		_, stdout, slog := startPiped(t, sc)
+		var sb strings.Builder
+		r := bufio.NewReader(stdout)
+		lines := make(chan string)
+		go func() {
+			defer close(lines)
+			for {
+				l, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				lines <- l
+			}
+		}()
+		for ready := false; !ready; {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("dual serve ended before it listened:\n%s%s", sb.String(), slog.String())
+				}
+				sb.WriteString(l)
+				ready = l == "listening\n"
+			case <-time.After(10 * time.Second):
+				t.Fatalf("dual serve: not listening in 10s:\n%s%s", sb.String(), slog.String())
+			}
+		}
+		cliArgs := []string{"connect", b.Iface0().Addr().String(), p}
+		cc := a.Command(prog, cliArgs...)
+		if cliShim {
+			cc = shimCommand(t, a, nil, prog, cliArgs...)
+		}
+		cli, clog := runBounded(t, cc, 30*time.Second)
+		for end := time.After(10 * time.Second); ; {
+			select {
+			case l, ok := <-lines:
+				if ok {
+					sb.WriteString(l)
+					continue
+				}
+			case <-end:
+				t.Fatalf("dual serve: not done in 10s:\n%s%s", sb.String(), slog.String())
+			}
+			break
+		}
+		sc.Wait()
+		if srvShim {
+			return sb.String(), cli, slog.String()
+		}
+		return sb.String(), cli, clog
+	}
+	wantSrv, wantCli, _ := run(7400, false, false)
+	if !strings.Contains(wantSrv, "read [::1]: 5") || !strings.Contains(wantCli, "same yes") {
+		t.Fatalf("the reference run (kernel) did not finish:\n%s\n%s", wantSrv, wantCli)
+	}
+	for _, tc := range []struct {
+		name             string
+		port             int
+		srvShim, cliShim bool
+		accel            string
+	}{
+		{"server under the shim", 7410, true, false, "listening"},
+		{"client under the shim", 7420, false, true, "connecting"},
+	} {
+		srv, cli, log := run(tc.port, tc.srvShim, tc.cliShim)
+		requireAccelerated(t, log, tc.accel)
+		// The connection came through the stack: the exit log's count
+		// of frames received (the handshake, the line, the end).
+		if m := regexp.MustCompile(`RxFrames:(\d+)`).FindStringSubmatch(log); m == nil || m[1] == "0" || len(m[1]) == 1 && m[1] < "3" {
+			t.Fatalf("%s: the stack received no connection's frames (%v):\n%s", tc.name, m, log)
+		}
+		fix := func(s string, port int) string { // the runs' ports differ
+			return strings.ReplaceAll(strings.ReplaceAll(s, "port "+strconv.Itoa(port), "port P"), "port 7400", "port P")
+		}
+		if fix(srv, tc.port) != fix(wantSrv, 7400) || fix(cli, tc.port) != fix(wantCli, 7400) {
+			t.Fatalf("%s: the server printed:\n%s\nthe client:\n%s\nwith the kernel:\n%s\n%s\n(shim log:\n%s)", tc.name, srv, cli, wantSrv, wantCli, log)
+		}
+		t.Logf("%s: %d lines as on the kernel", tc.name, strings.Count(srv+cli, "\n"))
+	}
+}
+
 // TestShimThreadExitKicks runs shim/test/exitkick.c: a thread sends on
 // an accelerated connection and ends at once, while the main thread
 // blocks for the echo. The send leaves its frames for the thread's next

@@ -23,6 +23,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip/checksum"
+
+	"github.com/xdp-onload/onload/internal/inet4"
 )
 
 // The queues TCP_REPAIR_QUEUE selects (linux/tcp.h), and the option
@@ -108,18 +110,24 @@ func Prepare(fd int, local netip.AddrPort) error {
 	return nil
 }
 
+// bindTo binds fd, IPv4 or IPv6 (an IPv4-mapped name, inet4), to local,
+// unless it is bound to its port already.
 func bindTo(fd int, local netip.AddrPort) error {
 	sa, err := unix.Getsockname(fd)
 	if err != nil {
 		return os.NewSyscallError("getsockname", err)
 	}
-	if in, ok := sa.(*unix.SockaddrInet4); ok && in.Port != 0 {
-		if in.Port != int(local.Port()) {
-			return fmt.Errorf("socket is bound to port %d, the connection's is %d", in.Port, local.Port())
+	port, v6, ok := inet4.Port(sa)
+	if !ok {
+		return fmt.Errorf("not an IP socket (its name is %T)", sa)
+	}
+	if port != 0 {
+		if port != local.Port() {
+			return fmt.Errorf("socket is bound to port %d, the connection's is %d", port, local.Port())
 		}
 		return nil
 	}
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: local.Addr().As4(), Port: int(local.Port())}); err != nil {
+	if err := unix.Bind(fd, inet4.Sockaddr(local, v6)); err != nil {
 		return os.NewSyscallError("bind", err)
 	}
 	return nil
@@ -182,7 +190,11 @@ func restoreRepairing(fd int, c *Conn) error {
 		return err
 	}
 	// In repair mode connect sends nothing: the socket is established.
-	if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: c.Remote.Addr().As4(), Port: int(c.Remote.Port())}); err != nil {
+	v6, err := inet4.IsIPv6(fd)
+	if err != nil {
+		return err
+	}
+	if err := unix.Connect(fd, inet4.Sockaddr(c.Remote, v6)); err != nil {
 		return os.NewSyscallError("connect (repair)", err)
 	}
 	if err := setOptions(fd, c); err != nil {

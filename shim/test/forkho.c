@@ -10,6 +10,9 @@
  *
  *	forkho ADDR PORT [fork-exec|exec PROGRAM]
  *
+ * With FORKHO_IPV6 set in its environment, its socket is IPv6, connected
+ * to the IPv4-mapped address.
+ *
  * With fork-exec, the child does not use the connection itself: it execs
  * PROGRAM with the connection on fd 3 and the argument "child-exec", and
  * that program (forkho again, run without the shim) does the rounds.
@@ -162,9 +165,20 @@ int main(int argc, char **argv)
 		fprintf(stderr, "forkho: bad address %s\n", argv[1]);
 		return 2;
 	}
-	int s = socket(AF_INET, SOCK_STREAM, 0);
-	if (s < 0 || connect(s, (struct sockaddr *)&peer, sizeof peer) < 0)
-		die("connect");
+	int s;
+	if (getenv("FORKHO_IPV6")) {
+		/* An IPv6 socket to the IPv4-mapped address. */
+		struct sockaddr_in6 p6 = {.sin6_family = AF_INET6, .sin6_port = peer.sin_port};
+		p6.sin6_addr.s6_addr[10] = p6.sin6_addr.s6_addr[11] = 0xff;
+		memcpy(&p6.sin6_addr.s6_addr[12], &peer.sin_addr, 4);
+		s = socket(AF_INET6, SOCK_STREAM, 0);
+		if (s < 0 || connect(s, (struct sockaddr *)&p6, sizeof p6) < 0)
+			die("connect");
+	} else {
+		s = socket(AF_INET, SOCK_STREAM, 0);
+		if (s < 0 || connect(s, (struct sockaddr *)&peer, sizeof peer) < 0)
+			die("connect");
+	}
 	int one = 1;
 	setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 	line(s, "parent before the fork\n");
