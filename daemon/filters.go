@@ -2,13 +2,13 @@ package daemon
 
 import (
 	"fmt"
-	"net/netip"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/xdp-onload/onload/bpf"
 	"github.com/xdp-onload/onload/control"
 	"github.com/xdp-onload/onload/internal/ethtool"
+	"github.com/xdp-onload/onload/internal/inet4"
 )
 
 // filter is a port steered to a stack, with the kernel socket that proved
@@ -165,7 +165,7 @@ func checkProof(c *client, key bpf.Listener, fd int) error {
 	if err != nil || proto != int(key.Proto) {
 		return refuse(codeDenied, "the proof for %s port %d is not a %s socket", key.Proto, key.Port, key.Proto)
 	}
-	bound, ok := boundV4(fd)
+	bound, ok := inet4.Bound(fd)
 	if !ok {
 		return refuse(codeDenied, "the proof for %s port %d is not bound to an IPv4 address (or the IPv6 wildcard that covers them)", key.Proto, key.Port)
 	}
@@ -173,31 +173,6 @@ func checkProof(c *client, key bpf.Listener, fd int) error {
 		return refuse(codeDenied, "the proof for %s:%d is a socket bound to %s", key.Addr, key.Port, bound)
 	}
 	return nil
-}
-
-// boundV4 is the IPv4 address and port socket fd is bound to: an IPv4
-// socket's, an IPv6 socket's IPv4-mapped address, or 0.0.0.0 for an IPv6
-// socket on the wildcard that takes IPv4 too (Go's net.Listen(":port")).
-func boundV4(fd int) (netip.AddrPort, bool) {
-	sa, err := unix.Getsockname(fd)
-	if err != nil {
-		return netip.AddrPort{}, false
-	}
-	switch a := sa.(type) {
-	case *unix.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)), a.Port != 0
-	case *unix.SockaddrInet6:
-		ip := netip.AddrFrom16(a.Addr)
-		switch {
-		case ip.Is4In6():
-			return netip.AddrPortFrom(ip.Unmap(), uint16(a.Port)), a.Port != 0
-		case ip.IsUnspecified():
-			if v6only, err := unix.GetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY); err == nil && v6only == 0 {
-				return netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(a.Port)), a.Port != 0
-			}
-		}
-	}
-	return netip.AddrPort{}, false
 }
 
 // sameNetns reports whether socket fd lives in onloadd's network

@@ -191,8 +191,9 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	}
 	uint32_t ip;
 	uint16_t port;
-	if (!e || e->kind != K_TCP || e->listening || after_fork || !v4_of(fd, e, a, l, 0, &ip, &port)) {
-		if (e && e->kind == K_TCP && e->v6 && !e->listening && !after_fork && a && a->sa_family == AF_INET6)
+	int ours = e && e->kind == K_TCP && !e->listening && !after_fork;
+	if (!ours || !v4_of(fd, e, a, l, 0, &ip, &port)) {
+		if (ours && e->v6 && a && a->sa_family == AF_INET6)
 			debugf("fd %d: an IPv6 connect that does not reach IPv4 (an IPv6 address, IPV6_V6ONLY, or bound to an IPv6 address): the kernel's", fd);
 		return real_connect(fd, a, l);
 	}

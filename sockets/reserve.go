@@ -49,9 +49,10 @@ func (s *Stack) reservePort(p stack.Proto, addr netip.Addr, port uint16) (reserv
 const bindFreeTries = 32
 
 // bindFree binds kernel socket fd (of protocol p, not bound; IPv6 if v6,
-// inet4.Sockaddr) to addr and an ephemeral port, and returns the port. The port is one no socket of
-// the stack is bound to (stack.FreePort), in the kernel's ephemeral range
-// less its reserved ports, as the kernel's own pick is: the kernel's pick
+// inet4.Sockaddr) to addr and an ephemeral port, and returns the port.
+// The port is one no socket of the stack is bound to (stack.FreePort), in
+// the kernel's ephemeral range less its reserved ports, as the kernel's
+// own pick is: the kernel's pick
 // alone may be a port that a connection the program closed still has on
 // the stack (sending its FIN, or waiting for the peer's), to the very
 // peer the new one is for, and the stack could not connect there

@@ -36,6 +36,33 @@ func IsIPv6(fd int) (bool, error) {
 	return dom == unix.AF_INET6, nil
 }
 
+// Bound is the IPv4 address and port socket fd is bound to: an IPv4
+// socket's, an IPv6 socket's IPv4-mapped address, or 0.0.0.0 for an IPv6
+// socket on the wildcard that takes IPv4 too (not IPV6_V6ONLY: Go's
+// net.Listen(":port"), the shim's listeners on ::). false: not bound to
+// a port, or to no IPv4 address.
+func Bound(fd int) (netip.AddrPort, bool) {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return netip.AddrPort{}, false
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)), a.Port != 0
+	case *unix.SockaddrInet6:
+		ip := netip.AddrFrom16(a.Addr)
+		switch {
+		case ip.Is4In6():
+			return netip.AddrPortFrom(ip.Unmap(), uint16(a.Port)), a.Port != 0
+		case ip.IsUnspecified():
+			if v6only, err := unix.GetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY); err == nil && v6only == 0 {
+				return netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(a.Port)), a.Port != 0
+			}
+		}
+	}
+	return netip.AddrPort{}, false
+}
+
 // Port is the port a socket's name sa holds, and whether sa is IPv6;
 // ok is false for a family other than the two.
 func Port(sa unix.Sockaddr) (port uint16, v6, ok bool) {

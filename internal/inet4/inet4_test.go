@@ -60,3 +60,52 @@ func TestKernelNames(t *testing.T) {
 		t.Fatal("Port took a Unix socket's name")
 	}
 }
+
+// TestBound reads back what sockets of both families are bound to: an
+// IPv6 socket's IPv4-mapped address unmapped, its wildcard as 0.0.0.0
+// unless it is IPV6_V6ONLY, and nothing for a socket not bound.
+func TestBound(t *testing.T) {
+	sock := func(dom int, v6only int, bind unix.Sockaddr) int {
+		t.Helper()
+		fd, err := unix.Socket(dom, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Skipf("no socket of family %d here: %v", dom, err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		if dom == unix.AF_INET6 {
+			if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, v6only); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if bind != nil {
+			if err := unix.Bind(fd, bind); err != nil {
+				t.Fatalf("bind %+v: %v", bind, err)
+			}
+		}
+		return fd
+	}
+	lo := netip.MustParseAddrPort("127.0.0.1:0")
+	for _, tc := range []struct {
+		name     string
+		fd       int
+		wantAddr string // "": not bound to IPv4
+	}{
+		{"IPv4", sock(unix.AF_INET, 0, Sockaddr(lo, false)), "127.0.0.1"},
+		{"IPv6, mapped", sock(unix.AF_INET6, 0, Sockaddr(lo, true)), "127.0.0.1"},
+		{"IPv6 wildcard", sock(unix.AF_INET6, 0, &unix.SockaddrInet6{}), "0.0.0.0"},
+		{"IPv6 wildcard, IPV6_V6ONLY", sock(unix.AF_INET6, 1, &unix.SockaddrInet6{}), ""},
+		{"IPv6 loopback", sock(unix.AF_INET6, 0, &unix.SockaddrInet6{Addr: netip.IPv6Loopback().As16()}), ""},
+		{"not bound", sock(unix.AF_INET, 0, nil), ""},
+	} {
+		ap, ok := Bound(tc.fd)
+		if tc.wantAddr == "" {
+			if ok {
+				t.Errorf("%s: Bound = %v, want none", tc.name, ap)
+			}
+			continue
+		}
+		if !ok || ap.Addr().String() != tc.wantAddr || ap.Port() == 0 {
+			t.Errorf("%s: Bound = %v, %v; want %s and a port", tc.name, ap, ok, tc.wantAddr)
+		}
+	}
+}
