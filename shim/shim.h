@@ -157,6 +157,7 @@ struct core_fns {
 	int (*irq_fd)(void);
 	int (*remote_fd)(void);
 	void (*take_remote)(void);
+	void (*forget_efd)(int);
 	void (*thread)(void);
 	void (*resched)(void);
 	long (*spin_ns)(void);

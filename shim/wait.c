@@ -34,8 +34,13 @@ void thread_exit(void *p)
 		if (core_state == 1 && !after_fork)
 			CORE_VOID(core.kick());
 	}
-	if (t_efd >= 0)
+	if (t_efd >= 0) {
+		/* No wake may write the number once it is closed: it could
+		 * name the program's next file. */
+		if (core_state == 1 && !after_fork)
+			CORE_VOID(core.forget_efd(t_efd));
 		real_close(t_efd);
+	}
 	if (t_waiter) {
 		t_waiter = 0;
 		__atomic_sub_fetch(&waiter_threads, 1, __ATOMIC_RELAXED);

@@ -63,7 +63,7 @@ func (l *TCPListener) acceptKernel() {
 			case l.kerr <- err:
 			default:
 			}
-			l.wq.wake()
+			l.wq.wake(nil)
 			select {
 			case <-l.closing:
 				return
@@ -77,7 +77,7 @@ func (l *TCPListener) acceptKernel() {
 			c.Close()
 			return
 		}
-		l.wq.wake()
+		l.wq.wake(nil)
 	}
 }
 

@@ -56,6 +56,7 @@ type Stack struct {
 
 	inflight atomic.Int64 // calls into the engine now
 	wakes    wakes        // the stack's wake-ups, rationed
+	owed     owedSignals  // their eventfd writes, made after the lock
 	closed   atomic.Bool
 
 	mu       sync.Mutex
@@ -105,7 +106,7 @@ func newStack(nic vnic.NIC, irq interrupts.Source, sc stack.Config, cfg Config, 
 		sc.Congestion = cfg.Congestion
 	}
 	s := &Stack{nic: nic, cfg: cfg, spin: cfg.Spin, addr: sc.Addr, closing: make(chan struct{}), remoteFD: -1}
-	opt.Wake, opt.ReadyWake = s.wake, s.readyWake
+	opt.Wake, opt.ReadyWake, opt.Unlocked = s.wake, s.readyWake, s.owed.flush
 	st, err := stack.New(nic, sc, opt)
 	if err != nil {
 		return nil, fmt.Errorf("new stack: %w", err)
@@ -124,7 +125,7 @@ func attachStack(img *stack.Image, nic vnic.NIC, irq interrupts.Source, cfg Conf
 		return nil, err
 	}
 	s := &Stack{nic: nic, cfg: cfg, spin: cfg.Spin, addr: addr, closing: make(chan struct{}), remoteFD: -1}
-	opt.Wake, opt.ReadyWake = s.wake, s.readyWake
+	opt.Wake, opt.ReadyWake, opt.Unlocked = s.wake, s.readyWake, s.owed.flush
 	st := stack.Attach(img, nic, opt)
 	if err := s.start(st, irq); err != nil {
 		return nil, err
@@ -154,7 +155,11 @@ func (s *Stack) Sleeper() *interrupts.Sleeper { return s.sl }
 
 // readyWake is the engine's ReadyWake callback: it runs under the stack
 // lock.
-func (s *Stack) readyWake() { s.ready.wake() }
+func (s *Stack) readyWake() { s.ready.wake(&s.owed) }
+
+// ForgetSignals is for a thread about to close eventfd efd (the shim's):
+// no wake of the stack's writes it after this returns.
+func (s *Stack) ForgetSignals(efd int32) { s.owed.forget(efd) }
 
 // wake is the engine's Wake callback: it runs under the stack lock.
 func (s *Stack) wake(id stack.SockID) {

@@ -217,7 +217,7 @@ func (c *TCPConn) shutdown(how int) error {
 		return c.opErr("close", c.engineErr("shutdown", err))
 	}
 	// Wake our own readers: they now read io.EOF.
-	c.wq.wake()
+	c.wq.wake(nil)
 	return nil
 }
 

@@ -107,7 +107,7 @@ func (c *UDPConn) readKernel() {
 		d := datagram{b: append([]byte(nil), buf[:n]...), from: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}
 		select {
 		case c.kq <- d:
-			c.wq.wake()
+			c.wq.wake(nil)
 		default:
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/xdp-onload/onload/internal/eventfd"
+	"github.com/xdp-onload/onload/internal/tlock"
 	"github.com/xdp-onload/onload/stack"
 )
 
@@ -16,7 +17,7 @@ import (
 // It counts its sleepers, so that the stack knows how many goroutines
 // its wakes made ready (wakes.backlog).
 type waitq struct {
-	mu   sync.Mutex
+	mu   tlock.Mutex // taken by the shim's threads: see tlock
 	ch   chan struct{}
 	n    int32        // goroutines asleep on ch
 	want stack.Events // what they wait for, together, since the last wake (for Dump; one that left on its deadline stays in it)
@@ -65,20 +66,84 @@ func (w *waitq) leave(ch <-chan struct{}) (woken bool) {
 }
 
 // wake wakes every goroutine sleeping on w and says how many. It never
-// blocks: it runs under the stack lock.
-func (w *waitq) wake() int32 {
+// blocks. The threads' eventfds it writes at once, or, given owed (a
+// wake under the stack lock), leaves to owed's flush after the lock.
+func (w *waitq) wake(owed *owedSignals) int32 {
 	w.mu.Lock()
 	n := w.n
 	if w.ch != nil {
 		close(w.ch)
 		w.ch, w.n, w.want = nil, 0, 0
 	}
-	for _, fd := range w.efds {
-		eventfd.Signal(int(fd))
+	if owed != nil {
+		owed.add(w.efds)
+	} else {
+		for _, fd := range w.efds {
+			eventfd.Signal(int(fd))
+		}
 	}
 	w.efds = w.efds[:0]
 	w.mu.Unlock()
 	return n
+}
+
+// owedSignals are eventfd writes owed by wakes made under the stack lock
+// (the engine's Wake and ReadyWake), made by flush once the lock is let
+// go (stack.Options.Unlocked). Under the lock, a write that woke a
+// thread held the stack from the thread it woke, which then slept on the
+// lock: memcached's two workers, each woken for the other's socket,
+// took turns that way.
+type owedSignals struct {
+	pending atomic.Bool
+	mu      tlock.Mutex // efds
+	efds    []int32
+	flushMu tlock.Mutex // one flusher at a time; out is its
+	out     []int32
+}
+
+// add owes a write to each of efds.
+func (o *owedSignals) add(efds []int32) {
+	if len(efds) == 0 {
+		return
+	}
+	o.mu.Lock()
+	for _, fd := range efds {
+		if !slices.Contains(o.efds, fd) {
+			o.efds = append(o.efds, fd)
+		}
+	}
+	o.pending.Store(true)
+	o.mu.Unlock()
+}
+
+// forget drops the writes owed to efd and waits for a flush that may be
+// writing it: its thread is about to close it, and the number could then
+// name another file.
+func (o *owedSignals) forget(efd int32) {
+	o.mu.Lock()
+	o.efds = without(o.efds, efd)
+	o.mu.Unlock()
+	o.flushMu.Lock() // a flush that took efd before us ends first
+	o.flushMu.Unlock()
+}
+
+// flush makes the writes owed. One caller flushes at a time; another
+// that finds it busy leaves its writes to it: the flusher looks for more
+// after it lets flushMu go, and the other set pending before it tried.
+func (o *owedSignals) flush() {
+	for o.pending.Load() {
+		if !o.flushMu.TryLock() {
+			return
+		}
+		o.mu.Lock()
+		o.out, o.efds = o.efds, o.out[:0]
+		o.pending.Store(false)
+		o.mu.Unlock()
+		for _, fd := range o.out {
+			eventfd.Signal(int(fd))
+		}
+		o.flushMu.Unlock()
+	}
 }
 
 // watch adds eventfd efd to those the next wake writes.
@@ -93,10 +158,16 @@ func (w *waitq) watch(efd int32) {
 // unwatch takes efd off, if no wake has yet.
 func (w *waitq) unwatch(efd int32) {
 	w.mu.Lock()
-	if i := slices.Index(w.efds, efd); i >= 0 {
-		w.efds = slices.Delete(w.efds, i, i+1)
-	}
+	w.efds = without(w.efds, efd)
 	w.mu.Unlock()
+}
+
+// without is efds with efd taken out, if it was in.
+func without(efds []int32, efd int32) []int32 {
+	if i := slices.Index(efds, efd); i >= 0 {
+		return slices.Delete(efds, i, i+1)
+	}
+	return efds
 }
 
 // deadline is one direction's deadline (SetReadDeadline and the like):

@@ -1,8 +1,9 @@
 package sockets
 
 import (
-	"sync"
 	"sync/atomic"
+
+	"github.com/xdp-onload/onload/internal/tlock"
 )
 
 // wakes rations the stack's wake-ups so that goroutines run in the order
@@ -25,8 +26,8 @@ type wakes struct {
 	limit   int32
 	backlog atomic.Int32 // goroutines woken that have not run yet
 
-	mu      sync.Mutex
-	ring    []int32 // socket slots waiting for their wake, oldest first
+	mu      tlock.Mutex // taken by the shim's threads: see tlock
+	ring    []int32     // socket slots waiting for their wake, oldest first
 	head, n int
 	queued  []bool       // by slot: in ring
 	pending atomic.Int32 // n, for busy to read without mu
@@ -61,13 +62,14 @@ func (w *wakes) post(s *Stack, i int) {
 		return
 	}
 	w.mu.Unlock()
-	w.wakeSlot(s, i)
+	w.wakeSlot(s, i, &s.owed)
 }
 
-// wakeSlot wakes slot i's sleepers and counts them in the backlog.
-func (w *wakes) wakeSlot(s *Stack, i int) {
+// wakeSlot wakes slot i's sleepers and counts them in the backlog; owed
+// as for waitq.wake.
+func (w *wakes) wakeSlot(s *Stack, i int, owed *owedSignals) {
 	if q := s.waits[i].Load(); q != nil {
-		if n := q.wake(); n > 0 {
+		if n := q.wake(owed); n > 0 {
 			w.backlog.Add(n)
 			w.woken.Add(uint64(n))
 		}
@@ -90,7 +92,7 @@ func (w *wakes) ran(s *Stack) {
 		w.pending.Store(int32(w.n))
 		w.queued[i] = false
 		w.mu.Unlock()
-		w.wakeSlot(s, i)
+		w.wakeSlot(s, i, nil)
 	}
 }
 

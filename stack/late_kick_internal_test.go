@@ -136,3 +136,45 @@ func memStacks(t *testing.T, wrap func(*vnic.Mem) vnic.NIC) (a, b *Stack, ma *vn
 	t.Cleanup(func() { b.Destroy() })
 	return a, b, ma
 }
+
+// TestUnlockedAfterWakes: Options.Unlocked runs after a poll's wakes, with
+// the stack lock let go, before the poll returns: the wakes' system calls
+// left to it (sockets' owedSignals) are made at once, outside the lock.
+func TestUnlockedAfterWakes(t *testing.T) {
+	a, b, _ := memStacks(t, nil)
+	woken, flushed, held, calls := 0, 0, 0, 0
+	a.wake = func(SockID) {
+		if !a.img.hdr.lock.Held() {
+			t.Error("Wake without the stack lock")
+		}
+		woken++
+	}
+	a.unlocked = func() {
+		calls++
+		if a.img.hdr.lock.Held() {
+			held++
+		}
+		flushed = woken
+	}
+	u, _ := a.Open(UDP)
+	if err := a.Bind(u, netip.AddrPortFrom(netip.Addr{}, 5000)); err != nil {
+		t.Fatal(err)
+	}
+	if ev := a.WaitFor(u, Readable); ev != 0 {
+		t.Fatalf("WaitFor: ready at once (%v)", ev)
+	}
+	ub, _ := b.Open(UDP)
+	if _, err := b.SendTo(ub, []byte("wake"), netip.AddrPortFrom(a.Addr(), 5000)); err != nil {
+		t.Fatal(err)
+	}
+	a.Poll()
+	if woken != 1 {
+		t.Fatalf("the poll woke %d waiters, want 1", woken)
+	}
+	if flushed != woken {
+		t.Errorf("Unlocked did not run after the wake, before Poll returned (%d calls)", calls)
+	}
+	if held != 0 {
+		t.Errorf("Unlocked ran %d of %d times with the stack lock held", held, calls)
+	}
+}

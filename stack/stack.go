@@ -113,6 +113,7 @@ type Stack struct {
 	// readyWake is Options.ReadyWake, owed at the ready log's next entry
 	// while readyArmed (ArmReady; under the lock).
 	readyWake  func()
+	unlocked   func() // Options.Unlocked
 	readyArmed bool
 	woken      int // sleepers woken since TryPoll began
 
@@ -138,6 +139,12 @@ type Options struct {
 	// first entry after a caller asked for it (ArmReady). It must not
 	// block or call into the stack.
 	ReadyWake func()
+	// Unlocked, if set, is called after each release of the stack lock
+	// by this handle, outside the lock: Wake and ReadyWake may leave it
+	// their system calls (an eventfd write that wakes a thread), which
+	// under the lock held every other thread of the stack off while the
+	// kernel woke one. It must not call into the stack.
+	Unlocked func()
 	// Overflow, if set, is called with the stack lock held when the
 	// socket table fills with live connections (true: nearly full) and
 	// when it has room again (false): while it is full, the steering
@@ -202,7 +209,7 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 		maxMTU: frameMTU(nic), rxDepth: nic.Info().RxDepth,
 		rx: make([]vnic.Handle, rxBudget), batchBuf: make([]SockID, 0, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
 		loop: make([]vnic.Handle, 0, maxLoop), loopIn: make([]vnic.Handle, 0, maxLoop),
-		expired: make([]timers.ID, 64), wake: opt.Wake, readyWake: opt.ReadyWake, wakes: wakeSockets{own: -1},
+		expired: make([]timers.ID, 64), wake: opt.Wake, readyWake: opt.ReadyWake, unlocked: opt.Unlocked, wakes: wakeSockets{own: -1},
 	}
 	st.wakes.send.Store(-1)
 	return st
@@ -288,6 +295,9 @@ func (s *Stack) unlockTried() {
 	kick := s.late != nil && s.late.TakeKick()
 	raceRelease(&s.raceHB)
 	s.img.hdr.lock.Unlock(s.deferredLocked)
+	if s.unlocked != nil {
+		s.unlocked()
+	}
 	if kick {
 		s.late.KickUnlocked()
 	}

@@ -26,6 +26,7 @@ import (
 	"unsafe"
 
 	"github.com/xdp-onload/onload/internal/fdbase"
+	"github.com/xdp-onload/onload/internal/tlock"
 	"github.com/xdp-onload/onload/sockets"
 	"github.com/xdp-onload/onload/stack"
 )
@@ -33,10 +34,11 @@ import (
 func main() {}
 
 // The core's callers are the program's threads, come in from C
-// (stack.CallersAreThreads), and they block in C, each on its own
-// descriptors (sockets.WakesToThreads).
+// (stack.CallersAreThreads, tlock.SetThreads), and they block in C, each
+// on its own descriptors (sockets.WakesToThreads).
 func init() {
 	stack.CallersAreThreads()
+	tlock.SetThreads()
 	sockets.WakesToThreads()
 }
 
@@ -520,6 +522,16 @@ func onl_remote_fd() C.int {
 func onl_take_remote() {
 	if stk != nil {
 		stk.TakeRemoteWakes()
+	}
+}
+
+// onl_forget_efd is called before a thread closes its eventfd efd: no
+// wake writes it after this returns (sockets.Stack.ForgetSignals).
+//
+//export onl_forget_efd
+func onl_forget_efd(efd C.int) {
+	if stk != nil {
+		stk.ForgetSignals(int32(efd))
 	}
 }
 
