@@ -12,7 +12,7 @@
 // one. Under memcached -t 2, whose two workers share the stack's wake-up
 // queues, those hand-offs were most of the runtime's futex calls.
 //
-// So, once Threads is set, a Mutex is a word of its own: the waiter
+// So, once SetThreads is called, a Mutex is a word of its own: the waiter
 // spins on it a little, then sleeps on it with a private futex, which
 // blocks the thread and nothing else (Drepper's "Futexes Are Tricky",
 // mutex 2). Before, and in programs that never set it, it is a
@@ -33,9 +33,6 @@ var threads atomic.Bool
 // it before any Mutex is used: a Mutex locked in one mode must be
 // unlocked in the same.
 func SetThreads() { threads.Store(true) }
-
-// Threads reports whether SetThreads was called.
-func Threads() bool { return threads.Load() }
 
 // Mutex is a mutual exclusion lock; the zero value is unlocked. It must
 // not be copied after first use.
