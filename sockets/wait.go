@@ -108,9 +108,7 @@ func (o *owedSignals) add(efds []int32) {
 	}
 	o.mu.Lock()
 	for _, fd := range efds {
-		if !slices.Contains(o.efds, fd) {
-			o.efds = append(o.efds, fd)
-		}
+		o.efds = with(o.efds, fd)
 	}
 	o.pending.Store(true)
 	o.mu.Unlock()
@@ -149,9 +147,7 @@ func (o *owedSignals) flush() {
 // watch adds eventfd efd to those the next wake writes.
 func (w *waitq) watch(efd int32) {
 	w.mu.Lock()
-	if !slices.Contains(w.efds, efd) {
-		w.efds = append(w.efds, efd)
-	}
+	w.efds = with(w.efds, efd)
 	w.mu.Unlock()
 }
 
@@ -160,6 +156,14 @@ func (w *waitq) unwatch(efd int32) {
 	w.mu.Lock()
 	w.efds = without(w.efds, efd)
 	w.mu.Unlock()
+}
+
+// with is efds with efd in it, added if it was not.
+func with(efds []int32, efd int32) []int32 {
+	if !slices.Contains(efds, efd) {
+		return append(efds, efd)
+	}
+	return efds
 }
 
 // without is efds with efd taken out, if it was in.

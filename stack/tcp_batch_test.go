@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
+
 	"github.com/xdp-onload/onload/internal/pkt"
 	"github.com/xdp-onload/onload/stack"
 	"github.com/xdp-onload/onload/vnic"
@@ -61,7 +63,7 @@ func TestBatchAcks(t *testing.T) {
 			sort.Slice(frames, func(i, j int) bool {
 				fi, _ := pkt.Parse(frames[i])
 				fj, _ := pkt.Parse(frames[j])
-				return int32(fi.Seq-fj.Seq) < 0
+				return seqnum.Value(fi.Seq).LessThan(seqnum.Value(fj.Seq))
 			})
 			first, _ := pkt.Parse(frames[0])
 			for i, f := range frames {
