@@ -140,8 +140,8 @@ func (s *Stack) tryLockWithin(wait time.Duration) bool {
 
 func (s *Stack) dumpLocked() string {
 	h := s.img.hdr
-	out := fmt.Sprintf("stack %v: %d sockets in use, %d frames free, %d receivers (a window share of %d frames), counters %+v\n",
-		netip.AddrFrom4(h.addr), h.sockInUse, s.pool.Available(), h.rcvActive, s.rcvShareFrames(), h.counters)
+	out := fmt.Sprintf("stack %v: %d sockets in use, %d frames free, %d in send queues, %d receivers (a window share of %d frames), counters %+v\n",
+		netip.AddrFrom4(h.addr), h.sockInUse, s.pool.Available(), h.sndFrames, h.rcvActive, s.rcvShareFrames(), h.counters)
 	gw := "none"
 	if h.gateway != [4]byte{} {
 		gw = netip.AddrFrom4(h.gateway).String()
