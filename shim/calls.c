@@ -335,6 +335,8 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 
 EXPORT int accept(int fd, struct sockaddr *a, socklen_t *l) { return accept4(fd, a, l, 0); }
 
+static ssize_t recv_call(struct ccall *c, void *buf, size_t n, int flags);
+
 static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags)
 {
 	CHILD_TAKES(fd, e);
@@ -345,22 +347,34 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 		errno = ENOTCONN;
 		return -1;
 	}
+	struct ccall c = ccall_begin(e, fd);
+	ssize_t r = recv_call(&c, buf, n, flags);
+	ccall_end(&c);
+	return r;
+}
+
+static ssize_t recv_call(struct ccall *c, void *buf, size_t n, int flags)
+{
+	int fd = c->fd;
 	size_t got = 0;
 	int64_t dl = DL_UNREAD;
-	uint32_t gen = fdgen[fd];
 	/* MSG_TRUNC: TCP's discards what it takes, buf untouched (tcp(7)). */
 	char scratch[4096];
 	int trunc = flags & MSG_TRUNC;
 	for (;;) {
-		if (fdgen[fd] != gen || e->kind != K_OURS) /* closed, or taken over, while this call waited */
-			return got ? (ssize_t)got : closed_in_call(fd, gen) ? -1 : real_recv(fd, buf, n, flags);
+		switch (ccall_check(c)) {
+		case CC_CLOSED:
+			return got ? (ssize_t)got : -1;
+		case CC_KERNEL:
+			return got ? (ssize_t)got : real_recv(fd, buf, n, flags);
+		}
 		size_t want = n - got;
 		char *to = (char *)buf + got;
 		if (trunc) {
 			to = scratch;
 			want = want < sizeof scratch ? want : sizeof scratch;
 		}
-		long r = CORE(core.recv(e->h, to, want, flags & MSG_PEEK));
+		long r = CORE(core.recv(c->h, to, want, flags & MSG_PEEK));
 		if (r > 0) {
 			got += r;
 			if (trunc && r == (long)want && got < n && !(flags & MSG_PEEK))
@@ -376,33 +390,47 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 		if (r != -EAGAIN) {
 			if (got)
 				return got;
-			if (r == -EBADF && kernel_took(fd))
+			if (r == -EBADF && ccall_taken(c))
 				return real_recv(fd, buf, n, flags);
 			errno = -r;
 			return -1;
 		}
-		if (!blocked(e, fd, flags, POLLIN, &dl))
+		if (!ccall_blocked(c, flags, POLLIN, &dl))
 			return got ? (ssize_t)got : -1;
 	}
 }
 
 /* ours_send queues all of buf (blocking) or what fits (non-blocking). */
+static ssize_t send_call(struct ccall *c, const void *buf, size_t n, int flags);
+
 static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int flags)
 {
 	CHILD_TAKES(fd, e);
 	if (!e || e->kind != K_OURS)
 		return real_send(fd, buf, n, flags);
 	CHECK_USABLE();
+	struct ccall c = ccall_begin(e, fd);
+	ssize_t r = send_call(&c, buf, n, flags);
+	ccall_end(&c);
+	return r;
+}
+
+static ssize_t send_call(struct ccall *c, const void *buf, size_t n, int flags)
+{
+	int fd = c->fd;
 	size_t done = 0;
 	int64_t dl = DL_UNREAD;
-	uint32_t gen = fdgen[fd];
 	for (;;) {
-		if (fdgen[fd] != gen || e->kind != K_OURS) /* closed, or taken over, while this call waited */
-			return done ? (ssize_t)done : closed_in_call(fd, gen) ? -1 : real_send(fd, buf, n, flags);
+		switch (ccall_check(c)) {
+		case CC_CLOSED:
+			return done ? (ssize_t)done : -1;
+		case CC_KERNEL:
+			return done ? (ssize_t)done : real_send(fd, buf, n, flags);
+		}
 		/* The frames wait for the kick that this thread's next wait
 		 * gives (flush_kicks): a program answering many clients sends
 		 * all its answers in one system call. */
-		long r = CORE(core.send(e->h, (const char *)buf + done, n - done, 1));
+		long r = CORE(core.send(c->h, (const char *)buf + done, n - done, 1));
 		owe_kick();
 		if (r > 0) {
 			done += r;
@@ -415,14 +443,14 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 		if (r < 0 && r != -EAGAIN) {
 			if (done)
 				return done;
-			if (r == -EBADF && kernel_took(fd))
+			if (r == -EBADF && ccall_taken(c))
 				return real_send(fd, buf, n, flags);
 			if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
 				raise(SIGPIPE); /* as the kernel does; on_pipe closes first */
 			errno = -r;
 			return -1;
 		}
-		if (!blocked(e, fd, flags, POLLOUT, &dl))
+		if (!ccall_blocked(c, flags, POLLOUT, &dl))
 			return done ? (ssize_t)done : -1;
 	}
 }

@@ -400,6 +400,20 @@ void keep_p(int64_t now, int64_t every);
 #define DL_UNREAD (-2)
 int64_t sock_deadline(const struct fdent *e, int fd, short ev);
 int blocked(struct fdent *e, int fd, int flags, short ev, int64_t *deadline);
+/* A call on an accelerated connection (wait.c: recv and send). */
+struct ccall {
+	struct fdent *e;
+	int fd, h, nonblock, held;
+	uint32_t gen;
+};
+#define CC_OK 0
+#define CC_CLOSED 1
+#define CC_KERNEL 2
+struct ccall ccall_begin(struct fdent *e, int fd);
+int ccall_check(const struct ccall *c);
+int ccall_taken(const struct ccall *c);
+int ccall_blocked(struct ccall *c, int flags, short ev, int64_t *deadline);
+void ccall_end(struct ccall *c);
 int timeo_opt(int level, int name);
 
 /* process.c */

@@ -479,12 +479,42 @@ int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 	return ret;
 }
 
-/* wait_one waits for fd (ours) to be ready for events, until deadline
- * (on now_ns; -1: for ever); 0, or -1 with errno: EINTR for a signal
- * whose handler does not restart, EAGAIN when the deadline passed. A
- * call with a deadline is not restarted after any handler, SA_RESTART
- * or not (signal(7): sockets with timeouts). */
-int wait_one(int fd, short events, int64_t deadline)
+/* wait_conn_once is wait_poll for one accelerated connection, named by
+ * its handle h (a call that holds it: its fd may be closed meanwhile):
+ * 1 ready (or error, or hang-up), 0 the time is up, -1 with errno. */
+static int wait_conn_once(int h, short events, int64_t timeout_ns)
+{
+	int want = from_poll(events), ev = 0, ret;
+	struct pollfd tmp[3]; /* wait_block's */
+	struct wait w;
+	wait_begin(&w, timeout_ns);
+	for (;;) {
+		CORE_VOID(core.events(&h, &ev, NULL, 1, w.spinning));
+		if (to_poll(ev) & (events | POLLERR | POLLHUP)) {
+			ret = 1;
+			break;
+		}
+		int64_t now;
+		if (wait_over(&w, &now)) {
+			ret = 0;
+			break;
+		}
+		if (wait_block(&w, now, &h, &want, &ev, NULL, 1, NULL, tmp, 0, -1, 1, NULL) < 0) {
+			ret = -1;
+			break;
+		}
+	}
+	wait_end(&w);
+	return ret;
+}
+
+/* wait_until waits for fd (ours; or, with h, the connection h, which the
+ * caller holds) to be ready for events, until deadline (on now_ns; -1:
+ * for ever); 0, or -1 with errno: EINTR for a signal whose handler does
+ * not restart, EAGAIN when the deadline passed. A call with a deadline is
+ * not restarted after any handler, SA_RESTART or not (signal(7): sockets
+ * with timeouts). */
+static int wait_until(int fd, int h, short events, int64_t deadline)
 {
 	for (;;) {
 		struct pollfd p = {.fd = fd, .events = events};
@@ -494,13 +524,19 @@ int wait_one(int fd, short events, int64_t deadline)
 			return -1;
 		}
 		sig_norestart = 0;
-		int r = wait_poll(&p, 1, left, NULL);
+		int r = h ? wait_conn_once(h, events, left) : wait_poll(&p, 1, left, NULL);
 		if (r > 0)
 			return 0;
 		if (r == 0 || (errno == EINTR && !sig_norestart && deadline < 0))
 			continue;
 		return -1;
 	}
+}
+
+/* wait_one is wait_until for fd itself. */
+int wait_one(int fd, short events, int64_t deadline)
+{
+	return wait_until(fd, 0, events, deadline);
 }
 
 /* timeo_opt says whether level and name are SO_RCVTIMEO or SO_SNDTIMEO
@@ -546,3 +582,95 @@ int blocked(struct fdent *e, int fd, int flags, short ev, int64_t *deadline)
 	return wait_one(fd, ev, *deadline) == 0;
 }
 
+
+/* ---- a call on an accelerated connection --------------------------------
+ *
+ * A call that reads or writes a connection (recv_call, send_call) works
+ * on the socket its fd named as it began (ccall_begin), and holds it once
+ * it blocks (a count in hrefs, as each fd naming it has): another
+ * thread's close of the fd meanwhile lets go of the number at once, but
+ * the socket lives, and the call goes on, until it returns, as the
+ * kernel's call holds its file; the socket closes then (ccall_end). Before,
+ * such a call failed with EBADF, and the close ended the connection at
+ * once: a write of 8 MiB that another thread closed under it delivered
+ * 350 KB, and a recv failed with EBADF instead of returning the data
+ * that came after (TestShimCloseDuringCall). A close that comes before
+ * the call has blocked still fails it with EBADF. The fd's kernel socket
+ * (the port's reservation) closes with the fd. */
+
+struct ccall ccall_begin(struct fdent *e, int fd)
+{
+	return (struct ccall){.e = e, .fd = fd, .h = e->h, .nonblock = e->nonblock, .gen = fdgen[fd]};
+}
+
+/* ccall_gone: the call's fd was closed since it began (the number may
+ * name another file now). */
+static int ccall_gone(const struct ccall *c)
+{
+	return fdgen[c->fd] != c->gen;
+}
+
+/* ccall_check says how the call goes on: CC_OK on its socket (its fd
+ * still names it, or the call holds it); CC_CLOSED, with EBADF, when the
+ * fd was closed before the call held the socket; CC_KERNEL when a
+ * handover gave the socket to the kernel (the fd is the kernel's). */
+int ccall_check(const struct ccall *c)
+{
+	if (ccall_gone(c)) {
+		if (c->held)
+			return CC_OK;
+		errno = EBADF;
+		return CC_CLOSED;
+	}
+	return c->e->kind == K_OURS ? CC_OK : CC_KERNEL;
+}
+
+/* ccall_taken: the core no longer has the call's socket because the
+ * kernel took it over (kernel_took), its fd still the call's. */
+int ccall_taken(const struct ccall *c)
+{
+	return !ccall_gone(c) && kernel_took(c->fd);
+}
+
+/* ccall_blocked is blocked for a call on a connection: it counts the
+ * EAGAIN for EPOLLET, and, unless the call must not block, holds the
+ * socket and waits for ev on it until *deadline. 1: try again; 0: the
+ * call ends, with errno. */
+int ccall_blocked(struct ccall *c, int flags, short ev, int64_t *deadline)
+{
+	int gone = ccall_gone(c);
+	if (!gone && ev == POLLIN)
+		c->e->rd_eagain++;
+	else if (!gone)
+		c->e->wr_eagain++;
+	if (c->nonblock || (flags & MSG_DONTWAIT)) {
+		errno = EAGAIN;
+		return 0;
+	}
+	if (*deadline == DL_UNREAD)
+		*deadline = gone ? -1 : sock_deadline(c->e, c->fd, ev);
+	if (!c->held) {
+		pthread_mutex_lock(&mu);
+		if (!ccall_gone(c) && c->e->kind == K_OURS && (unsigned)c->h < MAX_HANDLES) {
+			__atomic_add_fetch(&hrefs[c->h], 1, __ATOMIC_RELAXED);
+			c->held = 1;
+		}
+		pthread_mutex_unlock(&mu);
+		if (!c->held)
+			return 1; /* closed or taken over just now: ccall_check says which */
+	}
+	return wait_until(c->fd, c->h, ev, *deadline) == 0;
+}
+
+/* ccall_end lets go of the call's hold: the socket closes if no fd names
+ * it any more (the fd was closed while the call waited). */
+void ccall_end(struct ccall *c)
+{
+	if (!c->held)
+		return;
+	c->held = 0;
+	pthread_mutex_lock(&mu);
+	if (__atomic_sub_fetch(&hrefs[c->h], 1, __ATOMIC_RELAXED) == 0 && !after_fork)
+		CORE_VOID(core.close(c->h));
+	pthread_mutex_unlock(&mu);
+}

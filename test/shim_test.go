@@ -385,6 +385,21 @@ func TestShimThreadExitKicks(t *testing.T) {
 	}
 }
 
+// kernelListener is a kernel TCP listener in host h, on its address and a
+// port of the kernel's choosing, closed when the test ends.
+func kernelListener(t *testing.T, h *Host) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	if err := h.Do(func() (err error) {
+		ln, err = net.Listen("tcp", h.Iface0().Addr().String()+":0")
+		return
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
 // TestShimExitFIN runs shim/test/exitfin.c, which writes 100 bytes on a
 // connection and exits without closing it, five times on the kernel and
 // five under the shim, against a peer that reads to the end: the FIN must
@@ -396,14 +411,7 @@ func TestShimExitFIN(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "exitfin")
 	a, b := Pair(t, LinkOptions{})
-	var ln net.Listener
-	if err := b.Do(func() (err error) {
-		ln, err = net.Listen("tcp", b.Iface0().Addr().String()+":0")
-		return
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := kernelListener(t, b)
 	// gaps gets, for each connection, the time from its last data to
 	// its end, or an error.
 	type gap struct {
@@ -475,6 +483,87 @@ func TestShimExitFIN(t *testing.T) {
 	// (as on the kernel); left to the process's end, 18-41 ms.
 	if shim > 10*time.Millisecond {
 		t.Fatalf("under the shim the FIN came %v after the data at best (%v on the kernel): the connection handed over at the exit was left to the process's end", shim, kernel)
+	}
+}
+
+// TestShimCloseDuringCall runs shim/test/closecall.c: a thread blocks in
+// a call on a connection (a recv that waits for the peer's data, a write
+// of 8 MiB that waits for the peer to read) while the main thread closes
+// the fd. As on the kernel, the call must go on with the socket: the recv
+// returns the peer's data, the write all 8 MiB, which the peer reads
+// whole, and the peer sees the connection end (EOF) once the call has
+// returned. The program runs on the kernel first, as the reference.
+func TestShimCloseDuringCall(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "closecall")
+	a, b := Pair(t, LinkOptions{})
+	ln := kernelListener(t, b)
+	// The peer: 600 ms after the mode's name, recv gets "late\n" and
+	// send's bytes are read; then it reads to the end.
+	type peerEnd struct {
+		bytes, bad int
+		err        error
+	}
+	ends := make(chan peerEnd, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.SetDeadline(time.Now().Add(15 * time.Second))
+			e := peerEnd{bad: -1}
+			r := bufio.NewReader(c)
+			mode, err := r.ReadString('\n')
+			if err == nil {
+				time.Sleep(600 * time.Millisecond)
+				if mode == "recv\n" {
+					_, err = c.Write([]byte("late\n"))
+				}
+			}
+			buf := make([]byte, 64<<10)
+			for err == nil {
+				var n int
+				n, err = r.Read(buf)
+				for i, v := range buf[:n] {
+					if e.bad < 0 && v != byte((e.bytes+i)*7+3) {
+						e.bad = e.bytes + i
+					}
+				}
+				e.bytes += n
+			}
+			e.err = err
+			c.Close()
+			ends <- e
+		}
+	}()
+	args := []string{b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)}
+	for _, mode := range []string{"recv", "send"} {
+		want := map[string]string{"recv": "recv 5 late", "send": "send 8388608"}[mode]
+		wantBytes := map[string]int{"recv": 0, "send": 8 << 20}[mode]
+		for _, shim := range []bool{false, true} {
+			cmd := a.Command(prog, append(args, mode)...)
+			name := mode + " (the kernel)"
+			if shim {
+				cmd, name = shimCommand(t, a, nil, prog, append(args, mode)...), mode+" (the shim)"
+			}
+			out, log := runBounded(t, cmd, 30*time.Second)
+			if shim {
+				requireAccelerated(t, log, "connecting")
+			}
+			var e peerEnd
+			select {
+			case e = <-ends:
+			case <-time.After(15 * time.Second):
+				t.Fatalf("%s: the peer's connection had not ended 15 s after the program", name)
+			}
+			if got := strings.TrimSpace(out); got != want {
+				t.Errorf("%s: the program printed %q; want %q: the call goes on after another thread's close", name, got, want)
+			}
+			if e.bytes != wantBytes || e.bad >= 0 || !errors.Is(e.err, io.EOF) {
+				t.Errorf("%s: the peer read %d bytes (the pattern broken at %d) and then %v; want %d and the end", name, e.bytes, e.bad, e.err, wantBytes)
+			}
+		}
 	}
 }
 

@@ -644,8 +644,8 @@ static void test_trunc(int s)
  * and the number comes back at once for a new socket with data: one of
  * a socket pair, then a new connection (accelerated under the shim). The
  * kernel's recv goes on with the socket it began on (here until its
- * SO_RCVTIMEO); the shim's fails with EBADF. Neither may read the new
- * socket's data. */
+ * SO_RCVTIMEO), and so does the shim's (it failed with EBADF before
+ * 2026-12-04). Neither may read the new socket's data. */
 static int closing = -1;
 static char close_buf[8];
 static long close_r;
