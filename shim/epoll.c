@@ -416,13 +416,16 @@ _Static_assert(EPOLLIN == POLLIN && EPOLLOUT == POLLOUT && EPOLLERR == POLLERR &
 
 /* ep_members lists an instance's accelerated members for the core (their
  * handles in hs, 0 for a disabled one, and the events each wants), and
- * says whether any is a connection (not a listener). */
-static int ep_members(struct ep *ep, int *hs, int *want)
+ * says whether any is a connection (not a listener); *et (unless NULL)
+ * whether any is edge-triggered. */
+static int ep_members(struct ep *ep, int *hs, int *want, int *et)
 {
 	int conns = 0;
 	for (int j = 0; j < ep->n; j++) {
 		hs[j] = ep->items[j].disabled ? 0 : ep->items[j].h;
 		want[j] = hs[j] ? from_epoll(ep->items[j].events) : 0;
+		if (et && hs[j] && (ep->items[j].events & EPOLLET))
+			*et = 1;
 		if (hs[j] && !conns) {
 			struct fdent *fe = ent(ep->items[j].fd);
 			conns = fe && !fe->listening;
@@ -525,6 +528,41 @@ static int ep_taken_over(struct fdent *ee, const int *hs, const int *evs, int n)
 	return any;
 }
 
+/* ep_room makes *hs (5 arrays of *room ints: handles, events, wants,
+ * scratch, edges) hold len members; -1 if memory is short. */
+static int ep_room(int **hs, int *room, int len)
+{
+	if (len + 1 <= *room)
+		return 0;
+	int *grown = realloc(*hs, sizeof(int) * 5 * (len + 1));
+	if (!grown)
+		return -1;
+	*hs = grown;
+	*room = len + 1;
+	return 0;
+}
+
+/* ep_arm_level blocks (wait_block) with instance ep's members armed as
+ * they are, if none is edge-triggered and the instance is still version
+ * ver; wait_block's result, or -2: check all first (edge-triggered
+ * members, a change, or memory short). */
+static int ep_arm_level(struct fdent *ee, struct ep *ep, unsigned ver, int **hs, int *room, struct wait *w,
+			int64_t now, struct pollfd *p, int epfd, const sigset_t *mask)
+{
+	pthread_mutex_lock(&mu);
+	int et = 0, conns = 0, k = 0;
+	int ok = ee->ep == ep && ep && ep->ver == ver && ep_room(hs, room, ep->n) == 0;
+	if (ok) {
+		conns = ep_members(ep, *hs, *hs + 2 * *room, &et);
+		k = ep->n;
+	}
+	pthread_mutex_unlock(&mu);
+	if (!ok || et)
+		return -2;
+	int *h = *hs, *evs = h + *room, *want = evs + *room;
+	return wait_block(w, now, h, want, evs, NULL, k, NULL, p, 1, epfd, conns, mask);
+}
+
 static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns, const sigset_t *mask)
 {
 	struct fdent *ee = ent(epfd);
@@ -542,7 +580,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	int64_t now0 = now_ns();
 	keep_p(now0, RESCHED_BUSY_NS);
 	struct wait w = {.deadline = timeout_ns < 0 ? -1 : now0 + timeout_ns};
-	int spin_tried = timeout_ns == 0 || spin_ns <= 0, spin_try = 0;
+	int spin_tried = timeout_ns == 0 || spin_ns <= 0;
 	int ret;
 	/* Scratch for the members' handles, events, wants and edge counts:
 	 * grown, not allocated again for every check of a spin. */
@@ -562,22 +600,17 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		int full = !ep || ep->full || ep->multi || blocking;
 		int logroom = full ? -1 : ep_log_room(ep);
 		int len = !ep ? 0 : full ? ep->n : ep->npend + logroom;
-		if (len + 1 > room) {
-			int *grown = realloc(hs, sizeof(int) * 5 * (len + 1));
-			if (!grown) {
-				pthread_mutex_unlock(&mu);
-				errno = ENOMEM;
-				ret = -1;
-				break;
-			}
-			hs = grown;
-			room = len + 1;
+		if (ep_room(&hs, &room, len) < 0) {
+			pthread_mutex_unlock(&mu);
+			errno = ENOMEM;
+			ret = -1;
+			break;
 		}
 		int *evs = hs + room, *want = evs + room, *later = want + room;
 		unsigned *edges = (unsigned *)(later + room);
 		int conns = 0, k0 = 0, nmembers = ep ? ep->n : 0;
 		if (full && ep) {
-			conns = ep_members(ep, hs, want);
+			conns = ep_members(ep, hs, want, NULL);
 			k0 = ep->n;
 		} else if (ep) {
 			memcpy(hs, ep->pend, ep->npend * sizeof(int));
@@ -595,18 +628,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			kick_owed = 0;
 			fl |= ONL_READY_KICK;
 		}
-		if (spin_try)
-			fl |= ONL_READY_TRY_SPIN;
 		int m = CORE(core.ready(hs, evs, edges, k0, logroom, &seq, &fl));
-		if (spin_try) {
-			spin_try = 0;
-			spin_tried = 1;
-			if (fl & ONL_READY_SPINNING) {
-				w.spinning = 1;
-				w.spin_end = now_ns() + spin_ns;
-				w.yield_at = 0;
-			}
-		}
 		if (m < 0) {
 			pthread_mutex_lock(&mu);
 			if (ee->ep == ep && ep)
@@ -661,8 +683,16 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			break;
 		}
 		if (!spin_tried) {
-			spin_try = 1;
-			continue;
+			/* The spin slot, claimed without a look (a thread that
+			 * does not get it blocks at once, and its check just now
+			 * stands); the spinner's next check polls. */
+			spin_tried = 1;
+			if (CORE(core.try_spin())) {
+				w.spinning = 1;
+				w.spin_end = now_ns() + spin_ns;
+				w.yield_at = 0;
+				continue;
+			}
 		}
 		struct pollfd p[4] = {{.fd = epfd, .events = POLLIN}};
 		if (!full && !(w.spinning && now < w.spin_end)) {
@@ -675,7 +705,20 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 				}
 				continue;
 			}
-			blocking = 1; /* check all before blocking, to arm them */
+			/* A level-triggered set arms its members as they are:
+			 * the arm checks each (onl_arm), and a member ready
+			 * meanwhile ends the wait at once. An edge-triggered
+			 * member's arm depends on what the last full check
+			 * reported (ep_collect's want): check all first. */
+			int r = ep_arm_level(ee, ep, ver, &hs, &room, &w, now, p, epfd, mask);
+			if (r == -2) {
+				blocking = 1;
+				continue;
+			}
+			if ((kernel_woke = r) < 0) {
+				ret = -1;
+				break;
+			}
 			continue;
 		}
 		blocking = 0;

@@ -32,12 +32,10 @@
 #define ONL_PARK_DIRECT 2
 #define ONL_UNPARK_POLL 3
 
-/* What onl_ready does before it looks (flags), and what it says after. */
+/* What onl_ready does before it looks (flags). */
 #define ONL_READY_KICK 1      /* give the NIC the frames sends left for a kick */
 #define ONL_READY_POLL 2      /* poll the stack: the caller spins */
 #define ONL_READY_TRY_POLL 4  /* poll the stack unless another thread is in it */
-#define ONL_READY_TRY_SPIN 8  /* claim the spin slot (onl_try_spin); poll if it did */
-#define ONL_READY_SPINNING 16 /* out: the caller holds the spin slot now */
 
 /* Options, as package stack's Option. */
 #define ONL_OPT_NODELAY 1

@@ -322,26 +322,18 @@ func (b *batch) events(evs *C.int, edges *C.uint) {
 // hs holds every member, and *seq only moves to the head (first, so that
 // what changes during the check is logged after it).
 //
-// Before it looks it does what *flags asks (ONL_READY_*: a kick, a poll,
-// a claim of the spin slot), so that a busy caller's epoll_wait is one
-// call into the core; *flags then says whether the caller holds the spin
-// slot.
+// Before it looks it does what *flags asks (ONL_READY_*: a kick, a
+// poll), so that a busy caller's epoll_wait is one call into the core.
 //
 //export onl_ready
 func onl_ready(hs, evs *C.int, edges *C.uint, n, room C.int, seq *C.uint, flags *C.int) C.int {
 	if stk == nil { // no stack, so no socket of ours: nothing is ready
 		clear(unsafe.Slice(evs, int(n)))
-		*flags = 0
 		return n
 	}
 	fl := *flags
 	if fl&C.ONL_READY_KICK != 0 {
 		stk.KickHeld()
-	}
-	*flags = 0
-	if fl&C.ONL_READY_TRY_SPIN != 0 && stk.TrySpin() {
-		*flags = C.ONL_READY_SPINNING
-		fl |= C.ONL_READY_POLL
 	}
 	if fl&C.ONL_READY_POLL != 0 {
 		stk.Poll()
