@@ -632,6 +632,8 @@ int ccall_taken(const struct ccall *c)
 	return !ccall_gone(c) && kernel_took(c->fd);
 }
 
+static int ccall_hold(struct ccall *c);
+
 /* ccall_blocked is blocked for a call on a connection: it counts the
  * EAGAIN for EPOLLET, and, unless the call must not block, holds the
  * socket and waits for ev on it until *deadline. 1: try again; 0: the
@@ -649,17 +651,33 @@ int ccall_blocked(struct ccall *c, int flags, short ev, int64_t *deadline)
 	}
 	if (*deadline == DL_UNREAD)
 		*deadline = gone ? -1 : sock_deadline(c->e, c->fd, ev);
-	if (!c->held) {
-		pthread_mutex_lock(&mu);
-		if (!ccall_gone(c) && c->e->kind == K_OURS && (unsigned)c->h < MAX_HANDLES) {
-			__atomic_add_fetch(&hrefs[c->h], 1, __ATOMIC_RELAXED);
-			c->held = 1;
-		}
-		pthread_mutex_unlock(&mu);
-		if (!c->held)
-			return 1; /* closed or taken over just now: ccall_check says which */
-	}
+	if (!c->held && !ccall_hold(c) && (ccall_gone(c) || c->e->kind != K_OURS))
+		return 1; /* closed or taken over just now: ccall_check says which */
 	return wait_until(c->fd, c->h, ev, *deadline) == 0;
+}
+
+/* ccall_hold takes a hold on the call's socket, without the table's lock
+ * (a signal handler's call must not wait for it): the count goes up only
+ * from above 0, so a socket whose last name a close let go (and closed)
+ * is never held; whoever takes the count to 0 closes the socket. If the
+ * fd turns out closed or taken over since the call began, the hold is let
+ * go again (closing the socket if it was the last) and ccall_hold fails. */
+static int ccall_hold(struct ccall *c)
+{
+	if ((unsigned)c->h >= MAX_HANDLES)
+		return 0; /* no count: the call waits without a hold */
+	int *r = &hrefs[c->h];
+	int v = __atomic_load_n(r, __ATOMIC_SEQ_CST);
+	do {
+		if (v <= 0)
+			return 0;
+	} while (!__atomic_compare_exchange_n(r, &v, v + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+	c->held = 1;
+	if (ccall_gone(c) || c->e->kind != K_OURS) {
+		ccall_end(c);
+		return 0;
+	}
+	return 1;
 }
 
 /* ccall_end lets go of the call's hold: the socket closes if no fd names
@@ -669,8 +687,6 @@ void ccall_end(struct ccall *c)
 	if (!c->held)
 		return;
 	c->held = 0;
-	pthread_mutex_lock(&mu);
-	if (__atomic_sub_fetch(&hrefs[c->h], 1, __ATOMIC_RELAXED) == 0 && !after_fork)
+	if (__atomic_sub_fetch(&hrefs[c->h], 1, __ATOMIC_SEQ_CST) == 0 && !after_fork)
 		CORE_VOID(core.close(c->h));
-	pthread_mutex_unlock(&mu);
 }
