@@ -562,6 +562,25 @@ int64_t sock_deadline(const struct fdent *e, int fd, short ev)
 	return now_ns() + tv.tv_sec * 1000000000LL + tv.tv_usec * 1000LL;
 }
 
+/* wait_due counts a call's EAGAIN on its entry e for EPOLLET (none where
+ * e is NULL: the call's fd was closed meanwhile), and says whether the
+ * call waits: 0, with EAGAIN, when it must not (nonblock or
+ * MSG_DONTWAIT). Before the first wait it reads the call's deadline. */
+static int wait_due(struct fdent *e, int fd, int nonblock, int flags, short ev, int64_t *deadline)
+{
+	if (e && ev == POLLIN)
+		e->rd_eagain++;
+	else if (e)
+		e->wr_eagain++;
+	if (nonblock || (flags & MSG_DONTWAIT)) {
+		errno = EAGAIN;
+		return 0;
+	}
+	if (*deadline == DL_UNREAD)
+		*deadline = e ? sock_deadline(e, fd, ev) : -1;
+	return 1;
+}
+
 /* blocked: a call on fd found nothing to do (EAGAIN). It counts that
  * for EPOLLET, and waits for ev unless the call must not block, until
  * *deadline (the call's: DL_UNREAD before its first wait, which reads
@@ -569,17 +588,7 @@ int64_t sock_deadline(const struct fdent *e, int fd, short ev)
  * did nothing. */
 int blocked(struct fdent *e, int fd, int flags, short ev, int64_t *deadline)
 {
-	if (ev == POLLIN)
-		e->rd_eagain++;
-	else
-		e->wr_eagain++;
-	if (e->nonblock || (flags & MSG_DONTWAIT)) {
-		errno = EAGAIN;
-		return 0;
-	}
-	if (*deadline == DL_UNREAD)
-		*deadline = sock_deadline(e, fd, ev);
-	return wait_one(fd, ev, *deadline) == 0;
+	return wait_due(e, fd, e->nonblock, flags, ev, deadline) && wait_one(fd, ev, *deadline) == 0;
 }
 
 
@@ -640,17 +649,8 @@ static int ccall_hold(struct ccall *c);
  * call ends, with errno. */
 int ccall_blocked(struct ccall *c, int flags, short ev, int64_t *deadline)
 {
-	int gone = ccall_gone(c);
-	if (!gone && ev == POLLIN)
-		c->e->rd_eagain++;
-	else if (!gone)
-		c->e->wr_eagain++;
-	if (c->nonblock || (flags & MSG_DONTWAIT)) {
-		errno = EAGAIN;
+	if (!wait_due(ccall_gone(c) ? NULL : c->e, c->fd, c->nonblock, flags, ev, deadline))
 		return 0;
-	}
-	if (*deadline == DL_UNREAD)
-		*deadline = gone ? -1 : sock_deadline(c->e, c->fd, ev);
 	if (!c->held && !ccall_hold(c) && (ccall_gone(c) || c->e->kind != K_OURS))
 		return 1; /* closed or taken over just now: ccall_check says which */
 	return wait_until(c->fd, c->h, ev, *deadline) == 0;
