@@ -18,11 +18,15 @@ import (
 // the flush, so its wake event can come before the frame is visible;
 // readiness cannot (docs/ARCHITECTURE.md, "No lost wake-ups").
 //
-// The sockets sit in a private epoll set with EPOLLONESHOT: arm enables
-// them again (EPOLL_CTL_MOD), and the kernel checks the ring at that
-// moment, so a frame flushed before arm is reported at once and one
-// flushed after it by the flush's wake-up. Disarmed, a flush costs the
-// kernel one early return in the epoll callback and wakes nobody. The set
+// The sockets join a private epoll set with EPOLLONESHOT when armed
+// (EPOLL_CTL_ADD), and the kernel checks the ring at that moment, so a
+// frame flushed before arm is reported at once and one flushed after it
+// by the flush's wake-up. The event taken, a socket leaves the set
+// (EPOLL_CTL_DEL): while it is in no set, a flush finds nobody on the
+// socket's wait queue and costs nothing, where a socket left in the set
+// disabled cost each frame's flush the queue's lock and the epoll
+// callback, in the context that received the frame (the peer's send, on
+// veth). The set
 // itself waits in the Go runtime's network poller: a goroutine blocked on
 // it holds no OS thread.
 //
@@ -53,11 +57,13 @@ func newReadiness(fds []int) (*readiness, error) {
 		return nil, fmt.Errorf("interrupts: %s: %w", what, err)
 	}
 	for _, fd := range fds {
-		// Registered disabled (no events): the first arm enables it.
+		// Tried once, so that a descriptor epoll refuses fails here; the
+		// first arm adds it again.
 		ev := unix.EpollEvent{Events: unix.EPOLLONESHOT, Fd: int32(fd)}
 		if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 			return fail(fmt.Sprintf("watch socket fd %d", fd), err)
 		}
+		unix.EpollCtl(epfd, unix.EPOLL_CTL_DEL, fd, nil)
 	}
 	if err := unix.SetNonblock(epfd, true); err != nil {
 		return fail("set epoll non-blocking", err)
@@ -90,16 +96,27 @@ func (r *readiness) irqFD() int { return r.epfd }
 func (r *readiness) takeIRQ() {
 	var evs [8]unix.EpollEvent
 	if n, _ := unix.EpollWait(r.epfd, evs[:], 0); n > 0 {
-		r.armed.Store(false)
+		r.took(evs[:n])
 	}
+}
+
+// took takes the sockets that fired out of the set, then says that no
+// arm is pending: an arm made before that (a no-op, seeing one pending)
+// is covered by the signal the event gives.
+func (r *readiness) took(evs []unix.EpollEvent) {
+	for _, ev := range evs {
+		unix.EpollCtl(r.epfd, unix.EPOLL_CTL_DEL, int(ev.Fd), nil)
+	}
+	r.armed.Store(false)
 }
 
 // arm asks for one signal on c when a socket's RX ring has a frame: at
 // once if one has now. While an earlier arm has not fired, the sockets are
-// still enabled in the set and the kernel will report the next flush: the
-// system call is saved (a Sleeper woken by a timer or a nudge re-arms far
-// more often than frames arrive), and the caller's own check of the rings
-// (Stack.Idle) covers the frames already in them.
+// still in the set and the kernel will report the next flush: the system
+// call is saved (a Sleeper woken by a timer or a nudge re-arms far more
+// often than frames arrive), and the caller's own check of the rings
+// (Stack.Idle) covers the frames already in them. A socket still in the
+// set (of several, one fired) is enabled again.
 func (r *readiness) arm() {
 	if r.armed.Load() {
 		return
@@ -108,7 +125,9 @@ func (r *readiness) arm() {
 	for _, fd := range r.fds {
 		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: int32(fd)}
 		// Fails only once the set is closed.
-		unix.EpollCtl(r.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+		if unix.EpollCtl(r.epfd, unix.EPOLL_CTL_ADD, fd, &ev) == unix.EEXIST {
+			unix.EpollCtl(r.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+		}
 	}
 }
 
@@ -127,17 +146,19 @@ func (r *readiness) run() {
 	defer close(r.done)
 	var evs [8]unix.EpollEvent
 	for {
+		n := 0
 		err := r.rc.Read(func(fd uintptr) bool {
-			n, err := unix.EpollWait(int(fd), evs[:], 0)
+			var err error
+			n, err = unix.EpollWait(int(fd), evs[:], 0)
 			return n > 0 || (err != nil && err != unix.EINTR)
 		})
 		if err != nil {
 			return // closed
 		}
-		// The event disabled the socket that reported it (one-shot): the
-		// next arm enables them again. (With several sockets, one that
-		// has not fired stays enabled; enabling it again is harmless.)
-		r.armed.Store(false)
+		// The event disabled the socket that reported it (one-shot); it
+		// leaves the set, and the next arm adds it again. (With several
+		// sockets, one that has not fired stays enabled.)
+		r.took(evs[:max(n, 0)])
 		select {
 		case r.c <- struct{}{}:
 		default:

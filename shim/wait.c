@@ -99,10 +99,7 @@ static int thread_efd(void)
 
 /* thread_ep is the thread's epoll set with the program's epoll fd epfd
  * in it, or -1 (the caller blocks with ppoll). The stack's interrupt fd
- * is in every thread's set with EPOLLEXCLUSIVE, so that a frame's
- * arrival wakes one of the threads blocked in epoll_wait, not all (the
- * thundering herd ppoll gives: memcached's threads woke together at
- * every frame and fought for the stack). The program's epoll fd is
+ * joins it for each block (wait_block). The program's epoll fd is
  * registered again when the thread waits on another one, or on a new
  * instance under the same number (epgen). */
 static int thread_ep(int epfd)
@@ -115,10 +112,8 @@ static int thread_ep(int epfd)
 		if (efd < 0 || (t_ep = fd_high(real_epoll_create1(EPOLL_CLOEXEC))) < 0)
 			return t_ep = -1;
 		struct epoll_event a = {.events = EPOLLIN, .data.fd = efd};
-		struct epoll_event b = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = irq_fd};
 		struct epoll_event c = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = remote_fd};
 		if (real_epoll_ctl(t_ep, EPOLL_CTL_ADD, efd, &a) < 0 ||
-		    real_epoll_ctl(t_ep, EPOLL_CTL_ADD, irq_fd, &b) < 0 ||
 		    (remote_fd >= 0 && real_epoll_ctl(t_ep, EPOLL_CTL_ADD, remote_fd, &c) < 0)) {
 			real_close(t_ep);
 			return t_ep = -1;
@@ -327,9 +322,24 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 	}
 	unsigned handled = t_handled;
 	int r, irq = 0, woke = 0, remote = 0, prog = 0;
+	/* The stack's interrupt joins the thread's set for the block only
+	 * (EPOLLEXCLUSIVE: a frame wakes one of the blocked threads, not
+	 * all; the thundering herd ppoll gives had memcached's threads wake
+	 * together at every frame and fight for the stack). Left in the set
+	 * while the thread runs or spins, it cost every frame's arrival the
+	 * AF_XDP socket's wait-queue lock and the epoll callback, in the
+	 * context that received the frame: on veth, the client's send
+	 * (redis-benchmark's CPU, 4% of it). Level-triggered, the add reports
+	 * a frame already in the ring. */
+	struct epoll_event b = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = irq_fd};
+	if (tep >= 0 && real_epoll_ctl(tep, EPOLL_CTL_ADD, irq_fd, &b) < 0 && errno != EEXIST)
+		tep = -1; /* the ppoll below waits on it */
 	if (tep >= 0) {
 		struct epoll_event got[4];
 		r = real_epoll_pwait2(tep, got, 4, tsp, mp);
+		int e = errno;
+		real_epoll_ctl(tep, EPOLL_CTL_DEL, irq_fd, NULL);
+		errno = e;
 		for (int i = 0; i < r; i++) {
 			irq |= got[i].data.fd == irq_fd;
 			woke |= got[i].data.fd == efd;
