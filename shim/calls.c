@@ -271,18 +271,7 @@ static void fill_addr(struct sockaddr *a, socklen_t *l, uint32_t ip, uint16_t po
 	*l = sizeof sin;
 }
 
-/* closed_in_call: fd, which a call found ours at its start (its drops
- * then gen), may be no longer: if another thread closed it meanwhile
- * (the number may name another file by now, an accelerated socket too)
- * the call fails with EBADF (1); otherwise (0) a handover gave it to
- * the kernel, which takes the call. */
-static int closed_in_call(int fd, uint32_t gen)
-{
-	if (fdgen[fd] == gen)
-		return 0;
-	errno = EBADF;
-	return 1;
-}
+static int accept_call(struct ccall *c, int v6, struct sockaddr *a, socklen_t *l, int flags);
 
 EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 {
@@ -290,26 +279,47 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	if (!e || !e->listening)
 		return real_accept4(fd, a, l, flags);
 	CHECK_USABLE();
+	/* As a read does (ccall): another thread's close of the listener's
+	 * fd while the accept blocks lets go of the number, and the accept
+	 * goes on with the listener, as the kernel's does (it holds the
+	 * file), returning the next connection; the listener closes when
+	 * the accept returns. */
+	struct ccall c = ccall_begin(e, fd);
+	c.fdwait = 1;
+	int r = accept_call(&c, e->v6, a, l, flags);
+	ccall_end(&c);
+	return r;
+}
+
+static int accept_call(struct ccall *c, int v6, struct sockaddr *a, socklen_t *l, int flags)
+{
+	int fd = c->fd;
 	int64_t dl = DL_UNREAD;
-	uint32_t gen = fdgen[fd];
 	for (;;) {
+		switch (ccall_check(c)) {
+		case CC_CLOSED:
+			return -1;
+		case CC_KERNEL:
+			return real_accept4(fd, a, l, flags);
+		}
+		int gone = ccall_gone(c);
 		int ev;
-		CORE_VOID(core.events(&e->h, &ev, NULL, 1, 0));
+		CORE_VOID(core.events(&c->h, &ev, NULL, 1, 0));
 		if (ev & ONL_READABLE) {
-			int v6 = e->v6;
 			int kfd = real_socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | (flags & SOCK_CLOEXEC), 0);
 			if (kfd < 0)
 				return -1;
 			/* The fd first: out of fds, the connection stays queued,
 			 * as the kernel's does. */
-			int h = CORE(core.accept(e->h, kfd));
+			int h = CORE(core.accept(c->h, kfd));
 			if (h > 0) {
 				pthread_mutex_lock(&mu);
 				set_ours(kfd, h, !!(flags & SOCK_NONBLOCK), 1, 0, 0);
 				if (ent(kfd))
 					ent(kfd)->v6 = v6;
 				pthread_mutex_unlock(&mu);
-				inherit_timeo(e, fd, kfd, h);
+				if (!gone)
+					inherit_timeo(c->e, fd, kfd, h);
 				uint32_t lip, rip;
 				uint16_t lp, rp;
 				if (CORE(core.addrs(h, &lip, &lp, &rip, &rp)) == 0)
@@ -322,13 +332,14 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 				return -1;
 			}
 		}
-		/* Clients through loopback reach the kernel's half. */
-		int k = real_accept4(fd, a, l, flags);
-		if (k >= 0 || errno != EAGAIN)
-			return k;
-		if (!blocked(e, fd, 0, POLLIN, &dl))
-			return -1;
-		if (closed_in_call(fd, gen))
+		if (!gone) {
+			/* Clients through loopback reach the kernel's half,
+			 * which closes with the fd. */
+			int k = real_accept4(fd, a, l, flags);
+			if (k >= 0 || errno != EAGAIN)
+				return k;
+		}
+		if (!ccall_blocked(c, 0, POLLIN, &dl))
 			return -1;
 	}
 }

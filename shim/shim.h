@@ -400,10 +400,12 @@ void keep_p(int64_t now, int64_t every);
 #define DL_UNREAD (-2)
 int64_t sock_deadline(const struct fdent *e, int fd, short ev);
 int blocked(struct fdent *e, int fd, int flags, short ev, int64_t *deadline);
-/* A call on an accelerated connection (wait.c: recv and send). */
+/* A call on an accelerated socket (wait.c: recv, send and accept).
+ * fdwait: while the fd names the socket, wait on the fd (a listener's
+ * two halves), not on the socket alone. */
 struct ccall {
 	struct fdent *e;
-	int fd, h, nonblock, held;
+	int fd, h, nonblock, held, fdwait;
 	uint32_t gen;
 };
 #define CC_OK 0
@@ -411,6 +413,7 @@ struct ccall {
 #define CC_KERNEL 2
 struct ccall ccall_begin(struct fdent *e, int fd);
 int ccall_check(const struct ccall *c);
+int ccall_gone(const struct ccall *c);
 int ccall_taken(const struct ccall *c);
 int ccall_blocked(struct ccall *c, int flags, short ev, int64_t *deadline);
 void ccall_end(struct ccall *c);

@@ -624,7 +624,7 @@ struct ccall ccall_begin(struct fdent *e, int fd)
 
 /* ccall_gone: the call's fd was closed since it began (the number may
  * name another file now). */
-static int ccall_gone(const struct ccall *c)
+int ccall_gone(const struct ccall *c)
 {
 	return fdgen[c->fd] != c->gen;
 }
@@ -663,7 +663,7 @@ int ccall_blocked(struct ccall *c, int flags, short ev, int64_t *deadline)
 		return 0;
 	if (!c->held && !ccall_hold(c) && (ccall_gone(c) || c->e->kind != K_OURS))
 		return 1; /* closed or taken over just now: ccall_check says which */
-	return wait_until(c->fd, c->h, ev, *deadline) == 0;
+	return wait_until(c->fd, c->fdwait && !ccall_gone(c) ? 0 : c->h, ev, *deadline) == 0;
 }
 
 /* ccall_hold takes a hold on the call's socket, without the table's lock

@@ -567,6 +567,78 @@ func TestShimCloseDuringCall(t *testing.T) {
 	}
 }
 
+// TestShimCloseDuringAccept runs shim/test/closeaccept.c, whose thread
+// blocks in accept while the main thread closes the listener's fd, on
+// the kernel and under the shim: on both the accept goes on, and the
+// connection the peer makes after the close is accepted and served
+// ("hello\n"). Before, under the shim, the close ended the listener: the
+// peer's connection was reset and the accept failed with EBADF.
+func TestShimCloseDuringAccept(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "closeaccept")
+	a, b := Pair(t, LinkOptions{})
+	addr := a.Iface0().Addr().String()
+	for _, shim := range []bool{false, true} {
+		name, cmd := "the kernel", a.Command(prog, addr)
+		if shim {
+			name, cmd = "the shim", shimCommand(t, a, nil, prog, addr)
+		} else {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		}
+		stdin, stdout, log := startPiped(t, cmd)
+		lines := make(chan string, 4)
+		go func() {
+			s := bufio.NewScanner(stdout)
+			for s.Scan() {
+				lines <- s.Text()
+			}
+			close(lines)
+		}()
+		next := func(what string) string {
+			t.Helper()
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("%s: closeaccept ended before %s:\n%s", name, what, log.String())
+				}
+				return l
+			case <-time.After(15 * time.Second):
+				t.Fatalf("%s: closeaccept printed no %s in 15 s:\n%s", name, what, log.String())
+			}
+			return ""
+		}
+		var port int
+		l := next("port")
+		if _, err := fmt.Sscanf(l, "listening %d", &port); err != nil {
+			t.Fatalf("%s: closeaccept printed %q, want \"listening PORT\"", name, l)
+		}
+		if l := next("close"); l != "closed" {
+			t.Fatalf("%s: closeaccept printed %q, want \"closed\"", name, l)
+		}
+		if shim {
+			requireAccelerated(t, log.String(), "listening")
+		}
+		var got []byte
+		err := b.Do(func() error {
+			c, err := net.DialTimeout("tcp", net.JoinHostPort(addr, strconv.Itoa(port)), 5*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			got, err = io.ReadAll(c)
+			return err
+		})
+		if err != nil || string(got) != "hello\n" {
+			t.Errorf("%s: a connection made after the listener's close: read %q, %v; want \"hello\\n\", as the accept that blocked before the close returns it", name, got, err)
+		}
+		if l := next("result"); l != "accept ok" {
+			t.Errorf("%s: the accept that blocked through the close: %q, want \"accept ok\"", name, l)
+		}
+		stdin.Close()
+	}
+}
+
 // TestShimSpinYields runs shim/test/yield.c: two threads block in recv
 // on accelerated sockets while the main thread, on the same processor,
 // counts for 500 ms. Under the shim with a long spin one of the two
