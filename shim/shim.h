@@ -396,10 +396,10 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask);
 int wait_one(int fd, short events, int64_t deadline);
 void keep_p(int64_t now, int64_t every);
-/* A blocking call's deadline before its first wait reads it (blocked). */
+/* A blocking call's deadline before its first wait reads it
+ * (ccall_blocked). */
 #define DL_UNREAD (-2)
 int64_t sock_deadline(const struct fdent *e, int fd, short ev);
-int blocked(struct fdent *e, int fd, int flags, short ev, int64_t *deadline);
 /* A call on an accelerated socket (wait.c: recv, send and accept).
  * fdwait: while the fd names the socket, wait on the fd (a listener's
  * two halves), not on the socket alone. */

@@ -591,20 +591,11 @@ static int wait_due(struct fdent *e, int fd, int nonblock, int flags, short ev, 
 	return 1;
 }
 
-/* blocked: a call on fd found nothing to do (EAGAIN). It counts that
- * for EPOLLET, and waits for ev unless the call must not block, until
- * *deadline (the call's: DL_UNREAD before its first wait, which reads
- * it). 1: try again; 0: the call ends, with errno (EAGAIN, EINTR) if it
- * did nothing. */
-int blocked(struct fdent *e, int fd, int flags, short ev, int64_t *deadline)
-{
-	return wait_due(e, fd, e->nonblock, flags, ev, deadline) && wait_one(fd, ev, *deadline) == 0;
-}
-
 
 /* ---- a call on an accelerated connection --------------------------------
  *
- * A call that reads or writes a connection (recv_call, send_call) works
+ * A call that reads or writes a connection (recv_call, send_call), or
+ * accepts on a listener (accept_call), works
  * on the socket its fd named as it began (ccall_begin), and holds it once
  * it blocks (a count in hrefs, as each fd naming it has): another
  * thread's close of the fd meanwhile lets go of the number at once, but
@@ -653,10 +644,12 @@ int ccall_taken(const struct ccall *c)
 
 static int ccall_hold(struct ccall *c);
 
-/* ccall_blocked is blocked for a call on a connection: it counts the
- * EAGAIN for EPOLLET, and, unless the call must not block, holds the
- * socket and waits for ev on it until *deadline. 1: try again; 0: the
- * call ends, with errno. */
+/* ccall_blocked: the call found nothing to do (EAGAIN). It counts that
+ * for EPOLLET, and, unless the call must not block, holds the socket and
+ * waits for ev on it (on the fd, with fdwait, while the fd names it)
+ * until *deadline (the call's: DL_UNREAD before its first wait, which
+ * reads it). 1: try again; 0: the call ends, with errno (EAGAIN, EINTR)
+ * if it did nothing. */
 int ccall_blocked(struct ccall *c, int flags, short ev, int64_t *deadline)
 {
 	if (!wait_due(ccall_gone(c) ? NULL : c->e, c->fd, c->nonblock, flags, ev, deadline))
