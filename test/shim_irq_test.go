@@ -1,7 +1,6 @@
 package test
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"os"
@@ -74,20 +73,10 @@ func TestShimInterruptOnlyWhileBlocked(t *testing.T) {
 	cmd := shimCommand(t, a, nil, prog, b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
 	stdin, stdout, log := startPiped(t, cmd)
 	defer stdin.Close()
-	line := make(chan string, 1)
-	go func() {
-		s := bufio.NewScanner(stdout)
-		s.Scan()
-		line <- s.Text()
-	}()
 	var pid, epfd int
-	select {
-	case l := <-line:
-		if _, err := fmt.Sscan(l, &pid, &epfd); err != nil {
-			t.Fatalf("irqset printed %q, want its pid and epoll fd: %v\n%s", l, err, log.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatalf("irqset printed nothing in 20 s:\n%s", log.String())
+	l := lineReader(t, stdout, "irqset", log, 20*time.Second)("its pid and epoll fd")
+	if _, err := fmt.Sscan(l, &pid, &epfd); err != nil {
+		t.Fatalf("irqset printed %q, want its pid and epoll fd: %v\n%s", l, err, log.String())
 	}
 	requireAccelerated(t, log.String(), "connecting")
 	sets, err := epollTargets(pid)

@@ -88,6 +88,34 @@ func startPiped(t *testing.T, cmd *exec.Cmd) (stdin io.WriteCloser, stdout io.Re
 	return stdin, stdout, log
 }
 
+// lineReader reads a program's output r line by line as it comes: each
+// call of the function it returns gives the next line, spaces trimmed,
+// or fails the test, naming prog and what was awaited and showing log,
+// if the output ended first or no line came within limit.
+func lineReader(t *testing.T, r io.Reader, prog string, log *SyncBuffer, limit time.Duration) func(what string) string {
+	lines := make(chan string, 4)
+	go func() {
+		s := bufio.NewScanner(r)
+		for s.Scan() {
+			lines <- strings.TrimSpace(s.Text())
+		}
+		close(lines)
+	}()
+	return func(what string) string {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("%s ended before %s:\n%s", prog, what, log.String())
+			}
+			return l
+		case <-time.After(limit):
+			t.Fatalf("%s: no %s in %v:\n%s", prog, what, limit, log.String())
+		}
+		return ""
+	}
+}
+
 // requireAccelerated fails the test unless the shim's log shows that a
 // socket was accelerated (what: "connecting" or "listening").
 func requireAccelerated(t *testing.T, log, what string) {
@@ -160,31 +188,7 @@ func TestShimKernelHalfConnection(t *testing.T) {
 	a, b := Pair(t, LinkOptions{})
 	prog := buildC(t, "kernhalf")
 	stdin, stdout, log := startPiped(t, shimCommand(t, a, nil, prog, "7300"))
-	out := bufio.NewReader(stdout)
-	lines := make(chan string, 4)
-	go func() {
-		for {
-			l, err := out.ReadString('\n')
-			if err != nil {
-				close(lines)
-				return
-			}
-			lines <- strings.TrimSpace(l)
-		}
-	}()
-	next := func(what string) string {
-		t.Helper()
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				t.Fatalf("kernhalf ended before %s:\n%s", what, log.String())
-			}
-			return l
-		case <-time.After(10 * time.Second):
-			t.Fatalf("kernhalf: no %s in 10s:\n%s", what, log.String())
-		}
-		return ""
-	}
+	next := lineReader(t, stdout, "kernhalf", log, 10*time.Second)
 	if l := next("listening"); l != "listening" {
 		t.Fatalf("kernhalf said %q, want listening:\n%s", l, log.String())
 	}
@@ -586,27 +590,7 @@ func TestShimCloseDuringAccept(t *testing.T) {
 			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		}
 		stdin, stdout, log := startPiped(t, cmd)
-		lines := make(chan string, 4)
-		go func() {
-			s := bufio.NewScanner(stdout)
-			for s.Scan() {
-				lines <- s.Text()
-			}
-			close(lines)
-		}()
-		next := func(what string) string {
-			t.Helper()
-			select {
-			case l, ok := <-lines:
-				if !ok {
-					t.Fatalf("%s: closeaccept ended before %s:\n%s", name, what, log.String())
-				}
-				return l
-			case <-time.After(15 * time.Second):
-				t.Fatalf("%s: closeaccept printed no %s in 15 s:\n%s", name, what, log.String())
-			}
-			return ""
-		}
+		next := lineReader(t, stdout, "closeaccept on "+name, log, 15*time.Second)
 		var port int
 		l := next("port")
 		if _, err := fmt.Sscanf(l, "listening %d", &port); err != nil {
