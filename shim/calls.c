@@ -285,7 +285,6 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	 * file), returning the next connection; the listener closes when
 	 * the accept returns. */
 	struct ccall c = ccall_begin(e, fd);
-	c.fdwait = 1;
 	int r = accept_call(&c, e->v6, a, l, flags);
 	ccall_end(&c);
 	return r;

@@ -400,12 +400,10 @@ void keep_p(int64_t now, int64_t every);
  * (ccall_blocked). */
 #define DL_UNREAD (-2)
 int64_t sock_deadline(const struct fdent *e, int fd, short ev);
-/* A call on an accelerated socket (wait.c: recv, send and accept).
- * fdwait: while the fd names the socket, wait on the fd (a listener's
- * two halves), not on the socket alone. */
+/* A call on an accelerated socket (wait.c: recv, send and accept). */
 struct ccall {
 	struct fdent *e;
-	int fd, h, nonblock, held, fdwait;
+	int fd, h, nonblock, held;
 	uint32_t gen;
 };
 #define CC_OK 0

@@ -572,27 +572,7 @@ int64_t sock_deadline(const struct fdent *e, int fd, short ev)
 	return now_ns() + tv.tv_sec * 1000000000LL + tv.tv_usec * 1000LL;
 }
 
-/* wait_due counts a call's EAGAIN on its entry e for EPOLLET (none where
- * e is NULL: the call's fd was closed meanwhile), and says whether the
- * call waits: 0, with EAGAIN, when it must not (nonblock or
- * MSG_DONTWAIT). Before the first wait it reads the call's deadline. */
-static int wait_due(struct fdent *e, int fd, int nonblock, int flags, short ev, int64_t *deadline)
-{
-	if (e && ev == POLLIN)
-		e->rd_eagain++;
-	else if (e)
-		e->wr_eagain++;
-	if (nonblock || (flags & MSG_DONTWAIT)) {
-		errno = EAGAIN;
-		return 0;
-	}
-	if (*deadline == DL_UNREAD)
-		*deadline = e ? sock_deadline(e, fd, ev) : -1;
-	return 1;
-}
-
-
-/* ---- a call on an accelerated connection --------------------------------
+/* ---- a call on an accelerated socket ------------------------------------
  *
  * A call that reads or writes a connection (recv_call, send_call), or
  * accepts on a listener (accept_call), works
@@ -645,18 +625,30 @@ int ccall_taken(const struct ccall *c)
 static int ccall_hold(struct ccall *c);
 
 /* ccall_blocked: the call found nothing to do (EAGAIN). It counts that
- * for EPOLLET, and, unless the call must not block, holds the socket and
- * waits for ev on it (on the fd, with fdwait, while the fd names it)
- * until *deadline (the call's: DL_UNREAD before its first wait, which
- * reads it). 1: try again; 0: the call ends, with errno (EAGAIN, EINTR)
+ * for EPOLLET (on the fd's entry, unless the fd was closed meanwhile),
+ * and, unless the call must not block, holds the socket and waits for
+ * ev on it until *deadline (the call's: DL_UNREAD before its first wait,
+ * which reads it). While the fd names a listener the wait is on the fd:
+ * the listener's kernel half takes the clients that come through
+ * loopback. 1: try again; 0: the call ends, with errno (EAGAIN, EINTR)
  * if it did nothing. */
 int ccall_blocked(struct ccall *c, int flags, short ev, int64_t *deadline)
 {
-	if (!wait_due(ccall_gone(c) ? NULL : c->e, c->fd, c->nonblock, flags, ev, deadline))
+	int gone = ccall_gone(c);
+	if (!gone && ev == POLLIN)
+		c->e->rd_eagain++;
+	else if (!gone)
+		c->e->wr_eagain++;
+	if (c->nonblock || (flags & MSG_DONTWAIT)) {
+		errno = EAGAIN;
 		return 0;
+	}
+	if (*deadline == DL_UNREAD)
+		*deadline = gone ? -1 : sock_deadline(c->e, c->fd, ev);
 	if (!c->held && !ccall_hold(c) && (ccall_gone(c) || c->e->kind != K_OURS))
 		return 1; /* closed or taken over just now: ccall_check says which */
-	return wait_until(c->fd, c->fdwait && !ccall_gone(c) ? 0 : c->h, ev, *deadline) == 0;
+	int on_fd = !ccall_gone(c) && c->e->listening;
+	return wait_until(c->fd, on_fd ? 0 : c->h, ev, *deadline) == 0;
 }
 
 /* ccall_hold takes a hold on the call's socket, without the table's lock
