@@ -132,19 +132,69 @@ EXPORT int listen(int fd, int backlog)
 	return r;
 }
 
-/* connect_ended tells the program how its connect ended: 0, or -1 with
- * the connection's error, ECONNABORTED if the program took it already
- * (SO_ERROR), as the kernel's. */
-static int connect_ended(struct fdent *e)
+/* connect_ended tells the program how the connect of call c ended: 0, or
+ * -1 with the connection's error, ECONNABORTED if the program took it
+ * already (SO_ERROR), as the kernel's. The fd's entry keeps the end,
+ * unless the fd was closed while the connect waited. */
+static int connect_ended(struct ccall *c)
 {
-	e->connecting = 0;
+	int gone = ccall_gone(c);
+	if (!gone)
+		c->e->connecting = 0;
 	struct onl_tcpinfo ti;
-	if (CORE(core.tcpinfo(e->h, &ti)) == 0 && ti.state != TCP_CLOSE)
+	if (CORE(core.tcpinfo(c->h, &ti)) == 0 && ti.state != TCP_CLOSE)
 		return 0;
-	e->connecting = CONN_FAILED;
-	int err = CORE(core.sockerr(e->h));
+	if (!gone)
+		c->e->connecting = CONN_FAILED;
+	int err = CORE(core.sockerr(c->h));
 	errno = err ? err : ECONNABORTED;
 	return -1;
+}
+
+/* kernel_connect_ended is connect_call's end when a handover gave the
+ * connecting socket to the kernel: its connect's end, as the kernel tells
+ * it. */
+static int kernel_connect_ended(int fd)
+{
+	if (wait_one(fd, POLLOUT, -1) < 0)
+		return -1;
+	int err = 0;
+	socklen_t l = sizeof err;
+	if (real_getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0)
+		return -1;
+	if (err) {
+		errno = err;
+		return -1;
+	}
+	return 0;
+}
+
+/* connect_call waits for the end of the connect of call c, on a
+ * blocking socket. As a read does (ccall): another thread's close of the
+ * fd while the connect blocks lets go of the number, and the connect goes
+ * on, as the kernel's does (it holds the file), and returns how it ended;
+ * the connection closes then. SO_SNDTIMEO ends the wait with
+ * EINPROGRESS, the connect going on, as the kernel's. */
+static int connect_call(struct ccall *c)
+{
+	int64_t dl = DL_UNREAD;
+	for (;;) {
+		switch (ccall_check(c)) {
+		case CC_CLOSED:
+			return -1;
+		case CC_KERNEL:
+			return kernel_connect_ended(c->fd);
+		}
+		int ev;
+		CORE_VOID(core.events(&c->h, &ev, NULL, 1, 0));
+		if (ev & (ONL_WRITABLE | ONL_ERROR | ONL_HANGUP))
+			return connect_ended(c);
+		if (!ccall_blocked(c, 0, POLLOUT, &dl)) {
+			if (errno == EAGAIN)
+				errno = EINPROGRESS;
+			return -1;
+		}
+	}
 }
 
 /* connect_again is connect on a socket that is ours already. As the
@@ -166,20 +216,19 @@ static int connect_again(struct fdent *e, int fd, const struct sockaddr *a, sock
 		errno = EISCONN;
 		return -1;
 	}
-	int ev;
+	struct ccall c = ccall_begin(e, fd);
+	int ev, r;
 	CORE_VOID(core.events(&e->h, &ev, NULL, 1, 0));
-	if (!(ev & (ONL_WRITABLE | ONL_ERROR | ONL_HANGUP))) {
-		if (e->nonblock) {
-			errno = EALREADY;
-			return -1;
-		}
-		if (wait_one(fd, POLLOUT, sock_deadline(e, fd, POLLOUT)) < 0) {
-			if (errno == EAGAIN)
-				errno = EALREADY;
-			return -1;
-		}
+	if (ev & (ONL_WRITABLE | ONL_ERROR | ONL_HANGUP)) {
+		r = connect_ended(&c);
+	} else if (e->nonblock) {
+		errno = EALREADY;
+		r = -1;
+	} else if ((r = connect_call(&c)) < 0 && errno == EINPROGRESS) {
+		errno = EALREADY;
 	}
-	return connect_ended(e);
+	ccall_end(&c);
+	return r;
 }
 
 EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
@@ -226,12 +275,10 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 		errno = EINPROGRESS;
 		return -1;
 	}
-	if (wait_one(fd, POLLOUT, sock_deadline(e, fd, POLLOUT)) < 0) {
-		if (errno == EAGAIN)
-			errno = EINPROGRESS; /* SO_SNDTIMEO: it goes on, as the kernel's */
-		return -1;
-	}
-	return connect_ended(e);
+	struct ccall c = ccall_begin(e, fd);
+	int r = connect_call(&c);
+	ccall_end(&c);
+	return r;
 }
 
 /* inherit_timeo gives kfd, accepted (handle h) on listener fd (entry l),

@@ -400,7 +400,8 @@ void keep_p(int64_t now, int64_t every);
  * (ccall_blocked). */
 #define DL_UNREAD (-2)
 int64_t sock_deadline(const struct fdent *e, int fd, short ev);
-/* A call on an accelerated socket (wait.c: recv, send and accept). */
+/* A call on an accelerated socket (wait.c: recv, send, accept and a
+ * blocking connect). */
 struct ccall {
 	struct fdent *e;
 	int fd, h, nonblock, held;

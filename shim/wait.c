@@ -574,8 +574,9 @@ int64_t sock_deadline(const struct fdent *e, int fd, short ev)
 
 /* ---- a call on an accelerated socket ------------------------------------
  *
- * A call that reads or writes a connection (recv_call, send_call), or
- * accepts on a listener (accept_call), works
+ * A call that reads or writes a connection (recv_call, send_call),
+ * accepts on a listener (accept_call) or waits for a connect's end
+ * (connect_call), works
  * on the socket its fd named as it began (ccall_begin), and holds it once
  * it blocks (a count in hrefs, as each fd naming it has): another
  * thread's close of the fd meanwhile lets go of the number at once, but

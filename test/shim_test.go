@@ -623,6 +623,102 @@ func TestShimCloseDuringAccept(t *testing.T) {
 	}
 }
 
+// TestShimCloseDuringConnect runs shim/test/closeconnect.c: a thread
+// blocks in connect while the main thread closes the socket's fd. The
+// peer, the kernel's, holds its answer back (its accept queue is full,
+// so it drops the SYN) until the close has happened. On the kernel the
+// connect goes on, as it holds the file, returns 0 once the peer
+// answers, and the socket closes then: the peer gets the connection and
+// its end (a FIN). The same program runs on the kernel first as the
+// reference.
+func TestShimCloseDuringConnect(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "closeconnect")
+	a, b := Pair(t, LinkOptions{})
+	baddr := b.Iface0().Addr().String()
+	for _, shim := range []bool{false, true} {
+		name := "the kernel"
+		if shim {
+			name = "the shim"
+		}
+		ln, filler, port := fullListener(t, b, baddr)
+		cmd := a.Command(prog, baddr, strconv.Itoa(port))
+		if shim {
+			cmd = shimCommand(t, a, nil, prog, baddr, strconv.Itoa(port))
+		} else {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		}
+		stdin, stdout, log := startPiped(t, cmd)
+		next := lineReader(t, stdout, "closeconnect on "+name, log, 15*time.Second)
+		if l := next("close"); l != "closed" {
+			t.Fatalf("%s: closeconnect printed %q, want \"closed\"", name, l)
+		}
+		if shim {
+			requireAccelerated(t, log.String(), "connecting")
+		}
+		// The queue's room back: the SYN the connect sends again is
+		// answered.
+		if c, err := ln.Accept(); err != nil {
+			t.Fatalf("%s: accepting the connection that filled the queue: %v", name, err)
+		} else {
+			c.Close()
+		}
+		filler.Close()
+		ln.SetDeadline(time.Now().Add(10 * time.Second))
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatalf("%s: no connection from the connect that blocked through the close: %v", name, err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		got, err := io.ReadAll(c)
+		c.Close()
+		if err != nil || len(got) != 0 {
+			t.Errorf("%s: the connection made after the close: read %q, %v; want its end at once (the socket closes as its connect returns)", name, got, err)
+		}
+		if l := next("result"); l != "connect ok" {
+			t.Errorf("%s: the connect that blocked through the close: %q, want \"connect ok\"", name, l)
+		}
+		stdin.Close()
+		ln.Close()
+	}
+}
+
+// fullListener listens on addr, port 0, in host h with a backlog of 0 and
+// fills its accept queue with one connection of h's own (filler): until
+// that is accepted the kernel drops the SYNs that come to it.
+func fullListener(t *testing.T, h *Host, addr string) (ln *net.TCPListener, filler net.Conn, port int) {
+	t.Helper()
+	err := h.Do(func() error {
+		fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), "full listener")
+		defer f.Close()
+		sa := &syscall.SockaddrInet4{}
+		copy(sa.Addr[:], net.ParseIP(addr).To4())
+		if err := syscall.Bind(fd, sa); err != nil {
+			return err
+		}
+		if err := syscall.Listen(fd, 0); err != nil {
+			return err
+		}
+		l, err := net.FileListener(f)
+		if err != nil {
+			return err
+		}
+		ln = l.(*net.TCPListener)
+		port = ln.Addr().(*net.TCPAddr).Port
+		filler, err = net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("a listener with a full accept queue in %s: %v", h.Name, err)
+	}
+	t.Cleanup(func() { ln.Close(); filler.Close() })
+	return ln, filler, port
+}
+
 // TestShimSpinYields runs shim/test/yield.c: two threads block in recv
 // on accelerated sockets while the main thread, on the same processor,
 // counts for 500 ms. Under the shim with a long spin one of the two
