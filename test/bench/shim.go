@@ -166,7 +166,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			if side == "kernel-busy" {
 				continue
 			}
-			for _, tool := range []string{"iperf3", "gobulk", "memcslap", "nginx", "nginx-reuseport"} {
+			for _, tool := range []string{"iperf3", "gobulk", "memcslap", "memcaslap", "memcaslap-t2", "nginx", "nginx-reuseport"} {
 				var v float64
 				var err error
 				done := machine.start(tool + "-" + side)
@@ -263,7 +263,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 		rep.CPU[fmt.Sprintf("redis_p%d_shim_others_vs_main", pipe)] = round3(median(others[fmt.Sprintf("redis-shim-p%d", pipe)]))
 		rep.Ratios[fmt.Sprintf("redis_p%d_cpu_per_get_shim_vs_kernel", pipe)] = round3(medianRatio(cpuUs[fmt.Sprintf("redis-shim-p%d", pipe)], cpuUs[fmt.Sprintf("redis-kernel-p%d", pipe)]))
 	}
-	for _, tool := range []string{"iperf3", "gobulk", "memcslap", "nginx", "nginx-reuseport"} {
+	for _, tool := range []string{"iperf3", "gobulk", "memcslap", "memcaslap", "memcaslap-t2", "nginx", "nginx-reuseport"} {
 		key := strings.ReplaceAll(tool, "-", "_")
 		for _, side := range []string{"shim", "kernel"} {
 			id := tool + "-" + side
@@ -274,6 +274,10 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				"gobulk-kernel":          "the Go library's baseline: net (the kernel), one connection, 3 s, bits/s",
 				"memcslap-shim":          "memcached -t 2 under the shim, memcslap -c 8 get, keys/s",
 				"memcslap-kernel":        "memcached -t 2 on the kernel, memcslap -c 8 get, keys/s",
+				"memcaslap-shim":         "memcached -t 2 -m 1024 under the shim, memcaslap -T 1 -c 16 (9 gets to a set, a tenth verified), 4 s, operations/s",
+				"memcaslap-kernel":       "memcached -t 2 -m 1024 on the kernel, memcaslap -T 1 -c 16 (9 gets to a set, a tenth verified), 4 s, operations/s",
+				"memcaslap-t2-shim":      "memcached -t 2 -m 1024 under the shim, memcaslap -T 2 -c 16 (9 gets to a set, a tenth verified), 4 s, operations/s",
+				"memcaslap-t2-kernel":    "memcached -t 2 -m 1024 on the kernel, memcaslap -T 2 -c 16 (9 gets to a set, a tenth verified), 4 s, operations/s",
 				"nginx-shim":             "nginx (2 workers, one stack from onloadd) under the shim, wrk -t 2 -c 50, 1 KiB file, requests/s",
 				"nginx-kernel":           "nginx (2 workers) on the kernel, wrk -t 2 -c 50, 1 KiB file, requests/s",
 				"nginx-reuseport-shim":   "nginx (2 workers, listen reuseport, a cluster: a stack each from onloadd, on a queue each) under the shim, a two-queue veth, wrk -t 2 -c 50, 1 KiB file, requests/s",
@@ -336,7 +340,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 	}
 	rep.Ratios["read_shim_minus_kernel_ns"] = round3(rep.ReadNs["shim"] - rep.ReadNs["kernel"])
 	rep.Targets = map[string]float64{"sockperf_shim_vs_kernel_p50": 0.6, "redis_p1_shim_vs_kernel": 1.3, "redis_p16_shim_vs_kernel": 1.3,
-		"nginx_shim_vs_kernel": 1.3, "nginx_reuseport_shim_vs_kernel": 1.3, "iperf3_vs_gobulk": 1}
+		"nginx_shim_vs_kernel": 1.3, "nginx_reuseport_shim_vs_kernel": 1.3, "iperf3_vs_gobulk": 1, "memcaslap_shim_vs_kernel": 1}
 	return rep, nil
 }
 
@@ -382,6 +386,10 @@ func serverRound(ctx context.Context, a, b *test.Host, tool string, sv server) (
 	switch tool {
 	case "memcslap":
 		return memcachedRound(ctx, a, b, sv)
+	case "memcaslap":
+		return memcaslapRound(ctx, a, b, sv, 1)
+	case "memcaslap-t2":
+		return memcaslapRound(ctx, a, b, sv, 2)
 	case "nginx":
 		return nginxRound(ctx, a, b, sv, false)
 	case "nginx-reuseport":
@@ -555,12 +563,59 @@ func memcachedRound(ctx context.Context, a, b *test.Host, sv server) (float64, e
 	return keys / secs, nil
 }
 
+var (
+	memcaslapOps    = regexp.MustCompile(`(?m)^Run time: ([0-9.]+)s Ops: (\d+) TPS`)
+	memcaslapMisses = regexp.MustCompile(`(?m)^get_misses: (\d+)`)
+	memcaslapFailed = regexp.MustCompile(`(?m)^verify_failed: (\d+)`)
+)
+
+// memcaslapRound serves memcaslap (threads threads, 16 connections, 4 s;
+// 9 gets to a set of a 1 KiB value, a tenth of the gets checked against
+// what was set) in host a from memcached -t 2 in host b: operations a
+// second. memcached has 1 GiB (-m 1024), so that nothing set is evicted
+// (the default 64 MiB evicts within a round): a get that misses, or a
+// value that is not what was set, fails the round.
+func memcaslapRound(ctx context.Context, a, b *test.Host, sv server, threads int) (float64, error) {
+	stop, err := startMemcached(ctx, b, sv, 2, 11290, "-m", "1024")
+	if err != nil {
+		return 0, err
+	}
+	defer stop()
+	out, err := a.RunFor(time.Minute, "memcaslap", "-s", b.Iface0().Addr().String()+":11290", "-T", strconv.Itoa(threads),
+		"-c", "16", "-t", "4s", "--verify=0.1")
+	if err != nil {
+		return 0, fmt.Errorf("memcaslap: %w\n%s", err, out)
+	}
+	return parseMemcaslap(out)
+}
+
+// parseMemcaslap reads memcaslap's output: operations a second (its last
+// "Run time" line, the whole run's), or an error if a get missed or a
+// checked value was not what was set.
+func parseMemcaslap(out string) (float64, error) {
+	m := memcaslapOps.FindAllStringSubmatch(out, -1)
+	miss, failed := memcaslapMisses.FindStringSubmatch(out), memcaslapFailed.FindStringSubmatch(out)
+	if m == nil || miss == nil || failed == nil {
+		return 0, fmt.Errorf("memcaslap printed no figures:\n%s", out)
+	}
+	if miss[1] != "0" || failed[1] != "0" {
+		return 0, fmt.Errorf("memcaslap: %s gets missed and %s values were not what was set:\n%s", miss[1], failed[1], out)
+	}
+	last := m[len(m)-1]
+	secs, _ := strconv.ParseFloat(last[1], 64)
+	ops, _ := strconv.ParseFloat(last[2], 64)
+	if secs <= 0 || ops == 0 {
+		return 0, fmt.Errorf("memcaslap did nothing:\n%s", out)
+	}
+	return ops / secs, nil
+}
+
 // startMemcached starts memcached with workers threads on port in host
-// b as sv says (or the floor in its place).
-func startMemcached(ctx context.Context, b *test.Host, sv server, workers, port int) (func(), error) {
+// b as sv says (or the floor in its place), with extra arguments.
+func startMemcached(ctx context.Context, b *test.Host, sv server, workers, port int, extra ...string) (func(), error) {
 	p := strconv.Itoa(port)
 	stop, err := sv.start(ctx, b, port, "memcache", func() (func(), error) {
-		argv := shimmed(sv.onloadd, "memcached", "-t", strconv.Itoa(workers), "-p", p, "-U", "0", "-l", "0.0.0.0", "-u", "root", "-c", "1024")
+		argv := shimmed(sv.onloadd, append([]string{"memcached", "-t", strconv.Itoa(workers), "-p", p, "-U", "0", "-l", "0.0.0.0", "-u", "root", "-c", "1024"}, extra...)...)
 		srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
 		return startServer(srv, listening(b, port))
 	})
@@ -730,6 +785,8 @@ func printShim(w io.Writer, rep *Report) {
 		s.Ratios["sockperf_shim_vs_floor_p50"], s.Ratios["redis_p1_shim_vs_kernel"], s.Ratios["redis_p16_shim_vs_kernel"])
 	fmt.Fprintf(w, "iperf3 client shim / kernel %.3f, the Go library's bulk sockets / net %.3f, the one over the other %.3f (target >= 1); memcached shim / kernel %.3f; nginx shim / kernel %.3f, with reuseport %.3f (target >= 1.3)\n",
 		s.Ratios["iperf3_shim_vs_kernel"], s.Ratios["gobulk_shim_vs_kernel"], s.Ratios["iperf3_vs_gobulk"], s.Ratios["memcslap_shim_vs_kernel"], s.Ratios["nginx_shim_vs_kernel"], s.Ratios["nginx_reuseport_shim_vs_kernel"])
+	fmt.Fprintf(w, "memcached under memcaslap, shim / kernel: one client thread %.3f (target > 1), two %.3f\n",
+		s.Ratios["memcaslap_shim_vs_kernel"], s.Ratios["memcaslap_t2_shim_vs_kernel"])
 	fmt.Fprintf(w, "memcached under mcping, shim / kernel: one worker (-t 1) %.3f (p99 %.3f), two (-t 2) %.3f (p99 %.3f)\n",
 		s.Ratios["memcached_t1_mcping_shim_vs_kernel"], s.Ratios["memcached_t1_mcping_shim_vs_kernel_p99"],
 		s.Ratios["memcached_t2_mcping_shim_vs_kernel"], s.Ratios["memcached_t2_mcping_shim_vs_kernel_p99"])
