@@ -1045,11 +1045,13 @@ func memcacheOps(addr string, client, n int) error {
 
 // TestShimMemcached serves 32 kernel clients from memcached -t 2 under
 // the shim (connections accepted on one thread and served on others):
-// every reply correct; then memcached's load tool (memcslap) against it.
+// every reply correct; then memcached's load tools (memcslap, and
+// memcaslap checking every value it gets) against it.
 func TestShimMemcached(t *testing.T) {
 	shimOnloadd(t)
 	RequireTool(t, "memcached")
 	RequireTool(t, "memcslap")
+	RequireTool(t, "memcaslap")
 	a, b := Pair(t, LinkOptions{})
 	srv := shimCommand(t, a, nil, "memcached", "-t", "2", "-p", "11211", "-U", "0", "-l", "0.0.0.0", "-u", "root", "-c", "1024")
 	var log SyncBuffer
@@ -1088,6 +1090,16 @@ func TestShimMemcached(t *testing.T) {
 		if err != nil || !strings.Contains(out, "Time total") {
 			t.Fatalf("memcslap %s: %v\n%s\nserver:\n%s", test, err, out, log.String())
 		}
+	}
+	// memcaslap, event-driven: 16 connections on one thread, 9 gets to
+	// a set of 1 KiB, every get checked against what was set (10 MB in
+	// all: memcached's 64 MiB evicts nothing).
+	out, err := b.RunFor(time.Minute, "memcaslap", "-s", addr, "-T", "1", "-c", "16", "-x", "100000", "--verify=1.0")
+	if err != nil {
+		t.Fatalf("memcaslap: %v\n%s\nserver:\n%s", err, out, log.String())
+	}
+	if _, err := ParseMemcaslap(out); err != nil {
+		t.Fatalf("%v\nserver:\n%s", err, log.String())
 	}
 	// The accepting thread and both workers called the stack, and the
 	// core gave them a processor each beyond the CPUs' (onl_thread):

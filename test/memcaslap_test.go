@@ -1,4 +1,4 @@
-package main
+package test
 
 import (
 	"strings"
@@ -30,7 +30,7 @@ func TestParseMemcaslap(t *testing.T) {
 	out := func(misses, failed string) string {
 		return strings.NewReplacer("MISSES", misses, "FAILED", failed).Replace(memcaslapOut)
 	}
-	v, err := parseMemcaslap(out("0", "0"))
+	v, err := ParseMemcaslap(out("0", "0"))
 	if err != nil || v != 656745/4.0 {
 		t.Errorf("a clean run: %v, %v; want %v operations a second", v, err, 656745/4.0)
 	}
@@ -40,7 +40,7 @@ func TestParseMemcaslap(t *testing.T) {
 		{"no figures", "memcaslap: cannot connect\n", "no figures"},
 		{"no operations", strings.Replace(out("0", "0"), "Ops: 656745", "Ops: 0", 1), "did nothing"},
 	} {
-		if _, err := parseMemcaslap(c.out); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := ParseMemcaslap(c.out); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v; want an error saying %q", c.name, err, c.want)
 		}
 	}
