@@ -129,7 +129,7 @@ static int do_select(int n, fd_set *r, fd_set *w, fd_set *x, int64_t timeout_ns,
 		if (ev)
 			p[k++] = (struct pollfd){.fd = fd, .events = ev};
 	}
-	int rc = wait_poll(p, k, timeout_ns, mask);
+	int rc = wait_poll_sel(p, k, timeout_ns, mask, 1);
 	if (rc < 0) {
 		free(p);
 		return -1;

@@ -394,6 +394,7 @@ extern int log_wait_off;
 int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsigned *edges, int k,
 		      const unsigned *logseq, struct pollfd *p, int np, int epfd, int conns, const sigset_t *mask);
 int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask);
+int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask, int sel);
 int wait_one(int fd, short events, int64_t deadline);
 void keep_p(int64_t now, int64_t every);
 /* A blocking call's deadline before its first wait reads it

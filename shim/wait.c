@@ -396,41 +396,60 @@ static int check_poll(struct pollfd *p, nfds_t n)
 	return r;
 }
 
-/*
- * wait_poll is poll() over fds where some are ours. Ours are checked
- * through the core (a listener also in the kernel: it serves clients
- * that come through loopback); the rest with the kernel. timeout_ns < 0
- * waits for ever.
- */
 /* taken_over: of the k accelerated fds (fds[idx[j]]) whose core events
  * are evs[j], those whose socket the core no longer has (error and
- * hangup) may have been taken over by the kernel; 1 if any was. */
-static int taken_over(const struct pollfd *fds, const int *idx, const int *evs, int k)
+ * hangup) may have been taken over by the kernel; 1 if any was. An fd
+ * closed since the wait began (gone[j]) is not looked at: its number may
+ * name another file. */
+static int taken_over(const struct pollfd *fds, const int *idx, const int *evs, const int *gone, int k)
 {
 	int any = 0;
 	for (int j = 0; j < k; j++)
-		if ((evs[j] & (ONL_ERROR | ONL_HANGUP)) == (ONL_ERROR | ONL_HANGUP) && kernel_took(fds[idx[j]].fd))
+		if (!gone[j] && (evs[j] & (ONL_ERROR | ONL_HANGUP)) == (ONL_ERROR | ONL_HANGUP) &&
+		    kernel_took(fds[idx[j]].fd))
 			any = 1;
 	return any;
 }
 
-int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask)
+static int hold_h(int h);
+static void release_h(int h);
+
+/*
+ * wait_poll is poll() over fds where some are ours (select's, if sel).
+ * Ours are checked through the core (a listener also in the kernel: it
+ * serves clients that come through loopback); the rest with the kernel.
+ * timeout_ns < 0 waits for ever.
+ *
+ * Once it blocks it holds each of its sockets (hrefs), as the kernel's
+ * poll holds each file it waits on: another thread's close of an fd
+ * meanwhile does not end the wait, and the socket lives until the wait
+ * returns. The kernel's poll, woken by any of its files or by its time,
+ * finds the number closed and reports POLLNVAL; so does this one, at
+ * the closed socket's next event, another fd's, or the time. The
+ * kernel's select (sel) then reports the number in each set it was in
+ * (6.18, measured). Before 2026-12-04 the close ended the wait, the
+ * socket reported closed (TestShimCloseDuringPoll).
+ */
+int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask, int sel)
 {
-	int hs_buf[64], want_buf[64], ev_buf[64], idx_buf[64];
+	int hs_buf[64], want_buf[64], ev_buf[64], idx_buf[64], gone_buf[64], held_buf[64];
+	unsigned gen_buf[64];
 	struct pollfd tmp_buf[67]; /* and wait_block's three */
-	int *hs = hs_buf, *want = want_buf, *evs = ev_buf, *idx = idx_buf;
+	int *hs = hs_buf, *want = want_buf, *evs = ev_buf, *idx = idx_buf, *gone = gone_buf, *held = held_buf;
+	unsigned *gen = gen_buf;
 	struct pollfd *tmp = tmp_buf;
 	void *heap = NULL;
 	if (n >= 64) {
-		heap = malloc((n + 2) * (4 * sizeof(int) + sizeof(struct pollfd)));
+		heap = malloc((n + 2) * (7 * sizeof(int) + sizeof(struct pollfd)));
 		if (!heap) {
 			errno = ENOMEM;
 			return -1;
 		}
-		hs = heap; want = hs + n; evs = want + n; idx = evs + n;
-		tmp = (struct pollfd *)(idx + n + 4);
+		hs = heap; want = hs + n; evs = want + n; idx = evs + n; gone = idx + n; held = gone + n;
+		gen = (unsigned *)(held + n);
+		tmp = (struct pollfd *)(gen + n + 4);
 	}
-	int k = 0, nkernel = 0, conns = 0;
+	int k = 0, nkernel = 0, conns = 0, holding = 0;
 	for (nfds_t i = 0; i < n; i++) {
 		tmp[i] = fds[i];
 		tmp[i].revents = 0;
@@ -439,6 +458,8 @@ int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 			conns |= !e->listening;
 			hs[k] = e->h;
 			want[k] = from_poll(fds[i].events);
+			gen[k] = fdgen[fds[i].fd];
+			gone[k] = held[k] = 0;
 			idx[k++] = i;
 			if (!e->listening)
 				tmp[i].fd = -1;
@@ -452,13 +473,26 @@ int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 	wait_begin(&w, timeout_ns);
 	int ret;
 	for (;;) {
-		int ready = 0;
+		int ready = 0, closed = 0;
 		CORE_VOID(core.events(hs, evs, NULL, k, w.spinning));
-		if (taken_over(fds, idx, evs, k)) {
+		for (int j = 0; j < k; j++) {
+			if (!gone[j] && fdgen[fds[idx[j]].fd] != gen[j]) {
+				gone[j] = 1;
+				if (tmp[idx[j]].fd >= 0) {
+					tmp[idx[j]].fd = -1; /* a listener's kernel half */
+					nkernel--;
+				}
+			}
+			closed |= gone[j];
+		}
+		if (taken_over(fds, idx, evs, gone, k)) {
 			/* Those fds are the kernel's now: wait again. */
 			wait_end(&w);
+			for (int j = 0; j < k; j++)
+				if (held[j])
+					release_h(hs[j]);
 			free(heap);
-			return wait_poll(fds, n, timeout_ns, mask);
+			return wait_poll_sel(fds, n, timeout_ns, mask, sel);
 		}
 		if (nkernel > 0 && check_poll(tmp, n) < 0) {
 			ret = -1;
@@ -466,16 +500,36 @@ int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 		}
 		for (nfds_t i = 0; i < n; i++)
 			fds[i].revents = tmp[i].revents;
+		int nval = 0;
 		for (int j = 0; j < k; j++) {
 			struct pollfd *p = &fds[idx[j]];
-			p->revents |= to_poll(evs[j]) & (p->events | POLLERR | POLLHUP);
+			short re = to_poll(evs[j]) & (p->events | POLLERR | POLLHUP);
+			if (!gone[j])
+				p->revents |= re;
+			else if (re)
+				nval = 1; /* the closed socket's event wakes the kernel's poll */
 		}
 		for (nfds_t i = 0; i < n; i++)
 			ready += fds[i].revents != 0;
 		int64_t now;
-		if (ready > 0 || wait_over(&w, &now)) {
+		int over = wait_over(&w, &now);
+		if (closed && (ready > 0 || nval || over)) {
+			/* Woken, the kernel's poll finds the numbers closed; its
+			 * select puts them in each set they were in. */
+			for (int j = 0; j < k; j++)
+				if (gone[j]) {
+					fds[idx[j]].revents = sel ? fds[idx[j]].events & (POLLIN | POLLOUT | POLLPRI) : POLLNVAL;
+					ready++;
+				}
+		}
+		if (ready > 0 || over) {
 			ret = ready;
 			break;
+		}
+		if (!holding) {
+			holding = 1;
+			for (int j = 0; j < k; j++)
+				held[j] = !gone[j] && hold_h(hs[j]);
 		}
 		if (wait_block(&w, now, hs, want, evs, NULL, k, NULL, tmp, n, -1, conns, mask) < 0) {
 			ret = -1;
@@ -485,8 +539,16 @@ int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 			tmp[i].revents = 0;
 	}
 	wait_end(&w);
+	for (int j = 0; j < k; j++)
+		if (held[j])
+			release_h(hs[j]);
 	free(heap);
 	return ret;
+}
+
+int wait_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask)
+{
+	return wait_poll_sel(fds, n, timeout_ns, mask, 0);
 }
 
 /* wait_conn_once is wait_poll for one accelerated connection, named by
@@ -660,20 +722,37 @@ int ccall_blocked(struct ccall *c, int flags, short ev, int64_t *deadline)
  * go again (closing the socket if it was the last) and ccall_hold fails. */
 static int ccall_hold(struct ccall *c)
 {
-	if ((unsigned)c->h >= MAX_HANDLES)
-		return 0; /* no count: the call waits without a hold */
-	int *r = &hrefs[c->h];
-	int v = __atomic_load_n(r, __ATOMIC_SEQ_CST);
-	do {
-		if (v <= 0)
-			return 0;
-	} while (!__atomic_compare_exchange_n(r, &v, v + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+	if (!hold_h(c->h))
+		return 0;
 	c->held = 1;
 	if (ccall_gone(c) || c->e->kind != K_OURS) {
 		ccall_end(c);
 		return 0;
 	}
 	return 1;
+}
+
+/* hold_h takes a hold on handle h, as ccall_hold: the count goes up only
+ * from above 0 (0: not held, the socket closed or no count). */
+static int hold_h(int h)
+{
+	if ((unsigned)h >= MAX_HANDLES)
+		return 0;
+	int *r = &hrefs[h];
+	int v = __atomic_load_n(r, __ATOMIC_SEQ_CST);
+	do {
+		if (v <= 0)
+			return 0;
+	} while (!__atomic_compare_exchange_n(r, &v, v + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+	return 1;
+}
+
+/* release_h lets go of a hold on h: the socket closes if nothing else
+ * names it. */
+static void release_h(int h)
+{
+	if (__atomic_sub_fetch(&hrefs[h], 1, __ATOMIC_SEQ_CST) == 0 && !after_fork)
+		CORE_VOID(core.close(h));
 }
 
 /* ccall_end lets go of the call's hold: the socket closes if no fd names
@@ -683,6 +762,5 @@ void ccall_end(struct ccall *c)
 	if (!c->held)
 		return;
 	c->held = 0;
-	if (__atomic_sub_fetch(&hrefs[c->h], 1, __ATOMIC_SEQ_CST) == 0 && !after_fork)
-		CORE_VOID(core.close(c->h));
+	release_h(c->h);
 }

@@ -683,6 +683,82 @@ func TestShimCloseDuringConnect(t *testing.T) {
 	}
 }
 
+// TestShimCloseDuringPoll runs shim/test/closepoll.c: a thread waits in
+// poll, then in select, for a connection to turn readable while the
+// main thread closes its fd; the peer, the kernel's, sends a byte 300
+// ms after the close. The kernel's poll and select hold the socket, so
+// the close does not end them: poll returns at the byte with POLLNVAL
+// for the closed number, and select leaves the number out and returns
+// at its time (1.5 s). The same program runs on the kernel first as the
+// reference, and the shim's must return the same, at the same point.
+func TestShimCloseDuringPoll(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "closepoll")
+	a, b := Pair(t, LinkOptions{})
+	baddr := b.Iface0().Addr().String()
+	var ln net.Listener
+	if err := b.Do(func() (err error) { ln, err = net.Listen("tcp", baddr+":0"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	// when names the point a wait returned at, by its milliseconds: the
+	// close comes at 200, the byte at 500 or later, the time at 1500.
+	when := func(ms int) string {
+		switch {
+		case ms < 350:
+			return "at the close"
+		case ms < 1400:
+			return "at the peer's byte"
+		}
+		return "at its time"
+	}
+	for _, mode := range []string{"poll", "select"} {
+		var want string
+		for _, shim := range []bool{false, true} {
+			name, cmd := "the kernel", a.Command(prog, mode, baddr, port)
+			if shim {
+				name, cmd = "the shim", shimCommand(t, a, nil, prog, mode, baddr, port)
+			} else {
+				cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			}
+			stdin, stdout, log := startPiped(t, cmd)
+			next := lineReader(t, stdout, "closepoll "+mode+" on "+name, log, 15*time.Second)
+			ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+			c, err := ln.Accept()
+			if err != nil {
+				t.Fatalf("%s: closepoll's connection: %v\n%s", name, err, log.String())
+			}
+			if l := next("connect"); l != "connected" {
+				t.Fatalf("%s: closepoll printed %q, want \"connected\"", name, l)
+			}
+			if l := next("close"); l != "closed" {
+				t.Fatalf("%s: closepoll printed %q, want \"closed\"", name, l)
+			}
+			if shim {
+				requireAccelerated(t, log.String(), "connecting")
+			}
+			time.Sleep(300 * time.Millisecond)
+			c.Write([]byte("x"))
+			l := next("result")
+			c.Close()
+			var m, ev string
+			var r, ms int
+			if _, err := fmt.Sscanf(l, "%s %d %s %d", &m, &r, &ev, &ms); err != nil || m != mode {
+				t.Fatalf("%s: closepoll printed %q, want \"%s R EVENTS MS\"", name, l, mode)
+			}
+			got := fmt.Sprintf("%s returned %d, %s, %s", mode, r, ev, when(ms))
+			t.Logf("%s: %s (%d ms)", name, got, ms)
+			if !shim {
+				want = got
+			} else if got != want {
+				t.Errorf("through another thread's close of its fd, under the shim %s; on the kernel %s", got, want)
+			}
+			stdin.Close()
+		}
+	}
+}
+
 // fullListener listens on addr, port 0, in host h with a backlog of 0 and
 // fills its accept queue with one connection of h's own (filler): until
 // that is accepted the kernel drops the SYNs that come to it.

@@ -22,6 +22,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "closing.h"
+
 static int lfd;
 static int result = -1, result_errno;
 
@@ -59,16 +61,8 @@ int main(int argc, char **argv)
 	}
 	printf("listening %d\n", ntohs(a.sin_port));
 	fflush(stdout);
-	pthread_t t;
-	if (pthread_create(&t, NULL, call, NULL) != 0) {
-		fprintf(stderr, "closeaccept: pthread_create failed\n");
+	if (close_during(lfd, call) < 0)
 		return 1;
-	}
-	usleep(200 * 1000);
-	close(lfd);
-	printf("closed\n");
-	fflush(stdout);
-	pthread_join(t, NULL);
 	if (result == 0)
 		printf("accept ok\n");
 	else

@@ -22,6 +22,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "closing.h"
+
 static int fd;
 static struct sockaddr_in peer = {.sin_family = AF_INET};
 static int result = -1, result_errno;
@@ -56,16 +58,8 @@ int main(int argc, char **argv)
 		perror("closeconnect: socket");
 		return 1;
 	}
-	pthread_t t;
-	if (pthread_create(&t, NULL, call, NULL) != 0) {
-		fprintf(stderr, "closeconnect: pthread_create failed\n");
+	if (close_during(fd, call) < 0)
 		return 1;
-	}
-	usleep(200 * 1000);
-	close(fd);
-	printf("closed\n");
-	fflush(stdout);
-	pthread_join(t, NULL);
 	if (result == 0)
 		printf("connect ok\n");
 	else
