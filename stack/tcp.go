@@ -96,6 +96,7 @@ type tcb struct {
 	rcvAdv         seqnum.Value // right edge of the window we last advertised
 	rcvSeen        seqnum.Value // rcvNxt at the last count of receivers (tcp_rcvshare.go)
 	rcvSeenAt      uint32       // the count that saw rcvNxt move last
+	rcvCounted     uint32       // the count of receivers that counted it, plus one (0: none)
 	recover        seqnum.Value // NewReno: sndMax when fast recovery began
 	// A segment received twice, for the D-SACK block of our next segment
 	// (RFC 2883; tfDSack).

@@ -54,6 +54,7 @@ func (s *Stack) countReceiversLocked() {
 			sk.rcvSeen, sk.rcvSeenAt = sk.rcvNxt, hdr.rcvEpoch
 		}
 		if hdr.rcvEpoch-sk.rcvSeenAt < rcvHoldCounts {
+			sk.rcvCounted = hdr.rcvEpoch + 1
 			n++
 		}
 	}
@@ -62,12 +63,25 @@ func (s *Stack) countReceiversLocked() {
 
 // rcvShareLocked is how far sk's window may open beyond rcvNxt, in bytes:
 // its share of the receive depth, or no limit for a NIC without one.
+//
+// A connection that the last count did not count, and that has taken
+// something in since (a new connection, or one idle at the count), is
+// counted now, until the next count counts again: otherwise each such
+// connection would open its window to the share of the receivers the
+// count saw, up to the whole depth, and together they would overrun the
+// fill ring before the next count (TestStackTCPReceiveShare: sixteen
+// connections whose windows opened in the poll that took their first
+// data, the count made before their handshakes; the kernel found the
+// fill ring empty 229 times).
 func (s *Stack) rcvShareLocked(sk *sock) uint32 {
-	f := s.rcvShareFrames()
-	if f == 0 {
+	if s.rxDepth == 0 {
 		return ^uint32(0)
 	}
-	return f * uint32(max(sk.mss, 536))
+	if hdr := s.img.hdr; sk.rcvCounted != hdr.rcvEpoch+1 && sk.rcvSeen != sk.rcvNxt {
+		sk.rcvCounted = hdr.rcvEpoch + 1
+		hdr.rcvActive++
+	}
+	return s.rcvShareFrames() * uint32(max(sk.mss, 536))
 }
 
 // rcvShareFrames is a receiver's share of the receive depth, in frames (0:
