@@ -3,8 +3,8 @@
  * select waits on it (TestShimCloseDuringPoll). The kernel's poll and
  * select hold the socket: the close does not end the wait. Woken by the
  * socket's next event, poll finds the number closed and reports
- * POLLNVAL; select leaves it out of its sets and waits on, here to its
- * time (1.5 s).
+ * POLLNVAL, and select puts it in each set it was in (6.18). The wait's
+ * time is 1.5 s.
  *
  *   closepoll poll|select ADDR PORT
  *
