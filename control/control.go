@@ -211,6 +211,11 @@ type FilterRequest struct {
 	Kind  string `json:"kind"`  // Listen
 	Proto string `json:"proto"` // "tcp" or "udp"
 	Local string `json:"local"` // address:port
+	// Shared: other processes hold the proof's socket too and may
+	// accept on it (a pre-fork server's workers, which inherited it).
+	// In a cluster such a port is shared as an SO_REUSEPORT port is, by
+	// the members that hold the same socket.
+	Shared bool `json:"shared,omitempty"`
 }
 
 // LocalAddrPort parses Local.

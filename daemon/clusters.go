@@ -15,13 +15,15 @@ import (
 // Clusters (Onload's EF_CLUSTER_NAME): the processes that ask for a named
 // stack as a cluster (control.StackRequest.Cluster) each get a stack of
 // their own, on a queue of their own while the interface has queues free,
-// and share its SO_REUSEPORT ports: each member's listener takes the
-// connections that arrive on its queue (bpf.Steering.AddClusterListener),
-// where one shared stack would have its processes contend for one lock
-// and one transmit ring. Once every queue has a stack, a process adopts
-// an orphan of the name or joins the member with the fewest processes. A
-// port bound without SO_REUSEPORT is steered to one stack, as outside a
-// cluster.
+// and share its SO_REUSEPORT ports, and the listening sockets their
+// processes inherited (a pre-fork server's, without SO_REUSEPORT): each
+// member's listener takes the connections that arrive on its queue
+// (bpf.Steering.AddClusterListener), where one shared stack would have
+// its processes contend for one lock and one transmit ring. Once every
+// queue has a stack, a process adopts an orphan of the name or joins the
+// member with the fewest processes. A port bound without SO_REUSEPORT
+// by the process that listens on it is steered to one stack, as outside
+// a cluster.
 //
 // Each port of a cluster has an id of its own in the steering program,
 // whose member slots name the stacks that listen on it: a queue whose
@@ -103,13 +105,31 @@ func (d *Daemon) leaveClusterLocked(s *dstack) {
 }
 
 // clustered says whether s's filter for key, proved by socket proof,
-// is a cluster's: s is a member and the socket has SO_REUSEPORT.
-func clustered(s *dstack, key bpf.Listener, proof int) bool {
+// is a cluster's: s is a member, and the socket has SO_REUSEPORT or is
+// shared (control.FilterRequest.Shared: a listening socket the members'
+// processes inherited, which the kernel would have them all accept on).
+func clustered(s *dstack, key bpf.Listener, proof int, shared bool) bool {
 	if s.cluster == nil || key.Proto != bpf.TCP {
 		return false
 	}
-	v, err := unix.GetsockoptInt(proof, unix.SOL_SOCKET, unix.SO_REUSEPORT)
+	return shared || reusePort(proof)
+}
+
+func reusePort(fd int) bool {
+	v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT)
 	return err == nil && v != 0
+}
+
+// joins says whether a member's socket proof may share cluster port f:
+// both sockets have SO_REUSEPORT (the kernel let them bind the one
+// port: one user's group), or they are one socket, which both processes
+// hold.
+func joins(f *filter, proof int) bool {
+	if reusePort(f.proof) && reusePort(proof) {
+		return true
+	}
+	var a, b unix.Stat_t
+	return unix.Fstat(f.proof, &a) == nil && unix.Fstat(proof, &b) == nil && a.Dev == b.Dev && a.Ino == b.Ino
 }
 
 // freeClusterIDLocked is a steering id no cluster's port has.

@@ -38,13 +38,13 @@ func (d *Daemon) addFilterLocked(c *client, s *dstack, req *control.FilterReques
 	if err := checkProof(c, key, proof); err != nil {
 		return err
 	}
-	inCluster := clustered(s, key, proof)
+	inCluster := clustered(s, key, proof, req.Shared)
 	// No two stacks steer one port, but the members of a cluster its
-	// SO_REUSEPORT port: an entry for any address of the port would take
-	// some of the other's frames.
+	// SO_REUSEPORT port, or the socket they share: an entry for any
+	// address of the port would take some of the other's frames.
 	for k, f := range s.ifc.filters {
 		if k.Proto == key.Proto && k.Port == key.Port && (k.Addr == key.Addr || k.Addr.IsUnspecified() || key.Addr.IsUnspecified()) {
-			if inCluster && k == key && f.cluster == s.cluster && s.filters[key] == nil {
+			if inCluster && k == key && f.cluster == s.cluster && s.filters[key] == nil && joins(f, proof) {
 				continue
 			}
 			if f.owner == c && k == key {
@@ -54,7 +54,7 @@ func (d *Daemon) addFilterLocked(c *client, s *dstack, req *control.FilterReques
 				return refuse(codeInUse, "%s port %d on %s belongs to the connections %s left, which onloadd finishes: a port is steered to one stack; the port is free once they end", key.Proto, key.Port, s.ifc.name, f.owner)
 			}
 			if s.cluster != nil && f.stack.cluster == s.cluster {
-				return refuse(codeInUse, "%s port %d on %s belongs to %s, another member of cluster %q: a cluster's members share only ports bound with SO_REUSEPORT, each taking the connections of its queue (nginx: listen ... reuseport)",
+				return refuse(codeInUse, "%s port %d on %s belongs to %s, another member of cluster %q: a cluster's members share only ports bound with SO_REUSEPORT (nginx: listen ... reuseport) and listening sockets their processes inherited, each taking the connections of its queue",
 					key.Proto, key.Port, s.ifc.name, f.owner, s.cluster.name)
 			}
 			return refuse(codeInUse, "%s port %d on %s belongs to %s: a port is steered to one stack", key.Proto, key.Port, s.ifc.name, f.owner)

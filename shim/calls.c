@@ -99,7 +99,7 @@ void accel_listener(int fd, struct fdent *e)
 		uint32_t ip;
 		uint16_t port;
 		if (real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && v4_of(fd, e, (struct sockaddr *)&sa, l, 1, &ip, &port))
-			h = CORE(core.listen(fd, ip));
+			h = CORE(core.listen(fd, ip, e->lpid != getpid()));
 		else if (v6)
 			debugf("fd %d: an IPv6 listener on an IPv6 address, or IPV6_V6ONLY: the kernel's", fd);
 		if (h > 0) {
@@ -127,8 +127,10 @@ EXPORT int listen(int fd, int backlog)
 		return -1;
 	}
 	int r = real_listen(fd, backlog);
-	if (r == 0 && e && e->kind == K_TCP)
+	if (r == 0 && e && e->kind == K_TCP) {
 		e->listening = 1;
+		e->lpid = getpid();
+	}
 	return r;
 }
 

@@ -142,7 +142,7 @@ LIBC(REAL_DECL)
 /* The Go core's functions (onl_NAME in libonload-core.so), found at its
  * load (load_core). */
 struct core_fns {
-	int (*listen)(int, uint32_t);
+	int (*listen)(int, uint32_t, int);
 	int (*connect)(int, uint32_t, uint16_t);
 	int (*accept)(int, int);
 	long (*recv)(int, void *, size_t, int);
@@ -218,6 +218,11 @@ struct fdent {
 	uint8_t kind;
 	uint8_t nonblock;   /* O_NONBLOCK as the program set it (K_OURS) */
 	uint8_t listening;  /* listens (also in the kernel) */
+	/* K_TCP, listening: the process that called listen() on it, or 0
+	 * (it came across exec). Another process's listener is shared by
+	 * inheritance (a pre-fork server's workers): accel_listener says so
+	 * to the core, which a cluster's stacks share it by. */
+	pid_t lpid;
 	uint8_t tried;	    /* the core declined it */
 	union {
 		int h;		    /* the core's handle (K_OURS) */

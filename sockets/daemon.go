@@ -114,7 +114,7 @@ func openDaemon(cfg Config) (*Stack, error) {
 		return fail(err)
 	}
 	undo = append(undo, irq.Close)
-	filters := &daemonFilters{c: cl, stack: sr.ID, path: path, proofs: map[proofKey]int{}, steered: map[proofKey]bool{}, conns: map[uint16]bool{}}
+	filters := &daemonFilters{c: cl, stack: sr.ID, path: path, proofs: map[proofKey]proof{}, steered: map[proofKey]bool{}, conns: map[uint16]bool{}}
 	undo = append(undo, filters.close)
 	s, err := attachStack(img, nic, irq, cfg, addr, stack.Options{Filters: filters, Resolver: kn})
 	if err != nil {
@@ -161,7 +161,7 @@ type daemonFilters struct {
 	path  string // onloadd's control socket
 
 	mu      sync.Mutex
-	proofs  map[proofKey]int    // set around the engine's Bind (withProof)
+	proofs  map[proofKey]proof  // set around the engine's Bind (withProof)
 	steered map[proofKey]bool   // steered before the engine's Bind (steerFirst)
 	conns   map[uint16]bool     // TCP ports steered so (a connection's, until released): they end in the background
 	ends    chan netip.AddrPort // filters to end, in the background
@@ -173,11 +173,18 @@ type proofKey struct {
 	port uint16
 }
 
+// proof is a port's kernel socket, and whether other processes hold it
+// too (control.FilterRequest.Shared).
+type proof struct {
+	fd     int
+	shared bool
+}
+
 // withProof runs bind with fd as the proof for port.
-func (f *daemonFilters) withProof(p stack.Proto, port uint16, fd int, bind func() error) error {
+func (f *daemonFilters) withProof(p stack.Proto, port uint16, fd int, shared bool, bind func() error) error {
 	k := proofKey{p, port}
 	f.mu.Lock()
-	f.proofs[k] = fd
+	f.proofs[k] = proof{fd, shared}
 	f.mu.Unlock()
 	defer func() {
 		f.mu.Lock()
@@ -187,9 +194,9 @@ func (f *daemonFilters) withProof(p stack.Proto, port uint16, fd int, bind func(
 	return bind()
 }
 
-func (f *daemonFilters) request(op control.Op, p stack.Proto, local netip.AddrPort, fds ...int) error {
+func (f *daemonFilters) request(op control.Op, p stack.Proto, local netip.AddrPort, shared bool, fds ...int) error {
 	_, rfds, err := f.c.Call(control.Request{Op: op, Filter: &control.FilterRequest{
-		Stack: f.stack, Kind: control.Listen, Proto: p.String(), Local: local.String(),
+		Stack: f.stack, Kind: control.Listen, Proto: p.String(), Local: local.String(), Shared: shared,
 	}}, fds...)
 	control.CloseFDs(rfds)
 	return err
@@ -198,7 +205,7 @@ func (f *daemonFilters) request(op control.Op, p stack.Proto, local netip.AddrPo
 func (f *daemonFilters) AddListener(p stack.Proto, local netip.AddrPort) error {
 	k := proofKey{p, local.Port()}
 	f.mu.Lock()
-	fd, ok := f.proofs[k]
+	pf, ok := f.proofs[k]
 	if f.steered[k] {
 		delete(f.steered, k)
 		f.mu.Unlock()
@@ -213,7 +220,7 @@ func (f *daemonFilters) AddListener(p stack.Proto, local netip.AddrPort) error {
 	if !ok {
 		return fmt.Errorf("no kernel socket holds %s port %d for this process", p, local.Port())
 	}
-	return f.request(control.OpFilter, p, local, fd)
+	return f.request(control.OpFilter, p, local, pf.shared, pf.fd)
 }
 
 // steerFirst steers TCP port local to the stack before the engine's
@@ -222,7 +229,7 @@ func (f *daemonFilters) AddListener(p stack.Proto, local netip.AddrPort) error {
 // socket's, so the engine's own request would only repeat this one.
 func (f *daemonFilters) steerFirst(local netip.AddrPort, fd int, bind func() error) error {
 	k := proofKey{stack.TCP, local.Port()}
-	if err := f.request(control.OpFilter, stack.TCP, local, fd); err != nil {
+	if err := f.request(control.OpFilter, stack.TCP, local, false, fd); err != nil {
 		return err
 	}
 	f.mu.Lock()
@@ -250,7 +257,7 @@ func (f *daemonFilters) RemoveListener(p stack.Proto, local netip.AddrPort) erro
 	f.mu.Lock()
 	if p != stack.TCP || !f.conns[local.Port()] {
 		f.mu.Unlock()
-		return f.request(control.OpUnfilter, p, local)
+		return f.request(control.OpUnfilter, p, local, false)
 	}
 	delete(f.conns, local.Port())
 	if f.closed {
@@ -267,14 +274,14 @@ func (f *daemonFilters) RemoveListener(p stack.Proto, local netip.AddrPort) erro
 		return nil
 	default: // a backlog of thousands: wait for this one
 		f.mu.Unlock()
-		return f.request(control.OpUnfilter, p, local)
+		return f.request(control.OpUnfilter, p, local, false)
 	}
 }
 
 // endFilters ends the TCP filters sent on ends, until it is closed.
 func (f *daemonFilters) endFilters(ends <-chan netip.AddrPort) {
 	for local := range ends {
-		f.request(control.OpUnfilter, stack.TCP, local)
+		f.request(control.OpUnfilter, stack.TCP, local, false)
 	}
 }
 

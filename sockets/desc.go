@@ -174,8 +174,11 @@ func (s *Stack) newDesc(id stack.SockID) (*Desc, error) {
 // interface, and it holds the port): ip is the address it is bound to,
 // the wildcard or the stack's (ServesLocal). Where processes share the
 // stack, a listener another of them made on the same port is shared
-// (stack.ShareListener).
-func (s *Stack) ListenDesc(kfd int, ip netip.Addr) (*Desc, error) {
+// (stack.ShareListener). shared: other processes hold kfd's socket too
+// and may accept on it (a pre-fork server's workers inherited it): in a
+// cluster each member's stack takes its queue's connections of the port,
+// as for an SO_REUSEPORT port.
+func (s *Stack) ListenDesc(kfd int, ip netip.Addr, shared bool) (*Desc, error) {
 	port, err := s.kernelPort(kfd)
 	if err != nil {
 		return nil, err
@@ -190,7 +193,7 @@ func (s *Stack) ListenDesc(kfd int, ip netip.Addr) (*Desc, error) {
 	if id, ok := s.shareListener(local); ok {
 		return s.newDesc(id)
 	}
-	id, err := s.openAtFD(stack.TCP, local, true, kfd)
+	id, err := s.openAtFD(stack.TCP, local, true, kfd, shared)
 	if errors.Is(err, syscall.EADDRINUSE) && s.stopShared != nil {
 		// It may be making the listener at this moment: nginx's workers
 		// accelerate the socket they inherited at once, and one of them
@@ -206,7 +209,7 @@ func (s *Stack) ListenDesc(kfd int, ip netip.Addr) (*Desc, error) {
 				return s.newDesc(id)
 			}
 			if i%10 == 0 {
-				if id, err = s.openAtFD(stack.TCP, local, true, kfd); !errors.Is(err, syscall.EADDRINUSE) {
+				if id, err = s.openAtFD(stack.TCP, local, true, kfd, shared); !errors.Is(err, syscall.EADDRINUSE) {
 					break
 				}
 			}

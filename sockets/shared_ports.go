@@ -147,7 +147,7 @@ func (s *Stack) holdPort() (uint16, error) {
 		return 0, err
 	}
 	ap := netip.AddrPortFrom(s.addr.Addr(), port)
-	err = s.proofs.withProof(stack.TCP, port, r.fd1-1, func() error {
+	err = s.proofs.withProof(stack.TCP, port, r.fd1-1, false, func() error {
 		return s.proofs.steerFirst(ap, r.fd1-1, func() error { return s.st.Bind(id, ap) })
 	})
 	if err == nil {

@@ -163,11 +163,12 @@ func (c *sock) addrs() (la, ra netip.AddrPort, err error) {
 // as net sets on listeners). kern, if not nil, is the kernel socket that
 // holds the port: the proof onloadd asks for.
 func (s *Stack) openAt(p stack.Proto, ap netip.AddrPort, listen bool, kern syscall.Conn) (stack.SockID, error) {
-	return s.openAtFD(p, ap, listen, connFD(kern))
+	return s.openAtFD(p, ap, listen, connFD(kern), false)
 }
 
-// openAtFD is openAt with the kernel socket's descriptor (-1: none).
-func (s *Stack) openAtFD(p stack.Proto, ap netip.AddrPort, listen bool, proof int) (stack.SockID, error) {
+// openAtFD is openAt with the kernel socket's descriptor (-1: none);
+// shared: other processes hold it too (ListenDesc).
+func (s *Stack) openAtFD(p stack.Proto, ap netip.AddrPort, listen bool, proof int, shared bool) (stack.SockID, error) {
 	if !s.enter() {
 		return stack.NullSock, net.ErrClosed
 	}
@@ -184,7 +185,7 @@ func (s *Stack) openAtFD(p stack.Proto, ap netip.AddrPort, listen bool, proof in
 		// the port steered here and no listener (stack.BindListen).
 		// The listen of a TCP socket just opened and bound cannot fail:
 		// an error is the bind's, named as net names it.
-		if err = s.withProof(p, ap, proof, func() error { return s.st.BindListen(id, ap, 4096) }); err != nil {
+		if err = s.withProof(p, ap, proof, shared, func() error { return s.st.BindListen(id, ap, 4096) }); err != nil {
 			err = sysErr("bind", err)
 		}
 	} else if err = s.bind(p, id, ap, proof, false); err != nil {
@@ -241,19 +242,19 @@ func (s *Stack) bind(p stack.Proto, id stack.SockID, ap netip.AddrPort, proof in
 	}
 	if s.proofs != nil && connecting && p == stack.TCP && ap.Port() != 0 {
 		// Steered before the engine's lock (daemonFilters).
-		return s.proofs.withProof(p, ap.Port(), proof, func() error { return s.proofs.steerFirst(ap, proof, bind) })
+		return s.proofs.withProof(p, ap.Port(), proof, false, func() error { return s.proofs.steerFirst(ap, proof, bind) })
 	}
-	return s.withProof(p, ap, proof, bind)
+	return s.withProof(p, ap, proof, false, bind)
 }
 
 // withProof runs bind, a call that binds an engine socket to ap, with
 // proof as the port's proof for onloadd's filter (on a stack of
-// onloadd's).
-func (s *Stack) withProof(p stack.Proto, ap netip.AddrPort, proof int, bind func() error) error {
+// onloadd's); shared: other processes hold proof's socket too.
+func (s *Stack) withProof(p stack.Proto, ap netip.AddrPort, proof int, shared bool, bind func() error) error {
 	if s.proofs == nil {
 		return bind()
 	}
-	return s.proofs.withProof(p, ap.Port(), proof, bind)
+	return s.proofs.withProof(p, ap.Port(), proof, shared, bind)
 }
 
 // connFD is c's descriptor (valid while c is open), or -1.

@@ -1347,10 +1347,11 @@ func TestShimIperf3(t *testing.T) {
 // TestShimNginx runs nginx (a master and two workers) under the shim, on
 // a stack from onloadd that its workers share (onloadd run -n): with one
 // listening socket the workers inherit, and with one socket per worker
-// (reuseport); and as a cluster (onloadd run -n -cluster, reuseport), a
-// stack for each worker on a queue of its own of a two-queue veth, the
-// client's connections spread over the queues (QueueSteer.Spread, as a
-// NIC's RSS would). Static files come byte-exact to curl (sendfile on),
+// (reuseport); and as a cluster (onloadd run -n -cluster), a stack for
+// each worker on a queue of its own of a two-queue veth, the client's
+// connections spread over the queues (QueueSteer.Spread, as a NIC's RSS
+// would), with reuseport and without it (the listening socket the
+// workers inherit: "cluster-inherited"). Static files come byte-exact to curl (sendfile on),
 // proxied requests (a new upstream connection each, from a few shared
 // local ports off the cluster) byte-exact too, wrk's
 // connections get only good replies, both workers accelerate and serve,
@@ -1362,13 +1363,13 @@ func TestShimNginx(t *testing.T) {
 	RequireTool(t, "nginx")
 	RequireTool(t, "curl")
 	RequireTool(t, "wrk")
-	for _, mode := range []string{"shared", "reuseport", "cluster"} {
+	for _, mode := range []string{"shared", "reuseport", "cluster", "cluster-inherited"} {
 		t.Run(mode, func(t *testing.T) { testShimNginx(t, onloadd, mode) })
 	}
 }
 
 func testShimNginx(t *testing.T, onloadd string, mode string) {
-	cluster := mode == "cluster"
+	cluster := strings.HasPrefix(mode, "cluster")
 	var a, b *Host
 	runArgs := []string{"run", "-n", "web"}
 	if cluster {
@@ -1404,7 +1405,7 @@ func testShimNginx(t *testing.T, onloadd string, mode string) {
 		t.Fatal(err)
 	}
 	opt := ""
-	if mode != "shared" {
+	if mode == "reuseport" || mode == "cluster" {
 		opt = " reuseport"
 	}
 	// A backend in host b, for nginx as a reverse proxy (location /up/).

@@ -26,7 +26,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	profile := fs.String("p", "", "profile: latency, balanced or throughput (ONLOAD_PROFILE)")
 	name := fs.String("n", "", "the stack's name, shared by every process of CMD: a pre-fork server's workers (ONLOAD_STACK_NAME; only onloadd shares stacks, so ONLOAD_DAEMON=require unless set)")
-	cluster := fs.Bool("cluster", false, "with -n: the name is a cluster's, a stack for each process of CMD on a queue of its own, its SO_REUSEPORT ports shared (ONLOAD_CLUSTER=1; for nginx's listen ... reuseport)")
+	cluster := fs.Bool("cluster", false, "with -n: the name is a cluster's, a stack for each process of CMD on a queue of its own, its SO_REUSEPORT ports and inherited listening sockets shared (ONLOAD_CLUSTER=1; for pre-fork servers: nginx)")
 	lib := fs.String("lib", "", "the directory of "+shimLib+" and "+coreLib+" (default: onloadd's own)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: onloadd run [-p latency|balanced|throughput] [-n NAME [-cluster]] [-lib DIR] [--] CMD ARGS...\n\n"+

@@ -121,10 +121,11 @@ func toPort(p uint16) C.uint16_t { return C.uint16_t(p>>8 | p<<8) }
 // onl_listen accelerates kfd, a kernel TCP socket listening on ip (the
 // wildcard or an address; network byte order): a handle, 0 if the stack
 // does not serve ip or there is no stack (the kernel keeps the
-// socket), or a negated errno.
+// socket), or a negated errno. shared: another process made it listen
+// (this one inherited it), so other processes may accept on it too.
 //
 //export onl_listen
-func onl_listen(kfd C.int, ip C.uint32_t) C.int {
+func onl_listen(kfd C.int, ip C.uint32_t, shared C.int) C.int {
 	s, err := theStack()
 	if err != nil {
 		sockets.LogFallback("listen", ip4(ip).String(), err.Error())
@@ -134,7 +135,7 @@ func onl_listen(kfd C.int, ip C.uint32_t) C.int {
 		sockets.LogFallback("listen", ip4(ip).String(), "not the stack's address")
 		return 0
 	}
-	d, err := s.ListenDesc(int(kfd), ip4(ip))
+	d, err := s.ListenDesc(int(kfd), ip4(ip), shared != 0)
 	if err != nil {
 		sockets.LogFallback("listen", ip4(ip).String(), err.Error())
 		return 0

@@ -39,12 +39,13 @@ import (
 //     nginx (a master and 2 workers sharing one listening socket, its
 //     workers on one stack from onloadd) under the shim, against nginx
 //     on the kernel, loaded by wrk (2 threads, 50 connections, a 1 KiB
-//     file); and nginx with reuseport (a listening socket each) on a
-//     second pair of hosts whose veth has two queues, wrk's connections
-//     spread over them by source port (test.QueueSteer.Spread, as a
-//     NIC's RSS hash spreads them), under the shim as a cluster (a stack
-//     for each worker, on a queue each: onloadd run -cluster) and on
-//     the kernel.
+//     file); and on a second pair of hosts whose veth has two queues,
+//     wrk's connections spread over them by source port
+//     (test.QueueSteer.Spread, as a NIC's RSS hash spreads them), nginx
+//     under the shim as a cluster (a stack for each worker, on a queue
+//     each: onloadd run -cluster) and on the kernel, with the listening
+//     socket its workers inherit ("nginx-cluster") and with reuseport (a
+//     listening socket each).
 //   - memcached with one worker (-t 1) and with two (-t 2), under the
 //     shim and on the kernel, loaded by mcping (mcping/mcping.c: 8
 //     connections, each one get at a time, a client that costs little a
@@ -125,7 +126,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 		return nil, err
 	}
 	ib := b.Iface0()
-	// nginx with reuseport runs on hosts whose veth has two queues.
+	// nginx's clusters run on hosts whose veth has two queues.
 	n2, c, d, err := test.NewPair(test.LinkOptions{Queues: 2})
 	if err != nil {
 		return nil, err
@@ -166,7 +167,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			if side == "kernel-busy" {
 				continue
 			}
-			for _, tool := range []string{"iperf3", "gobulk", "memcslap", "memcaslap", "memcaslap-t2", "nginx", "nginx-reuseport"} {
+			for _, tool := range []string{"iperf3", "gobulk", "memcslap", "memcaslap", "memcaslap-t2", "nginx", "nginx-cluster", "nginx-reuseport"} {
 				var v float64
 				var err error
 				done := machine.start(tool + "-" + side)
@@ -175,7 +176,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 					v, err = iperfRound(ctx, a, b, run)
 				case "gobulk":
 					v, err = goBulkRound(ctx, self, a, b, side == "shim")
-				case "nginx-reuseport":
+				case "nginx-cluster", "nginx-reuseport":
 					v, err = serverRound(ctx, c, d, tool, server{side: side, onloadd: run})
 				default:
 					v, err = serverRound(ctx, a, b, tool, server{side: side, onloadd: run})
@@ -263,7 +264,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 		rep.CPU[fmt.Sprintf("redis_p%d_shim_others_vs_main", pipe)] = round3(median(others[fmt.Sprintf("redis-shim-p%d", pipe)]))
 		rep.Ratios[fmt.Sprintf("redis_p%d_cpu_per_get_shim_vs_kernel", pipe)] = round3(medianRatio(cpuUs[fmt.Sprintf("redis-shim-p%d", pipe)], cpuUs[fmt.Sprintf("redis-kernel-p%d", pipe)]))
 	}
-	for _, tool := range []string{"iperf3", "gobulk", "memcslap", "memcaslap", "memcaslap-t2", "nginx", "nginx-reuseport"} {
+	for _, tool := range []string{"iperf3", "gobulk", "memcslap", "memcaslap", "memcaslap-t2", "nginx", "nginx-cluster", "nginx-reuseport"} {
 		key := strings.ReplaceAll(tool, "-", "_")
 		for _, side := range []string{"shim", "kernel"} {
 			id := tool + "-" + side
@@ -280,13 +281,15 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				"memcaslap-t2-kernel":    "memcached -t 2 -m 1024 on the kernel, memcaslap -T 2 -c 16 (9 gets to a set, a tenth verified), 4 s, operations/s",
 				"nginx-shim":             "nginx (2 workers, one stack from onloadd) under the shim, wrk -t 2 -c 50, 1 KiB file, requests/s",
 				"nginx-kernel":           "nginx (2 workers) on the kernel, wrk -t 2 -c 50, 1 KiB file, requests/s",
+				"nginx-cluster-shim":     "nginx (2 workers, the listening socket they inherit, a cluster: a stack each from onloadd, on a queue each) under the shim, a two-queue veth, wrk -t 2 -c 50, 1 KiB file, requests/s",
+				"nginx-cluster-kernel":   "nginx (2 workers, the listening socket they inherit) on the kernel, the same two-queue veth, wrk -t 2 -c 50, 1 KiB file, requests/s",
 				"nginx-reuseport-shim":   "nginx (2 workers, listen reuseport, a cluster: a stack each from onloadd, on a queue each) under the shim, a two-queue veth, wrk -t 2 -c 50, 1 KiB file, requests/s",
 				"nginx-reuseport-kernel": "nginx (2 workers, listen reuseport) on the kernel, the same two-queue veth, wrk -t 2 -c 50, 1 KiB file, requests/s",
 			}[id]
 			rep.Redis = append(rep.Redis, ThroughputResult{ID: id, Name: name, PerSec: median(redis[id]), RoundsPerSec: redis[id]})
 		}
 		rep.Ratios[key+"_shim_vs_kernel"] = round3(medianRatio(redis[tool+"-shim"], redis[tool+"-kernel"]))
-		if tool == "nginx-reuseport" {
+		if tool == "nginx-cluster" || tool == "nginx-reuseport" {
 			// The floor does not see the listening socket (nginx's), and it
 			// runs on the one-queue hosts.
 			floorRatios(rep, key, redis[tool+"-shim"], redis[tool+"-kernel"], redis["nginx-floor"])
@@ -340,7 +343,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 	}
 	rep.Ratios["read_shim_minus_kernel_ns"] = round3(rep.ReadNs["shim"] - rep.ReadNs["kernel"])
 	rep.Targets = map[string]float64{"sockperf_shim_vs_kernel_p50": 0.6, "redis_p1_shim_vs_kernel": 1.3, "redis_p16_shim_vs_kernel": 1.3,
-		"nginx_shim_vs_kernel": 1.3, "nginx_reuseport_shim_vs_kernel": 1.3, "iperf3_vs_gobulk": 1, "memcaslap_shim_vs_kernel": 1}
+		"nginx_shim_vs_kernel": 1.3, "nginx_cluster_shim_vs_kernel": 1.3, "nginx_reuseport_shim_vs_kernel": 1.3, "iperf3_vs_gobulk": 1, "memcaslap_shim_vs_kernel": 1}
 	return rep, nil
 }
 
@@ -390,10 +393,8 @@ func serverRound(ctx context.Context, a, b *test.Host, tool string, sv server) (
 		return memcaslapRound(ctx, a, b, sv, 1)
 	case "memcaslap-t2":
 		return memcaslapRound(ctx, a, b, sv, 2)
-	case "nginx":
-		return nginxRound(ctx, a, b, sv, false)
-	case "nginx-reuseport":
-		return nginxRound(ctx, a, b, sv, true)
+	case "nginx", "nginx-cluster", "nginx-reuseport":
+		return nginxRound(ctx, a, b, sv, strings.TrimPrefix(strings.TrimPrefix(tool, "nginx"), "-"))
 	case "redis-p1":
 		return redisRound(ctx, a, b, sv, 1, nil)
 	case "redis-p16":
@@ -650,16 +651,16 @@ http {
 `
 
 // nginxRound serves wrk (2 threads, 50 connections, 3 s) in host a from
-// nginx in host b (startNginx), or the floor in its place. Requests per
-// second.
-func nginxRound(ctx context.Context, a, b *test.Host, sv server, reuseport bool) (float64, error) {
+// nginx in host b (startNginx, as mode says), or the floor in its place.
+// Requests per second.
+func nginxRound(ctx context.Context, a, b *test.Host, sv server, mode string) (float64, error) {
 	dir, err := os.MkdirTemp("", "onload-bench-nginx-")
 	if err != nil {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
 	url := "http://" + b.Iface0().Addr().String() + ":8090/index.html"
-	stop, err := sv.start(ctx, b, 8090, "http", func() (func(), error) { return startNginx(ctx, a, b, sv.onloadd, dir, url, reuseport) })
+	stop, err := sv.start(ctx, b, 8090, "http", func() (func(), error) { return startNginx(ctx, a, b, sv.onloadd, dir, url, mode) })
 	if err != nil {
 		return 0, fmt.Errorf("nginx: %w", err)
 	}
@@ -676,11 +677,13 @@ func nginxRound(ctx context.Context, a, b *test.Host, sv server, reuseport bool)
 }
 
 // startNginx starts nginx in host b from dir, a master and two workers:
-// under the shim when onloadd is set, its workers sharing one stack from
-// onloadd (run in host b for the round), as the shim runs a pre-fork
-// server. With reuseport each worker listens on a socket of its own, and
-// under the shim has a stack of its own (a cluster).
-func startNginx(ctx context.Context, a, b *test.Host, onloadd, dir, url string, reuseport bool) (func(), error) {
+// under the shim when onloadd is set, with onloadd run in host b for the
+// round. By mode: "" its workers share the listening socket they inherit
+// and one stack from onloadd; "cluster" they share the socket, each on a
+// stack of its own (onloadd run -cluster); "reuseport" each worker
+// listens on a socket of its own, on a stack of its own (a cluster).
+func startNginx(ctx context.Context, a, b *test.Host, onloadd, dir, url, mode string) (func(), error) {
+	reuseport := mode == "reuseport"
 	if err := os.WriteFile(filepath.Join(dir, "index.html"), []byte(strings.Repeat("0123456789abcdef", 64)), 0o644); err != nil {
 		return nil, err
 	}
@@ -704,7 +707,7 @@ func startNginx(ctx context.Context, a, b *test.Host, onloadd, dir, url string, 
 		}
 		run := []string{"env", "ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock,
 			"ONLOAD_INTERFACE=" + b.Iface0().Name, onloadd, "run", "-n", "nginx"}
-		if reuseport {
+		if mode != "" {
 			run = append(run, "-cluster")
 		}
 		argv = append(append(run, "--"), argv...)
@@ -756,16 +759,16 @@ func printShim(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "median of per-round ratios: sockperf shim / kernel p50 %.3f (target <= 0.6), p99 %.3f; shim / kernel busy-polling p50 %.3f; shim / floor p50 %.3f; redis shim / kernel %.3f, pipelined %.3f (target >= 1.3)\n",
 		s.Ratios["sockperf_shim_vs_kernel_p50"], s.Ratios["sockperf_shim_vs_kernel_p99"], s.Ratios["sockperf_shim_vs_kernel_busy_p50"],
 		s.Ratios["sockperf_shim_vs_floor_p50"], s.Ratios["redis_p1_shim_vs_kernel"], s.Ratios["redis_p16_shim_vs_kernel"])
-	fmt.Fprintf(w, "iperf3 client shim / kernel %.3f, the Go library's bulk sockets / net %.3f, the one over the other %.3f (target >= 1); memcached shim / kernel %.3f; nginx shim / kernel %.3f, with reuseport %.3f (target >= 1.3)\n",
-		s.Ratios["iperf3_shim_vs_kernel"], s.Ratios["gobulk_shim_vs_kernel"], s.Ratios["iperf3_vs_gobulk"], s.Ratios["memcslap_shim_vs_kernel"], s.Ratios["nginx_shim_vs_kernel"], s.Ratios["nginx_reuseport_shim_vs_kernel"])
+	fmt.Fprintf(w, "iperf3 client shim / kernel %.3f, the Go library's bulk sockets / net %.3f, the one over the other %.3f (target >= 1); memcached shim / kernel %.3f; nginx shim / kernel %.3f, as a cluster %.3f, with reuseport %.3f (target >= 1.3)\n",
+		s.Ratios["iperf3_shim_vs_kernel"], s.Ratios["gobulk_shim_vs_kernel"], s.Ratios["iperf3_vs_gobulk"], s.Ratios["memcslap_shim_vs_kernel"], s.Ratios["nginx_shim_vs_kernel"], s.Ratios["nginx_cluster_shim_vs_kernel"], s.Ratios["nginx_reuseport_shim_vs_kernel"])
 	fmt.Fprintf(w, "memcached under memcaslap, shim / kernel: one client thread %.3f (target > 1), two %.3f\n",
 		s.Ratios["memcaslap_shim_vs_kernel"], s.Ratios["memcaslap_t2_shim_vs_kernel"])
 	fmt.Fprintf(w, "memcached under mcping, shim / kernel: one worker (-t 1) %.3f (p99 %.3f), two (-t 2) %.3f (p99 %.3f)\n",
 		s.Ratios["memcached_t1_mcping_shim_vs_kernel"], s.Ratios["memcached_t1_mcping_shim_vs_kernel_p99"],
 		s.Ratios["memcached_t2_mcping_shim_vs_kernel"], s.Ratios["memcached_t2_mcping_shim_vs_kernel_p99"])
-	fmt.Fprintf(w, "the server floor / kernel: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f (reuseport %.3f); shim / the server floor: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f (reuseport %.3f)\n",
-		s.Ratios["redis_p1_floor_vs_kernel"], s.Ratios["redis_p16_floor_vs_kernel"], s.Ratios["memcslap_floor_vs_kernel"], s.Ratios["nginx_floor_vs_kernel"], s.Ratios["nginx_reuseport_floor_vs_kernel"],
-		s.Ratios["redis_p1_shim_vs_floor"], s.Ratios["redis_p16_shim_vs_floor"], s.Ratios["memcslap_shim_vs_floor"], s.Ratios["nginx_shim_vs_floor"], s.Ratios["nginx_reuseport_shim_vs_floor"])
+	fmt.Fprintf(w, "the server floor / kernel: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f (cluster %.3f, reuseport %.3f); shim / the server floor: redis %.3f, pipelined %.3f, memcached %.3f, nginx %.3f (cluster %.3f, reuseport %.3f)\n",
+		s.Ratios["redis_p1_floor_vs_kernel"], s.Ratios["redis_p16_floor_vs_kernel"], s.Ratios["memcslap_floor_vs_kernel"], s.Ratios["nginx_floor_vs_kernel"], s.Ratios["nginx_cluster_floor_vs_kernel"], s.Ratios["nginx_reuseport_floor_vs_kernel"],
+		s.Ratios["redis_p1_shim_vs_floor"], s.Ratios["redis_p16_shim_vs_floor"], s.Ratios["memcslap_shim_vs_floor"], s.Ratios["nginx_shim_vs_floor"], s.Ratios["nginx_cluster_shim_vs_floor"], s.Ratios["nginx_reuseport_shim_vs_floor"])
 	fmt.Fprintf(w, "redis-server's CPU a GET, µs (medians): shim %.2f, kernel %.2f (shim / kernel %.3f); pipelined %.2f, %.2f (%.3f); the Go runtime's threads over redis' own under the shim %.3f, pipelined %.3f\n",
 		s.CPU["redis_p1_shim_us_per_get"], s.CPU["redis_p1_kernel_us_per_get"], s.Ratios["redis_p1_cpu_per_get_shim_vs_kernel"],
 		s.CPU["redis_p16_shim_us_per_get"], s.CPU["redis_p16_kernel_us_per_get"], s.Ratios["redis_p16_cpu_per_get_shim_vs_kernel"],
