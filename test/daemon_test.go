@@ -2193,8 +2193,9 @@ func TestDaemonBusyWatch(t *testing.T) {
 // TestDaemonClusterRules asks onloadd (on a two-queue veth) for the
 // stacks of a cluster over the control protocol, as the shim's processes
 // do: the first two get a stack each on a queue each, the third joins
-// one; both members steer a port bound with SO_REUSEPORT, but only one
-// a port bound without it; a shared stack's request may not take the
+// one; both members steer a port bound with SO_REUSEPORT, and a
+// listening socket they inherited (the same socket, not another), but
+// only one a port bound without SO_REUSEPORT by its process; a shared stack's request may not take the
 // cluster's name, nor a cluster go without one; and a member whose
 // process goes gives its queue back to the next process.
 func TestDaemonClusterRules(t *testing.T) {
@@ -2244,13 +2245,18 @@ func TestDaemonClusterRules(t *testing.T) {
 		t.Cleanup(func() { unix.Close(fd) })
 		return fd
 	}
-	// filter steers port to stack id, proved by socket fd.
-	filter := func(cl *control.Client, id uint32, port, fd int) error {
+	// filterAs steers port to stack id, proved by socket fd, shared (the
+	// process inherited it) or not.
+	filterAs := func(cl *control.Client, id uint32, port, fd int, shared bool) error {
 		t.Helper()
 		_, fds, err := cl.Call(control.Request{Op: control.OpFilter, Filter: &control.FilterRequest{
-			Stack: id, Kind: control.Listen, Proto: "tcp", Local: fmt.Sprintf("0.0.0.0:%d", port)}}, fd)
+			Stack: id, Kind: control.Listen, Proto: "tcp", Local: fmt.Sprintf("0.0.0.0:%d", port), Shared: shared}}, fd)
 		control.CloseFDs(fds)
 		return err
+	}
+	filter := func(cl *control.Client, id uint32, port, fd int) error {
+		t.Helper()
+		return filterAs(cl, id, port, fd, false)
 	}
 	refused := func(err error, what, want string) {
 		t.Helper()
@@ -2294,6 +2300,35 @@ func TestDaemonClusterRules(t *testing.T) {
 		t.Fatalf("the first member's port without SO_REUSEPORT: %v", err)
 	}
 	refused(filter(c2, s2.ID, 8086, plain), "the second member's port without SO_REUSEPORT, the same socket", "share only ports bound with SO_REUSEPORT")
+	// A listening socket the members' processes inherited (Shared): the
+	// members share it, but not another socket on the port (two sockets
+	// with SO_REUSEADDR that do not listen may bind one port).
+	reuseAddr := func(port int) int {
+		t.Helper()
+		var fd int
+		err := b.Do(func() (err error) {
+			if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+				return err
+			}
+			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+				return err
+			}
+			return unix.Bind(fd, &unix.SockaddrInet4{Port: port})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		return fd
+	}
+	inherited, other := reuseAddr(8087), reuseAddr(8087)
+	if err := filterAs(c1, s1.ID, 8087, inherited, true); err != nil {
+		t.Fatalf("the first member's inherited socket: %v", err)
+	}
+	refused(filterAs(c2, s2.ID, 8087, other, true), "the second member's port with another socket, said inherited", "share only ports bound with SO_REUSEPORT")
+	if err := filterAs(c2, s2.ID, 8087, inherited, true); err != nil {
+		t.Fatalf("the second member's inherited socket, the same: %v", err)
+	}
 	clustered := 0
 	for _, st := range dumpDaemon(t, sock).Stacks {
 		if !st.Cluster {
