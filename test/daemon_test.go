@@ -2223,17 +2223,17 @@ func TestDaemonClusterRules(t *testing.T) {
 		}
 		return rep.Stack, nil
 	}
-	// proof is a kernel socket of host b bound to port, with SO_REUSEPORT
-	// or not.
-	proof := func(port int, reuseport bool) int {
+	// proof is a kernel socket of host b bound to port, with socket
+	// option opt (SO_REUSEPORT, SO_REUSEADDR) or none (0).
+	proof := func(port, opt int) int {
 		t.Helper()
 		var fd int
 		err := b.Do(func() (err error) {
 			if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
 				return err
 			}
-			if reuseport {
-				if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+			if opt != 0 {
+				if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, opt, 1); err != nil {
 					return err
 				}
 			}
@@ -2287,15 +2287,15 @@ func TestDaemonClusterRules(t *testing.T) {
 	_, err = ask(dial(), "", true)
 	refused(err, "a cluster without a name", "a cluster needs a name")
 
-	if err := filter(c1, s1.ID, 8085, proof(8085, true)); err != nil {
+	if err := filter(c1, s1.ID, 8085, proof(8085, unix.SO_REUSEPORT)); err != nil {
 		t.Fatalf("the first member's SO_REUSEPORT port: %v", err)
 	}
-	if err := filter(c2, s2.ID, 8085, proof(8085, true)); err != nil {
+	if err := filter(c2, s2.ID, 8085, proof(8085, unix.SO_REUSEPORT)); err != nil {
 		t.Fatalf("the second member's SO_REUSEPORT port, the same: %v", err)
 	}
 	// A socket without SO_REUSEPORT, which the second process holds too
 	// (a listening socket a pre-fork server's workers inherit).
-	plain := proof(8086, false)
+	plain := proof(8086, 0)
 	if err := filter(c1, s1.ID, 8086, plain); err != nil {
 		t.Fatalf("the first member's port without SO_REUSEPORT: %v", err)
 	}
@@ -2303,25 +2303,7 @@ func TestDaemonClusterRules(t *testing.T) {
 	// A listening socket the members' processes inherited (Shared): the
 	// members share it, but not another socket on the port (two sockets
 	// with SO_REUSEADDR that do not listen may bind one port).
-	reuseAddr := func(port int) int {
-		t.Helper()
-		var fd int
-		err := b.Do(func() (err error) {
-			if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
-				return err
-			}
-			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
-				return err
-			}
-			return unix.Bind(fd, &unix.SockaddrInet4{Port: port})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { unix.Close(fd) })
-		return fd
-	}
-	inherited, other := reuseAddr(8087), reuseAddr(8087)
+	inherited, other := proof(8087, unix.SO_REUSEADDR), proof(8087, unix.SO_REUSEADDR)
 	if err := filterAs(c1, s1.ID, 8087, inherited, true); err != nil {
 		t.Fatalf("the first member's inherited socket: %v", err)
 	}
