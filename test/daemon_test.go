@@ -2293,8 +2293,8 @@ func TestDaemonClusterRules(t *testing.T) {
 	if err := filter(c2, s2.ID, 8085, proof(8085, unix.SO_REUSEPORT)); err != nil {
 		t.Fatalf("the second member's SO_REUSEPORT port, the same: %v", err)
 	}
-	// A socket without SO_REUSEPORT, which the second process holds too
-	// (a listening socket a pre-fork server's workers inherit).
+	// A socket without SO_REUSEPORT, which the second process holds too,
+	// not said inherited (its process listened on it): one stack's.
 	plain := proof(8086, 0)
 	if err := filter(c1, s1.ID, 8086, plain); err != nil {
 		t.Fatalf("the first member's port without SO_REUSEPORT: %v", err)
