@@ -126,7 +126,7 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 				return s, true, nil
 			}
 		}
-		return nil, false, refuse(codeExhausted, "every queue of %s has a stack (%s): share one with ONLOAD_STACK_NAME, or give the interface more queues (ethtool -L)", ifc.name, ifc.holders())
+		return nil, false, refuse(codeExhausted, "every queue of %s has a stack (%s): share one (onloadd run -n NAME, ONLOAD_STACK_NAME; a pre-fork server's workers: onloadd run -n NAME -cluster, a stack each while queues last), or give the interface more queues (ethtool -L)", ifc.name, ifc.holders())
 	}
 	id, ok := d.freeIDLocked()
 	if !ok {
