@@ -218,11 +218,6 @@ struct fdent {
 	uint8_t kind;
 	uint8_t nonblock;   /* O_NONBLOCK as the program set it (K_OURS) */
 	uint8_t listening;  /* listens (also in the kernel) */
-	/* K_TCP, listening: the process that called listen() on it, or 0
-	 * (it came across exec). Another process's listener is shared by
-	 * inheritance (a pre-fork server's workers): accel_listener says so
-	 * to the core, which a cluster's stacks share it by. */
-	pid_t lpid;
 	uint8_t tried;	    /* the core declined it */
 	union {
 		int h;		    /* the core's handle (K_OURS) */
@@ -250,6 +245,12 @@ struct fdent {
 	 * IPv4 peers through IPv4-mapped addresses (::ffff:a.b.c.d): its
 	 * names are given as such (fill_addr). */
 	uint8_t v6;
+	/* K_TCP, listening: the process that called listen() on it, or 0
+	 * (it came across exec). Another process's listener is shared by
+	 * inheritance (a pre-fork server's workers): accel_listener says so
+	 * to the core, which a cluster's stacks share it by. Last, in the
+	 * padding after v6: the entry stays 48 bytes. */
+	pid_t lpid;
 };
 
 #define MAX_HANDLES (1 << 17)
