@@ -396,6 +396,51 @@ EXPORT int accept(int fd, struct sockaddr *a, socklen_t *l) { return accept4(fd,
 
 static ssize_t recv_call(struct ccall *c, void *buf, size_t n, int flags);
 
+/* bad_buf: a buffer the kernel would refuse with EFAULT before it
+ * touched it (NULL, or in the first page, with a length; one that wraps
+ * the address space), which the core would fault on. A wild pointer
+ * elsewhere is not caught. */
+static inline int bad_buf(const void *p, size_t n)
+{
+	return n && ((uintptr_t)p < 4096 || n > (size_t)SSIZE_MAX || (uintptr_t)p + n < (uintptr_t)p);
+}
+
+/* iov_usable checks cnt vectors as the kernel's import_iovec does (-1
+ * with EINVAL or EFAULT) and returns how many of them a call takes:
+ * those before the first whose buffer is bad, as the kernel's copy stops
+ * there with what it took (EFAULT if that is nothing). */
+static int iov_usable(const struct iovec *iov, size_t cnt)
+{
+	if (cnt > IOV_MAX) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (bad_buf(iov, cnt * sizeof *iov)) {
+		errno = EFAULT;
+		return -1;
+	}
+	size_t total = 0;
+	for (size_t i = 0; i < cnt; i++) {
+		if (iov[i].iov_len > (size_t)SSIZE_MAX - total) {
+			errno = EINVAL;
+			return -1;
+		}
+		total += iov[i].iov_len;
+	}
+	size_t before = 0;
+	for (size_t i = 0; i < cnt; i++) {
+		if (bad_buf(iov[i].iov_base, iov[i].iov_len)) {
+			if (!before) {
+				errno = EFAULT;
+				return -1;
+			}
+			return (int)i;
+		}
+		before += iov[i].iov_len;
+	}
+	return (int)cnt;
+}
+
 static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags)
 {
 	CHILD_TAKES(fd, e);
@@ -404,6 +449,10 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 	CHECK_USABLE();
 	if (e->listening) {
 		errno = ENOTCONN;
+		return -1;
+	}
+	if (!(flags & MSG_TRUNC) && bad_buf(buf, n)) {
+		errno = EFAULT;
 		return -1;
 	}
 	struct ccall c = ccall_begin(e, fd);
@@ -432,6 +481,22 @@ static ssize_t recv_call(struct ccall *c, void *buf, size_t n, int flags)
 		if (trunc) {
 			to = scratch;
 			want = want < sizeof scratch ? want : sizeof scratch;
+		}
+		if (n == 0) {
+			/* The kernel's TCP waits for a byte (its low-water mark)
+			 * and takes none: EAGAIN, or a block, while none is there. */
+			long r = CORE(core.recv(c->h, scratch, 1, 1));
+			if (r >= 0)
+				return 0;
+			if (r != -EAGAIN) {
+				if (r == -EBADF && ccall_taken(c))
+					return real_recv(fd, buf, n, flags);
+				errno = -r;
+				return -1;
+			}
+			if (!ccall_blocked(c, flags, POLLIN, &dl))
+				return -1;
+			continue;
 		}
 		long r = CORE(core.recv(c->h, to, want, flags & MSG_PEEK));
 		if (r > 0) {
@@ -468,6 +533,10 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 	if (!e || e->kind != K_OURS)
 		return real_send(fd, buf, n, flags);
 	CHECK_USABLE();
+	if (bad_buf(buf, n)) {
+		errno = EFAULT;
+		return -1;
+	}
 	struct ccall c = ccall_begin(e, fd);
 	ssize_t r = send_call(&c, buf, n, flags);
 	ccall_end(&c);
@@ -560,8 +629,11 @@ EXPORT ssize_t sendto(int fd, const void *b, size_t n, int flags, const struct s
 #define GATHER 65536
 static __thread char *t_gather;
 
-static ssize_t ours_sendv(struct fdent *e, int fd, const struct iovec *iov, int cnt, int flags)
+static ssize_t ours_sendv(struct fdent *e, int fd, const struct iovec *iov, size_t n, int flags)
 {
+	int cnt = iov_usable(iov, n);
+	if (cnt < 0)
+		return -1;
 	size_t total = 0;
 	for (int i = 0; i < cnt; i++)
 		total += iov[i].iov_len;
@@ -587,8 +659,11 @@ static ssize_t ours_sendv(struct fdent *e, int fd, const struct iovec *iov, int 
 	return done;
 }
 
-static ssize_t ours_recvv(struct fdent *e, int fd, const struct iovec *iov, int cnt, int flags)
+static ssize_t ours_recvv(struct fdent *e, int fd, const struct iovec *iov, size_t n, int flags)
 {
+	int cnt = iov_usable(iov, n);
+	if (cnt < 0)
+		return -1;
 	ssize_t done = 0;
 	for (int i = 0; i < cnt; i++) {
 		if (iov[i].iov_len == 0)
@@ -606,13 +681,13 @@ static ssize_t ours_recvv(struct fdent *e, int fd, const struct iovec *iov, int 
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
 {
 	struct fdent *e = ours(fd);
-	return e ? ours_recvv(e, fd, iov, cnt, 0) : real_readv(fd, iov, cnt);
+	return e ? ours_recvv(e, fd, iov, (size_t)cnt, 0) : real_readv(fd, iov, cnt);
 }
 
 EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
 {
 	struct fdent *e = ours(fd);
-	return e ? ours_sendv(e, fd, iov, cnt, 0) : real_writev(fd, iov, cnt);
+	return e ? ours_sendv(e, fd, iov, (size_t)cnt, 0) : real_writev(fd, iov, cnt);
 }
 
 EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
@@ -620,6 +695,10 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 	struct fdent *e = ours(fd);
 	if (!e)
 		return real_recvmsg(fd, m, flags);
+	if (bad_buf(m, sizeof *m)) {
+		errno = EFAULT;
+		return -1;
+	}
 	ssize_t r = ours_recvv(e, fd, m->msg_iov, m->msg_iovlen, flags);
 	if (r >= 0) {
 		m->msg_namelen = 0;
@@ -632,7 +711,13 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
 	struct fdent *e = ours(fd);
-	return e ? ours_sendv(e, fd, m->msg_iov, m->msg_iovlen, flags) : real_sendmsg(fd, m, flags);
+	if (!e)
+		return real_sendmsg(fd, m, flags);
+	if (bad_buf(m, sizeof *m)) {
+		errno = EFAULT;
+		return -1;
+	}
+	return ours_sendv(e, fd, m->msg_iov, m->msg_iovlen, flags);
 }
 
 EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct timespec *t)
@@ -640,6 +725,12 @@ EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct
 	struct fdent *e = ours(fd);
 	if (!e)
 		return real_recvmmsg(fd, v, n, flags, t);
+	if (n > IOV_MAX)
+		n = IOV_MAX; /* as the kernel (UIO_MAXIOV) */
+	if (bad_buf(v, n * sizeof *v)) {
+		errno = EFAULT;
+		return -1;
+	}
 	unsigned int i;
 	for (i = 0; i < n; i++) {
 		int f = flags & ~MSG_WAITFORONE;
@@ -648,9 +739,9 @@ EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct
 		ssize_t r = recvmsg(fd, &v[i].msg_hdr, f);
 		if (r < 0)
 			return i ? (int)i : -1;
+		/* At the end of the stream each takes 0 at once, and the
+		 * kernel's fills them all so. */
 		v[i].msg_len = r;
-		if (r == 0)
-			return i + 1;
 	}
 	return i;
 }
@@ -660,6 +751,12 @@ EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 	struct fdent *e = ours(fd);
 	if (!e)
 		return real_sendmmsg(fd, v, n, flags);
+	if (n > IOV_MAX)
+		n = IOV_MAX; /* as the kernel (UIO_MAXIOV) */
+	if (bad_buf(v, n * sizeof *v)) {
+		errno = EFAULT;
+		return -1;
+	}
 	unsigned int i;
 	for (i = 0; i < n; i++) {
 		ssize_t r = sendmsg(fd, &v[i].msg_hdr, flags);
@@ -733,6 +830,8 @@ EXPORT ssize_t __recvfrom_chk(int fd, void *b, size_t n, size_t blen, int flags,
 EXPORT int close(int fd)
 {
 	struct fdent *e = ent(fd);
+	if (e && e->kind == K_OURS && e->ho_ok)
+		handover_for_close(fd, e);
 	if (e && e->kind != K_NONE) {
 		pthread_mutex_lock(&mu);
 		drop(fd);
@@ -766,6 +865,19 @@ EXPORT int getsockopt(int fd, int level, int name, void *v, socklen_t *l)
 		return real_getsockopt(fd, level, name, v, l);
 	if (level == SOL_SOCKET && name == SO_ERROR && v && l && *l >= sizeof(int)) {
 		*(int *)v = CORE(core.sockerr(e->h));
+		*l = sizeof(int);
+		return 0;
+	}
+	if (level == IPPROTO_TCP && name == TCP_MAXSEG && v && l && *l >= sizeof(int)) {
+		/* The kernel's is the send MSS in use (its TCP_INFO's
+		 * tcpi_snd_mss); the kernel socket's would be its default. */
+		struct onl_tcpinfo ti;
+		int r = CORE(core.tcpinfo(e->h, &ti));
+		if (r < 0) {
+			errno = -r;
+			return -1;
+		}
+		*(int *)v = (int)ti.snd_mss;
 		*l = sizeof(int);
 		return 0;
 	}
@@ -916,8 +1028,17 @@ EXPORT int dup(int fd)
 	return r;
 }
 
+/* over_for_child: dup2 and dup3 onto fd2 close what it named. */
+static void over_for_child(int fd, int fd2)
+{
+	struct fdent *e = ent(fd2);
+	if (e && fd != fd2 && e->kind == K_OURS && e->ho_ok && real_fcntl(fd, F_GETFD) >= 0)
+		handover_for_close(fd2, e);
+}
+
 EXPORT int dup2(int fd, int fd2)
 {
+	over_for_child(fd, fd2);
 	int r = real_dup2(fd, fd2);
 	if (r >= 0)
 		dup_to(fd, r);
@@ -926,6 +1047,8 @@ EXPORT int dup2(int fd, int fd2)
 
 EXPORT int dup3(int fd, int fd2, int flags)
 {
+	if (!(flags & ~O_CLOEXEC))
+		over_for_child(fd, fd2);
 	int r = real_dup3(fd, fd2, flags);
 	if (r >= 0)
 		dup_to(fd, r);

@@ -153,6 +153,30 @@ static void handover_for_exec(void)
 	}
 }
 
+/* handover_for_close: a connection the program closes that a child
+ * forked after the core loaded may still hold (it was open at the fork,
+ * prepare_fork's ho_ok, and a child lives) goes to the kernel rather
+ * than ending in the stack: the kernel keeps it while the child holds its
+ * fd, and closes it after its data when nobody does, as it does any
+ * socket two processes share. inetd, and servers like it, hand a
+ * connection to a program they fork and exec and close their own copy at
+ * once: closed in the stack, the connection was gone before the child
+ * could use it (calls.c, TestShimCalls). Called before the kernel's fd
+ * goes (close, dup2 and dup3 over it). */
+void handover_for_close(int fd, struct fdent *e)
+{
+	if (!forked_after_core || after_fork || in_core || core_state != 1 || e->kind != K_OURS || e->listening ||
+	    !e->ho_ok || (unsigned)e->h >= MAX_HANDLES || __atomic_load_n(&hrefs[e->h], __ATOMIC_RELAXED) != 1)
+		return; /* not shared with a child, or another fd here names it still */
+	siginfo_t si;
+	if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0)
+		return; /* no child */
+	int r = hand_over(fd, e, "at close, for a child that may hold it");
+	if (r != 0)
+		debugf("fd %d: its connection could not be handed over to the kernel at close (%s): it ends in the stack",
+		       fd, strerror(-r));
+}
+
 static int *names_of(int h);
 static void release_at_exit(const int *names);
 

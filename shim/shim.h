@@ -427,6 +427,7 @@ int timeo_opt(int level, int name);
 
 /* process.c */
 void handover_at_exit(void);
+void handover_for_close(int fd, struct fdent *e);
 
 /* calls.c */
 void accel_listener(int fd, struct fdent *e);

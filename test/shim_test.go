@@ -260,9 +260,22 @@ func TestShimKernelHalfConnection(t *testing.T) {
 // line it prints (poll, select and epoll over sockets, pipes, eventfds
 // and files; forks before and after the first socket; dup2 over a
 // socket; signals during blocking calls) must be the same.
-func TestShimMixed(t *testing.T) {
+func TestShimMixed(t *testing.T) { conformance(t, "mixed", 60*time.Second) }
+
+// TestShimCalls runs shim/test/calls.c, the calls mixed.c does not make
+// (writev/readv, sendmmsg/recvmmsg, sendfile, ppoll, pselect,
+// epoll_pwait and epoll_pwait2 with masks, epoll_create, dup3, the
+// socket options servers set, bad buffers, vfork and exec, a connection
+// handed across exec to a program of its own, a connection made after
+// daemon()), as TestShimMixed runs mixed.c.
+func TestShimCalls(t *testing.T) { conformance(t, "calls", 90*time.Second) }
+
+// conformance runs the conformance program shim/test/NAME.c against a
+// kernel echo server in the other test host, with the kernel and then
+// under the shim (each within limit): every line must be the same.
+func conformance(t *testing.T, name string, limit time.Duration) {
 	shimOnloadd(t)
-	prog := buildC(t, "mixed")
+	prog := buildC(t, name)
 	a, b := Pair(t, LinkOptions{})
 	ln, err := b.KernelEcho(b.Iface0().Addr().String() + ":0")
 	if err != nil {
@@ -271,11 +284,11 @@ func TestShimMixed(t *testing.T) {
 	defer ln.Close()
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	args := []string{b.Iface0().Addr().String(), port}
-	want, _ := runBounded(t, a.Command(prog, args...), 60*time.Second)
+	want, _ := runBounded(t, a.Command(prog, args...), limit)
 	if !strings.HasSuffix(want, "done\n") {
 		t.Fatalf("the reference run (kernel) did not finish:\n%s", want)
 	}
-	got, log := runBounded(t, shimCommand(t, a, nil, prog, args...), 60*time.Second)
+	got, log := runBounded(t, shimCommand(t, a, nil, prog, args...), limit)
 	requireAccelerated(t, log, "connecting")
 	if got != want {
 		t.Fatalf("under the shim the program printed:\n%s\nwith the kernel:\n%s\n(shim log:\n%s)", got, want, log)

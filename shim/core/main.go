@@ -103,6 +103,10 @@ func errno(err error) C.int { return -C.int(sockets.Errno(err)) }
 
 var errBadHandle = errors.New("bad handle")
 
+// maxRW is the most one read or write moves, as the kernel's
+// MAX_RW_COUNT (INT_MAX rounded down to a page).
+const maxRW = 0x7ffff000
+
 func ip4(a C.uint32_t) netip.Addr {
 	// In network byte order, as in a sockaddr_in.
 	v := uint32(a)
@@ -188,6 +192,10 @@ func onl_recv(h C.int, buf unsafe.Pointer, n C.size_t, peek C.int) C.long {
 	if n == 0 {
 		return 0
 	}
+	if buf == nil {
+		return C.long(errno(syscall.EFAULT)) // the C layer refuses it first
+	}
+	n = min(n, maxRW)
 	r, err := d.Recv(unsafe.Slice((*byte)(buf), int(n)), peek != 0)
 	if err != nil {
 		return C.long(errno(err))
@@ -204,6 +212,10 @@ func onl_send(h C.int, buf unsafe.Pointer, n C.size_t, more C.int) C.long {
 	if n == 0 {
 		return 0
 	}
+	if buf == nil {
+		return C.long(errno(syscall.EFAULT)) // the C layer refuses it first
+	}
+	n = min(n, maxRW)
 	b := unsafe.Slice((*byte)(buf), int(n))
 	var r int
 	var err error

@@ -1,0 +1,444 @@
+/*
+ * calls: the shim's conformance program for the calls mixed.c does not
+ * make. It talks to a TCP echo server (the kernel's, in the other test
+ * host) with writev/readv, sendmmsg/recvmmsg and sendfile; waits in
+ * ppoll, pselect, epoll_pwait and epoll_pwait2 with signal masks and
+ * timeouts; makes an epoll instance with epoll_create; dup3s a socket;
+ * sets and reads the socket options servers use; runs a helper by vfork
+ * and exec; hands a connection across exec to a program of its own (as
+ * inetd does); and makes a connection after daemon(). It prints one line
+ * per result, nothing that depends on timing or on port numbers, so that
+ * its output under the shim must be the same as without it (the
+ * reference).
+ *
+ *	calls ADDR PORT       the conformance run
+ *	calls child FD        (run by the exec test) echo on FD and exit
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/select.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "conform.h"
+
+/* await waits (up to 5 s) until n bytes can be read from s at once, so
+ * that a call that reads them does not depend on how they arrived. */
+static void await(int s, int n)
+{
+	for (int i = 0; i < 500; i++) {
+		int avail = 0;
+		if (ioctl(s, FIONREAD, &avail) < 0)
+			die("FIONREAD");
+		if (avail >= n)
+			return;
+		struct pollfd p = {.fd = s, .events = POLLIN};
+		poll(&p, 1, 10);
+		if (avail > 0)
+			usleep(1000);
+	}
+	die("await: the echo did not come");
+}
+
+static void test_vectors(int s)
+{
+	struct iovec out[3] = {{"ab", 2}, {"cde", 3}, {"fgh", 3}};
+	check("writev", writev(s, out, 3));
+	await(s, 8);
+	char a[4], b[4];
+	struct iovec in[2] = {{a, 4}, {b, 4}};
+	ssize_t r = readv(s, in, 2);
+	say("readv: %zd %.4s %.4s", r, a, b);
+	check("writev, no vectors", writev(s, out, 0));
+	struct iovec bad = {NULL, 4};
+	check("writev, a bad buffer", writev(s, &bad, 1));
+}
+
+/* mmsgs makes m[0..n) the messages of the n buffers iov. */
+static void mmsgs(struct mmsghdr *m, struct iovec *iov, int n)
+{
+	memset(m, 0, n * sizeof *m);
+	for (int k = 0; k < n; k++) {
+		m[k].msg_hdr.msg_iov = &iov[k];
+		m[k].msg_hdr.msg_iovlen = 1;
+	}
+}
+
+static void test_mmsg(int s)
+{
+	struct iovec o[2] = {{"one", 3}, {"two!", 4}};
+	struct mmsghdr m[2];
+	mmsgs(m, o, 2);
+	int r = sendmmsg(s, m, 2, 0);
+	say("sendmmsg: %d (%u %u)", r, m[0].msg_len, m[1].msg_len);
+	await(s, 7);
+	char a[3], b[4];
+	struct iovec i[2] = {{a, 3}, {b, 4}};
+	mmsgs(m, i, 2);
+	r = recvmmsg(s, m, 2, MSG_WAITFORONE, NULL);
+	say("recvmmsg: %d (%u %.3s) (%u %.4s)", r, m[0].msg_len, a, m[1].msg_len, b);
+	check("recvmmsg, nothing there", recvmmsg(s, m, 2, MSG_DONTWAIT, NULL));
+	/* MSG_WAITFORONE: the first waits, the rest take what is there. */
+	send(s, "xyz", 3, 0);
+	await(s, 3);
+	mmsgs(m, i, 2);
+	check("recvmmsg, one there", recvmmsg(s, m, 2, MSG_WAITFORONE, NULL));
+}
+
+/* At the end of the stream every recvmsg returns 0 at once: recvmmsg
+ * fills all its messages with nothing. */
+static void test_mmsg_eof(void)
+{
+	int s = dial();
+	check("shutdown for the end", shutdown(s, SHUT_WR));
+	char a[4], b[4];
+	struct iovec i[2] = {{a, 4}, {b, 4}};
+	struct mmsghdr m[2];
+	mmsgs(m, i, 2);
+	m[1].msg_len = 99;
+	int r = recvmmsg(s, m, 2, 0, NULL);
+	say("recvmmsg at the end: %d (%u %u)", r, m[0].msg_len, m[1].msg_len);
+	close(s);
+}
+
+static void *send_later(void *arg)
+{
+	usleep(50000);
+	send(*(int *)arg, "def", 3, 0);
+	return NULL;
+}
+
+static void test_flags(int s)
+{
+	char buf[8];
+	check("recv of 0 bytes", recv(s, buf, 0, MSG_DONTWAIT));
+	check("send with MSG_MORE", send(s, "ab", 2, MSG_MORE));
+	check("send after it", send(s, "c", 1, 0));
+	/* MSG_WAITALL: the call waits for all 6, half of them sent later. */
+	pthread_t t;
+	pthread_create(&t, NULL, send_later, &s);
+	ssize_t r = recv(s, buf, 6, MSG_WAITALL);
+	pthread_join(t, NULL);
+	say("recv MSG_WAITALL: %zd %.6s", r, r == 6 ? buf : "");
+}
+
+static void test_shut_rd(void)
+{
+	int s = dial();
+	echo(s, "before SHUT_RD", "rd");
+	check("shutdown SHUT_RD", shutdown(s, SHUT_RD));
+	char c;
+	check("recv after SHUT_RD", recv(s, &c, 1, 0));
+	check("send after SHUT_RD", send(s, "x", 1, 0));
+	close(s);
+}
+
+static void test_sendfile(int s)
+{
+	char tmpl[] = "/tmp/calls.XXXXXX";
+	int f = mkstemp(tmpl);
+	if (f < 0)
+		die("mkstemp");
+	unlink(tmpl);
+	if (write(f, "0123456789", 10) != 10)
+		die("write");
+	off_t off = 2;
+	ssize_t r = sendfile(s, f, &off, 5);
+	char buf[16];
+	say("sendfile at 2: %zd, offset %ld, echo %.*s", r, (long)off,
+	    (int)(r > 0 && read_full(s, buf, r) == r ? r : 0), buf);
+	lseek(f, 1, SEEK_SET);
+	r = sendfile(s, f, NULL, 3);
+	say("sendfile from the file's offset: %zd, now %ld, echo %.*s", r, (long)lseek(f, 0, SEEK_CUR),
+	    (int)(r > 0 && read_full(s, buf, r) == r ? r : 0), buf);
+	r = sendfile(s, f, NULL, 100);
+	say("sendfile past the end: %zd, echo %.*s", r, (int)(r > 0 && read_full(s, buf, r) == r ? r : 0), buf);
+	check("sendfile at the end", sendfile(s, f, NULL, 100));
+	close(f);
+	check("sendfile from a closed file", sendfile(s, f, NULL, 1));
+}
+
+static volatile sig_atomic_t usr1s;
+static void on_usr1(int sig)
+{
+	(void)sig;
+	usr1s++;
+}
+
+/* Each wait below runs with SIGUSR1 blocked and pending, and unblocks it
+ * by its own mask: the kernel delivers it and the wait fails with EINTR
+ * at once. Without a mask, or with one that blocks it, the wait times
+ * out. */
+static void test_masks(int s)
+{
+	struct sigaction sa = {.sa_handler = on_usr1};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGUSR1, &sa, NULL);
+	sigset_t usr1, none, old;
+	sigemptyset(&usr1);
+	sigaddset(&usr1, SIGUSR1);
+	sigemptyset(&none);
+	pthread_sigmask(SIG_BLOCK, &usr1, &old);
+	struct timespec t50 = {0, 50000000};
+	struct pollfd p = {.fd = s, .events = POLLIN};
+
+	check("ppoll, idle, 50 ms", ppoll(&p, 1, &t50, NULL));
+	raise(SIGUSR1);
+	check("ppoll, SIGUSR1 blocked and pending, its mask blocks it", ppoll(&p, 1, &t50, &usr1));
+	check("ppoll, its mask lets SIGUSR1 in", ppoll(&p, 1, NULL, &none));
+	say("handled %d", (int)usr1s);
+
+	fd_set r;
+	FD_ZERO(&r);
+	FD_SET(s, &r);
+	check("pselect, idle, 50 ms", pselect(s + 1, &r, NULL, NULL, &t50, NULL));
+	raise(SIGUSR1);
+	FD_ZERO(&r);
+	FD_SET(s, &r);
+	check("pselect, its mask lets SIGUSR1 in", pselect(s + 1, &r, NULL, NULL, NULL, &none));
+	say("handled %d", (int)usr1s);
+
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, got[2];
+	epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+	check("epoll_pwait, idle, 50 ms", epoll_pwait(ep, got, 2, 50, NULL));
+	raise(SIGUSR1);
+	check("epoll_pwait, its mask lets SIGUSR1 in", epoll_pwait(ep, got, 2, -1, &none));
+	say("handled %d", (int)usr1s);
+	check("epoll_pwait2, idle, 50 ms", epoll_pwait2(ep, got, 2, &t50, NULL));
+	raise(SIGUSR1);
+	check("epoll_pwait2, its mask lets SIGUSR1 in", epoll_pwait2(ep, got, 2, NULL, &none));
+	say("handled %d", (int)usr1s);
+	send(s, "ping", 4, 0);
+	struct timespec t5 = {5, 0};
+	int n = epoll_pwait2(ep, got, 2, &t5, &none);
+	say("epoll_pwait2, data: %d, the socket's: %d", n, n == 1 && got[0].data.fd == s);
+	char buf[4];
+	read_full(s, buf, 4);
+	close(ep);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	say("handled %d", (int)usr1s);
+}
+
+static void test_epoll_create(int s)
+{
+	check("epoll_create(0)", epoll_create(0));
+	int ep = epoll_create(1);
+	say("epoll_create(1): %s", ep >= 0 ? "an fd" : strerror(errno));
+	struct epoll_event ev = {.events = EPOLLIN, .data.u32 = 7}, got;
+	check("epoll_ctl add", epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev));
+	check("epoll_wait, idle", epoll_wait(ep, &got, 1, 0));
+	send(s, "e", 1, 0);
+	int n = epoll_wait(ep, &got, 1, 5000);
+	say("epoll_wait: %d, data %u", n, n == 1 ? got.data.u32 : 0);
+	char c;
+	recv(s, &c, 1, 0);
+	check("fcntl F_GETFD", fcntl(ep, F_GETFD));
+	close(ep);
+}
+
+static void test_dup3(int s)
+{
+	check("dup3 onto itself", dup3(s, s, 0));
+	check("dup3 with a bad flag", dup3(s, 90, O_NONBLOCK));
+	int t = dup3(s, 90, O_CLOEXEC);
+	say("dup3: %d", t);
+	check("its F_GETFD", fcntl(t, F_GETFD));
+	check("the original's F_GETFD", fcntl(s, F_GETFD));
+	echo(t, "through dup3's", "d3");
+	close(t);
+	echo(s, "the original after", "d3x");
+}
+
+static void getint(int s, int level, int opt, const char *name)
+{
+	int v = -1;
+	socklen_t l = sizeof v;
+	if (getsockopt(s, level, opt, &v, &l) < 0)
+		say("get %s: %s", name, strerror(errno));
+	else
+		say("get %s: %d (%u bytes)", name, v, (unsigned)l);
+}
+
+static void setint(int s, int level, int opt, const char *name, int v)
+{
+	if (setsockopt(s, level, opt, &v, sizeof v) < 0)
+		say("set %s %d: %s", name, v, strerror(errno));
+	getint(s, level, opt, name);
+}
+
+static void test_options(int s)
+{
+	static const struct {
+		int level, opt;
+		const char *name;
+		int v;
+	} sets[] = {
+		{SOL_SOCKET, SO_KEEPALIVE, "SO_KEEPALIVE", 1},
+		{IPPROTO_TCP, TCP_KEEPIDLE, "TCP_KEEPIDLE", 30},
+		{IPPROTO_TCP, TCP_KEEPINTVL, "TCP_KEEPINTVL", 5},
+		{IPPROTO_TCP, TCP_KEEPCNT, "TCP_KEEPCNT", 3},
+		{IPPROTO_TCP, TCP_KEEPIDLE, "TCP_KEEPIDLE", 0},
+		{IPPROTO_TCP, TCP_NODELAY, "TCP_NODELAY", 0},
+		{IPPROTO_TCP, TCP_NODELAY, "TCP_NODELAY", 1},
+		{SOL_SOCKET, SO_REUSEADDR, "SO_REUSEADDR", 1},
+		{SOL_SOCKET, SO_RCVBUF, "SO_RCVBUF", 65536},
+		{SOL_SOCKET, SO_SNDBUF, "SO_SNDBUF", 65536},
+		{SOL_SOCKET, SO_RCVLOWAT, "SO_RCVLOWAT", 1},
+		{IPPROTO_IP, IP_TOS, "IP_TOS", 0x10},
+	};
+	for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++)
+		setint(s, sets[k].level, sets[k].opt, sets[k].name, sets[k].v);
+	getint(s, IPPROTO_TCP, TCP_MAXSEG, "TCP_MAXSEG");
+	getint(s, SOL_SOCKET, SO_TYPE, "SO_TYPE");
+	getint(s, SOL_SOCKET, SO_ERROR, "SO_ERROR");
+	getint(s, SOL_SOCKET, SO_ACCEPTCONN, "SO_ACCEPTCONN");
+	struct linger lg = {1, 5}, lg2 = {0, 0};
+	socklen_t l = sizeof lg2;
+	check("set SO_LINGER", setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg));
+	getsockopt(s, SOL_SOCKET, SO_LINGER, &lg2, &l);
+	say("get SO_LINGER: %d %d (%u bytes)", lg2.l_onoff, lg2.l_linger, (unsigned)l);
+	lg.l_onoff = 0;
+	setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+	check("set SO_LINGER, short", setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, 4));
+	struct tcp_info ti;
+	l = sizeof ti;
+	memset(&ti, 0, sizeof ti);
+	check("get TCP_INFO", getsockopt(s, IPPROTO_TCP, TCP_INFO, &ti, &l));
+	say("TCP_INFO: state %d, whole %d", ti.tcpi_state, l == sizeof ti);
+	int v = 1;
+	check("set an unknown option", setsockopt(s, SOL_SOCKET, 9999, &v, sizeof v));
+	check("get an unknown option", getsockopt(s, SOL_SOCKET, 9999, &v, &l));
+	check("set with a short length", setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &v, 2));
+	l = 0;
+	check("get with no room", getsockopt(s, IPPROTO_TCP, TCP_NODELAY, &v, &l));
+	say("its length: %u", (unsigned)l);
+	echo(s, "after the options", "opts");
+}
+
+static void test_vfork(int s)
+{
+	pid_t p = vfork();
+	if (p == 0) {
+		execl("/bin/true", "true", (char *)NULL);
+		_exit(127);
+	}
+	int st = 0;
+	waitpid(p, &st, 0);
+	say("vfork and exec: exited %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	echo(s, "after vfork", "vf");
+}
+
+/* The exec test hands a connection to a program of its own (this one,
+ * as "calls child FD"), as inetd hands one to a server, and closes its
+ * own copy: the child echoes on it and exits. */
+static void test_exec(const char *self)
+{
+	int s = dial();
+	echo(s, "before exec", "ex");
+	pid_t p = fork();
+	if (p == 0) {
+		char fd[16];
+		snprintf(fd, sizeof fd, "%d", s);
+		execl(self, self, "child", fd, (char *)NULL);
+		_exit(127);
+	}
+	close(s);
+	int st = 0;
+	waitpid(p, &st, 0);
+	say("exec'd child: exited %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+}
+
+static int child(int s)
+{
+	echo(s, "exec'd child", "inherited");
+	check("exec'd child: shutdown", shutdown(s, SHUT_WR));
+	char c;
+	check("exec'd child: recv at the end", recv(s, &c, 1, 0));
+	return 0;
+}
+
+/* daemon() before the program's sockets, as a server that detaches
+ * first: the grandchild makes its connection and says what it got
+ * through a pipe. */
+static void test_daemon(void)
+{
+	int pp[2];
+	if (pipe(pp) < 0)
+		die("pipe");
+	pid_t p = fork();
+	if (p == 0) {
+		close(pp[0]);
+		if (daemon(1, 1) < 0)
+			_exit(1);
+		int s = dial();
+		char buf[8];
+		send(s, "daemon", 6, 0);
+		ssize_t r = read_full(s, buf, 6);
+		dprintf(pp[1], "%zd %.6s\n", r, r == 6 ? buf : "");
+		close(s);
+		_exit(0);
+	}
+	close(pp[1]);
+	int st = 0;
+	waitpid(p, &st, 0);
+	char line[64] = {0};
+	struct pollfd q = {.fd = pp[0], .events = POLLIN};
+	if (poll(&q, 1, 10000) == 1 && read(pp[0], line, sizeof line - 1) > 0)
+		say("after daemon(): %s", strtok(line, "\n"));
+	else
+		say("after daemon(): nothing in 10 s");
+	close(pp[0]);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && strcmp(argv[1], "child") == 0)
+		return child(atoi(argv[2]));
+	if (argc != 3) {
+		fprintf(stderr, "usage: calls ADDR PORT\n");
+		return 2;
+	}
+	peer.sin_family = AF_INET;
+	peer.sin_port = htons(atoi(argv[2]));
+	if (inet_pton(AF_INET, argv[1], &peer.sin_addr) != 1) {
+		fprintf(stderr, "calls: bad address %s\n", argv[1]);
+		return 2;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	alarm(60); /* a hang fails the run rather than the test's timeout */
+	int s = dial();
+	echo(s, "first socket", "hello");
+	test_vectors(s);
+	test_mmsg(s);
+	test_mmsg_eof();
+	test_flags(s);
+	test_shut_rd();
+	test_sendfile(s);
+	test_masks(s);
+	test_epoll_create(s);
+	test_dup3(s);
+	test_options(s);
+	test_vfork(s);
+	test_exec(argv[0]);
+	test_daemon();
+	echo(s, "at the end", "bye");
+	say("done");
+	return 0;
+}

@@ -1,0 +1,63 @@
+/*
+ * conform.h: what the conformance programs (mixed.c, calls.c) share. Each
+ * talks to a TCP echo server at peer and prints one line per result, so
+ * that its output under the shim must be the same as without it.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+static struct sockaddr_in peer;
+
+#define say(...) do { printf(__VA_ARGS__); printf("\n"); fflush(stdout); } while (0)
+#define check(what, expr) do { long r_ = (long)(expr); say("%s: %ld%s%s", what, r_, r_ < 0 ? " " : "", r_ < 0 ? strerror(errno) : ""); } while (0)
+
+static void die(const char *what)
+{
+	printf("FATAL %s: %s\n", what, strerror(errno));
+	exit(1);
+}
+
+static int dial(void)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	if (s < 0)
+		die("socket");
+	if (connect(s, (struct sockaddr *)&peer, sizeof peer) < 0)
+		die("connect");
+	int one = 1;
+	setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	return s;
+}
+
+/* read_full reads n bytes from s, blocking: n, or what the recv that
+ * stopped it returned (0 or -1). */
+static ssize_t read_full(int s, char *buf, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		ssize_t r = recv(s, buf + got, n - got, 0);
+		if (r <= 0)
+			return r;
+		got += r;
+	}
+	return got;
+}
+
+/* echo sends msg and reads its echo back, blocking. */
+static void echo(int s, const char *what, const char *msg)
+{
+	char buf[256];
+	size_t n = strlen(msg);
+	if (n > sizeof buf)
+		die("echo: message too long");
+	if (send(s, msg, n, 0) != (ssize_t)n)
+		die("send");
+	if (read_full(s, buf, n) != (ssize_t)n)
+		die("recv");
+	say("%s: echo %.*s", what, (int)n, buf);
+}
