@@ -266,16 +266,6 @@ static void test_dup3(int s)
 	echo(s, "the original after", "d3x");
 }
 
-static void getint(int s, int level, int opt, const char *name)
-{
-	int v = -1;
-	socklen_t l = sizeof v;
-	if (getsockopt(s, level, opt, &v, &l) < 0)
-		say("get %s: %s", name, strerror(errno));
-	else
-		say("get %s: %d (%u bytes)", name, v, (unsigned)l);
-}
-
 static void setint(int s, int level, int opt, const char *name, int v)
 {
 	if (setsockopt(s, level, opt, &v, sizeof v) < 0)

@@ -1,7 +1,8 @@
 /*
- * conform.h: what the conformance programs (mixed.c, calls.c) share. Each
- * talks to a TCP echo server at peer and prints one line per result, so
- * that its output under the shim must be the same as without it.
+ * conform.h: what the conformance programs (mixed.c, calls.c, accepts.c)
+ * share. Each prints one line per result, so that its output under the
+ * shim must be the same as without it; mixed.c and calls.c talk to a TCP
+ * echo server at peer.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -16,13 +17,13 @@ static struct sockaddr_in peer;
 #define say(...) do { printf(__VA_ARGS__); printf("\n"); fflush(stdout); } while (0)
 #define check(what, expr) do { long r_ = (long)(expr); say("%s: %ld%s%s", what, r_, r_ < 0 ? " " : "", r_ < 0 ? strerror(errno) : ""); } while (0)
 
-static void die(const char *what)
+static inline void die(const char *what)
 {
 	printf("FATAL %s: %s\n", what, strerror(errno));
 	exit(1);
 }
 
-static int dial(void)
+static inline int dial(void)
 {
 	int s = socket(AF_INET, SOCK_STREAM, 0);
 	if (s < 0)
@@ -36,7 +37,7 @@ static int dial(void)
 
 /* read_full reads n bytes from s, blocking: n, or what the recv that
  * stopped it returned (0 or -1). */
-static ssize_t read_full(int s, char *buf, size_t n)
+static inline ssize_t read_full(int s, char *buf, size_t n)
 {
 	size_t got = 0;
 	while (got < n) {
@@ -49,7 +50,7 @@ static ssize_t read_full(int s, char *buf, size_t n)
 }
 
 /* echo sends msg and reads its echo back, blocking. */
-static void echo(int s, const char *what, const char *msg)
+static inline void echo(int s, const char *what, const char *msg)
 {
 	char buf[256];
 	size_t n = strlen(msg);
@@ -60,4 +61,15 @@ static void echo(int s, const char *what, const char *msg)
 	if (read_full(s, buf, n) != (ssize_t)n)
 		die("recv");
 	say("%s: echo %.*s", what, (int)n, buf);
+}
+
+/* getint prints socket option opt of s (an int), by name. */
+static inline void getint(int s, int level, int opt, const char *name)
+{
+	int v = -1;
+	socklen_t l = sizeof v;
+	if (getsockopt(s, level, opt, &v, &l) < 0)
+		say("get %s: %s", name, strerror(errno));
+	else
+		say("get %s: %d (%u bytes)", name, v, (unsigned)l);
 }

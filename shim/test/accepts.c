@@ -1,0 +1,231 @@
+/*
+ * accepts: the shim's conformance program for a listener's calls. The
+ * server (under the shim, or on the kernel for the reference) takes the
+ * client's connections one step at a time; the client (the kernel's, in
+ * the other test host) drives each step and waits for the server's "ok"
+ * on its connection before the next. Both print one line per result,
+ * nothing that depends on timing or on port numbers, so that the
+ * server's output under the shim must be the same as without it.
+ *
+ *	accepts serve PORT
+ *	accepts connect ADDR PORT
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "conform.h"
+
+/* readable waits up to 5 s for fd: 1, or 0. */
+static int readable(int fd)
+{
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	return poll(&p, 1, 5000) == 1;
+}
+
+/* take reads what the peer sent on c (after waiting for it) and prints
+ * it under what. */
+static void take(int c, const char *what)
+{
+	char buf[64];
+	if (!readable(c)) {
+		say("%s: nothing in 5 s", what);
+		return;
+	}
+	ssize_t r = recv(c, buf, sizeof buf, 0);
+	if (r < 0)
+		say("%s: -1 %s", what, strerror(errno));
+	else
+		say("%s: %zd %.*s", what, r, (int)r, buf);
+}
+
+static void ok(int c)
+{
+	if (send(c, "ok", 2, MSG_NOSIGNAL) != 2)
+		say("send ok: %s", strerror(errno));
+}
+
+static int ls;
+
+static void *accept_blocked(void *arg)
+{
+	(void)arg;
+	int c = accept(ls, NULL, NULL);
+	say("accept, blocked when the listener shut down: %d%s%s", c < 0 ? -1 : 0, c < 0 ? " " : "",
+	    c < 0 ? strerror(errno) : "");
+	return NULL;
+}
+
+static int serve(int port)
+{
+	ls = socket(AF_INET, SOCK_STREAM, 0);
+	int one = 1;
+	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(port)};
+	if (bind(ls, (struct sockaddr *)&sin, sizeof sin) < 0)
+		die("bind");
+	check("accept before listen", accept(ls, NULL, NULL));
+	check("listen", listen(ls, 16));
+	check("listen again", listen(ls, 64));
+	getint(ls, SOL_SOCKET, SO_ACCEPTCONN, "SO_ACCEPTCONN");
+	int v = 5;
+	check("set TCP_DEFER_ACCEPT", setsockopt(ls, IPPROTO_TCP, TCP_DEFER_ACCEPT, &v, sizeof v));
+	getint(ls, IPPROTO_TCP, TCP_DEFER_ACCEPT, "TCP_DEFER_ACCEPT");
+	v = 0;
+	setsockopt(ls, IPPROTO_TCP, TCP_DEFER_ACCEPT, &v, sizeof v);
+	fcntl(ls, F_SETFL, O_NONBLOCK);
+	check("accept, non-blocking, none there", accept(ls, NULL, NULL));
+	fcntl(ls, F_SETFL, 0);
+	check("recv on the listener", recv(ls, &v, 1, MSG_DONTWAIT));
+	say("listening");
+
+	/* 1: accept4's flags, and the peer's address. */
+	struct sockaddr_in a;
+	socklen_t al = sizeof a;
+	int c = accept4(ls, (struct sockaddr *)&a, &al, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	char ip[INET_ADDRSTRLEN] = "?";
+	inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+	say("accept4: %s, length %u, family %d, from %s", c >= 0 ? "a socket" : strerror(errno), (unsigned)al,
+	    a.sin_family, ip);
+	say("its O_NONBLOCK %d, FD_CLOEXEC %d", !!(fcntl(c, F_GETFL) & O_NONBLOCK), fcntl(c, F_GETFD));
+	check("its recv before the data", recv(c, &v, 1, 0));
+	take(c, "1");
+	getint(c, SOL_SOCKET, SO_ACCEPTCONN, "its SO_ACCEPTCONN");
+	getint(c, SOL_SOCKET, SO_ERROR, "its SO_ERROR");
+	struct sockaddr_in me;
+	socklen_t ml = sizeof me;
+	getsockname(c, (struct sockaddr *)&me, &ml);
+	say("its port is the listener's: %d", ntohs(me.sin_port) == port);
+	ok(c);
+	close(c);
+
+	/* 2: an address buffer too short: the kernel fills what fits and
+	 * says how long the address is. */
+	memset(&a, 0xff, sizeof a);
+	al = 4;
+	c = accept(ls, (struct sockaddr *)&a, &al);
+	say("accept, 4 bytes for the address: %s, length %u, family %d, byte 4 untouched %d",
+	    c >= 0 ? "a socket" : strerror(errno), (unsigned)al, a.sin_family, ((unsigned char *)&a)[4] == 0xff);
+	take(c, "2");
+	ok(c);
+	close(c);
+
+	/* 3: data and a FIN before the accept. */
+	usleep(200000);
+	c = accept(ls, NULL, NULL);
+	say("accept, no address: %s", c >= 0 ? "a socket" : strerror(errno));
+	take(c, "3");
+	char buf[8];
+	check("3, then", recv(c, buf, sizeof buf, 0));
+	ok(c);
+	close(c);
+
+	/* 4: a reset before the accept (the client's SO_LINGER 0 close), then
+	 * 5, a connection that says so. Linux keeps the reset connection in
+	 * the accept queue (its first recv fails with ECONNRESET); the
+	 * stack, as BSD, drops it (TestShimAccepts). */
+	usleep(300000);
+	c = accept(ls, NULL, NULL);
+	if (c >= 0 && readable(c)) {
+		ssize_t r = recv(c, buf, sizeof buf, 0);
+		if (r == 4 && memcmp(buf, "five", 4) == 0) {
+			say("4: the reset connection: not accepted");
+		} else {
+			say("4: the reset connection: accepted, its recv %zd%s%s", r, r < 0 ? " " : "",
+			    r < 0 ? strerror(errno) : "");
+			close(c);
+			c = accept(ls, NULL, NULL);
+			if (!readable(c) || recv(c, buf, sizeof buf, 0) != 4 || memcmp(buf, "five", 4) != 0)
+				say("5: not five");
+		}
+	}
+	say("5: five");
+	ok(c);
+	close(c);
+
+	/* 6: shutdown wakes a thread blocked in accept. */
+	pthread_t t;
+	pthread_create(&t, NULL, accept_blocked, NULL);
+	usleep(200000);
+	check("shutdown of the listener", shutdown(ls, SHUT_RDWR));
+	pthread_join(t, NULL);
+	check("accept after it", accept(ls, NULL, NULL));
+	close(ls);
+	say("done");
+	return 0;
+}
+
+static int dial_to(struct sockaddr_in *to)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	for (int i = 0; i < 50; i++) {
+		if (connect(s, (struct sockaddr *)to, sizeof *to) == 0)
+			return s;
+		close(s);
+		usleep(100000);
+		s = socket(AF_INET, SOCK_STREAM, 0);
+	}
+	die("connect");
+	return -1;
+}
+
+/* await_ok waits for the server's "ok" on s. */
+static void await_ok(int s, const char *step)
+{
+	char buf[2];
+	ssize_t r = readable(s) ? recv(s, buf, 2, MSG_WAITALL) : -1;
+	say("%s: %s", step, r == 2 && memcmp(buf, "ok", 2) == 0 ? "ok" : "no ok");
+}
+
+static int client(const char *addr, int port)
+{
+	struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port)};
+	if (inet_pton(AF_INET, addr, &to.sin_addr) != 1) {
+		fprintf(stderr, "accepts: bad address %s\n", addr);
+		return 2;
+	}
+	int s = dial_to(&to);
+	usleep(100000); /* its recv before the data finds none */
+	send(s, "one", 3, 0);
+	await_ok(s, "1");
+	close(s);
+	s = dial_to(&to);
+	send(s, "two", 3, 0);
+	await_ok(s, "2");
+	close(s);
+	s = dial_to(&to);
+	send(s, "three", 5, 0);
+	shutdown(s, SHUT_WR);
+	await_ok(s, "3");
+	close(s);
+	s = dial_to(&to);
+	struct linger lg = {1, 0};
+	setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+	close(s); /* a reset */
+	s = dial_to(&to);
+	send(s, "five", 4, 0);
+	await_ok(s, "5");
+	close(s);
+	say("done");
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && strcmp(argv[1], "serve") == 0)
+		return serve(atoi(argv[2]));
+	if (argc == 4 && strcmp(argv[1], "connect") == 0)
+		return client(argv[2], atoi(argv[3]));
+	fprintf(stderr, "usage: accepts serve PORT | accepts connect ADDR PORT\n");
+	return 2;
+}
