@@ -807,6 +807,100 @@ EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n)
 
 EXPORT ssize_t sendfile64(int out, int in, off_t *off, size_t n) { return sendfile(out, in, off, n); }
 
+/* splice with an accelerated socket at one end, which the kernel's
+ * cannot reach (its socket is the port's reservation: ENOTCONN), moves
+ * the bytes through a buffer as sendfile does, with the kernel's
+ * semantics: the other end a pipe (EINVAL), no offset on either
+ * (ESPIPE, EINVAL), what the pipe has room for from the socket, and from the
+ * pipe only what the socket took (the rest stays in the pipe: the bytes
+ * are copied out with tee and consumed once sent). A proxy relays so
+ * (HAProxy's splicing). */
+static __thread int t_tee[2] = {-1, -1};
+
+static int is_pipe(int fd)
+{
+	struct stat st;
+	return fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
+EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t n, unsigned int flags)
+{
+	struct fdent *ei = ours(in), *eo = ours(out);
+	if ((!ei || ei->listening) && (!eo || eo->listening))
+		return real_splice(in, off_in, out, off_out, n, flags);
+	/* The kernel's checks, in its order: an offset on the pipe's end is
+	 * ESPIPE, on the socket's EINVAL. */
+	if (!is_pipe(ei ? out : in)) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (ei ? off_out != NULL : off_in != NULL) {
+		errno = ESPIPE;
+		return -1;
+	}
+	if (off_in || off_out) {
+		errno = EINVAL;
+		return -1;
+	}
+	char buf[16384];
+	size_t want = n < sizeof buf ? n : sizeof buf;
+	if (!want)
+		return 0;
+	int nb = flags & SPLICE_F_NONBLOCK;
+	if (ei) {
+		/* socket to pipe: no more than the pipe has room for, so that
+		 * nothing taken from the socket is left over. */
+		for (;;) {
+			int size = real_fcntl(out, F_GETPIPE_SZ), queued = 0;
+			if (size < 0 || ioctl(out, FIONREAD, &queued) < 0)
+				return -1;
+			if (size > queued) {
+				if ((size_t)(size - queued) < want)
+					want = size - queued;
+				break;
+			}
+			struct pollfd p = {.fd = out, .events = POLLOUT};
+			if (nb || (real_fcntl(out, F_GETFL) & O_NONBLOCK)) {
+				errno = EAGAIN;
+				return -1;
+			}
+			if (poll(&p, 1, -1) < 0)
+				return -1;
+		}
+		ssize_t r = ours_recv(ei, in, buf, want, nb ? MSG_DONTWAIT : 0);
+		for (ssize_t w = 0; r > 0 && w < r;) {
+			ssize_t k = real_write(out, buf + w, r - w);
+			if (k < 0 && errno != EINTR && errno != EAGAIN)
+				return w ? w : -1; /* the reader has gone (EPIPE) */
+			if (k < 0 && errno == EAGAIN) {
+				struct pollfd p = {.fd = out, .events = POLLOUT};
+				poll(&p, 1, -1);
+			}
+			w += k > 0 ? k : 0;
+		}
+		return r;
+	}
+	/* pipe to socket: a copy of the pipe's bytes (tee), sent; the pipe
+	 * gives up what the socket took. */
+	if (t_tee[0] < 0 && pipe2(t_tee, O_CLOEXEC | O_NONBLOCK) < 0)
+		return -1;
+	ssize_t c = tee(in, t_tee[1], want, flags);
+	if (c <= 0)
+		return c;
+	c = real_read(t_tee[0], buf, c);
+	if (c <= 0)
+		return c;
+	ssize_t s = ours_send(eo, out, buf, c, nb ? MSG_DONTWAIT : 0);
+	if (s > 0)
+		for (ssize_t k = 0; k < s;) {
+			ssize_t r = real_read(in, buf, s - k);
+			if (r <= 0)
+				break;
+			k += r;
+		}
+	return s;
+}
+
 /* The fortified versions (_FORTIFY_SOURCE) that programs built with it
  * call instead. */
 EXPORT ssize_t __read_chk(int fd, void *b, size_t n, size_t blen)

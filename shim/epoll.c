@@ -352,6 +352,11 @@ static int ep_ctl_locked(struct fdent *ee, int epfd, int op, int fd, struct fden
 			r = -1;
 			break;
 		}
+		if (op == EPOLL_CTL_MOD && (ep->items[i].events & EPOLLEXCLUSIVE)) {
+			errno = EINVAL; /* as the kernel's: made for ADD alone */
+			r = -1;
+			break;
+		}
 		if (!ev) {
 			errno = EFAULT;
 			r = -1;
@@ -386,6 +391,30 @@ static int ep_ctl_locked(struct fdent *ee, int epfd, int op, int fd, struct fden
 	return r;
 }
 
+/* is_epoll: whether epfd, which the shim did not see made (inherited, or
+ * not an instance at all), is an epoll instance. 0 with errno as the
+ * kernel's epoll_ctl would set it: EBADF (not open), EINVAL. */
+static int is_epoll(int epfd)
+{
+	char path[32], link[32];
+	snprintf(path, sizeof path, "/proc/self/fd/%d", epfd);
+	ssize_t n = readlink(path, link, sizeof link - 1);
+	if (n < 0) {
+		errno = real_fcntl(epfd, F_GETFD) < 0 ? EBADF : EINVAL;
+		return 0;
+	}
+	link[n] = 0;
+	if (strcmp(link, "anon_inode:[eventpoll]") != 0) {
+		errno = EINVAL;
+		return 0;
+	}
+	return 1;
+}
+
+/* EP_EXCLUSIVE_OK: the events EPOLLEXCLUSIVE goes with (the kernel's
+ * EPOLLEXCLUSIVE_OK_BITS). */
+#define EP_EXCLUSIVE_OK (EPOLLIN | EPOLLOUT | EPOLLRDNORM | EPOLLWRNORM | EPOLLERR | EPOLLHUP | EPOLLWAKEUP | EPOLLET | EPOLLEXCLUSIVE)
+
 EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
 	struct fdent *fe = ours_or_listener(fd);
@@ -395,6 +424,19 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 		return kreg_ctl(epfd, op, fd, ev);
 	if (!fe || !ee || after_fork)
 		return real_epoll_ctl(epfd, op, fd, ev);
+	/* The kernel's checks, in its order, that the shim's own list of
+	 * accelerated members would not make. */
+	if ((op == EPOLL_CTL_ADD || op == EPOLL_CTL_MOD) && !ev) {
+		errno = EFAULT;
+		return -1;
+	}
+	if (ee->kind != K_EPOLL && !is_epoll(epfd))
+		return -1;
+	if ((op == EPOLL_CTL_ADD || op == EPOLL_CTL_MOD) && (ev->events & EPOLLEXCLUSIVE) &&
+	    (op == EPOLL_CTL_MOD || (ev->events & ~EP_EXCLUSIVE_OK))) {
+		errno = EINVAL;
+		return -1;
+	}
 	if (fe->listening) {
 		/* The kernel's half too. */
 		int r = real_epoll_ctl(epfd, op, fd, ev);

@@ -182,7 +182,15 @@ EXPORT int select(int n, fd_set *r, fd_set *w, fd_set *x, struct timeval *t)
 				*t = (struct timeval){.tv_sec = left / 1000000000LL, .tv_usec = left % 1000000000LL / 1000};
 		return ret;
 	}
-	return do_select(n, r, w, x, t ? t->tv_sec * 1000000000LL + t->tv_usec * 1000LL : -1, NULL);
+	int64_t tmo = t ? t->tv_sec * 1000000000LL + t->tv_usec * 1000LL : -1, start = t ? now_ns() : 0;
+	int ret = do_select(n, r, w, x, tmo, NULL);
+	if (t) {
+		/* As Linux's select, the time left goes back in *t. */
+		int64_t left = tmo - (now_ns() - start);
+		left = left > 0 ? left : 0;
+		*t = (struct timeval){.tv_sec = left / 1000000000LL, .tv_usec = left % 1000000000LL / 1000};
+	}
+	return ret;
 }
 
 EXPORT int pselect(int n, fd_set *r, fd_set *w, fd_set *x, const struct timespec *t, const sigset_t *mask)

@@ -62,6 +62,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/select.h>
@@ -104,6 +105,7 @@
 	X(ssize_t, sendmsg, int, const struct msghdr *, int) \
 	X(int, sendmmsg, int, struct mmsghdr *, unsigned int, int) \
 	X(ssize_t, sendfile, int, int, off_t *, size_t) \
+	X(ssize_t, splice, int, loff_t *, int, loff_t *, size_t, unsigned int) \
 	X(int, close, int) \
 	X(int, shutdown, int, int) \
 	X(int, getsockopt, int, int, int, void *, socklen_t *) \

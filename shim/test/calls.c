@@ -1,7 +1,7 @@
 /*
  * calls: the shim's conformance program for the calls mixed.c does not
  * make. It talks to a TCP echo server (the kernel's, in the other test
- * host) with writev/readv, sendmmsg/recvmmsg and sendfile; waits in
+ * host) with writev/readv, sendmmsg/recvmmsg, sendfile and splice; waits in
  * ppoll, pselect, epoll_pwait and epoll_pwait2 with signal masks and
  * timeouts; makes an epoll instance with epoll_create; dup3s a socket;
  * sets and reads the socket options servers use; runs a helper by vfork
@@ -37,24 +37,6 @@
 #include <unistd.h>
 
 #include "conform.h"
-
-/* await waits (up to 5 s) until n bytes can be read from s at once, so
- * that a call that reads them does not depend on how they arrived. */
-static void await(int s, int n)
-{
-	for (int i = 0; i < 500; i++) {
-		int avail = 0;
-		if (ioctl(s, FIONREAD, &avail) < 0)
-			die("FIONREAD");
-		if (avail >= n)
-			return;
-		struct pollfd p = {.fd = s, .events = POLLIN};
-		poll(&p, 1, 10);
-		if (avail > 0)
-			usleep(1000);
-	}
-	die("await: the echo did not come");
-}
 
 static void test_vectors(int s)
 {
@@ -146,6 +128,54 @@ static void test_shut_rd(void)
 	char c;
 	check("recv after SHUT_RD", recv(s, &c, 1, 0));
 	check("send after SHUT_RD", send(s, "x", 1, 0));
+	close(s);
+}
+
+/* splice between the socket and a pipe, both ways (a proxy's relay). */
+static void test_splice(int s)
+{
+	int pp[2];
+	if (pipe(pp) < 0)
+		die("pipe");
+	send(s, "splice", 6, 0);
+	await(s, 6);
+	check("splice from the socket", splice(s, NULL, pp[1], NULL, 6, 0));
+	char buf[16];
+	ssize_t r = read(pp[0], buf, sizeof buf);
+	say("the pipe: %zd %.*s", r, (int)(r > 0 ? r : 0), buf);
+	write(pp[1], "back", 4);
+	check("splice to the socket", splice(pp[0], NULL, s, NULL, 4, 0));
+	r = read_full(s, buf, 4);
+	say("its echo: %zd %.4s", r, r == 4 ? buf : "");
+	loff_t off = 0;
+	check("splice with an offset on the socket", splice(s, &off, pp[1], NULL, 6, 0));
+	check("splice with an offset on the pipe", splice(s, NULL, pp[1], &off, 6, 0));
+	int f = open("/dev/null", O_WRONLY);
+	check("splice to a file", splice(s, NULL, f, NULL, 6, 0));
+	close(f);
+	close(pp[0]);
+	close(pp[1]);
+}
+
+/* A client that binds its end first (port 0: the kernel's choice) keeps
+ * that port through connect. */
+static void test_bind_connect(void)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in me = {.sin_family = AF_INET};
+	check("bind to port 0", bind(s, (struct sockaddr *)&me, sizeof me));
+	socklen_t l = sizeof me;
+	getsockname(s, (struct sockaddr *)&me, &l);
+	int port = ntohs(me.sin_port);
+	say("bound to a port: %d", port != 0);
+	check("connect", connect(s, (struct sockaddr *)&peer, sizeof peer));
+	struct sockaddr_in after;
+	l = sizeof after;
+	getsockname(s, (struct sockaddr *)&after, &l);
+	say("connected from that port: %d", ntohs(after.sin_port) == port);
+	echo(s, "bound first", "bnd");
+	check("bind again", bind(s, (struct sockaddr *)&me, sizeof me));
+	check("connect again", connect(s, (struct sockaddr *)&peer, sizeof peer));
 	close(s);
 }
 
@@ -420,6 +450,8 @@ int main(int argc, char **argv)
 	test_mmsg_eof();
 	test_flags(s);
 	test_shut_rd();
+	test_splice(s);
+	test_bind_connect();
 	test_sendfile(s);
 	test_masks(s);
 	test_epoll_create(s);

@@ -5,6 +5,9 @@
  * echo server at peer.
  */
 #include <errno.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -72,4 +75,22 @@ static inline void getint(int s, int level, int opt, const char *name)
 		say("get %s: %s", name, strerror(errno));
 	else
 		say("get %s: %d (%u bytes)", name, v, (unsigned)l);
+}
+
+/* await waits (up to 5 s) until n bytes can be read from s at once, so
+ * that a call that reads them does not depend on how they arrived. */
+static inline void await(int s, int n)
+{
+	for (int i = 0; i < 500; i++) {
+		int avail = 0;
+		if (ioctl(s, FIONREAD, &avail) < 0)
+			die("FIONREAD");
+		if (avail >= n)
+			return;
+		struct pollfd p = {.fd = s, .events = POLLIN};
+		poll(&p, 1, 10);
+		if (avail > 0)
+			usleep(1000); /* some came: poll returns at once */
+	}
+	die("await: the echo did not come");
 }

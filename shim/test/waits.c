@@ -1,0 +1,203 @@
+/*
+ * waits: the shim's conformance program for the edges of its waits: the
+ * errors of epoll_ctl and epoll_wait, a registration that outlives the
+ * fd it was made by (a dup holds the socket), EPOLLONESHOT re-armed,
+ * EPOLLET after a partial read, and poll and select on fds that are not
+ * open. It talks to a TCP echo server (the kernel's, in the other test
+ * host) and prints one line per result, nothing that depends on timing
+ * or on port numbers, so that its output under the shim must be the
+ * same as without it (the reference).
+ *
+ *	waits ADDR PORT
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/select.h>
+#include <unistd.h>
+
+#include "conform.h"
+
+/* report waits up to ms on ep and prints what it got: the count, and
+ * each event's data and whether it has EPOLLIN and EPOLLOUT. */
+static void report(const char *what, int ep, int ms)
+{
+	struct epoll_event ev[4];
+	int n = epoll_wait(ep, ev, 4, ms);
+	if (n < 0) {
+		say("%s: -1 %s", what, strerror(errno));
+		return;
+	}
+	char line[256];
+	int o = snprintf(line, sizeof line, "%s: %d", what, n);
+	for (int i = 0; i < n && o < (int)sizeof line; i++)
+		o += snprintf(line + o, sizeof line - o, " (%llu%s%s)", (unsigned long long)ev[i].data.u64,
+			      ev[i].events & EPOLLIN ? " in" : "", ev[i].events & EPOLLOUT ? " out" : "");
+	say("%s", line);
+}
+
+static void test_epoll_errors(int s)
+{
+	int ep = epoll_create1(0);
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 1};
+	check("add", epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev));
+	check("add again", epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev));
+	int t = dial();
+	check("mod of one not added", epoll_ctl(ep, EPOLL_CTL_MOD, t, &ev));
+	check("del of one not added", epoll_ctl(ep, EPOLL_CTL_DEL, t, &ev));
+	check("add itself", epoll_ctl(ep, EPOLL_CTL_ADD, ep, &ev));
+	check("an unknown op", epoll_ctl(ep, 99, t, &ev));
+	check("add with no event", epoll_ctl(ep, EPOLL_CTL_ADD, t, NULL));
+	struct epoll_event x = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.u64 = 2};
+	check("add EPOLLEXCLUSIVE", epoll_ctl(ep, EPOLL_CTL_ADD, t, &x));
+	check("mod of an EPOLLEXCLUSIVE one", epoll_ctl(ep, EPOLL_CTL_MOD, t, &ev));
+	check("del of it", epoll_ctl(ep, EPOLL_CTL_DEL, t, NULL));
+	int pp[2];
+	pipe(pp);
+	check("epoll_ctl on a pipe as the set", epoll_ctl(pp[0], EPOLL_CTL_ADD, s, &ev));
+	check("epoll_wait on a pipe", epoll_wait(pp[0], &ev, 1, 0));
+	check("epoll_wait for 0 events", epoll_wait(ep, &ev, 0, 0));
+	close(t);
+	check("add of a closed fd", epoll_ctl(ep, EPOLL_CTL_ADD, t, &ev));
+	close(pp[0]);
+	close(pp[1]);
+	close(ep);
+}
+
+/* A registration belongs to the socket, not the fd: closing the fd it
+ * was made by leaves it while a dup holds the socket (epoll(7)). */
+static void test_epoll_dup(void)
+{
+	int s = dial();
+	int d = dup(s);
+	int ep = epoll_create1(0);
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 7};
+	epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+	close(s);
+	send(d, "dup", 3, 0);
+	await(d, 3);
+	report("after its fd closed, a dup holding it", ep, 5000);
+	check("del by the closed fd", epoll_ctl(ep, EPOLL_CTL_DEL, s, NULL));
+	char buf[8];
+	recv(d, buf, sizeof buf, 0);
+	close(d);
+	report("after the dup closed too", ep, 100);
+	close(ep);
+}
+
+static void test_oneshot(int s)
+{
+	int ep = epoll_create1(0);
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.u64 = 3};
+	epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+	send(s, "a", 1, 0);
+	await(s, 1);
+	report("oneshot, data", ep, 5000);
+	report("oneshot, again", ep, 100);
+	check("mod to re-arm", epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev));
+	report("oneshot, re-armed", ep, 5000);
+	char c;
+	recv(s, &c, 1, 0);
+	close(ep);
+}
+
+static void test_edge(int s)
+{
+	int ep = epoll_create1(0);
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLET, .data.u64 = 4};
+	epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+	report("edge, at the add", ep, 5000);
+	report("edge, nothing new", ep, 100);
+	send(s, "abcd", 4, 0);
+	await(s, 4);
+	report("edge, data", ep, 5000);
+	char buf[2];
+	recv(s, buf, 2, 0);
+	report("edge, after a partial read", ep, 100);
+	send(s, "e", 1, 0);
+	await(s, 3);
+	report("edge, more data", ep, 5000);
+	char rest[8];
+	recv(s, rest, sizeof rest, 0);
+	close(ep);
+}
+
+static void test_level(int s)
+{
+	int ep = epoll_create1(0);
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.u64 = 5};
+	epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+	report("level, writable", ep, 5000);
+	report("level, still writable", ep, 0);
+	ev.events = EPOLLIN;
+	epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev);
+	report("level, in only, idle", ep, 50);
+	send(s, "xy", 2, 0);
+	await(s, 2);
+	report("level, data", ep, 5000);
+	report("level, data still there", ep, 0);
+	char buf[2];
+	recv(s, buf, 2, 0);
+	report("level, read", ep, 50);
+	close(ep);
+}
+
+static void test_poll_edges(int s)
+{
+	int pp[2];
+	pipe(pp);
+	close(pp[1]);
+	int closed = pp[1];
+	struct pollfd p[4] = {
+		{.fd = s, .events = POLLIN | POLLOUT},
+		{.fd = -1, .events = POLLIN},
+		{.fd = closed, .events = POLLIN},
+		{.fd = pp[0], .events = POLLIN},
+	};
+	int n = poll(p, 4, 1000);
+	say("poll: %d, revents %#x %#x %#x %#x", n, p[0].revents, p[1].revents, p[2].revents, p[3].revents);
+	check("poll of nothing, 20 ms", poll(NULL, 0, 20));
+	fd_set r;
+	FD_ZERO(&r);
+	FD_SET(s, &r);
+	FD_SET(closed, &r);
+	struct timeval tv = {1, 0};
+	check("select with a closed fd", select((s > closed ? s : closed) + 1, &r, NULL, NULL, &tv));
+	FD_ZERO(&r);
+	FD_SET(s, &r);
+	tv.tv_sec = 0;
+	tv.tv_usec = 20000;
+	check("select, a negative count", select(-1, &r, NULL, NULL, &tv));
+	check("select, idle, 20 ms", select(s + 1, &r, NULL, NULL, &tv));
+	say("its timeout, left: %ld", (long)tv.tv_usec);
+	close(pp[0]);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 3) {
+		fprintf(stderr, "usage: waits ADDR PORT\n");
+		return 2;
+	}
+	peer.sin_family = AF_INET;
+	peer.sin_port = htons(atoi(argv[2]));
+	if (inet_pton(AF_INET, argv[1], &peer.sin_addr) != 1) {
+		fprintf(stderr, "waits: bad address %s\n", argv[1]);
+		return 2;
+	}
+	alarm(60); /* a hang fails the run rather than the test's timeout */
+	int s = dial();
+	echo(s, "first socket", "hello");
+	test_epoll_errors(s);
+	test_epoll_dup();
+	test_oneshot(s);
+	test_edge(s);
+	test_level(s);
+	test_poll_edges(s);
+	echo(s, "at the end", "bye");
+	say("done");
+	return 0;
+}
