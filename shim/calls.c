@@ -708,11 +708,34 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 	return r;
 }
 
+/* pass_rights: the accelerated connections a message passes to another
+ * process (SCM_RIGHTS, on a Unix socket) go to the kernel first, as
+ * across exec: the process that receives one gets its kernel socket,
+ * which the stack's connection otherwise leaves unconnected. */
+static void pass_rights(const struct msghdr *m)
+{
+	if (bad_buf(m, sizeof *m) || !m->msg_controllen || bad_buf(m->msg_control, m->msg_controllen) || !fdt)
+		return;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR((struct msghdr *)m, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len < CMSG_LEN(0))
+			continue;
+		int n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (int i = 0; i < n; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+			to_kernel(fd, ours(fd), "to pass it to another process (SCM_RIGHTS)");
+		}
+	}
+}
+
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
 	struct fdent *e = ours(fd);
-	if (!e)
+	if (!e) {
+		if (m && m->msg_controllen)
+			pass_rights(m);
 		return real_sendmsg(fd, m, flags);
+	}
 	if (bad_buf(m, sizeof *m)) {
 		errno = EFAULT;
 		return -1;
@@ -1167,7 +1190,11 @@ static int do_fcntl(int fd, int cmd, long arg)
 		return r;
 	}
 	case F_SETFL:
-		if (e) {
+		/* Signal-driven I/O is the kernel socket's: the connection goes
+		 * to the kernel, which then signals its readiness. */
+		if (e && (arg & O_ASYNC))
+			to_kernel(fd, e, "for signal-driven I/O (O_ASYNC)");
+		if (e && e->kind == K_OURS) {
 			e->nonblock = !!(arg & O_NONBLOCK);
 			arg |= O_NONBLOCK;
 		}
@@ -1197,6 +1224,10 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 	struct fdent *e = ours(fd);
 	if (e && req == FIONREAD)
 		CHILD_TAKES(fd, e);
+	if (e && req == FIOASYNC && arg && *(int *)arg) {
+		to_kernel(fd, e, "for signal-driven I/O (FIOASYNC)");
+		return real_ioctl(fd, req, arg);
+	}
 	if (e && req == FIONBIO && arg) {
 		e->nonblock = !!*(int *)arg;
 		return 0;

@@ -177,6 +177,29 @@ void handover_for_close(int fd, struct fdent *e)
 		       fd, strerror(-r));
 }
 
+/* to_kernel hands connection fd over to the kernel where the program
+ * asks of it what only the kernel's socket does (why: signal-driven I/O,
+ * passing it to another process). 0: the fd is the kernel's now (or was
+ * not ours); -1: it stays ours (a listener, or the handover failed:
+ * logged). */
+int to_kernel(int fd, struct fdent *e, const char *why)
+{
+	if (!e || e->kind != K_OURS)
+		return 0;
+	if (e->listening) {
+		logf_("fd %d: a listener cannot go to the kernel %s: it stays accelerated", fd, why);
+		return -1;
+	}
+	if (after_fork)
+		return child_takes(fd, e);
+	int r = hand_over(fd, e, why);
+	if (r != 0) {
+		logf_("fd %d: its connection could not be handed over to the kernel %s (%s)", fd, why, strerror(-r));
+		return -1;
+	}
+	return 0;
+}
+
 static int *names_of(int h);
 static void release_at_exit(const int *names);
 

@@ -430,6 +430,7 @@ int timeo_opt(int level, int name);
 /* process.c */
 void handover_at_exit(void);
 void handover_for_close(int fd, struct fdent *e);
+int to_kernel(int fd, struct fdent *e, const char *why);
 
 /* calls.c */
 void accel_listener(int fd, struct fdent *e);

@@ -6,7 +6,8 @@
  * timeouts; makes an epoll instance with epoll_create; dup3s a socket;
  * sets and reads the socket options servers use; runs a helper by vfork
  * and exec; hands a connection across exec to a program of its own (as
- * inetd does); and makes a connection after daemon(). It prints one line
+ * inetd does) and over a Unix socket (SCM_RIGHTS); asks for SIGIO
+ * (O_ASYNC); and makes a connection after daemon(). It prints one line
  * per result, nothing that depends on timing or on port numbers, so that
  * its output under the shim must be the same as without it (the
  * reference).
@@ -177,6 +178,71 @@ static void test_bind_connect(void)
 	check("bind again", bind(s, (struct sockaddr *)&me, sizeof me));
 	check("connect again", connect(s, (struct sockaddr *)&peer, sizeof peer));
 	close(s);
+}
+
+static volatile sig_atomic_t sigios;
+static void on_sigio(int sig)
+{
+	(void)sig;
+	sigios++;
+}
+
+/* Signal-driven I/O: SIGIO when the echo comes. */
+static void test_async(void)
+{
+	int s = dial();
+	signal(SIGIO, on_sigio);
+	check("F_SETOWN", fcntl(s, F_SETOWN, getpid()));
+	check("F_SETFL O_ASYNC", fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_ASYNC));
+	say("its O_ASYNC: %d", !!(fcntl(s, F_GETFL) & O_ASYNC));
+	send(s, "io", 2, 0);
+	for (int i = 0; i < 500 && !sigios; i++)
+		usleep(10000);
+	say("SIGIO at the echo: %d", sigios > 0);
+	char buf[2];
+	say("the echo: %zd", read_full(s, buf, 2));
+	close(s);
+	signal(SIGIO, SIG_DFL);
+}
+
+/* A connection passed over a Unix socket (SCM_RIGHTS), its sender's
+ * copy closed: the fd received carries it. */
+static void test_pass(void)
+{
+	int s = dial();
+	echo(s, "before passing", "pass");
+	int sp[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) < 0)
+		die("socketpair");
+	char c = 'x';
+	struct iovec iov = {&c, 1};
+	union {
+		char b[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} ctl;
+	memset(&ctl, 0, sizeof ctl);
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b};
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &s, sizeof s);
+	check("sendmsg SCM_RIGHTS", sendmsg(sp[0], &m, 0));
+	close(s);
+	memset(&ctl, 0, sizeof ctl);
+	m.msg_controllen = sizeof ctl.b;
+	check("recvmsg", recvmsg(sp[1], &m, 0));
+	cm = CMSG_FIRSTHDR(&m);
+	int r = -1;
+	if (cm && cm->cmsg_type == SCM_RIGHTS)
+		memcpy(&r, CMSG_DATA(cm), sizeof r);
+	say("an fd received: %d", r >= 0);
+	if (r >= 0) {
+		echo(r, "passed", "passed");
+		close(r);
+	}
+	close(sp[0]);
+	close(sp[1]);
 }
 
 static void test_sendfile(int s)
@@ -452,6 +518,8 @@ int main(int argc, char **argv)
 	test_shut_rd();
 	test_splice(s);
 	test_bind_connect();
+	test_async();
+	test_pass();
 	test_sendfile(s);
 	test_masks(s);
 	test_epoll_create(s);
