@@ -530,7 +530,10 @@ func (s *Stack) Shutdown(id SockID, how int) error {
 	if sk.kind != kindTCP {
 		return ErrNotSupported
 	}
-	if !synchronized(sk.state) && sk.state != tcpSynReceived {
+	if !synchronized(sk.state) && sk.state != tcpSynReceived || sk.state == tcpTimeWait {
+		// In TIME-WAIT both FINs are done, and Linux's socket has gone to
+		// CLOSE (its TIME-WAIT is a mini-socket of its own): its
+		// shutdown fails with ENOTCONN (inet_shutdown), as here.
 		return ErrNotConn
 	}
 	if how != syscall.SHUT_WR {

@@ -275,8 +275,9 @@ func TestShimCalls(t *testing.T) { conformance(t, "calls", 90*time.Second) }
 // makes for its sockets (epoll_ctl's and epoll_wait's errors, a
 // registration that outlives its fd while a dup holds the socket,
 // EPOLLONESHOT re-armed, EPOLLET after a partial read, level-triggered
-// events, poll and select on fds not open, select's timeout written
-// back), as TestShimMixed runs mixed.c.
+// events, POLLRDHUP at the peer's FIN, shutdown after the end, poll and
+// select on fds not open, select's timeout written back), as
+// TestShimMixed runs mixed.c.
 func TestShimWaits(t *testing.T) {
 	// The one difference, documented (docs/ARCHITECTURE.md, "The
 	// LD_PRELOAD shim"): the shim's registration of an accelerated socket

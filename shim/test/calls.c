@@ -388,6 +388,9 @@ static void test_options(int s)
 		{SOL_SOCKET, SO_SNDBUF, "SO_SNDBUF", 65536},
 		{SOL_SOCKET, SO_RCVLOWAT, "SO_RCVLOWAT", 1},
 		{IPPROTO_IP, IP_TOS, "IP_TOS", 0x10},
+		{IPPROTO_IP, IP_TTL, "IP_TTL", 33},
+		{IPPROTO_TCP, TCP_USER_TIMEOUT, "TCP_USER_TIMEOUT", 5000},
+		{IPPROTO_TCP, TCP_QUICKACK, "TCP_QUICKACK", 1},
 	};
 	for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++)
 		setint(s, sets[k].level, sets[k].opt, sets[k].name, sets[k].v);
@@ -412,6 +415,14 @@ static void test_options(int s)
 	check("set an unknown option", setsockopt(s, SOL_SOCKET, 9999, &v, sizeof v));
 	check("get an unknown option", getsockopt(s, SOL_SOCKET, 9999, &v, &l));
 	check("set with a short length", setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &v, 2));
+	struct timeval tv = {2, 500000}, tv2 = {0, 0};
+	check("set SO_RCVTIMEO", setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv));
+	l = sizeof tv2;
+	getsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv2, &l);
+	say("get SO_RCVTIMEO: %ld.%06ld (%u bytes)", (long)tv2.tv_sec, (long)tv2.tv_usec, (unsigned)l);
+	check("set SO_RCVTIMEO, short", setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, 4));
+	tv.tv_sec = tv.tv_usec = 0;
+	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	l = 0;
 	check("get with no room", getsockopt(s, IPPROTO_TCP, TCP_NODELAY, &v, &l));
 	say("its length: %u", (unsigned)l);

@@ -2,8 +2,8 @@
  * waits: the shim's conformance program for the edges of its waits: the
  * errors of epoll_ctl and epoll_wait, a registration that outlives the
  * fd it was made by (a dup holds the socket), EPOLLONESHOT re-armed,
- * EPOLLET after a partial read, and poll and select on fds that are not
- * open. It talks to a TCP echo server (the kernel's, in the other test
+ * EPOLLET after a partial read, POLLRDHUP at the peer's FIN, shutdown
+ * after the end, and poll and select on fds that are not open. It talks to a TCP echo server (the kernel's, in the other test
  * host) and prints one line per result, nothing that depends on timing
  * or on port numbers, so that its output under the shim must be the
  * same as without it (the reference).
@@ -145,6 +145,29 @@ static void test_level(int s)
 	close(ep);
 }
 
+/* The peer's FIN: POLLRDHUP and EPOLLRDHUP, beside POLLIN. */
+static void test_rdhup(void)
+{
+	int s = dial();
+	shutdown(s, SHUT_WR); /* the echo server closes its side in turn */
+	struct pollfd p = {.fd = s, .events = POLLIN | POLLRDHUP};
+	int n = poll(&p, 1, 5000);
+	say("poll at the peer's FIN: %d, POLLIN %d, POLLRDHUP %d, POLLHUP %d", n, !!(p.revents & POLLIN),
+	    !!(p.revents & POLLRDHUP), !!(p.revents & POLLHUP));
+	int ep = epoll_create1(0);
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.u64 = 9}, got;
+	epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+	n = epoll_wait(ep, &got, 1, 5000);
+	say("epoll at the peer's FIN: %d, EPOLLIN %d, EPOLLRDHUP %d, EPOLLHUP %d", n, n == 1 && (got.events & EPOLLIN),
+	    n == 1 && (got.events & EPOLLRDHUP), n == 1 && (got.events & EPOLLHUP));
+	close(ep);
+	check("shutdown SHUT_WR again", shutdown(s, SHUT_WR));
+	check("shutdown, a bad how", shutdown(s, 5));
+	check("dup2 onto itself", dup2(s, s));
+	close(s);
+	check("close again", close(s));
+}
+
 static void test_poll_edges(int s)
 {
 	int pp[2];
@@ -196,6 +219,7 @@ int main(int argc, char **argv)
 	test_oneshot(s);
 	test_edge(s);
 	test_level(s);
+	test_rdhup();
 	test_poll_edges(s);
 	echo(s, "at the end", "bye");
 	say("done");
