@@ -3,10 +3,11 @@
  * errors of epoll_ctl and epoll_wait, a registration that outlives the
  * fd it was made by (a dup holds the socket), EPOLLONESHOT re-armed,
  * EPOLLET after a partial read, POLLRDHUP at the peer's FIN, shutdown
- * after the end, and poll and select on fds that are not open. It talks to a TCP echo server (the kernel's, in the other test
- * host) and prints one line per result, nothing that depends on timing
- * or on port numbers, so that its output under the shim must be the
- * same as without it (the reference).
+ * after the end, and poll and select on fds that are not open. It talks
+ * to a TCP echo server (the kernel's, in the other test host) and prints
+ * one line per result, nothing that depends on timing or on port
+ * numbers, so that its output under the shim must be the same as
+ * without it (the reference).
  *
  *	waits ADDR PORT
  */
