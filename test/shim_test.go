@@ -435,8 +435,8 @@ func serveConnect(t *testing.T, prog string, srv, cli *Host, srvArgs []string, p
 // with none there, accept4's flags, an address buffer too short, a
 // connection whose data and FIN came before the accept, one reset before
 // it, shutdown waking a thread blocked in accept), its server under the
-// shim and its client on the kernel: both print as with the server on
-// the kernel.
+// shim and its client on the kernel, then the other way: both print as
+// with both on the kernel.
 func TestShimAccepts(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "accepts")
@@ -452,11 +452,21 @@ func TestShimAccepts(t *testing.T) {
 	// from the stack's accept queue, as BSD's TCP does; Linux's accept
 	// returns it, and its first recv fails with ECONNRESET.
 	const linuxReset = "4: the reset connection: accepted, its recv -1 Connection reset by peer\n"
+	kernelSrv := wantSrv
 	wantSrv = strings.Replace(wantSrv, linuxReset, "4: the reset connection: not accepted\n", 1)
 	if srv != wantSrv || cli != wantCli {
 		t.Fatalf("under the shim the server printed:\n%s\nthe client:\n%s\nwith the kernel:\n%s\n%s\n(shim log:\n%s)", srv, cli, wantSrv, wantCli, log)
 	}
-	t.Logf("%d lines as on the kernel", strings.Count(srv+cli, "\n"))
+	t.Logf("server under the shim: %d lines as on the kernel", strings.Count(srv+cli, "\n"))
+	// The client under the shim, the server on the kernel: its
+	// connections as the kernel's client makes them, the reset by its
+	// SO_LINGER 0 close among them (the kernel's server sees it).
+	srv, cli, log = serveConnect(t, prog, b, a, []string{"serve", "7432"}, "7432", false, true)
+	requireAccelerated(t, log, "connecting")
+	if srv != kernelSrv || cli != wantCli {
+		t.Fatalf("with the client under the shim the server printed:\n%s\nthe client:\n%s\nwith the kernel:\n%s\n%s\n(shim log:\n%s)", srv, cli, kernelSrv, wantCli, log)
+	}
+	t.Logf("client under the shim: %d lines as on the kernel", strings.Count(srv+cli, "\n"))
 }
 
 // TestShimThreadExitKicks runs shim/test/exitkick.c: a thread sends on

@@ -57,12 +57,16 @@ static void ok(int c)
 
 static int ls;
 
+/* accept_blocked is a thread blocked in accept when the listener is shut
+ * down: its result, for the main thread to print after the join (two
+ * threads' lines would come in either order). */
+static int blocked_r, blocked_errno;
+
 static void *accept_blocked(void *arg)
 {
 	(void)arg;
-	int c = accept(ls, NULL, NULL);
-	say("accept, blocked when the listener shut down: %d%s%s", c < 0 ? -1 : 0, c < 0 ? " " : "",
-	    c < 0 ? strerror(errno) : "");
+	blocked_r = accept(ls, NULL, NULL);
+	blocked_errno = errno;
 	return NULL;
 }
 
@@ -157,8 +161,11 @@ static int serve(int port)
 	pthread_t t;
 	pthread_create(&t, NULL, accept_blocked, NULL);
 	usleep(200000);
-	check("shutdown of the listener", shutdown(ls, SHUT_RDWR));
+	int sr = shutdown(ls, SHUT_RDWR);
 	pthread_join(t, NULL);
+	say("shutdown of the listener: %d", sr);
+	say("accept, blocked when the listener shut down: %d%s%s", blocked_r < 0 ? -1 : 0, blocked_r < 0 ? " " : "",
+	    blocked_r < 0 ? strerror(blocked_errno) : "");
 	check("accept after it", accept(ls, NULL, NULL));
 	close(ls);
 	say("done");
