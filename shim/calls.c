@@ -838,7 +838,7 @@ EXPORT ssize_t sendfile64(int out, int in, off_t *off, size_t n) { return sendfi
  * pipe only what the socket took (the rest stays in the pipe: the bytes
  * are copied out with tee and consumed once sent). A proxy relays so
  * (HAProxy's splicing). */
-static __thread int t_tee[2] = {-1, -1};
+__thread int t_tee[2] = {-1, -1}; /* the thread's pipe for splice's copies (tee) */
 
 static int is_pipe(int fd)
 {

@@ -433,6 +433,7 @@ void handover_for_close(int fd, struct fdent *e);
 int to_kernel(int fd, struct fdent *e, const char *why);
 
 /* calls.c */
+extern __thread int t_tee[2];
 void accel_listener(int fd, struct fdent *e);
 
 /* poll.c */

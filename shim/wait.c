@@ -48,6 +48,11 @@ void thread_exit(void *p)
 	if (t_ep >= 0)
 		real_close(t_ep);
 	t_efd = t_ep = t_ep_prog = -1;
+	if (t_tee[0] >= 0) {
+		real_close(t_tee[0]);
+		real_close(t_tee[1]);
+		t_tee[0] = t_tee[1] = -1;
+	}
 	stack_t ss;
 	if (t_alt_mem && sigaltstack(NULL, &ss) == 0 && ss.ss_sp == t_alt_mem && !(ss.ss_flags & SS_ONSTACK)) {
 		ss.ss_flags = SS_DISABLE;
