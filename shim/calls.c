@@ -451,6 +451,14 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 		errno = ENOTCONN;
 		return -1;
 	}
+	if (flags & (MSG_ERRQUEUE | MSG_OOB)) {
+		/* Not the stream: the stack keeps no error queue (EAGAIN: none
+		 * queued), and takes urgent data inline (as SO_OOBINLINE, with
+		 * which the kernel's MSG_OOB fails with EINVAL). Taken as a
+		 * plain recv, they consumed the stream's bytes. */
+		errno = flags & MSG_ERRQUEUE ? EAGAIN : EINVAL;
+		return -1;
+	}
 	if (!(flags & MSG_TRUNC) && bad_buf(buf, n)) {
 		errno = EFAULT;
 		return -1;
@@ -537,6 +545,8 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 		errno = EFAULT;
 		return -1;
 	}
+	if ((flags & MSG_OOB) && to_kernel(fd, e, "to send urgent data (MSG_OOB)") == 0)
+		return real_send(fd, buf, n, flags); /* the stack sends no URG */
 	struct ccall c = ccall_begin(e, fd);
 	ssize_t r = send_call(&c, buf, n, flags);
 	ccall_end(&c);

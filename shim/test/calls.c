@@ -119,6 +119,15 @@ static void test_flags(int s)
 	ssize_t r = recv(s, buf, 6, MSG_WAITALL);
 	pthread_join(t, NULL);
 	say("recv MSG_WAITALL: %zd %.6s", r, r == 6 ? buf : "");
+	/* The error queue and urgent data are not the stream: with data
+	 * waiting, neither takes it. */
+	send(s, "q", 1, 0);
+	await(s, 1);
+	check("recv MSG_ERRQUEUE", recv(s, buf, sizeof buf, MSG_ERRQUEUE | MSG_DONTWAIT));
+	check("recv MSG_OOB, none", recv(s, buf, sizeof buf, MSG_OOB | MSG_DONTWAIT));
+	r = recv(s, buf, sizeof buf, 0);
+	say("the data after them: %zd %.1s", r, r == 1 ? buf : "");
+
 }
 
 static void test_shut_rd(void)
