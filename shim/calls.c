@@ -300,6 +300,56 @@ static void inherit_timeo(const struct fdent *l, int fd, int kfd, int h)
 	}
 }
 
+/* inherit_options gives accepted connection kfd (handle h) the options
+ * of listener fd, as Linux's child socket is a copy of its listener's:
+ * read from the listener's kernel half (it has what the program set),
+ * set on the connection's kernel socket where they differ (getsockopt
+ * reads them there, and a handover makes them the live ones), and given
+ * to the core (copy_options; the stack carries its listener's over
+ * itself too). Before, the kernel socket had a new socket's defaults:
+ * no keepalive, Nagle on (TestShimAccepts). It costs an accept fourteen
+ * getsockopt calls on the listener. */
+static void inherit_options(int fd, int kfd, int h, int v6)
+{
+	static const struct { int level, name; } opts[] = {
+		{SOL_SOCKET, SO_KEEPALIVE}, {SOL_SOCKET, SO_RCVLOWAT}, {SOL_SOCKET, SO_PRIORITY},
+		{IPPROTO_TCP, TCP_NODELAY}, {IPPROTO_TCP, TCP_CORK}, {IPPROTO_TCP, TCP_KEEPIDLE},
+		{IPPROTO_TCP, TCP_KEEPINTVL}, {IPPROTO_TCP, TCP_KEEPCNT}, {IPPROTO_TCP, TCP_USER_TIMEOUT},
+		{IPPROTO_IP, IP_TOS}, {IPPROTO_IP, IP_TTL},
+		{SOL_SOCKET, SO_RCVBUF}, {SOL_SOCKET, SO_SNDBUF}, /* last: they read back doubled */
+	};
+	enum { N = sizeof opts / sizeof opts[0] };
+	/* A new socket's values, read once from the first accepted one (all
+	 * are the kernel's defaults then): only those that differ are set. */
+	static int dflt[2][N], known[2];
+	if (!__atomic_load_n(&known[v6], __ATOMIC_ACQUIRE)) {
+		for (int i = 0; i < N; i++) {
+			socklen_t l = sizeof(int);
+			if (real_getsockopt(kfd, opts[i].level, opts[i].name, &dflt[v6][i], &l) < 0)
+				dflt[v6][i] = -1;
+		}
+		__atomic_store_n(&known[v6], 1, __ATOMIC_RELEASE);
+	}
+	int changed = 0;
+	for (int i = 0; i < N; i++) {
+		if (v6 && opts[i].level == IPPROTO_IP)
+			continue;
+		int v = 0;
+		socklen_t l = sizeof v;
+		if (real_getsockopt(fd, opts[i].level, opts[i].name, &v, &l) < 0 || v == dflt[v6][i])
+			continue;
+		if (opts[i].name == SO_RCVBUF || opts[i].name == SO_SNDBUF)
+			v /= 2; /* socket(7): the kernel doubles what is set */
+		changed |= real_setsockopt(kfd, opts[i].level, opts[i].name, &v, sizeof v) == 0;
+	}
+	struct linger lg;
+	socklen_t l = sizeof lg;
+	if (real_getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &l) == 0 && lg.l_onoff)
+		changed |= real_setsockopt(kfd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) == 0;
+	if (changed)
+		copy_options(kfd, h, 0); /* and to the core, which has its defaults */
+}
+
 /* fill_addr gives the program address ip:port (network order) as the
  * kernel gives a name: truncated to *l, whose new value is the whole
  * length; on an IPv6 socket (v6) as an IPv4-mapped address. */
@@ -366,8 +416,10 @@ static int accept_call(struct ccall *c, int v6, struct sockaddr *a, socklen_t *l
 				if (ent(kfd))
 					ent(kfd)->v6 = v6;
 				pthread_mutex_unlock(&mu);
-				if (!gone)
+				if (!gone) {
 					inherit_timeo(c->e, fd, kfd, h);
+					inherit_options(fd, kfd, h, v6);
+				}
 				uint32_t lip, rip;
 				uint16_t lp, rp;
 				if (CORE(core.addrs(h, &lip, &lp, &rip, &rp)) == 0)

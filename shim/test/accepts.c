@@ -91,6 +91,25 @@ static int serve(int port)
 	check("accept, non-blocking, none there", accept(ls, NULL, NULL));
 	fcntl(ls, F_SETFL, 0);
 	check("recv on the listener", recv(ls, &v, 1, MSG_DONTWAIT));
+	/* Options an accepted socket inherits from its listener (Linux
+	 * copies the listener's socket into the child). */
+	static const struct {
+		int level, opt;
+		const char *name;
+		int v;
+	} inherit[] = {
+		{SOL_SOCKET, SO_KEEPALIVE, "SO_KEEPALIVE", 1},
+		{IPPROTO_TCP, TCP_NODELAY, "TCP_NODELAY", 1},
+		{IPPROTO_TCP, TCP_KEEPIDLE, "TCP_KEEPIDLE", 77},
+		{IPPROTO_TCP, TCP_KEEPINTVL, "TCP_KEEPINTVL", 9},
+		{IPPROTO_TCP, TCP_KEEPCNT, "TCP_KEEPCNT", 4},
+		{SOL_SOCKET, SO_RCVBUF, "SO_RCVBUF", 65536},
+		{SOL_SOCKET, SO_SNDBUF, "SO_SNDBUF", 65536},
+	};
+	for (size_t k = 0; k < sizeof inherit / sizeof inherit[0]; k++)
+		setsockopt(ls, inherit[k].level, inherit[k].opt, &inherit[k].v, sizeof inherit[k].v);
+	struct linger lg = {1, 3};
+	setsockopt(ls, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 	say("listening");
 
 	/* 1: accept4's flags, and the peer's address. */
@@ -104,6 +123,12 @@ static int serve(int port)
 	say("its O_NONBLOCK %d, FD_CLOEXEC %d", !!(fcntl(c, F_GETFL) & O_NONBLOCK), fcntl(c, F_GETFD));
 	check("its recv before the data", recv(c, &v, 1, 0));
 	take(c, "1");
+	for (size_t k = 0; k < sizeof inherit / sizeof inherit[0]; k++)
+		getint(c, inherit[k].level, inherit[k].opt, inherit[k].name);
+	struct linger lg2 = {0, 0};
+	socklen_t ll = sizeof lg2;
+	getsockopt(c, SOL_SOCKET, SO_LINGER, &lg2, &ll);
+	say("its SO_LINGER: %d %d", lg2.l_onoff, lg2.l_linger);
 	getint(c, SOL_SOCKET, SO_ACCEPTCONN, "its SO_ACCEPTCONN");
 	getint(c, SOL_SOCKET, SO_ERROR, "its SO_ERROR");
 	struct sockaddr_in me;
