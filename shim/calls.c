@@ -305,10 +305,12 @@ static void inherit_timeo(const struct fdent *l, int fd, int kfd, int h)
  * read from the listener's kernel half (it has what the program set),
  * set on the connection's kernel socket where they differ (getsockopt
  * reads them there, and a handover makes them the live ones), and given
- * to the core (copy_options; the stack carries its listener's over
- * itself too). Before, the kernel socket had a new socket's defaults:
- * no keepalive, Nagle on (TestShimAccepts). It costs an accept fourteen
- * getsockopt calls on the listener. */
+ * to the core (copy_options). The stack's child carries over what its
+ * listener had in the stack, but that is what copy_options gave it when
+ * it was accelerated: an option set on a listener since reaches only its
+ * kernel half (setsockopt). Before, the kernel socket had a new socket's
+ * defaults: no keepalive, Nagle on (TestShimAccepts). It costs an accept
+ * fourteen getsockopt calls on the listener. */
 static void inherit_options(int fd, int kfd, int h, int v6)
 {
 	static const struct { int level, name; } opts[] = {

@@ -219,32 +219,29 @@ static void await_ok(int s, const char *step)
 	say("%s: %s", step, r == 2 && memcmp(buf, "ok", 2) == 0 ? "ok" : "no ok");
 }
 
-static int client(const char *addr, int port)
+static int client(const char *addr, const char *port)
 {
-	struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port)};
-	if (inet_pton(AF_INET, addr, &to.sin_addr) != 1) {
-		fprintf(stderr, "accepts: bad address %s\n", addr);
+	if (set_peer("accepts", addr, port))
 		return 2;
-	}
-	int s = dial_to(&to);
+	int s = dial_to(&peer);
 	usleep(100000); /* its recv before the data finds none */
 	send(s, "one", 3, 0);
 	await_ok(s, "1");
 	close(s);
-	s = dial_to(&to);
+	s = dial_to(&peer);
 	send(s, "two", 3, 0);
 	await_ok(s, "2");
 	close(s);
-	s = dial_to(&to);
+	s = dial_to(&peer);
 	send(s, "three", 5, 0);
 	shutdown(s, SHUT_WR);
 	await_ok(s, "3");
 	close(s);
-	s = dial_to(&to);
+	s = dial_to(&peer);
 	struct linger lg = {1, 0};
 	setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 	close(s); /* a reset */
-	s = dial_to(&to);
+	s = dial_to(&peer);
 	send(s, "five", 4, 0);
 	await_ok(s, "5");
 	close(s);
@@ -257,7 +254,7 @@ int main(int argc, char **argv)
 	if (argc == 3 && strcmp(argv[1], "serve") == 0)
 		return serve(atoi(argv[2]));
 	if (argc == 4 && strcmp(argv[1], "connect") == 0)
-		return client(argv[2], atoi(argv[3]));
+		return client(argv[2], argv[3]);
 	fprintf(stderr, "usage: accepts serve PORT | accepts connect ADDR PORT\n");
 	return 2;
 }

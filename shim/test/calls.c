@@ -521,12 +521,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: calls ADDR PORT\n");
 		return 2;
 	}
-	peer.sin_family = AF_INET;
-	peer.sin_port = htons(atoi(argv[2]));
-	if (inet_pton(AF_INET, argv[1], &peer.sin_addr) != 1) {
-		fprintf(stderr, "calls: bad address %s\n", argv[1]);
+	if (set_peer("calls", argv[1], argv[2]))
 		return 2;
-	}
 	signal(SIGPIPE, SIG_IGN);
 	alarm(60); /* a hang fails the run rather than the test's timeout */
 	int s = dial();

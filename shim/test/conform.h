@@ -4,6 +4,7 @@
  * shim must be the same as without it; mixed.c and calls.c talk to a TCP
  * echo server at peer.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
 #include <sys/ioctl.h>
@@ -16,6 +17,20 @@
 #include <sys/socket.h>
 
 static struct sockaddr_in peer;
+
+/* set_peer makes ADDR and PORT, a program's arguments, the peer's
+ * address: 0, or 2 (the exit status of a usage error) with why on
+ * standard error. */
+static inline int set_peer(const char *prog, const char *addr, const char *port)
+{
+	peer.sin_family = AF_INET;
+	peer.sin_port = htons(atoi(port));
+	if (inet_pton(AF_INET, addr, &peer.sin_addr) != 1) {
+		fprintf(stderr, "%s: bad address %s\n", prog, addr);
+		return 2;
+	}
+	return 0;
+}
 
 #define say(...) do { printf(__VA_ARGS__); printf("\n"); fflush(stdout); } while (0)
 #define check(what, expr) do { long r_ = (long)(expr); say("%s: %ld%s%s", what, r_, r_ < 0 ? " " : "", r_ < 0 ? strerror(errno) : ""); } while (0)

@@ -1215,12 +1215,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: mixed ADDR PORT | mixed bench\n");
 		return 2;
 	}
-	peer.sin_family = AF_INET;
-	peer.sin_port = htons(atoi(argv[2]));
-	if (inet_pton(AF_INET, argv[1], &peer.sin_addr) != 1) {
-		fprintf(stderr, "mixed: bad address %s\n", argv[1]);
+	if (set_peer("mixed", argv[1], argv[2]))
 		return 2;
-	}
 	signal(SIGPIPE, SIG_IGN);
 	struct sigaction usr1 = {.sa_handler = on_alarm_call, .sa_flags = SA_RESTART};
 	sigemptyset(&usr1.sa_mask);
