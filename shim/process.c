@@ -341,6 +341,47 @@ EXPORT int execle(const char *path, const char *arg, ...)
 	return execve(path, argv, envp);
 }
 
+/* posix_spawn's child, and system's and popen's (posix_spawn inside
+ * libc), execs past the shim's execve: the connections it inherits go to
+ * the kernel first, here in the parent, as those an exec passes on do
+ * (the parent's fds go on working, the kernel's now). Before, the child
+ * found an unconnected socket (calls.c, TestShimCalls). */
+EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+		       const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+	handover_for_exec();
+	return real_posix_spawn(pid, path, fa, attr, argv, envp);
+}
+
+EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
+			const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+	handover_for_exec();
+	return real_posix_spawnp(pid, file, fa, attr, argv, envp);
+}
+
+EXPORT int system(const char *cmd)
+{
+	handover_for_exec();
+	return real_system(cmd);
+}
+
+EXPORT FILE *popen(const char *cmd, const char *mode)
+{
+	handover_for_exec();
+	return real_popen(cmd, mode);
+}
+
+/* A spawn's dup2 action passes a connection on whether or not it is
+ * close-on-exec: it goes to the kernel as the program asks for it. */
+EXPORT int posix_spawn_file_actions_adddup2(posix_spawn_file_actions_t *fa, int fd, int newfd)
+{
+	struct fdent *e = ours(fd);
+	if (e && !e->listening)
+		to_kernel(fd, e, "for a program posix_spawn runs on it");
+	return real_posix_spawn_file_actions_adddup2(fa, fd, newfd);
+}
+
 /* vfork's child shares our memory and runs no fork handlers: a close()
  * there would close the parent's socket. Like Onload's default, it is a
  * fork (whose child handler, child_after_fork, runs: it is registered

@@ -58,6 +58,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <spawn.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -131,6 +133,13 @@
 	X(int, execve, const char *, char *const[], char *const[]) \
 	X(int, execvpe, const char *, char *const[], char *const[]) \
 	X(int, fexecve, int, char *const[], char *const[]) \
+	X(int, posix_spawn, pid_t *, const char *, const posix_spawn_file_actions_t *, \
+	  const posix_spawnattr_t *, char *const[], char *const[]) \
+	X(int, posix_spawnp, pid_t *, const char *, const posix_spawn_file_actions_t *, \
+	  const posix_spawnattr_t *, char *const[], char *const[]) \
+	X(int, posix_spawn_file_actions_adddup2, posix_spawn_file_actions_t *, int, int) \
+	X(int, system, const char *) \
+	X(FILE *, popen, const char *, const char *) \
 	X(int, sigaction, int, const struct sigaction *, struct sigaction *) \
 	X(int, nanosleep, const struct timespec *, struct timespec *) \
 	X(int, clock_nanosleep, clockid_t, int, const struct timespec *, struct timespec *) \

@@ -6,14 +6,16 @@
  * timeouts; makes an epoll instance with epoll_create; dup3s a socket;
  * sets and reads the socket options servers use; runs a helper by vfork
  * and exec; hands a connection across exec to a program of its own (as
- * inetd does) and over a Unix socket (SCM_RIGHTS); asks for SIGIO
+ * inetd does, and by posix_spawn and system()) and over a Unix socket
+ * (SCM_RIGHTS); asks for SIGIO
  * (O_ASYNC); and makes a connection after daemon(). It prints one line
  * per result, nothing that depends on timing or on port numbers, so that
  * its output under the shim must be the same as without it (the
  * reference).
  *
  *	calls ADDR PORT       the conformance run
- *	calls child FD        (run by the exec test) echo on FD and exit
+ *	calls child FD [WHO]  (run by the exec and spawn tests) echo on FD
+ *	                      and exit, WHO naming the test in its lines
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -24,6 +26,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -471,12 +474,51 @@ static void test_exec(const char *self)
 	say("exec'd child: exited %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 }
 
-static int child(int s)
+/* The spawn test hands connections on as the exec test does, but by
+ * posix_spawn, whose child execs inside libc, by a posix_spawn file
+ * action that dup2s a close-on-exec connection to another number, and
+ * by system(), which runs the child through the shell. */
+static void test_spawn(const char *self)
 {
-	echo(s, "exec'd child", "inherited");
-	check("exec'd child: shutdown", shutdown(s, SHUT_WR));
+	static const char *const how[] = {"posix_spawn", "posix_spawn dup2", "system"};
+	for (int i = 0; i < 3; i++) {
+		int s = socket(AF_INET, SOCK_STREAM | (i == 1 ? SOCK_CLOEXEC : 0), 0);
+		if (s < 0 || connect(s, (struct sockaddr *)&peer, sizeof peer) < 0)
+			die("spawn: connect");
+		echo(s, how[i], "sp");
+		char fd[16], cmd[4096];
+		snprintf(fd, sizeof fd, "%d", i == 1 ? 40 : s);
+		char *argv[] = {(char *)self, "child", fd, (char *)how[i], NULL};
+		int r = 0, st = 0;
+		pid_t p = -1;
+		if (i == 2) {
+			snprintf(cmd, sizeof cmd, "'%s' child %s system", self, fd);
+			st = system(cmd);
+		} else {
+			posix_spawn_file_actions_t fa;
+			posix_spawn_file_actions_init(&fa);
+			if (i == 1)
+				posix_spawn_file_actions_adddup2(&fa, s, 40);
+			r = posix_spawn(&p, self, &fa, NULL, argv, environ);
+			posix_spawn_file_actions_destroy(&fa);
+		}
+		close(s);
+		if (r == 0 && p > 0)
+			waitpid(p, &st, 0);
+		say("%s: %d, exited %d", how[i], r, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	}
+}
+
+static int child(int s, const char *who)
+{
+	char what[64], at[96];
+	snprintf(what, sizeof what, "%s child", who);
+	echo(s, what, "inherited");
+	snprintf(at, sizeof at, "%s: shutdown", what);
+	check(at, shutdown(s, SHUT_WR));
 	char c;
-	check("exec'd child: recv at the end", recv(s, &c, 1, 0));
+	snprintf(at, sizeof at, "%s: recv at the end", what);
+	check(at, recv(s, &c, 1, 0));
 	return 0;
 }
 
@@ -515,8 +557,8 @@ static void test_daemon(void)
 
 int main(int argc, char **argv)
 {
-	if (argc == 3 && strcmp(argv[1], "child") == 0)
-		return child(atoi(argv[2]));
+	if ((argc == 3 || argc == 4) && strcmp(argv[1], "child") == 0)
+		return child(atoi(argv[2]), argc == 4 ? argv[3] : "exec'd");
 	if (argc != 3) {
 		fprintf(stderr, "usage: calls ADDR PORT\n");
 		return 2;
@@ -543,6 +585,7 @@ int main(int argc, char **argv)
 	test_options(s);
 	test_vfork(s);
 	test_exec(argv[0]);
+	test_spawn(argv[0]);
 	test_daemon();
 	echo(s, "at the end", "bye");
 	say("done");
