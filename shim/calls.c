@@ -300,18 +300,19 @@ static void inherit_timeo(const struct fdent *l, int fd, int kfd, int h)
 	}
 }
 
-/* inherit_options gives accepted connection kfd (handle h) the options
- * of listener fd, as Linux's child socket is a copy of its listener's:
- * read from the listener's kernel half (it has what the program set),
- * set on the connection's kernel socket where they differ (getsockopt
- * reads them there, and a handover makes them the live ones), and given
- * to the core (copy_options). The stack's child carries over what its
- * listener had in the stack, but that is what copy_options gave it when
- * it was accelerated: an option set on a listener since reaches only its
- * kernel half (setsockopt). Before, the kernel socket had a new socket's
- * defaults: no keepalive, Nagle on (TestShimAccepts). It costs an accept
- * fourteen getsockopt calls on the listener. */
-static void inherit_options(int fd, int kfd, int h, int v6)
+/* inherit_options gives accepted connection kfd the options of
+ * listener fd, as Linux's child socket is a copy of its listener's: read
+ * from the listener's kernel half (it has what the program set), set on
+ * the connection's kernel socket where they differ (getsockopt reads
+ * them there, and a handover makes them the live ones). The stack's
+ * child has them already: it took its listener's in the stack as it was
+ * made (setsockopt gives a listener's to the stack too). Before, the
+ * kernel socket had a new socket's defaults: no keepalive, Nagle on
+ * (TestShimAccepts). It costs an accept fourteen getsockopt calls on the
+ * listener. One set on the listener between a connection's handshake and
+ * its accept reads as set on the connection, which does not have it
+ * (nor would it on Linux). */
+static void inherit_options(int fd, int kfd, int v6)
 {
 	static const struct { int level, name; } opts[] = {
 		{SOL_SOCKET, SO_KEEPALIVE}, {SOL_SOCKET, SO_RCVLOWAT}, {SOL_SOCKET, SO_PRIORITY},
@@ -332,7 +333,6 @@ static void inherit_options(int fd, int kfd, int h, int v6)
 		}
 		__atomic_store_n(&known[v6], 1, __ATOMIC_RELEASE);
 	}
-	int changed = 0;
 	for (int i = 0; i < N; i++) {
 		if (v6 && opts[i].level == IPPROTO_IP)
 			continue;
@@ -342,14 +342,12 @@ static void inherit_options(int fd, int kfd, int h, int v6)
 			continue;
 		if (opts[i].name == SO_RCVBUF || opts[i].name == SO_SNDBUF)
 			v /= 2; /* socket(7): the kernel doubles what is set */
-		changed |= real_setsockopt(kfd, opts[i].level, opts[i].name, &v, sizeof v) == 0;
+		real_setsockopt(kfd, opts[i].level, opts[i].name, &v, sizeof v);
 	}
 	struct linger lg;
 	socklen_t l = sizeof lg;
 	if (real_getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &l) == 0 && lg.l_onoff)
-		changed |= real_setsockopt(kfd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) == 0;
-	if (changed)
-		copy_options(kfd, h, 0); /* and to the core, which has its defaults */
+		real_setsockopt(kfd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 }
 
 /* fill_addr gives the program address ip:port (network order) as the
@@ -420,7 +418,7 @@ static int accept_call(struct ccall *c, int v6, struct sockaddr *a, socklen_t *l
 				pthread_mutex_unlock(&mu);
 				if (!gone) {
 					inherit_timeo(c->e, fd, kfd, h);
-					inherit_options(fd, kfd, h, v6);
+					inherit_options(fd, kfd, v6);
 				}
 				uint32_t lip, rip;
 				uint16_t lp, rp;
@@ -1112,11 +1110,9 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 		htimeo[e->h] = 1; /* a blocking call reads it (sock_deadline) */
 	if (!e || r < 0 || after_fork || !v || l < sizeof(int))
 		return r;
-	/* A listener's options are the kernel half's (copy_options took
-	 * them when it was accelerated), but for the one the engine's half
-	 * acts on itself. */
-	if (e->listening && !(level == IPPROTO_TCP && name == TCP_DEFER_ACCEPT))
-		return r;
+	/* A listener's go to the stack's listener too, whose connections
+	 * take them as they are made (passiveChildLocked), as Linux's child
+	 * takes its listener's at the handshake. */
 	int opt = 0, val = *(const int *)v;
 	if (level == IPPROTO_TCP) {
 		switch (name) {

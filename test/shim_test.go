@@ -434,7 +434,9 @@ func serveConnect(t *testing.T, prog string, srv, cli *Host, srvArgs []string, p
 // TestShimAccepts runs shim/test/accepts.c, a listener's calls (accept
 // before listen, listen again, TCP_DEFER_ACCEPT, a non-blocking accept
 // with none there, accept4's flags, the options an accepted socket
-// inherits from its listener, an address buffer too short, a
+// inherits from its listener, set before its first accept and after
+// (SO_LINGER 0: the next connection's close resets), an address buffer
+// too short, a
 // connection whose data and FIN came before the accept, one reset before
 // it, shutdown waking a thread blocked in accept), its server under the
 // shim and its client on the kernel, then the other way: both print as

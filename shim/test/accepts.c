@@ -179,10 +179,21 @@ static int serve(int port)
 		}
 	}
 	say("5: five");
+	/* 6: an option set on the listener now, after its first accepts,
+	 * reaches the connections that come to it from now on (the client
+	 * connects after the ok): SO_LINGER 0, whose close resets (the
+	 * client sees it). Linux's child takes the listener's options as it
+	 * is made, at the handshake, not at the accept. */
+	struct linger lg0 = {1, 0};
+	check("set SO_LINGER 0 on the listener", setsockopt(ls, SOL_SOCKET, SO_LINGER, &lg0, sizeof lg0));
 	ok(c);
 	close(c);
+	c = accept(ls, NULL, NULL);
+	say("accept: %s", c >= 0 ? "a socket" : strerror(errno));
+	take(c, "6");
+	close(c);
 
-	/* 6: shutdown wakes a thread blocked in accept. */
+	/* 7: shutdown wakes a thread blocked in accept. */
 	pthread_t t;
 	pthread_create(&t, NULL, accept_blocked, NULL);
 	usleep(200000);
@@ -244,6 +255,12 @@ static int client(const char *addr, const char *port)
 	s = dial_to(&peer);
 	send(s, "five", 4, 0);
 	await_ok(s, "5");
+	close(s);
+	s = dial_to(&peer);
+	send(s, "six", 3, 0);
+	char c;
+	ssize_t r = readable(s) ? recv(s, &c, 1, 0) : -2;
+	say("6: the server's close: %zd%s%s", r, r == -1 ? " " : "", r == -1 ? strerror(errno) : "");
 	close(s);
 	say("done");
 	return 0;
