@@ -587,6 +587,28 @@ static ssize_t recv_call(struct ccall *c, void *buf, size_t n, int flags)
 /* ours_send queues all of buf (blocking) or what fits (non-blocking). */
 static ssize_t send_call(struct ccall *c, const void *buf, size_t n, int flags);
 
+/* kernel_send hands connection fd (entry e) over to the kernel for a
+ * send that only the kernel's socket makes: 1 if it did, and the send
+ * goes there. Urgent data (MSG_OOB: the stack sends no URG), and
+ * MSG_ZEROCOPY on a socket with SO_ZEROCOPY on, whose completions come
+ * on the kernel socket's error queue (without SO_ZEROCOPY the kernel
+ * ignores the flag, and so does the stack). Before, the program waited
+ * for a completion that never came (calls.c, TestShimCalls). */
+static int kernel_send(int fd, struct fdent *e, int flags)
+{
+	if (!(flags & (MSG_OOB | MSG_ZEROCOPY)))
+		return 0;
+	const char *why = "to send urgent data (MSG_OOB)";
+	if (!(flags & MSG_OOB)) {
+		int on = 0;
+		socklen_t l = sizeof on;
+		if (real_getsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &on, &l) < 0 || !on)
+			return 0;
+		why = "for MSG_ZEROCOPY, whose completions the kernel's socket gives";
+	}
+	return to_kernel(fd, e, why) == 0;
+}
+
 static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int flags)
 {
 	CHILD_TAKES(fd, e);
@@ -597,8 +619,8 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 		errno = EFAULT;
 		return -1;
 	}
-	if ((flags & MSG_OOB) && to_kernel(fd, e, "to send urgent data (MSG_OOB)") == 0)
-		return real_send(fd, buf, n, flags); /* the stack sends no URG */
+	if (kernel_send(fd, e, flags))
+		return real_send(fd, buf, n, flags);
 	struct ccall c = ccall_begin(e, fd);
 	ssize_t r = send_call(&c, buf, n, flags);
 	ccall_end(&c);
@@ -723,6 +745,8 @@ static ssize_t ours_sendv(struct fdent *e, int fd, const struct iovec *iov, size
 
 static ssize_t ours_recvv(struct fdent *e, int fd, const struct iovec *iov, size_t n, int flags)
 {
+	if (flags & (MSG_ERRQUEUE | MSG_OOB))
+		return ours_recv(e, fd, NULL, 0, flags); /* not the stream (ours_recv) */
 	int cnt = iov_usable(iov, n);
 	if (cnt < 0)
 		return -1;
@@ -802,6 +826,8 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 		errno = EFAULT;
 		return -1;
 	}
+	if (e->kind == K_OURS && !e->listening && !after_fork && kernel_send(fd, e, flags))
+		return real_sendmsg(fd, m, flags); /* one send, as the program made it */
 	return ours_sendv(e, fd, m->msg_iov, m->msg_iovlen, flags);
 }
 

@@ -7,8 +7,8 @@
  * sets and reads the socket options servers use; runs a helper by vfork
  * and exec; hands a connection across exec to a program of its own (as
  * inetd does, and by posix_spawn and system()) and over a Unix socket
- * (SCM_RIGHTS); asks for SIGIO
- * (O_ASYNC); and makes a connection after daemon(). It prints one line
+ * (SCM_RIGHTS); asks for SIGIO (O_ASYNC); sends with MSG_ZEROCOPY and
+ * reads its completions; and makes a connection after daemon(). It prints one line
  * per result, nothing that depends on timing or on port numbers, so that
  * its output under the shim must be the same as without it (the
  * reference).
@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <linux/errqueue.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -128,6 +129,9 @@ static void test_flags(int s)
 	await(s, 1);
 	check("recv MSG_ERRQUEUE", recv(s, buf, sizeof buf, MSG_ERRQUEUE | MSG_DONTWAIT));
 	check("recv MSG_OOB, none", recv(s, buf, sizeof buf, MSG_OOB | MSG_DONTWAIT));
+	char ctl[64];
+	struct msghdr m = {.msg_control = ctl, .msg_controllen = sizeof ctl};
+	check("recvmsg MSG_ERRQUEUE, no buffer", recvmsg(s, &m, MSG_ERRQUEUE | MSG_DONTWAIT));
 	r = recv(s, buf, sizeof buf, 0);
 	say("the data after them: %zd %.1s", r, r == 1 ? buf : "");
 
@@ -219,6 +223,44 @@ static void test_async(void)
 
 /* A connection passed over a Unix socket (SCM_RIGHTS), its sender's
  * copy closed: the fd received carries it. */
+/* MSG_ZEROCOPY on a socket with SO_ZEROCOPY: the send's completion comes
+ * on the error queue (POLLERR), as msg_zerocopy.rst has it. */
+static void test_zerocopy(void)
+{
+	int s = dial(), one = 1;
+	check("set SO_ZEROCOPY", setsockopt(s, SOL_SOCKET, SO_ZEROCOPY, &one, sizeof one));
+	static char buf[8192];
+	memset(buf, 'z', sizeof buf);
+	check("send MSG_ZEROCOPY", send(s, buf, sizeof buf, MSG_ZEROCOPY));
+	check("send MSG_ZEROCOPY again", send(s, buf, sizeof buf, MSG_ZEROCOPY));
+	static char back[2 * sizeof buf];
+	say("its echo: %zd", read_full(s, back, sizeof back));
+	for (int i = 0; i < 2; i++) {
+		struct pollfd p = {.fd = s};
+		int r = poll(&p, 1, 5000);
+		say("poll for the completion: %d, POLLERR %d", r, !!(p.revents & POLLERR));
+		char ctl[128];
+		struct msghdr m = {.msg_control = ctl, .msg_controllen = sizeof ctl};
+		ssize_t n = recvmsg(s, &m, MSG_ERRQUEUE);
+		if (n < 0) {
+			say("recvmsg MSG_ERRQUEUE: -1 %s", strerror(errno));
+			break;
+		}
+		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+		if (!c) {
+			say("recvmsg MSG_ERRQUEUE: %zd, no message", n);
+			break;
+		}
+		struct sock_extended_err ee;
+		memcpy(&ee, CMSG_DATA(c), sizeof ee);
+		say("recvmsg MSG_ERRQUEUE: %zd, level %d type %d, errno %u origin %u, sends %u to %u", n,
+		    c->cmsg_level, c->cmsg_type, ee.ee_errno, ee.ee_origin, ee.ee_info, ee.ee_data);
+		if (ee.ee_data == 1)
+			break; /* both in one */
+	}
+	close(s);
+}
+
 static void test_pass(void)
 {
 	int s = dial();
@@ -577,6 +619,7 @@ int main(int argc, char **argv)
 	test_splice(s);
 	test_bind_connect();
 	test_async();
+	test_zerocopy();
 	test_pass();
 	test_sendfile(s);
 	test_masks(s);
