@@ -1308,7 +1308,7 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
 	struct fdent *e = ours(fd);
-	if (e && req == FIONREAD)
+	if (e && (req == FIONREAD || req == SIOCOUTQ || req == SIOCOUTQNSD))
 		CHILD_TAKES(fd, e);
 	if (e && req == FIOASYNC && arg && *(int *)arg) {
 		to_kernel(fd, e, "for signal-driven I/O (FIOASYNC)");
@@ -1326,6 +1326,21 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 			return -1;
 		}
 		*(int *)arg = r;
+		return 0;
+	}
+	if (e && (req == SIOCOUTQ || req == SIOCOUTQNSD) && arg && !e->listening) {
+		/* What is written and not acknowledged, and what is not sent:
+		 * the kernel socket's would be 0 (calls.c). 0 before the
+		 * handshake's end, as tcp(7) has it. */
+		CHECK_USABLE();
+		struct onl_tcpinfo ti;
+		int r = CORE(core.tcpinfo(e->h, &ti));
+		if (r < 0) {
+			errno = -r;
+			return -1;
+		}
+		int early = ti.state == TCP_SYN_SENT || ti.state == TCP_SYN_RECV;
+		*(int *)arg = early ? 0 : (int)(req == SIOCOUTQ ? ti.queued : ti.notsent);
 		return 0;
 	}
 	return real_ioctl(fd, req, arg);

@@ -60,6 +60,7 @@ struct onl_tcpinfo {
 	uint32_t unacked, lost, retrans, sacked; /* segments */
 	uint32_t backoff;
 	uint32_t snd_wnd, rcv_wnd, notsent;
+	uint32_t queued; /* bytes written and not acknowledged (SIOCOUTQ) */
 	uint32_t options, snd_wscale, rcv_wscale;
 };
 

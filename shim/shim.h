@@ -47,6 +47,7 @@
 #include <limits.h>
 #include <link.h>
 #include <netinet/in.h>
+#include <linux/sockios.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>

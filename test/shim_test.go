@@ -268,7 +268,7 @@ func TestShimMixed(t *testing.T) { conformance(t, "mixed", 60*time.Second) }
 // socket options servers set, bad buffers, vfork and exec, a connection
 // handed across exec to a program of its own, by posix_spawn (and its
 // dup2 action) and by system(), one passed by SCM_RIGHTS, MSG_ZEROCOPY's
-// completions,
+// completions, SIOCOUTQ,
 // signal-driven I/O, a connection made after daemon()), as
 // TestShimMixed runs mixed.c.
 func TestShimCalls(t *testing.T) { conformance(t, "calls", 90*time.Second) }

@@ -794,6 +794,7 @@ func onl_tcpinfo(h C.int, out *C.struct_onl_tcpinfo) C.int {
 		retrans: C.uint32_t(ti.Retrans / mss), sacked: C.uint32_t(ti.Sacked / mss),
 		backoff: C.uint32_t(ti.Backoff), snd_wnd: C.uint32_t(ti.SndWnd),
 		notsent: C.uint32_t(ti.Queued - min(ti.Queued, ti.Unacked)),
+		queued:  C.uint32_t(ti.Queued),
 	}
 	if ti.Timestamps {
 		out.options |= 1 // TCPI_OPT_TIMESTAMPS

@@ -20,6 +20,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <linux/errqueue.h>
+#include <linux/sockios.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -223,6 +224,48 @@ static void test_async(void)
 
 /* A connection passed over a Unix socket (SCM_RIGHTS), its sender's
  * copy closed: the fd received carries it. */
+/* SIOCOUTQ and SIOCOUTQNSD: what is written and not acknowledged, and
+ * what is not sent: corked, with the send buffer full (the peer's echo,
+ * unread, stops it), and after all came back. */
+static void test_outq(void)
+{
+	int s = dial(), q = -1, nsd = -1, one = 1, zero = 0;
+	setsockopt(s, IPPROTO_TCP, TCP_CORK, &one, sizeof one);
+	send(s, "corked", 6, 0);
+	say("corked: SIOCOUTQ %d %d", ioctl(s, SIOCOUTQ, &q), q);
+	say("corked: SIOCOUTQNSD %d %d", ioctl(s, SIOCOUTQNSD, &nsd), nsd);
+	setsockopt(s, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);
+	char back[6];
+	say("uncorked: %zd", read_full(s, back, 6));
+	q = nsd = -1;
+	fcntl(s, F_SETFL, O_NONBLOCK);
+	static char buf[65536];
+	size_t sent = 0;
+	for (int i = 0; i < 4096; i++) {
+		ssize_t r = send(s, buf, sizeof buf, 0);
+		if (r < 0)
+			break;
+		sent += r;
+	}
+	say("send until EAGAIN: %s", errno == EAGAIN ? "EAGAIN" : strerror(errno));
+	say("SIOCOUTQ > 0: %d (%d)", ioctl(s, SIOCOUTQ, &q) == 0 && q > 0, q > 0 ? 0 : q);
+	/* How much is not sent depends on the two ends' buffers. */
+	say("SIOCOUTQNSD in 0..SIOCOUTQ: %d", ioctl(s, SIOCOUTQNSD, &nsd) == 0 && nsd >= 0 && nsd <= q);
+	fcntl(s, F_SETFL, 0);
+	size_t got = 0;
+	while (got < sent) {
+		ssize_t r = recv(s, buf, sizeof buf, 0);
+		if (r <= 0)
+			break;
+		got += r;
+	}
+	say("all back: %d", got == sent);
+	q = nsd = -1;
+	say("then SIOCOUTQ: %d %d", ioctl(s, SIOCOUTQ, &q), q);
+	say("then SIOCOUTQNSD: %d %d", ioctl(s, SIOCOUTQNSD, &nsd), nsd);
+	close(s);
+}
+
 /* MSG_ZEROCOPY on a socket with SO_ZEROCOPY: the send's completion comes
  * on the error queue (POLLERR), as msg_zerocopy.rst has it. */
 static void test_zerocopy(void)
@@ -620,6 +663,7 @@ int main(int argc, char **argv)
 	test_bind_connect();
 	test_async();
 	test_zerocopy();
+	test_outq();
 	test_pass();
 	test_sendfile(s);
 	test_masks(s);
