@@ -4,7 +4,37 @@
 
 /* ---- libc's functions ---------------------------------------------- */
 
+/* resolve_libc finds them all (init calls it at load). A call that
+ * comes before, from another library's constructor that the loader runs
+ * before ours (sshd's libcap-ng reads a /proc file from its own), finds
+ * real_NAME pointing at early_NAME, which resolves them and goes on to
+ * libc's NAME with the caller's arguments as they were. Before, such a
+ * call jumped to address 0 (TestShimEarlyCalls). */
+void resolve_libc(void)
+{
+#define LOAD(ret, name, ...) *(void **)&real_##name = dlsym(RTLD_NEXT, #name);
+	LIBC(LOAD)
+#undef LOAD
+}
+
+#if defined(__x86_64__)
+/* early_NAME keeps the argument registers (and %al, a variadic call's
+ * vector count) across resolve_libc, then jumps to libc's NAME. */
+#define EARLY(ret, name, ...)                                                            \
+	__asm__(".text\n.p2align 4\n.type early_" #name ",@function\nearly_" #name ":\n" \
+		"endbr64\npush %rbp\nmov %rsp,%rbp\npush %rdi\npush %rsi\npush %rdx\n"     \
+		"push %rcx\npush %r8\npush %r9\npush %rax\nsub $8,%rsp\n"                    \
+		"call resolve_libc\n"                                                           \
+		"add $8,%rsp\npop %rax\npop %r9\npop %r8\npop %rcx\npop %rdx\npop %rsi\n"   \
+		"pop %rdi\npop %rbp\njmp *real_" #name "(%rip)\n"                             \
+		".size early_" #name ", .-early_" #name "\n");                                  \
+	void early_##name(void);
+LIBC(EARLY)
+#define REAL_DEF(ret, name, ...) ret (*real_##name)(__VA_ARGS__) = (ret(*)(__VA_ARGS__))early_##name;
+#else
+/* Elsewhere a call before init finds NULL. */
 #define REAL_DEF(ret, name, ...) ret (*real_##name)(__VA_ARGS__);
+#endif
 LIBC(REAL_DEF)
 
 uint64_t maybe_ours[NFAST / 64]; /* see shim.h */

@@ -57,9 +57,7 @@ static void adopt_inherited(void)
 
 __attribute__((constructor)) static void init(void)
 {
-#define LOAD(ret, name, ...) *(void **)&real_##name = dlsym(RTLD_NEXT, #name);
-	LIBC(LOAD)
-#undef LOAD
+	resolve_libc();
 	/* A signal the program inherited ignored is ignored in prog_act too
 	 * (on_pipe and catch_ends read it there): the Go runtime installs a
 	 * handler of its own for SIGPIPE, and the program's disposition is

@@ -88,7 +88,8 @@
 #define EXPORT __attribute__((visibility("default")))
 
 /* libc's functions, found once with dlsym(RTLD_NEXT) at load (init, in
- * process.c): real_NAME is libc's NAME. */
+ * process.c, or a call before it: resolve_libc in core.c): real_NAME is
+ * libc's NAME. */
 #define LIBC(X) \
 	X(int, socket, int, int, int) \
 	X(int, listen, int, int) \
@@ -150,6 +151,7 @@
 	X(void, _exit, int)
 #define REAL_DECL(ret, name, ...) extern ret (*real_##name)(__VA_ARGS__);
 LIBC(REAL_DECL)
+void resolve_libc(void);
 
 /* The Go core's functions (onl_NAME in libonload-core.so), found at its
  * load (load_core). */
