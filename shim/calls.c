@@ -308,13 +308,16 @@ static void inherit_timeo(const struct fdent *l, int fd, int kfd, int h)
  * child has them already: it took its listener's in the stack as it was
  * made (setsockopt gives a listener's to the stack too). Before, the
  * kernel socket had a new socket's defaults: no keepalive, Nagle on
- * (TestShimAccepts). It costs an accept fourteen getsockopt calls on the
- * listener. One set on the listener between a connection's handshake and
+ * (TestShimAccepts), and without SO_REUSEADDR a connection handed over
+ * to the kernel (sshd's, inetd's) left a TIME-WAIT that kept the server,
+ * restarted, from binding its port for a minute. It costs an accept
+ * sixteen getsockopt calls on the listener. One set on the listener between a connection's handshake and
  * its accept reads as set on the connection, which does not have it
  * (nor would it on Linux). */
 static void inherit_options(int fd, int kfd, int v6)
 {
 	static const struct { int level, name; } opts[] = {
+		{SOL_SOCKET, SO_REUSEADDR}, {SOL_SOCKET, SO_REUSEPORT}, /* for its TIME-WAIT, if handed over */
 		{SOL_SOCKET, SO_KEEPALIVE}, {SOL_SOCKET, SO_RCVLOWAT}, {SOL_SOCKET, SO_PRIORITY},
 		{IPPROTO_TCP, TCP_NODELAY}, {IPPROTO_TCP, TCP_CORK}, {IPPROTO_TCP, TCP_KEEPIDLE},
 		{IPPROTO_TCP, TCP_KEEPINTVL}, {IPPROTO_TCP, TCP_KEEPCNT}, {IPPROTO_TCP, TCP_USER_TIMEOUT},

@@ -241,6 +241,12 @@ int child_takes(int fd, struct fdent *e)
 		ok = ctl_call(s, msg, fd, rep, sizeof rep) == 0;
 	}
 	real_close(s);
+	if (!ok && kernel_took(fd)) {
+		/* The parent handed it over meanwhile (handover_for_close: it
+		 * closed its copy as the child began, as sshd and inetd do). */
+		debugf("fd %d: the kernel took the connection over as the child asked", fd);
+		return 0;
+	}
 	if (!ok) {
 		logf_("fd %d: a child forked after the stack loaded could not have its inherited connection handed over to the kernel: %s", fd, rep);
 		return -1;

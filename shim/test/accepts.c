@@ -129,6 +129,10 @@ static int serve(int port)
 	socklen_t ll = sizeof lg2;
 	getsockopt(c, SOL_SOCKET, SO_LINGER, &lg2, &ll);
 	say("its SO_LINGER: %d %d", lg2.l_onoff, lg2.l_linger);
+	/* A connection's TIME-WAIT lets a new listener bind the port only
+	 * if both have SO_REUSEADDR, its from the listener: a server that
+	 * restarts binds again at once. */
+	getint(c, SOL_SOCKET, SO_REUSEADDR, "its SO_REUSEADDR");
 	getint(c, SOL_SOCKET, SO_ACCEPTCONN, "its SO_ACCEPTCONN");
 	getint(c, SOL_SOCKET, SO_ERROR, "its SO_ERROR");
 	struct sockaddr_in me;
