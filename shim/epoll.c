@@ -34,6 +34,77 @@ static int ep_kernel_due(struct ep *ep, int64_t deadline) /* under mu */
 	return 1;
 }
 
+/* ---- waking the threads that wait on an instance ---------------------
+ *
+ * A thread waiting in an instance sees the accelerated members it had
+ * when its wait began: one blocked in the kernel's epoll_wait (no member
+ * then) sees none, and one blocked in wait_block only those it armed.
+ * A member another thread adds meanwhile (apache's listener thread waits
+ * while a worker hands it back a kept-alive connection) turned ready
+ * unseen: the wait ran to its timeout (waits.c, TestShimWaits). So a
+ * change of the members while a thread waits (waiters) makes the instance
+ * itself readable, through an eventfd of the shim's in the kernel's set
+ * (made at the first such change), and the waiter looks again. Its event
+ * carries wake_magic, and no call returns it to the program. A program
+ * whose threads do not share an instance (redis, nginx, memcached: a set
+ * each) never pays the write. */
+static uint64_t wake_magic;
+
+/* ep_wake wakes the threads waiting on instance epfd (entry ee), if any,
+ * after a change of its members; under mu. */
+static void ep_wake(struct fdent *ee, int epfd)
+{
+	/* The change is visible before the count is read: a waiter counts
+	 * itself before it looks at the members (ep_waiting). */
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	if (!__atomic_load_n(&ee->waiters, __ATOMIC_SEQ_CST))
+		return;
+	int fd = ee->wake_fd1 - 1;
+	if (fd < 0) {
+		while (!wake_magic)
+			wake_magic = ((uint64_t)now_ns() << 20 ^ (uint64_t)getpid() << 8 ^ (uintptr_t)&wake_magic) | 1ULL << 63;
+		fd = fd_high(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+		struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = wake_magic};
+		if (fd < 0 || real_epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+			debugf("epoll %d: no wake-up for its waiters (%s): they see a new member at their timeout", epfd,
+			       strerror(errno));
+			if (fd >= 0)
+				real_close(fd);
+			return;
+		}
+		ee->wake_fd1 = fd + 1;
+	}
+	uint64_t one = 1;
+	if (real_write(fd, &one, sizeof one) < 0)
+		debugf("epoll %d: its wake-up: %s", epfd, strerror(errno));
+}
+
+/* ep_waiting counts a thread into (+1) or out of (-1) the waiters of
+ * instance ee. */
+static void ep_waiting(struct fdent *ee, int d)
+{
+	if (ee && ee->kind == K_EPOLL)
+		__atomic_add_fetch(&ee->waiters, (uint32_t)d, __ATOMIC_SEQ_CST);
+}
+
+/* ep_unwake takes the wake-ups out of the r events a kernel wait on
+ * instance ee gave; the count left. */
+static int ep_unwake(struct fdent *ee, struct epoll_event *ev, int r)
+{
+	int fd = ee && ee->kind == K_EPOLL ? ee->wake_fd1 - 1 : -1;
+	if (fd < 0 || r <= 0)
+		return r;
+	for (int i = 0; i < r; i++) {
+		if (ev[i].data.u64 != wake_magic)
+			continue;
+		uint64_t v;
+		if (real_read(fd, &v, sizeof v) < 0 && errno != EAGAIN)
+			debugf("its wake-up: %s", strerror(errno));
+		ev[i--] = ev[--r];
+	}
+	return r;
+}
+
 static struct ep *ep_of(int epfd)
 {
 	struct fdent *e = ent(epfd);
@@ -309,6 +380,8 @@ void kreg_take(int fd, struct fdent *fe)
 			real_epoll_ctl(k.epfd, EPOLL_CTL_DEL, fd, NULL);
 		if (ep_ctl_locked(ee, k.epfd, EPOLL_CTL_ADD, fd, fe, &k.ev) < 0)
 			debugf("fd %d: into epoll %d as accelerated: %s", fd, k.epfd, strerror(errno));
+		else
+			ep_wake(ee, k.epfd);
 	}
 }
 
@@ -445,6 +518,8 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	}
 	pthread_mutex_lock(&mu);
 	int r = ep_ctl_locked(ee, epfd, op, fd, fe, ev);
+	if (r == 0 && op != EPOLL_CTL_DEL)
+		ep_wake(ee, epfd);
 	pthread_mutex_unlock(&mu);
 	return r;
 }
@@ -706,6 +781,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 				ret = -1;
 				break;
 			}
+			r = ep_unwake(ee, out + k, r);
 			/* A listener's two halves report once. */
 			for (int a = k; a < k + r; a++) {
 				int dup = -1;
@@ -790,45 +866,74 @@ static int ep_has_ours(int epfd)
 	return e && e->kind == K_EPOLL && e->ep && e->ep->n > 0 && !in_core;
 }
 
-/* kernel_epoll_pwait is epoll_wait (pwait 0) or epoll_pwait on an
- * instance of the kernel's fds alone (see kwait). */
-static int kernel_epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask, int pwait)
+/* any_epoll is epoll_wait (how 0: timeout ms), epoll_pwait (1) or
+ * epoll_pwait2 (2: timeout t) for timeout_ns (-1: none), through the
+ * stack if the instance has accelerated members, else the kernel's (see
+ * kwait), counted among its waiters: a member another thread adds
+ * meanwhile wakes it (ep_wake), and it goes on through the stack for the
+ * time left. */
+static int any_epoll(int epfd, struct epoll_event *ev, int max, int ms, const struct timespec *t, int64_t timeout_ns,
+		     const sigset_t *mask, int how)
 {
+	struct fdent *ee = ent(epfd);
+	int counted = timeout_ns != 0 && ee && ee->kind == K_EPOLL;
+	if (counted)
+		ep_waiting(ee, 1);
+	int64_t end = timeout_ns > 0 ? now_ns() + timeout_ns : timeout_ns;
 	struct kwait k;
-	kwait_begin(&k, timeout < 0 ? -1 : timeout * 1000000LL);
+	kwait_begin(&k, timeout_ns);
 	int r;
-	int64_t left;
-	while (kwait_again(&k, r = pwait ? real_epoll_pwait(epfd, ev, max, timeout, mask) : real_epoll_wait(epfd, ev, max, timeout), &left))
-		timeout = ns_ms(left);
+	for (int again = 0;; again = 1) {
+		int64_t left = timeout_ns;
+		if (again && end > 0) {
+			left = end - now_ns();
+			if (left < 0)
+				left = 0;
+		}
+		if (ep_has_ours(epfd)) {
+			r = do_epoll_wait(epfd, ev, max, left, mask);
+			break;
+		}
+		struct timespec ts;
+		if (again) {
+			ms = ns_ms(left);
+			t = ns_ts(left, &ts);
+		}
+		r = how == 2 ? real_epoll_pwait2(epfd, ev, max, t, mask)
+		    : how == 1 ? real_epoll_pwait(epfd, ev, max, ms, mask)
+			     : real_epoll_wait(epfd, ev, max, ms);
+		int64_t unused;
+		if (kwait_again(&k, r, &unused))
+			continue;
+		if (r <= 0)
+			break;
+		int n = ep_unwake(ee, ev, r);
+		if (n > 0 || left == 0 || (end > 0 && now_ns() >= end)) {
+			r = n;
+			break;
+		}
+		/* Only a wake-up: the members changed. */
+	}
+	if (counted) {
+		int err = errno;
+		ep_waiting(ee, -1);
+		errno = err;
+	}
 	return r;
 }
 
 EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
 {
-	if (!ep_has_ours(epfd))
-		return kernel_epoll_pwait(epfd, ev, max, timeout, NULL, 0);
-	return do_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : timeout * 1000000LL, NULL);
+	return any_epoll(epfd, ev, max, timeout, NULL, timeout < 0 ? -1 : timeout * 1000000LL, NULL, 0);
 }
 
 EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask)
 {
-	if (!ep_has_ours(epfd))
-		return kernel_epoll_pwait(epfd, ev, max, timeout, mask, 1);
-	return do_epoll_wait(epfd, ev, max, timeout < 0 ? -1 : timeout * 1000000LL, mask);
+	return any_epoll(epfd, ev, max, timeout, NULL, timeout < 0 ? -1 : timeout * 1000000LL, mask, 1);
 }
 
 EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const struct timespec *t, const sigset_t *mask)
 {
-	if (!ep_has_ours(epfd)) {
-		struct kwait k;
-		kwait_begin(&k, ts_ns(t));
-		int r;
-		int64_t left;
-		struct timespec ts;
-		while (kwait_again(&k, r = real_epoll_pwait2(epfd, ev, max, t, mask), &left))
-			t = ns_ts(left, &ts);
-		return r;
-	}
-	return do_epoll_wait(epfd, ev, max, ts_ns(t), mask);
+	return any_epoll(epfd, ev, max, 0, t, ts_ns(t), mask, 2);
 }
 

@@ -64,6 +64,8 @@ void drop(int fd)
 			CORE_VOID(core.close(h));
 	} else if (e->kind == K_EPOLL) {
 		ep_free(e->ep);
+		if (e->wake_fd1)
+			real_close(e->wake_fd1 - 1); /* its wake-up (epoll.c) */
 	} else if (e->kind == K_TCP) {
 		kreg_forget(fd);
 	}

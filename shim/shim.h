@@ -237,7 +237,18 @@ struct fdent {
 		int h;		    /* the core's handle (K_OURS) */
 		uint32_t epgen;	    /* K_EPOLL: which epoll instance (wait_block) */
 	};
-	uint32_t rd_eagain, wr_eagain; /* reads/writes that found nothing: EPOLLET */
+	union {
+		/* K_OURS: reads/writes that found nothing: EPOLLET */
+		struct {
+			uint32_t rd_eagain, wr_eagain;
+		};
+		/* K_EPOLL: the threads in a wait on it, and its wake
+		 * eventfd + 1 (0: none yet): ep_wake. */
+		struct {
+			uint32_t waiters;
+			int wake_fd1;
+		};
+	};
 	struct ep *ep;	    /* K_EPOLL */
 	/* K_OURS, a connection: its names at onloadd, for a child forked
 	 * after the core loaded to ask for its handover (prepare_fork). */

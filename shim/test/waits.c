@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/select.h>
@@ -200,6 +201,49 @@ static void test_poll_edges(int s)
 	close(pp[0]);
 }
 
+/* A thread blocked in epoll_wait on a set another thread then adds a
+ * socket to wakes when the socket turns readable, as apache's listener
+ * thread does for a kept-alive connection its worker hands back: a set
+ * with nothing in it when the wait began, then one with an idle socket
+ * in it. */
+static int blocked_ep;
+
+static void *wait_blocked(void *arg)
+{
+	(void)arg;
+	report("blocked epoll_wait, a socket added meanwhile", blocked_ep, 5000);
+	return NULL;
+}
+
+static void test_added_while_blocked(void)
+{
+	for (int i = 0; i < 2; i++) {
+		int s = dial();
+		echo(s, i ? "with an idle socket in the set" : "the added socket", "add");
+		blocked_ep = epoll_create1(0);
+		int idle = -1;
+		if (i) {
+			idle = dial();
+			struct epoll_event iev = {.events = EPOLLIN, .data.u64 = 8};
+			epoll_ctl(blocked_ep, EPOLL_CTL_ADD, idle, &iev);
+		}
+		pthread_t t;
+		pthread_create(&t, NULL, wait_blocked, NULL);
+		usleep(100000); /* the thread blocks (spin included) */
+		struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.u64 = 9};
+		check("epoll_ctl ADD from another thread", epoll_ctl(blocked_ep, EPOLL_CTL_ADD, s, &ev));
+		usleep(20000);
+		send(s, "x", 1, 0); /* its echo makes it readable */
+		pthread_join(t, NULL);
+		char c;
+		check("then its recv", recv(s, &c, 1, 0));
+		close(blocked_ep);
+		close(s);
+		if (idle >= 0)
+			close(idle);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
@@ -218,6 +262,7 @@ int main(int argc, char **argv)
 	test_level(s);
 	test_rdhup();
 	test_poll_edges(s);
+	test_added_while_blocked();
 	echo(s, "at the end", "bye");
 	say("done");
 	return 0;
