@@ -139,8 +139,9 @@ func filterKey(req *control.FilterRequest) (bpf.Listener, error) {
 	return bpf.Listener{Proto: p, Addr: ap.Addr(), Port: ap.Port()}, nil
 }
 
-// checkProof checks that fd is a kernel socket of the client's user, in
-// onloadd's network namespace, of key's protocol, bound to key's port and
+// checkProof checks that fd is a kernel socket of the client's user (or a
+// listener that is the port's only one: soleListener), in onloadd's
+// network namespace, of key's protocol, bound to key's port and
 // to its address (or to every address).
 func checkProof(c *client, key bpf.Listener, fd int) error {
 	if fd < 0 {
@@ -150,7 +151,7 @@ func checkProof(c *client, key bpf.Listener, fd int) error {
 	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 		return refuse(codeDenied, "the proof for port %d is not a socket", key.Port)
 	}
-	if c.cred.Uid != 0 && st.Uid != c.cred.Uid {
+	if c.cred.Uid != 0 && st.Uid != c.cred.Uid && !soleListener(fd, key) {
 		return refuse(codeDenied, "the proof for port %d is a socket of uid %d, not yours (uid %d)", key.Port, st.Uid, c.cred.Uid)
 	}
 	if same, err := sameNetns(fd); err != nil || !same {
@@ -173,6 +174,28 @@ func checkProof(c *client, key bpf.Listener, fd int) error {
 		return refuse(codeDenied, "the proof for %s:%d is a socket bound to %s", key.Addr, key.Port, bound)
 	}
 	return nil
+}
+
+// soleListener reports whether fd is a TCP socket listening without
+// SO_REUSEPORT, which may be another user's: it is the only listener on
+// its port and address (the kernel lets no other bind them), and the
+// client that holds it accepts every connection the kernel queues on it
+// already, so steering the port to the client's stack gives it nothing
+// more. A pre-fork server's workers hold one their master made as root
+// before they took the server's user (nginx's and apache's `user`), and
+// were refused. A socket with SO_REUSEPORT may share the port with
+// others of its maker's uid, whose connections the steering would take:
+// it must be the client's own.
+func soleListener(fd int, key bpf.Listener) bool {
+	if key.Proto != bpf.TCP {
+		return false
+	}
+	listening, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+	if err != nil || listening != 1 {
+		return false
+	}
+	reuse, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT)
+	return err == nil && reuse == 0
 }
 
 // sameNetns reports whether socket fd lives in onloadd's network

@@ -1113,16 +1113,11 @@ func TestShimRedis(t *testing.T) {
 	}
 }
 
-// TestShimUnprivileged runs curl under the shim as uid 65534 with no
-// capabilities, on a stack from onloadd (which the shim's core asks, as
-// the library does): byte-exact, and accelerated.
-func TestShimUnprivileged(t *testing.T) {
-	onloadd := shimOnloadd(t)
-	RequireTool(t, "curl")
-	RequireTool(t, "setpriv")
-	a, b := Pair(t, LinkOptions{})
-	dir, _ := daemonDir(t)
-	// The shim, where uid 65534 can read it.
+// shimFor copies onloadd and the shim's two libraries (beside onloadd)
+// into dir, where uid 65534 can read them (the clone's bin/ may be under
+// a directory it cannot enter), and returns the copy of onloadd.
+func shimFor(t *testing.T, onloadd, dir string) string {
+	t.Helper()
 	for _, f := range []string{"onloadd", "libonload.so", "libonload-core.so"} {
 		data, err := os.ReadFile(filepath.Join(filepath.Dir(onloadd), f))
 		if err != nil {
@@ -1132,6 +1127,19 @@ func TestShimUnprivileged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return filepath.Join(dir, "onloadd")
+}
+
+// TestShimUnprivileged runs curl under the shim as uid 65534 with no
+// capabilities, on a stack from onloadd (which the shim's core asks, as
+// the library does): byte-exact, and accelerated.
+func TestShimUnprivileged(t *testing.T) {
+	onloadd := shimOnloadd(t)
+	RequireTool(t, "curl")
+	RequireTool(t, "setpriv")
+	a, b := Pair(t, LinkOptions{})
+	dir, _ := daemonDir(t)
+	shimFor(t, onloadd, dir)
 	sock, _ := startDaemon(t, a, dir)
 	addr := kernelHTTPServer(t, b)
 	const size = 4 << 20
@@ -1479,9 +1487,26 @@ func testShimNginx(t *testing.T, onloadd string, mode string) {
 	}
 	dir, _ := daemonDir(t)
 	sock, _ := startDaemon(t, a, dir)
-	prefix := t.TempDir()
-	for _, d := range []string{"www", "logs", "tmp"} {
-		if err := os.Mkdir(filepath.Join(prefix, d), 0o755); err != nil {
+	// On one shared stack the workers run as nobody, as nginx's are
+	// usually made to (its user directive): the master made the
+	// listening socket as root, and onloadd steers its port to the
+	// workers all the same (it refused them: "the proof ... is a socket
+	// of uid 0"). The shim and the files where they can read them.
+	user := "root"
+	if mode == "shared" {
+		user = "nobody nogroup"
+		onloadd = shimFor(t, onloadd, dir)
+	}
+	prefix, err := os.MkdirTemp("", "onload-nginx-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(prefix) })
+	for _, d := range []string{"", "www", "logs", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(prefix, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(filepath.Join(prefix, d), map[bool]os.FileMode{false: 0o755, true: 0o777}[d == "tmp"]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1502,10 +1527,10 @@ func testShimNginx(t *testing.T, onloadd string, mode string) {
 	// A backend in host b, for nginx as a reverse proxy (location /up/).
 	backend := kernelHTTPServer(t, b)
 	conf := filepath.Join(prefix, "nginx.conf")
-	err := os.WriteFile(conf, fmt.Appendf(nil, `daemon off;
+	err = os.WriteFile(conf, fmt.Appendf(nil, `daemon off;
 master_process on;
 worker_processes 2;
-user root;
+user %[4]s;
 env LD_PRELOAD; env ONLOAD_CORE; env ONLOAD_STACK_NAME; env ONLOAD_CLUSTER; env ONLOAD_DAEMON; env ONLOAD_DAEMON_SOCKET;
 env ONLOAD_INTERFACE; env ONLOAD_LOG;
 error_log %[1]s/logs/error.log info;
@@ -1527,7 +1552,7 @@ http {
     location /up/ { proxy_pass http://backend/; }
   }
 }
-`, prefix, opt, backend), 0o644)
+`, prefix, opt, backend, user), 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
