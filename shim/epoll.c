@@ -879,7 +879,7 @@ static int any_epoll(int epfd, struct epoll_event *ev, int max, int ms, const st
 	int counted = timeout_ns != 0 && ee && ee->kind == K_EPOLL;
 	if (counted)
 		ep_waiting(ee, 1);
-	int64_t end = timeout_ns > 0 ? now_ns() + timeout_ns : timeout_ns;
+	int64_t end = timeout_ns; /* > 0: set at the first kernel wait */
 	struct kwait k;
 	kwait_begin(&k, timeout_ns);
 	int r;
@@ -894,6 +894,8 @@ static int any_epoll(int epfd, struct epoll_event *ev, int max, int ms, const st
 			r = do_epoll_wait(epfd, ev, max, left, mask);
 			break;
 		}
+		if (!again && timeout_ns > 0)
+			end = now_ns() + timeout_ns;
 		struct timespec ts;
 		if (again) {
 			ms = ns_ms(left);
