@@ -152,7 +152,7 @@ func checkProof(c *client, key bpf.Listener, fd int) error {
 		return refuse(codeDenied, "the proof for port %d is not a socket", key.Port)
 	}
 	if c.cred.Uid != 0 && st.Uid != c.cred.Uid && !soleListener(fd, key) {
-		return refuse(codeDenied, "the proof for port %d is a socket of uid %d, not yours (uid %d)", key.Port, st.Uid, c.cred.Uid)
+		return refuse(codeDenied, "the proof for port %d is a socket of uid %d, not yours (uid %d)%s", key.Port, st.Uid, c.cred.Uid, reuseportHint(fd))
 	}
 	if same, err := sameNetns(fd); err != nil || !same {
 		return refuse(codeDenied, "the proof for port %d is a socket of another network namespace", key.Port)
@@ -196,6 +196,19 @@ func soleListener(fd int, key bpf.Listener) bool {
 	}
 	reuse, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT)
 	return err == nil && reuse == 0
+}
+
+// reuseportHint says, of a listener another user made with SO_REUSEPORT,
+// what would make it proof.
+func reuseportHint(fd int) string {
+	if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || v != 1 {
+		return ""
+	}
+	if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT); err != nil || v != 1 {
+		return ""
+	}
+	return ": a listener with SO_REUSEPORT may share the port with its maker's other sockets, so it must be yours " +
+		"(listen without reuseport, or run the workers as the user that makes the socket)"
 }
 
 // sameNetns reports whether socket fd lives in onloadd's network

@@ -68,6 +68,9 @@ func TestCheckProofOwner(t *testing.T) {
 			if err != nil && !strings.Contains(err.Error(), "not yours") {
 				t.Errorf("%s, for uid %d: %v, want the refusal to say whose it is", c.name, uid, err)
 			}
+			if err != nil && c.reuseport && !strings.Contains(err.Error(), "listen without reuseport") {
+				t.Errorf("%s, for uid %d: %v, want the refusal to say what would do", c.name, uid, err)
+			}
 		}
 	}
 }
