@@ -311,9 +311,9 @@ static void inherit_timeo(const struct fdent *l, int fd, int kfd, int h)
  * (TestShimAccepts), and without SO_REUSEADDR a connection handed over
  * to the kernel (sshd's, inetd's) left a TIME-WAIT that kept the server,
  * restarted, from binding its port for a minute. It costs an accept
- * sixteen getsockopt calls on the listener. One set on the listener between a connection's handshake and
- * its accept reads as set on the connection, which does not have it
- * (nor would it on Linux). */
+ * sixteen getsockopt calls on the listener. An option set on the
+ * listener between a connection's handshake and its accept reads as set
+ * on the connection, which does not have it (nor would it on Linux). */
 static void inherit_options(int fd, int kfd, int v6)
 {
 	static const struct { int level, name; } opts[] = {

@@ -60,7 +60,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <spawn.h>
-#include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
