@@ -140,8 +140,9 @@ func filterKey(req *control.FilterRequest) (bpf.Listener, error) {
 }
 
 // checkProof checks that fd is a kernel socket of the client's user (or a
-// listener that is the port's only one: soleListener), in onloadd's
-// network namespace, of key's protocol, bound to key's port and
+// listener that is the port's only one, soleListener, or one of a
+// reuseport group the client's server holds whole, serversGroup), in
+// onloadd's network namespace, of key's protocol, bound to key's port and
 // to its address (or to every address).
 func checkProof(c *client, key bpf.Listener, fd int) error {
 	if fd < 0 {
@@ -151,7 +152,7 @@ func checkProof(c *client, key bpf.Listener, fd int) error {
 	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
 		return refuse(codeDenied, "the proof for port %d is not a socket", key.Port)
 	}
-	if c.cred.Uid != 0 && st.Uid != c.cred.Uid && !soleListener(fd, key) {
+	if c.cred.Uid != 0 && st.Uid != c.cred.Uid && !soleListener(fd, key) && !serversGroup(c, fd, key) {
 		return refuse(codeDenied, "the proof for port %d is a socket of uid %d, not yours (uid %d)%s", key.Port, st.Uid, c.cred.Uid, reuseportHint(fd))
 	}
 	if same, err := sameNetns(fd); err != nil || !same {
@@ -207,8 +208,8 @@ func reuseportHint(fd int) string {
 	if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT); err != nil || v != 1 {
 		return ""
 	}
-	return ": a listener with SO_REUSEPORT may share the port with its maker's other sockets, so it must be yours " +
-		"(listen without reuseport, or run the workers as the user that makes the socket)"
+	return ": a listener with SO_REUSEPORT of another user is proof only when every listener on the port is held by " +
+		"you or your parent (a server's master and its workers); another program listens on it too"
 }
 
 // sameNetns reports whether socket fd lives in onloadd's network

@@ -2,8 +2,11 @@ package daemon
 
 import (
 	"net/netip"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -68,9 +71,66 @@ func TestCheckProofOwner(t *testing.T) {
 			if err != nil && !strings.Contains(err.Error(), "not yours") {
 				t.Errorf("%s, for uid %d: %v, want the refusal to say whose it is", c.name, uid, err)
 			}
-			if err != nil && c.reuseport && !strings.Contains(err.Error(), "listen without reuseport") {
+			if err != nil && c.reuseport && !strings.Contains(err.Error(), "every listener on the port") {
 				t.Errorf("%s, for uid %d: %v, want the refusal to say what would do", c.name, uid, err)
 			}
 		}
+	}
+}
+
+// TestCheckProofServersGroup: another user's reuseport listener is proof
+// when every listener on its port is held by the client or its parent (a
+// master's group, a socket for each worker), and not once a listener on
+// the port is held by another process only. The client here is this
+// process, as uid 65534.
+func TestCheckProofServersGroup(t *testing.T) {
+	if unix.Geteuid() != 0 {
+		t.Skip("needs root: the proofs must be another user's than the client's")
+	}
+	listen := func(port int) int {
+		t.Helper()
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Bind(fd, &unix.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Listen(fd, 1); err != nil {
+			t.Fatal(err)
+		}
+		return fd
+	}
+	first := listen(0)
+	defer unix.Close(first)
+	sa, err := unix.Getsockname(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := sa.(*unix.SockaddrInet4).Port
+	second := listen(port)
+	defer unix.Close(second)
+	key := bpf.Listener{Proto: bpf.TCP, Addr: netip.MustParseAddr("127.0.0.1"), Port: uint16(port)}
+	cl := &client{cred: unix.Ucred{Pid: int32(os.Getpid()), Uid: 65534}}
+	if err := checkProof(cl, key, second); err != nil {
+		t.Fatalf("a group of two, both held by the client: %v", err)
+	}
+	// A third, held by another process only (the test's copy closed).
+	third := listen(port)
+	thirdFile := os.NewFile(uintptr(third), "third")
+	other := exec.Command("sleep", "30")
+	other.ExtraFiles = []*os.File{thirdFile}
+	if err := other.Start(); err != nil {
+		t.Skipf("no sleep(1) to hold a socket: %v", err)
+	}
+	defer func() { other.Process.Kill(); other.Wait() }()
+	thirdFile.Close()
+	time.Sleep(50 * time.Millisecond) // the child has it: its fd 3
+	err = checkProof(cl, key, second)
+	if err == nil || !strings.Contains(err.Error(), "every listener on the port") {
+		t.Fatalf("a group with a listener another process holds: %v, want refused, saying why", err)
 	}
 }

@@ -1487,13 +1487,15 @@ func testShimNginx(t *testing.T, onloadd string, mode string) {
 	}
 	dir, _ := daemonDir(t)
 	sock, _ := startDaemon(t, a, dir)
-	// On one shared stack the workers run as nobody, as nginx's are
-	// usually made to (its user directive): the master made the
-	// listening socket as root, and onloadd steers its port to the
-	// workers all the same (it refused them: "the proof ... is a socket
-	// of uid 0"). The shim and the files where they can read them.
+	// On one shared stack, and as a cluster with reuseport, the workers
+	// run as nobody, as nginx's are usually made to (its user
+	// directive): the master made the listening sockets as root, and
+	// onloadd steers their port to the workers all the same, the one
+	// listener, or the reuseport group the master holds whole (it
+	// refused them: "the proof ... is a socket of uid 0"). The shim and
+	// the files where they can read them.
 	user := "root"
-	if mode == "shared" {
+	if mode == "shared" || mode == "cluster" {
 		user = "nobody nogroup"
 		onloadd = shimFor(t, onloadd, dir)
 	}
