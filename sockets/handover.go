@@ -21,6 +21,11 @@ import (
 // millisecond or so of system calls.
 const exitHandover = 20 * time.Millisecond
 
+// exitDrain bounds Exit's wait for the NIC to take the last frames
+// (Stack.DrainNIC): a kick takes microseconds, a loaded machine's
+// scheduler longer.
+const exitDrain = 20 * time.Millisecond
+
 // handOverUndelivered gives the kernel each connection closed by its user
 // that is still delivering its data or FIN, on a kernel socket of its own
 // (its user's is gone), and closes that socket: the kernel finishes the

@@ -3,6 +3,7 @@ package stack
 import (
 	"net/netip"
 	"sync/atomic"
+	"time"
 
 	"github.com/xdp-onload/onload/vnic"
 )
@@ -366,6 +367,16 @@ func (s *Stack) releaseKicksLocked(held bool) {
 // left on the NIC's ring wait for their kick (KickHeld).
 func (s *Stack) KickOwed() bool {
 	return s.kicks != nil && s.kicks.KickOwed() || s.corkedN.Load() != 0
+}
+
+// DrainNIC waits, for at most timeout and without the stack lock, until
+// the NIC has taken every frame the stack handed it (vnic.Drainer); true
+// at once for a NIC that cannot say. For a process about to end.
+func (s *Stack) DrainNIC(timeout time.Duration) bool {
+	if d, ok := s.nic.(vnic.Drainer); ok {
+		return d.Drain(timeout)
+	}
+	return true
 }
 
 // KickHeld hands the NIC the frames SendMore and RecvMore left waiting for

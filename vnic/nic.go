@@ -10,6 +10,7 @@ package vnic
 import (
 	"fmt"
 	"net"
+	"time"
 )
 
 // NIC is a virtual network interface: one queue of one device, or one end
@@ -87,6 +88,13 @@ type LateKicker interface {
 	SetLateKicks(on bool)
 	TakeKick() bool
 	KickUnlocked() error
+}
+
+// Drainer is a NIC that can wait until the kernel has taken every frame
+// handed to it (Drain): for a process about to end, whose frames would
+// otherwise go with it.
+type Drainer interface {
+	Drain(timeout time.Duration) bool
 }
 
 // Info describes a NIC.

@@ -343,6 +343,29 @@ func (x *XDP) kickLoop() error {
 	return err
 }
 
+// Drain kicks until the kernel has taken every frame on the TX ring and
+// no thread of the process is kicking, for at most timeout; false if
+// frames were left (Drainer). Without the stack lock. A process about to
+// end calls it: a frame whose kick it left to another thread's kick loop
+// (KickUnlocked) was lost if the process ended first.
+func (x *XDP) Drain(timeout time.Duration) bool {
+	end := time.Now().Add(timeout)
+	for {
+		kicking := x.kicking.Load()
+		if !kicking && x.sock.TX.Pending() == 0 {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+		if !kicking && x.kicking.CompareAndSwap(false, true) {
+			x.kickLoop()
+			continue
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
 // maxKickLoops bounds the kicks one KickUnlocked gives for other threads.
 const maxKickLoops = 16
 

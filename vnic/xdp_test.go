@@ -193,6 +193,50 @@ func TestXDPLateKicks(t *testing.T) {
 	}
 }
 
+// TestXDPDrain: a frame left on the TX ring without its kick (the kick
+// taken by a thread that then did not give it, as one that left it to
+// another's kick loop) goes out when Drain returns, and Drain says the
+// ring is empty.
+func TestXDPDrain(t *testing.T) {
+	test.RequireRoot(t)
+	p := xdpPair(t, 64)
+	x := p.A.(*vnic.XDP)
+	x.SetLateKicks(true)
+	p0 := p.A.Pool()
+	h := p0.Alloc()
+	n, err := pkt.UDP(p0.Buf(h), p.AEnd, p.BEnd, []byte("drained"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p0.SetLen(h, n); err != nil {
+		t.Fatal(err)
+	}
+	if sent, err := x.Transmit([]vnic.Handle{h}); sent != 1 || err != nil {
+		t.Fatalf("transmit = %d, %v", sent, err)
+	}
+	if !x.TakeKick() {
+		t.Fatal("TakeKick: no kick due after a transmit")
+	}
+	if !x.Drain(time.Second) {
+		t.Fatalf("Drain: %d frames left on the TX ring", x.Socket().TX.Pending())
+	}
+	if pend := x.Socket().TX.Pending(); pend != 0 {
+		t.Fatalf("after Drain, %d frames on the TX ring", pend)
+	}
+	hs := make([]vnic.Handle, 8)
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
+		if got := p.B.Receive(hs); got > 0 {
+			if string(p.B.Pool().Data(hs[0])[42:]) != "drained" {
+				t.Errorf("the peer received %q", p.B.Pool().Data(hs[0])[42:])
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the peer received nothing within 2s of the drain")
+		}
+	}
+}
+
 // TestXDPLanes checks that Receive takes the frames the steering program
 // sent to a lane (AddLane), that the lane's frames count as received and
 // in the fill ring's accounting, and that a NIC has at most 15 lanes.
