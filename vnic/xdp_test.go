@@ -136,14 +136,15 @@ func TestXDPConfigBounds(t *testing.T) {
 // the kick due rather than give it (the frame stays on the TX ring, the
 // peer sees nothing), TakeKick takes it once, and KickUnlocked sends the
 // frame.
-func TestXDPLateKicks(t *testing.T) {
-	test.RequireRoot(t)
-	p := xdpPair(t, 64)
+// transmitLate transmits one UDP frame carrying payload from A to B with
+// late kicks on: the frame waits on A's TX ring for its kick.
+func transmitLate(t *testing.T, p vnictest.Pair, payload string) *vnic.XDP {
+	t.Helper()
 	x := p.A.(*vnic.XDP)
 	x.SetLateKicks(true)
 	p0 := p.A.Pool()
 	h := p0.Alloc()
-	n, err := pkt.UDP(p0.Buf(h), p.AEnd, p.BEnd, []byte("late kick"))
+	n, err := pkt.UDP(p0.Buf(h), p.AEnd, p.BEnd, []byte(payload))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,6 +154,31 @@ func TestXDPLateKicks(t *testing.T) {
 	if sent, err := x.Transmit([]vnic.Handle{h}); sent != 1 || err != nil {
 		t.Fatalf("transmit = %d, %v", sent, err)
 	}
+	return x
+}
+
+// awaitPayload waits up to 2 s for B to receive a frame carrying payload
+// (after what).
+func awaitPayload(t *testing.T, b vnic.NIC, payload, what string) {
+	t.Helper()
+	hs := make([]vnic.Handle, 8)
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
+		if got := b.Receive(hs); got > 0 {
+			if string(b.Pool().Data(hs[0])[42:]) != payload {
+				t.Errorf("the peer received %q", b.Pool().Data(hs[0])[42:])
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the peer received nothing within 2s of %s", what)
+		}
+	}
+}
+
+func TestXDPLateKicks(t *testing.T) {
+	test.RequireRoot(t)
+	p := xdpPair(t, 64)
+	x := transmitLate(t, p, "late kick")
 	var none [0]vnic.Handle
 	x.Receive(none[:]) // a poll must not kick either
 	kicks := x.Stats().TxKicks
@@ -178,19 +204,7 @@ func TestXDPLateKicks(t *testing.T) {
 	if got := x.Stats().TxKicks; got != kicks+1 {
 		t.Errorf("TxKicks = %d, want %d", got, kicks+1)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		if got := p.B.Receive(hs); got > 0 {
-			if string(p.B.Pool().Data(hs[0])[42:]) != "late kick" {
-				t.Errorf("the peer received %q", p.B.Pool().Data(hs[0])[42:])
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the peer received nothing within 2s of the kick")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	awaitPayload(t, p.B, "late kick", "the kick")
 }
 
 // TestXDPDrain: a frame left on the TX ring without its kick (the kick
@@ -200,20 +214,7 @@ func TestXDPLateKicks(t *testing.T) {
 func TestXDPDrain(t *testing.T) {
 	test.RequireRoot(t)
 	p := xdpPair(t, 64)
-	x := p.A.(*vnic.XDP)
-	x.SetLateKicks(true)
-	p0 := p.A.Pool()
-	h := p0.Alloc()
-	n, err := pkt.UDP(p0.Buf(h), p.AEnd, p.BEnd, []byte("drained"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p0.SetLen(h, n); err != nil {
-		t.Fatal(err)
-	}
-	if sent, err := x.Transmit([]vnic.Handle{h}); sent != 1 || err != nil {
-		t.Fatalf("transmit = %d, %v", sent, err)
-	}
+	x := transmitLate(t, p, "drained")
 	if !x.TakeKick() {
 		t.Fatal("TakeKick: no kick due after a transmit")
 	}
@@ -223,18 +224,7 @@ func TestXDPDrain(t *testing.T) {
 	if pend := x.Socket().TX.Pending(); pend != 0 {
 		t.Fatalf("after Drain, %d frames on the TX ring", pend)
 	}
-	hs := make([]vnic.Handle, 8)
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
-		if got := p.B.Receive(hs); got > 0 {
-			if string(p.B.Pool().Data(hs[0])[42:]) != "drained" {
-				t.Errorf("the peer received %q", p.B.Pool().Data(hs[0])[42:])
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the peer received nothing within 2s of the drain")
-		}
-	}
+	awaitPayload(t, p.B, "drained", "the drain")
 }
 
 // TestXDPLanes checks that Receive takes the frames the steering program
