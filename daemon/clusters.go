@@ -115,8 +115,15 @@ func clustered(s *dstack, key bpf.Listener, proof int, shared bool) bool {
 	return shared || reusePort(proof)
 }
 
+// reusePort says whether socket fd has SO_REUSEPORT.
 func reusePort(fd int) bool {
 	v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT)
+	return err == nil && v != 0
+}
+
+// listening says whether socket fd listens (SO_ACCEPTCONN).
+func listening(fd int) bool {
+	v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
 	return err == nil && v != 0
 }
 

@@ -188,24 +188,13 @@ func checkProof(c *client, key bpf.Listener, fd int) error {
 // others of its maker's uid, whose connections the steering would take:
 // it must be the client's own.
 func soleListener(fd int, key bpf.Listener) bool {
-	if key.Proto != bpf.TCP {
-		return false
-	}
-	listening, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
-	if err != nil || listening != 1 {
-		return false
-	}
-	reuse, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT)
-	return err == nil && reuse == 0
+	return key.Proto == bpf.TCP && listening(fd) && !reusePort(fd)
 }
 
 // reuseportHint says, of a listener another user made with SO_REUSEPORT,
 // what would make it proof.
 func reuseportHint(fd int) string {
-	if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || v != 1 {
-		return ""
-	}
-	if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT); err != nil || v != 1 {
+	if !listening(fd) || !reusePort(fd) {
 		return ""
 	}
 	return ": a listener with SO_REUSEPORT of another user is proof only when every listener on the port is held by " +
@@ -243,7 +232,7 @@ func checkKernelFlows(steer *bpf.Steering, key bpf.Listener, proof int) {
 	if key.Proto != bpf.TCP {
 		return
 	}
-	if v, err := unix.GetsockoptInt(proof, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || v == 0 {
+	if !listening(proof) {
 		return
 	}
 	steer.CheckKernelFlows(key, bpf.KernelFlowsGrace)

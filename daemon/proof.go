@@ -23,13 +23,7 @@ import (
 // program's, of the same maker) keeps the proof refused: the kernel
 // would have given it connections that the steering would take.
 func serversGroup(c *client, fd int, key bpf.Listener) bool {
-	if key.Proto != bpf.TCP || c.cred.Pid <= 0 {
-		return false
-	}
-	if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || v != 1 {
-		return false
-	}
-	if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT); err != nil || v != 1 {
+	if key.Proto != bpf.TCP || c.cred.Pid <= 0 || !listening(fd) || !reusePort(fd) {
 		return false
 	}
 	held := map[uint64]bool{}
