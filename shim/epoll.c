@@ -80,11 +80,10 @@ static void ep_wake(struct fdent *ee, int epfd)
 }
 
 /* ep_waiting counts a thread into (+1) or out of (-1) the waiters of
- * instance ee. */
+ * instance ee (a K_EPOLL entry). */
 static void ep_waiting(struct fdent *ee, int d)
 {
-	if (ee && ee->kind == K_EPOLL)
-		__atomic_add_fetch(&ee->waiters, (uint32_t)d, __ATOMIC_SEQ_CST);
+	__atomic_add_fetch(&ee->waiters, (uint32_t)d, __ATOMIC_SEQ_CST);
 }
 
 /* ep_unwake takes the wake-ups out of the r events a kernel wait on
@@ -881,7 +880,6 @@ static int any_epoll(int epfd, struct epoll_event *ev, int max, int ms, const st
 		ep_waiting(ee, 1);
 	int64_t end = timeout_ns; /* > 0: set at the first kernel wait */
 	struct kwait k;
-	kwait_begin(&k, timeout_ns);
 	int r;
 	for (int again = 0;; again = 1) {
 		int64_t left = timeout_ns;
@@ -894,8 +892,13 @@ static int any_epoll(int epfd, struct epoll_event *ev, int max, int ms, const st
 			r = do_epoll_wait(epfd, ev, max, left, mask);
 			break;
 		}
-		if (!again && timeout_ns > 0)
-			end = now_ns() + timeout_ns;
+		if (!again) {
+			/* The clock is read here only: the stack's wait above
+			 * keeps its own deadline. */
+			kwait_begin(&k, timeout_ns);
+			if (timeout_ns > 0)
+				end = k.end > 0 ? k.end : now_ns() + timeout_ns;
+		}
 		struct timespec ts;
 		if (again) {
 			ms = ns_ms(left);
