@@ -1508,7 +1508,11 @@ func testShimNginx(t *testing.T, onloadd string, mode string) {
 		if err := os.MkdirAll(filepath.Join(prefix, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Chmod(filepath.Join(prefix, d), map[bool]os.FileMode{false: 0o755, true: 0o777}[d == "tmp"]); err != nil {
+		perm := os.FileMode(0o755)
+		if d == "tmp" {
+			perm = 0o777 // the workers' temporary files
+		}
+		if err := os.Chmod(filepath.Join(prefix, d), perm); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -234,32 +234,31 @@ static void await_ok(int s, const char *step)
 	say("%s: %s", step, r == 2 && memcmp(buf, "ok", 2) == 0 ? "ok" : "no ok");
 }
 
+/* step connects, waits delay µs, sends data (and a FIN if fin), waits
+ * for the server's ok to the step and closes. */
+static void step(const char *data, int fin, useconds_t delay, const char *name)
+{
+	int s = dial_to(&peer);
+	usleep(delay);
+	send(s, data, strlen(data), 0);
+	if (fin)
+		shutdown(s, SHUT_WR);
+	await_ok(s, name);
+	close(s);
+}
+
 static int client(const char *addr, const char *port)
 {
 	if (set_peer("accepts", addr, port))
 		return 2;
+	step("one", 0, 100000, "1"); /* its recv before the data finds none */
+	step("two", 0, 0, "2");
+	step("three", 1, 0, "3");
 	int s = dial_to(&peer);
-	usleep(100000); /* its recv before the data finds none */
-	send(s, "one", 3, 0);
-	await_ok(s, "1");
-	close(s);
-	s = dial_to(&peer);
-	send(s, "two", 3, 0);
-	await_ok(s, "2");
-	close(s);
-	s = dial_to(&peer);
-	send(s, "three", 5, 0);
-	shutdown(s, SHUT_WR);
-	await_ok(s, "3");
-	close(s);
-	s = dial_to(&peer);
 	struct linger lg = {1, 0};
 	setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 	close(s); /* a reset */
-	s = dial_to(&peer);
-	send(s, "five", 4, 0);
-	await_ok(s, "5");
-	close(s);
+	step("five", 0, 0, "5");
 	s = dial_to(&peer);
 	send(s, "six", 3, 0);
 	char c;
