@@ -636,19 +636,25 @@ func TestTCPResetAfterFin(t *testing.T) {
 	a.Close(c)
 }
 
+// listening80 is two stacks joined, b listening on port 80, and a poll of
+// both.
+func listening80(t *testing.T) (a, b *stack.Stack, lst stack.SockID, poll func()) {
+	a, b = twoStacks(t, vnic.MemConfig{})
+	lst, _ = b.Open(stack.TCP)
+	if err := b.Bind(lst, netip.AddrPortFrom(netip.Addr{}, 80)); err != nil {
+		t.Fatal(err)
+	}
+	b.Listen(lst, 0)
+	return a, b, lst, pollBoth(a, b)
+}
+
 // TestTCPSynOverEndedConnection: the server still holds a connection the
 // client reset; the client connects again from the same port. As in
 // Linux, whose reset socket has left the hash, the listener takes the SYN
 // and the new connection works beside the old socket, and closing the
 // old socket leaves the new connection be.
 func TestTCPSynOverEndedConnection(t *testing.T) {
-	a, b := twoStacks(t, vnic.MemConfig{})
-	poll := pollBoth(a, b)
-	lst, _ := b.Open(stack.TCP)
-	if err := b.Bind(lst, netip.AddrPortFrom(netip.Addr{}, 80)); err != nil {
-		t.Fatal(err)
-	}
-	b.Listen(lst, 0)
+	a, b, lst, poll := listening80(t)
 	dial := func() (c, srv stack.SockID) {
 		c, _ = a.Open(stack.TCP)
 		a.SetOption(c, stack.ReuseAddr, 1)
@@ -684,4 +690,61 @@ func TestTCPSynOverEndedConnection(t *testing.T) {
 	oneWay(b, srv, a, c, "there")
 	a.Close(c)
 	b.Close(srv)
+}
+
+// TestTCPResetBeforeAccept: a connection reset while it waits in its
+// listener's accept queue stays there, as Linux's does: the accept
+// returns it, what arrived before the reset is readable, then the
+// reset's ECONNRESET; closing it frees its slot. (BSD's TCP drops it from
+// the queue, and so did this stack.) A listener's close still takes such
+// a child with it.
+func TestTCPResetBeforeAccept(t *testing.T) {
+	a, b, lst, poll := listening80(t)
+	dialReset := func(msg string) {
+		c, _ := a.Open(stack.TCP)
+		if err := a.Connect(c, netip.AddrPortFrom(b.Addr(), 80)); !errors.Is(err, syscall.EINPROGRESS) {
+			t.Fatalf("connect: %v", err)
+		}
+		waitFor(t, "connection", 5*time.Second, poll, func() bool { return a.Events(c)&(stack.Writable|stack.Error) != 0 })
+		if _, err := a.Send(c, []byte(msg)); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+		waitFor(t, "the data acknowledged", 5*time.Second, poll, func() bool {
+			info, err := a.TCPInfo(c)
+			return err == nil && info.Unacked == 0 && info.Queued == 0
+		})
+		a.SetOption(c, stack.Linger, 0)
+		a.Close(c)
+		for range 3 {
+			poll()
+		}
+	}
+	used := b.InUse()
+	dialReset("hi")
+	srv, err := b.Accept(lst)
+	if err != nil {
+		t.Fatalf("accept after the reset: %v, want the reset connection", err)
+	}
+	buf := make([]byte, 8)
+	if n, err := b.Recv(srv, buf, false); err != nil || string(buf[:n]) != "hi" {
+		t.Fatalf("first read: %q, %v; want the data sent before the reset", buf[:n], err)
+	}
+	if _, err := b.Recv(srv, buf, false); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("second read: %v, want ECONNRESET", err)
+	}
+	b.Close(srv)
+	if got := b.InUse(); got != used {
+		t.Errorf("%d sockets in use after the reset connection's close, want %d as before it", got, used)
+	}
+	// A second one waits in the queue, reset, when the listener closes:
+	// both go.
+	dialReset("again")
+	if got := b.InUse(); got != used+1 {
+		t.Errorf("%d sockets in use with a reset connection queued, want %d", got, used+1)
+	}
+	b.Close(lst)
+	poll()
+	if got := b.InUse(); got != used-1 {
+		t.Errorf("%d sockets in use after the listener's close, want %d", got, used-1)
+	}
 }

@@ -412,8 +412,15 @@ func (s *Stack) connectTCPLocked(sk *sock, remote netip.AddrPort) error {
 	return ErrInProgress
 }
 
-// tcpFailLocked ends a connection with an error the user will see.
+// tcpFailLocked ends a connection with an error the user will see. A
+// child in its listener's accept queue is its user's already: it stays
+// there, CLOSED, as Linux's does after tcp_done (its accept returns it,
+// and its first read, after what arrived in order, the error), where
+// BSD's TCP drops it.
 func (s *Stack) tcpFailLocked(sk *sock, errno uint32) {
+	if sk.tflags&tfInAcceptQ != 0 {
+		sk.tflags &^= tfOrphan
+	}
 	if sk.tflags&tfOrphan == 0 {
 		sk.err = errno
 	}
@@ -439,8 +446,8 @@ func (s *Stack) tcpCloseFinalLocked(sk *sock) {
 			s.img.hdr.sockSynRcvd -= min(s.img.hdr.sockSynRcvd, 1)
 		}
 		if l := s.parentLocked(sk); l != nil {
-			if sk.tflags&tfInAcceptQ != 0 {
-				s.unlinkAcceptLocked(l, sk)
+			if sk.tflags&tfInAcceptQ != 0 && sk.tflags&tfOrphan != 0 {
+				s.unlinkAcceptLocked(l, sk) // not a failed one: tcpFailLocked
 			} else if sk.state == tcpSynReceived && l.synLen > 0 {
 				l.synLen -= min(l.synLen, 1)
 			}

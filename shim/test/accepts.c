@@ -165,8 +165,9 @@ static int serve(int port)
 
 	/* 4: a reset before the accept (the client's SO_LINGER 0 close), then
 	 * 5, a connection that says so. Linux keeps the reset connection in
-	 * the accept queue (its first recv fails with ECONNRESET); the
-	 * stack, as BSD, drops it (TestShimAccepts). */
+	 * the accept queue (its first recv fails with ECONNRESET), and so
+	 * does the stack; BSD's TCP drops it, and so did the stack until
+	 * 2026-12-05. */
 	usleep(300000);
 	c = accept(ls, NULL, NULL);
 	if (c >= 0 && readable(c)) {
