@@ -210,32 +210,60 @@ static int ep_find(const struct ep *ep, int fd, int h)
 	return -1;
 }
 
-/* epoll_forget removes fd (handle h) from every instance's list. */
-void epoll_forget(int fd, int h)
+/* ep_find_h is the index of a member whose handle is h, whatever its fd;
+ * -1 if none is. */
+static int ep_find_h(const struct ep *ep, int h)
+{
+	if (!ep)
+		return -1;
+	if (!ep->multi)
+		return (unsigned)h < (unsigned)ep->nhidx && ep->hidx[h] ? ep->hidx[h] - 1 : -1;
+	for (int i = 0; i < ep->n; i++)
+		if (ep->items[i].h == h)
+			return i;
+	return -1;
+}
+
+/* epoll_forget takes fd (handle h) out of every instance's list. With
+ * last, the socket's last fd in the process, all its registrations go;
+ * while another fd (a dup) names the socket, the one fd made stays, its
+ * fd EP_NOFD, as the kernel's registration stays while its file is open
+ * (epoll(7)): it reports events, and no epoll_ctl reaches it. */
+void epoll_forget(int fd, int h, int last)
 {
 	int epfd;
 	for (int i = 0; i < nepfds; i++) {
 		struct ep *ep = ep_next_live(&i, &epfd);
-		int j = ep_find(ep, fd, h);
-		if (j >= 0)
+		int j;
+		if (!last) {
+			if ((j = ep_find(ep, fd, h)) >= 0)
+				ep->items[j].fd = EP_NOFD;
+			continue;
+		}
+		for (int n = ep ? ep->n : 0; n > 0 && (j = ep_find_h(ep, h)) >= 0; n--)
 			ep_remove(ep, j);
 	}
 }
 
 /* epoll_to_kernel moves fd's registrations in the instances' lists of
- * accelerated members into the kernel's sets (fd is the kernel's now). */
+ * accelerated members into the kernel's sets (fd is the kernel's now),
+ * and those of the socket (handle h) that outlived their fd (EP_NOFD),
+ * on fd, the kernel's name for the socket. */
 void epoll_to_kernel(int fd, int h)
 {
 	int epfd;
 	for (int i = 0; i < nepfds; i++) {
 		struct ep *ep = ep_next_live(&i, &epfd);
-		int j = ep_find(ep, fd, h);
-		if (j < 0)
-			continue;
-		struct epoll_event ev = {.events = ep->items[j].events, .data = ep->items[j].data};
-		if (real_epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 && errno != EEXIST)
-			debugf("fd %d: into epoll %d: %s", fd, epfd, strerror(errno));
-		ep_remove(ep, j);
+		for (int n = ep ? ep->n : 0, j; n > 0; n--) {
+			if ((j = ep_find(ep, fd, h)) < 0 && (j = ep_find(ep, EP_NOFD, h)) < 0)
+				break;
+			struct epoll_event ev = {.events = ep->items[j].events, .data = ep->items[j].data};
+			if (real_epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 && (errno != EEXIST || ep->items[j].fd == EP_NOFD))
+				debugf("fd %d: into epoll %d%s: %s", fd, epfd,
+				       ep->items[j].fd == EP_NOFD ? " (for a registration that outlived its fd)" : "",
+				       strerror(errno));
+			ep_remove(ep, j);
+		}
 	}
 }
 
@@ -635,8 +663,13 @@ static int ep_taken_over(struct fdent *ee, const int *hs, const int *evs, int n)
 		pthread_mutex_lock(&mu);
 		struct ep *ep = ee->kind == K_EPOLL ? ee->ep : NULL;
 		for (int i = 0; ep && i < ep->n; i++)
-			if (ep->items[i].h == hs[j])
+			if (ep->items[i].h == hs[j] && ep->items[i].fd != EP_NOFD)
 				fd = ep->items[i].fd;
+		/* A registration that outlived its fd: another fd names the
+		 * socket (this error's path only looks through the table). */
+		for (int i = 0; fd < 0 && i < nfdt; i++)
+			if (fdt[i].kind == K_OURS && fdt[i].h == hs[j])
+				fd = i;
 		pthread_mutex_unlock(&mu);
 		if (fd >= 0 && kernel_took(fd))
 			any = 1;

@@ -56,7 +56,9 @@ void drop(int fd)
 	__atomic_add_fetch(&fdgen[fd], 1, __ATOMIC_RELAXED);
 	if (e->kind == K_OURS) {
 		int h = e->h;
-		epoll_forget(fd, h);
+		/* A child after fork does not count its fds (hrefs): each
+		 * close is the socket's last there. */
+		epoll_forget(fd, h, after_fork || (unsigned)h >= MAX_HANDLES || __atomic_load_n(&hrefs[h], __ATOMIC_RELAXED) <= 1);
 		e->kind = K_NONE;
 		mark_ours(fd, 0);
 		if (!after_fork && (unsigned)h < MAX_HANDLES &&

@@ -324,6 +324,10 @@ struct kwait {
 
 /* An epoll instance's accelerated members, which the kernel's epoll does
  * not see (a listener is in both: the kernel's half serves loopback). */
+/* EP_NOFD is a member's fd once the fd that made it is closed while
+ * another names its socket (epoll_forget). */
+#define EP_NOFD (-1)
+
 struct epi {
 	int fd, h;
 	uint32_t events;
@@ -465,7 +469,7 @@ int ns_ms(int64_t ns);
 struct timespec *ns_ts(int64_t ns, struct timespec *ts);
 
 /* epoll.c */
-void epoll_forget(int fd, int h);
+void epoll_forget(int fd, int h, int last);
 void ep_free(struct ep *ep);
 void kreg_forget(int fd);
 void kreg_take(int fd, struct fdent *fe);
