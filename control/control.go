@@ -216,6 +216,11 @@ type FilterRequest struct {
 	// In a cluster such a port is shared as an SO_REUSEPORT port is, by
 	// the members that hold the same socket.
 	Shared bool `json:"shared,omitempty"`
+	// Retire (OpUnfilter): the stack's last listener on the port closed
+	// while connections of it live on: onloadd steers each by a flow
+	// entry and ends the filter, so that new connections to the port go
+	// to the kernel (stack.ListenerRetirer).
+	Retire bool `json:"retire,omitempty"`
 }
 
 // LocalAddrPort parses Local.

@@ -182,7 +182,13 @@ func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) 
 			if key, err = filterKey(req.Filter); err == nil {
 				// Any process of the stack may end a filter: the last
 				// of the processes sharing a listener closes it.
-				if f := s.filters[key]; f == nil {
+				if f := s.filters[key]; f != nil && req.Filter.Retire {
+					// Its listener closed; its connections live on:
+					// settled as a gone process's port is (ports.go).
+					f.gone, f.retired = true, true
+					d.settleGoneFiltersLocked(s)
+					d.kickReaper()
+				} else if f == nil {
 					// Nothing to end: a connection's filter becomes flow
 					// entries when the process that made it goes
 					// (ports.go), and they go as the connection ends,

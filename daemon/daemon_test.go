@@ -230,7 +230,7 @@ func TestFitDump(t *testing.T) {
 	// A proxy's stack: a filter for each of its connections' ports.
 	px := control.StackDump{ID: 3, Sockets: []control.SocketDump{{Proto: "tcp"}}}
 	for i := range 2000 {
-		px.Filters = append(px.Filters, fmt.Sprintf("tcp 198.18.0.2:%d -> 198.18.0.1:8080 (flow: a connection of a process that went)", 10000+i))
+		px.Filters = append(px.Filters, fmt.Sprintf("tcp 198.18.0.2:%d -> 198.18.0.1:8080 (flow: a connection whose listener or process went)", 10000+i))
 	}
 	out = &control.Dump{Stacks: []control.StackDump{px}}
 	fitDump(out)

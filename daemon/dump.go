@@ -54,7 +54,7 @@ func (d *Daemon) dump(engine bool) *control.Dump {
 			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s:%d (pid %d%s%s)", k.Proto, k.Addr, k.Port, f.owner.cred.Pid, cl, gone))
 		}
 		for f := range s.flows {
-			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s -> %s (flow: a connection of a process that went)", f.Proto, f.Local, f.Remote))
+			sd.Filters = append(sd.Filters, fmt.Sprintf("%s %s -> %s (flow: a connection whose listener or process went)", f.Proto, f.Local, f.Remote))
 		}
 		sort.Strings(sd.Filters)
 		sd.Orphan, sd.InUse, sd.Quarantined = !s.orphanSince.IsZero(), s.st.InUse(), s.quarantined

@@ -23,10 +23,12 @@ type filter struct {
 	// cluster: the filter is one member's of the cluster's port
 	// (clusters.go), or nil.
 	cluster *cluster
-	// gone: the owner's process is gone; the filter stays while the
-	// stack's sockets use the port (its connections finishing), then the
-	// reaper removes it (settleGoneFiltersLocked).
-	gone bool
+	// gone: the owner's process is gone, or (retired) the stack's
+	// listener on the port closed while its connections live on; the
+	// filter stays while a socket of the stack listens on the port, and
+	// while its connections finish unless they can be steered by flow
+	// entries, then the reaper removes it (settleGoneFiltersLocked).
+	gone, retired bool
 }
 
 // addFilterLocked checks proof and steers req's port to stack s.

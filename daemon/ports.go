@@ -9,7 +9,9 @@ import (
 
 // Ports of processes that are gone. A process's filters outlive it while
 // its stack finishes its connections (orphan.go, and leaveLocked for a
-// process of a shared stack): they are marked gone. What becomes of a
+// process of a shared stack): they are marked gone; so is the filter of a
+// listener that closed while its connections live on (a retiring
+// unfilter: stack.ListenerRetirer). What becomes of a
 // gone filter depends on what of the stack still uses its port:
 //
 //   - nothing: the filter is removed, and the port is the kernel's again;
@@ -73,16 +75,20 @@ func (d *Daemon) settleGoneFiltersLocked(s *dstack) {
 	}
 	for _, k := range gone {
 		u := uses[bpf.Listener{Proto: k.Proto, Port: k.Port}]
+		why := "its process went"
+		if s.filters[k].retired {
+			why = "its listener closed"
+		}
 		switch {
 		case u == nil:
-			d.log.Debug("filter of a process that went removed: no socket uses its port", "stack", s.id, "proto", k.Proto.String(), "port", k.Port)
+			d.log.Debug("filter removed: no socket uses its port", "why", why, "stack", s.id, "proto", k.Proto.String(), "port", k.Port)
 			d.removeFilterLocked(s, k)
 		case !u.listens && s.ifc.steering != steerNtuple:
 			if err := d.steerFlowsLocked(s, u.conns); err != nil {
-				d.log.Warn("the connections of a process that went keep its port", "stack", s.id, "port", k.Port, "err", err)
+				d.log.Warn("the port's connections keep it steered", "why", why, "stack", s.id, "port", k.Port, "err", err)
 				continue
 			}
-			d.log.Info("port of a process that went freed: its connections keep their frames by flow entries", "stack", s.id, "proto", k.Proto.String(), "port", k.Port, "connections", len(u.conns))
+			d.log.Info("port freed: its connections keep their frames by flow entries", "why", why, "stack", s.id, "proto", k.Proto.String(), "port", k.Port, "connections", len(u.conns))
 			d.removeFilterLocked(s, k)
 		}
 	}

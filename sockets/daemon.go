@@ -195,11 +195,34 @@ func (f *daemonFilters) withProof(p stack.Proto, port uint16, fd int, shared boo
 }
 
 func (f *daemonFilters) request(op control.Op, p stack.Proto, local netip.AddrPort, shared bool, fds ...int) error {
-	_, rfds, err := f.c.Call(control.Request{Op: op, Filter: &control.FilterRequest{
+	return f.call(op, &control.FilterRequest{
 		Stack: f.stack, Kind: control.Listen, Proto: p.String(), Local: local.String(), Shared: shared,
-	}}, fds...)
+	}, fds...)
+}
+
+func (f *daemonFilters) call(op control.Op, req *control.FilterRequest, fds ...int) error {
+	_, rfds, err := f.c.Call(control.Request{Op: op, Filter: req}, fds...)
 	control.CloseFDs(rfds)
 	return err
+}
+
+// RetireListener asks onloadd to end local's filter while the stack's
+// connections on the port live on (stack.ListenerRetirer): it steers them
+// by flow entries first. In the background: the engine calls it under
+// the stack lock, which onloadd takes to see the connections.
+func (f *daemonFilters) RetireListener(p stack.Proto, local netip.AddrPort) {
+	f.mu.Lock()
+	closed := f.closed
+	f.mu.Unlock()
+	if closed {
+		return
+	}
+	req := &control.FilterRequest{Stack: f.stack, Kind: control.Listen, Proto: p.String(), Local: local.String(), Retire: true}
+	go func() {
+		if err := f.call(control.OpUnfilter, req); err != nil {
+			logf(levelDebug, "%s port %d: its listener closed, its connections live on, and onloadd kept the port: %v", p, local.Port(), err)
+		}
+	}()
 }
 
 func (f *daemonFilters) AddListener(p stack.Proto, local netip.AddrPort) error {

@@ -48,6 +48,17 @@ func (f SteeringFilters) RemoveListener(p Proto, local netip.AddrPort) error {
 	return f.Steering.RemoveListener(listener(p, local))
 }
 
+// SteerFlow steers one connection's frames to the stack by a flow entry
+// of its own (FlowSteerer).
+func (f SteeringFilters) SteerFlow(p Proto, local, remote netip.AddrPort) error {
+	return f.Steering.AddFlow(flow(p, local, remote), f.Stack)
+}
+
+// UnsteerFlow removes SteerFlow's entry.
+func (f SteeringFilters) UnsteerFlow(p Proto, local, remote netip.AddrPort) error {
+	return f.Steering.RemoveFlow(flow(p, local, remote))
+}
+
 // PinFlow steers one connection's frames to the stack ahead of every
 // listener entry and of the kernel's own sockets (a handover).
 func (f SteeringFilters) PinFlow(p Proto, local, remote netip.AddrPort) error {

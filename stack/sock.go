@@ -63,6 +63,10 @@ const (
 	sfPortRetired = 1 << 8
 	// sfTimeWaitList: a connection in the TIME-WAIT list (twLinkLocked).
 	sfTimeWaitList = 1 << 9
+	// sfFlowSteered: a connection steered by a flow entry of its own,
+	// made when its port's listener closed (retireListenerLocked), taken
+	// out as its slot is freed.
+	sfFlowSteered = 1 << 10
 )
 
 // sock is one slot of the socket table. Fields are plain values: the slot

@@ -48,6 +48,28 @@ type Filters interface {
 	RemoveListener(p Proto, local netip.AddrPort) error
 }
 
+// ListenerRetirer is Filters that can end a listener's filter while the
+// stack still has connections on its port (onloadd's: it steers each by
+// a flow entry first). A stack's last listener on a port closes, and its
+// accepted connections live on: new connections to the port are no
+// longer the stack's, as the kernel's are no longer the closed
+// listener's, and a listener another process makes on the port (a server
+// restarted, or the one its predecessor passed the socket to) must get
+// them. Without it the port stays steered until its last connection goes,
+// and the stack resets those connections' SYNs.
+type ListenerRetirer interface {
+	RetireListener(p Proto, local netip.AddrPort)
+}
+
+// FlowSteerer is Filters that can steer one connection by a flow entry
+// of its own, ahead of its port's listener entry (a stack's own, on the
+// steering program): the stack retires a port so itself
+// (retireListenerLocked).
+type FlowSteerer interface {
+	SteerFlow(p Proto, local, remote netip.AddrPort) error
+	UnsteerFlow(p Proto, local, remote netip.AddrPort) error
+}
+
 // Resolver finds the Ethernet address of a neighbour the stack does not
 // know yet (the kernel's neighbour table, in production).
 type Resolver interface {

@@ -468,9 +468,51 @@ func (s *Stack) tcpCloseFinalLocked(sk *sock) {
 	}
 }
 
+// retireListenerLocked ends the filter of a closed listener's port
+// (local) whose accepted connections live on, if no other socket of the
+// stack listens there: onloadd's filters do it (ListenerRetirer); a
+// stack's own steers each connection by a flow entry (FlowSteerer) and
+// removes the port's listener entry. A port with no socket left had its
+// filter removed as the listener's slot was freed.
+func (s *Stack) retireListenerLocked(local netip.AddrPort) {
+	var conns []*sock
+	for o := range s.boundToLocked(kindTCP, local.Port()) {
+		if o.state == tcpListen || o.flags&sfPortHolder != 0 {
+			return
+		}
+		conns = append(conns, o)
+	}
+	if len(conns) == 0 {
+		return
+	}
+	if r, ok := s.filters.(ListenerRetirer); ok {
+		r.RetireListener(TCP, local)
+		return
+	}
+	fs, ok := s.filters.(FlowSteerer)
+	if !ok {
+		return
+	}
+	for _, c := range conns {
+		if c.flags&(sfConnected|sfFlowSteered) != sfConnected {
+			continue
+		}
+		if fs.SteerFlow(TCP, addrPort(c.localAddr, c.localPort), addrPort(c.remoteAddr, c.remotePort)) != nil {
+			return // the port stays steered: no connection loses its frames
+		}
+		c.flags |= sfFlowSteered
+	}
+	s.filters.RemoveListener(TCP, local)
+}
+
 // releaseSockLocked frees a socket's slot: out of the table, its port
 // unsteered if no other socket uses it.
 func (s *Stack) releaseSockLocked(sk *sock) {
+	if sk.flags&sfFlowSteered != 0 {
+		if fs, ok := s.filters.(FlowSteerer); ok {
+			fs.UnsteerFlow(TCP, addrPort(sk.localAddr, sk.localPort), addrPort(sk.remoteAddr, sk.remotePort))
+		}
+	}
 	s.unhashLocked(sk)
 	if sk.flags&sfBound != 0 && s.filters != nil && !s.portSharedLocked(sk) {
 		s.filters.RemoveListener(Proto(sk.kind), addrPort(sk.localAddr, sk.localPort))
@@ -500,8 +542,10 @@ func (s *Stack) tcpCloseLocked(sk *sock) {
 				s.tcpCloseFinalLocked(c)
 			}
 		}
+		local := addrPort(sk.localAddr, sk.localPort)
 		sk.tflags |= tfOrphan
 		s.tcpCloseFinalLocked(sk)
+		s.retireListenerLocked(local)
 		return
 	}
 	sk.tflags |= tfOrphan

@@ -360,11 +360,11 @@ func TestShimDualStack(t *testing.T) {
 // (ADDR srv's), each under the shim or not, and returns what the two
 // printed and the log of the side under the shim (the client's if
 // neither is).
-func serveConnect(t *testing.T, prog string, srv, cli *Host, srvArgs []string, port string, srvShim, cliShim bool) (srvOut, cliOut, log string) {
+func serveConnect(t *testing.T, prog string, srv, cli *Host, srvArgs []string, port string, srvShim, cliShim bool, srvEnv ...string) (srvOut, cliOut, log string) {
 	t.Helper()
 	sc := srv.Command(prog, srvArgs...)
 	if srvShim {
-		sc = shimCommand(t, srv, nil, prog, srvArgs...)
+		sc = shimCommand(t, srv, srvEnv, prog, srvArgs...)
 	}
 	_, stdout, slog := startPiped(t, sc)
 	var sb strings.Builder
@@ -451,6 +451,47 @@ func TestShimAccepts(t *testing.T) {
 		t.Fatalf("with the client under the shim the server printed:\n%s\nthe client:\n%s\nwith the kernel:\n%s\n%s\n(shim log:\n%s)", srv, cli, wantSrv, wantCli, log)
 	}
 	t.Logf("client under the shim: %d lines as on the kernel", strings.Count(srv+cli, "\n"))
+}
+
+// TestShimPassListener runs shim/test/passlisten.c, a reload's hand-on
+// of a listener: the server keeps the client's first connection, passes
+// the listener to a new process over a Unix socket (SCM_RIGHTS) and
+// closes its copy; the new process accepts the next two connections, and
+// the first answers again. Under the shim the stack's listener closes
+// with the old process's copy while its connection lives on: the port
+// went on steering SYNs to the stack, which reset them, until its last
+// connection closed. Now the connection keeps its frames by a flow entry
+// and the port goes (stack.ListenerRetirer, onloadd's; FlowSteerer, a
+// stack's own). The server's and the client's lines as on the kernel,
+// on a stack of the process's own and on one from onloadd.
+func TestShimPassListener(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "passlisten")
+	for i, mode := range []string{"own", "onloadd"} {
+		t.Run(mode, func(t *testing.T) {
+			a, b := Pair(t, LinkOptions{})
+			port := strconv.Itoa(7440 + 2*i)
+			wantSrv, wantCli, _ := serveConnect(t, prog, b, a, []string{"serve", port}, port, false, false)
+			if !strings.HasSuffix(wantSrv, "done\n") || !strings.HasSuffix(wantCli, "done\n") {
+				t.Fatalf("the reference run (kernel) did not finish:\n%s\n%s", wantSrv, wantCli)
+			}
+			var env []string
+			if mode == "onloadd" {
+				dir, _ := daemonDir(t)
+				sock, _ := startDaemon(t, b, dir)
+				env = []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + b.Iface0().Name}
+			}
+			port = strconv.Itoa(7441 + 2*i)
+			srv, cli, log := serveConnect(t, prog, b, a, []string{"serve", port}, port, true, false, env...)
+			requireAccelerated(t, log, "listening")
+			if (mode == "onloadd") != strings.Contains(log, "through onloadd") {
+				t.Fatalf("the server's stack is not the %s one:\n%s", mode, log)
+			}
+			if srv != wantSrv || cli != wantCli {
+				t.Fatalf("under the shim the server printed:\n%s\nthe client:\n%s\nwith the kernel:\n%s\n%s\n(shim log:\n%s)", srv, cli, wantSrv, wantCli, log)
+			}
+		})
+	}
 }
 
 // TestShimThreadExitKicks runs shim/test/exitkick.c: a thread sends on

@@ -1,0 +1,171 @@
+/*
+ * passlisten: a listener handed on while its connections live on, as a
+ * server's reload does (haproxy's, passing its listeners over a Unix
+ * socket to the new process, which accepts from then on while the old
+ * one finishes its connections). The server accepts the client's first
+ * connection and keeps it, passes the listener to a process of its own
+ * (exec'd, so that only the message carries it: SCM_RIGHTS) and closes
+ * its own copy; the new process accepts the next two connections; then
+ * the first connection, still the old process's, answers again. Both
+ * sides print one line per result, so that the server's output under the
+ * shim must be the same as without it (TestShimPassListener).
+ *
+ *	passlisten serve PORT
+ *	passlisten connect ADDR PORT
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sys/wait.h>
+
+#include "conform.h"
+
+/* answer waits (5 s at most) for what the peer sends on c, prints it
+ * under what and answers reply. */
+static void answer(int c, const char *what, const char *reply)
+{
+	struct pollfd p = {.fd = c, .events = POLLIN};
+	char buf[32];
+	ssize_t r = poll(&p, 1, 5000) == 1 ? recv(c, buf, sizeof buf, 0) : 0;
+	if (r <= 0) {
+		say("%s: %s", what, r < 0 ? strerror(errno) : "nothing in 5 s");
+		return;
+	}
+	say("%s: %.*s", what, (int)r, buf);
+	if (send(c, reply, strlen(reply), MSG_NOSIGNAL) < 0)
+		say("%s: its answer: %s", what, strerror(errno));
+}
+
+/* take accepts the next connection on ls (5 s at most): -1 if none. */
+static int take(int ls, const char *who)
+{
+	struct pollfd p = {.fd = ls, .events = POLLIN};
+	if (poll(&p, 1, 5000) != 1) {
+		say("%s: no connection in 5 s", who);
+		return -1;
+	}
+	/* Close-on-exec: the new process gets the listener only, and the
+	 * old one's connection stays its own (an inherited one would go to
+	 * the kernel at the exec). */
+	int c = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
+	if (c < 0)
+		say("%s: accept: %s", who, strerror(errno));
+	return c;
+}
+
+/* receive is the new process: the listener comes on Unix socket us. */
+static int receive(int us)
+{
+	char d;
+	struct iovec iov = {&d, 1};
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
+	struct cmsghdr *c = NULL;
+	int ls;
+	if (recvmsg(us, &m, 0) != 1 || !(c = CMSG_FIRSTHDR(&m)) || c->cmsg_type != SCM_RIGHTS)
+		die("recvmsg");
+	memcpy(&ls, CMSG_DATA(c), sizeof ls);
+	say("new process: the listener came");
+	for (int i = 2; i <= 3; i++) {
+		int k = take(ls, "new process");
+		if (k >= 0) {
+			answer(k, "new process, a connection", "new");
+			close(k);
+		}
+	}
+	return 0;
+}
+
+static int serve(const char *self, int port)
+{
+	int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof a) < 0 || listen(ls, 16) < 0)
+		die("listen");
+	/* A look at the listener first: under the shim that accelerates it
+	 * (the stack's filter is in before the client dials). */
+	struct pollfd lp = {.fd = ls, .events = POLLIN};
+	poll(&lp, 1, 0);
+	say("listening");
+	int c1 = take(ls, "old process");
+	if (c1 < 0)
+		return 1;
+	answer(c1, "old process, the first connection", "old");
+	int sp[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
+		die("socketpair");
+	pid_t pid = fork();
+	if (pid == 0) {
+		char fd[16];
+		snprintf(fd, sizeof fd, "%d", sp[1]);
+		fcntl(sp[1], F_SETFD, 0);
+		execl(self, self, "receive", fd, (char *)NULL);
+		_exit(127);
+	}
+	close(sp[1]);
+	char d = 'L';
+	struct iovec iov = {&d, 1};
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} u;
+	memset(&u, 0, sizeof u);
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &ls, sizeof ls);
+	check("old process: the listener passed", sendmsg(sp[0], &m, 0));
+	check("old process: its copy closed", close(ls));
+	answer(c1, "old process, the first connection again", "old again");
+	int st;
+	waitpid(pid, &st, 0);
+	close(c1);
+	say("done");
+	return 0;
+}
+
+/* hello dials the server, sends msg and prints its answer. */
+static int hello(const char *what, const char *msg)
+{
+	int s = dial();
+	char buf[32];
+	if (send(s, msg, strlen(msg), 0) < 0)
+		die("send");
+	ssize_t r = recv(s, buf, sizeof buf, 0);
+	say("%s: %.*s", what, r > 0 ? (int)r : 0, buf);
+	return s;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && !strcmp(argv[1], "receive"))
+		return receive(atoi(argv[2]));
+	if (argc == 3 && !strcmp(argv[1], "serve"))
+		return serve("/proc/self/exe", atoi(argv[2]));
+	if (argc != 4 || strcmp(argv[1], "connect")) {
+		fprintf(stderr, "usage: passlisten serve PORT | connect ADDR PORT\n");
+		return 2;
+	}
+	if (set_peer("passlisten", argv[2], argv[3]))
+		return 2;
+	alarm(30);
+	int c1 = hello("the first connection", "1");
+	/* The server passes its listener and closes its copy meanwhile;
+	 * under the shim, its stack lets the port go then (onloadd, within
+	 * its reaper's 100 ms). */
+	usleep(500000);
+	close(hello("the second", "2"));
+	close(hello("the third", "3"));
+	char buf[32];
+	send(c1, "again", 5, 0);
+	ssize_t r = recv(c1, buf, sizeof buf, 0);
+	say("the first again: %.*s", r > 0 ? (int)r : 0, buf);
+	close(c1);
+	say("done");
+	return 0;
+}
