@@ -53,8 +53,11 @@ func (d *Daemon) settleGoneFiltersLocked(s *dstack) {
 	uses := map[bpf.Listener]*portUse{}
 	live := map[bpf.Flow]bool{}
 	for _, r := range rows {
-		if r.State == "HANDED-OVER" {
-			continue // the kernel's connection now: no frame of it comes here
+		if r.State == "HANDED-OVER" || r.State == "LISTEN-RETIRED" {
+			// The kernel's connection now, or a listener whose port is
+			// the kernel's (its process passed it on): no frame of it
+			// comes here.
+			continue
 		}
 		k := bpf.Listener{Proto: bpf.TCP, Port: r.Local.Port()}
 		if r.Proto == "udp" {

@@ -797,10 +797,37 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 	return r;
 }
 
+/* pass_listener: listener fd (entry e) goes to another process, which
+ * gets its kernel socket and shares it, as two processes share one
+ * listening socket on the kernel: the port becomes that socket's
+ * (onl_retire_listener), and this process's accepts take what the
+ * stack's listener holds, then the kernel's. One the stack has not
+ * taken yet stays the kernel's. */
+static void pass_listener(int fd, struct fdent *e)
+{
+	if (e->kind == K_TCP) {
+		pthread_mutex_lock(&mu);
+		if (e->kind == K_TCP && !e->tried) {
+			e->tried = 1;
+			debugf("fd %d: a listener passed to another process (SCM_RIGHTS): it stays the kernel's", fd);
+		}
+		pthread_mutex_unlock(&mu);
+		return;
+	}
+	int r = after_fork ? -ENOTSUP : CORE(core.retire_listener(e->h));
+	if (r < 0)
+		logf_("fd %d: a listener passed to another process (SCM_RIGHTS) keeps its port on the stack (%s): "
+		      "connections to it come to this process only", fd, strerror(-r));
+	else
+		debugf("fd %d: a listener passed to another process (SCM_RIGHTS): its port is the kernel's socket's now, "
+		       "which that process shares", fd);
+}
+
 /* pass_rights: the accelerated connections a message passes to another
  * process (SCM_RIGHTS, on a Unix socket) go to the kernel first, as
  * across exec: the process that receives one gets its kernel socket,
- * which the stack's connection otherwise leaves unconnected. */
+ * which the stack's connection otherwise leaves unconnected. A listener
+ * gives its port to its kernel socket (pass_listener). */
 static void pass_rights(const struct msghdr *m)
 {
 	if (bad_buf(m, sizeof *m) || !m->msg_controllen || bad_buf(m->msg_control, m->msg_controllen) || !fdt)
@@ -812,7 +839,11 @@ static void pass_rights(const struct msghdr *m)
 		for (int i = 0; i < n; i++) {
 			int fd;
 			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-			to_kernel(fd, ours(fd), "to pass it to another process (SCM_RIGHTS)");
+			struct fdent *e = ent(fd);
+			if (e && (e->kind == K_OURS || e->kind == K_TCP) && e->listening)
+				pass_listener(fd, e);
+			else
+				to_kernel(fd, ours(fd), "to pass it to another process (SCM_RIGHTS)");
 		}
 	}
 }

@@ -173,6 +173,7 @@ struct core_fns {
 	void (*forget_efd)(int);
 	void (*thread)(void);
 	void (*resched)(void);
+	int (*retire_listener)(int);
 	long (*spin_ns)(void);
 	int (*try_spin)(void);
 	void (*end_spin)(void);

@@ -503,6 +503,22 @@ func (d *Desc) Shutdown(how int) error {
 	return err
 }
 
+// RetireListener gives a listener's port to the kernel: its socket was
+// passed to another process, which shares the kernel's socket
+// (stack.Stack.RetireListener).
+func (d *Desc) RetireListener() error {
+	if err := d.check(nil); err != nil {
+		return err
+	}
+	s := d.stk
+	if !s.enter() {
+		return net.ErrClosed
+	}
+	err := s.st.RetireListener(d.id)
+	s.leave()
+	return err
+}
+
 // SetOption sets an option the engine keeps.
 func (d *Desc) SetOption(o stack.Option, v int) error { return d.setOption(o, v) }
 

@@ -98,6 +98,9 @@ func (s *Stack) socketsLocked() []SocketRow {
 			if sk.flags&sfPortHolder != 0 {
 				r.State = "SHARED-PORT" // a shared local port's holder (shared_ports.go)
 			}
+			if sk.flags&sfListenRetired != 0 && sk.state == tcpListen {
+				r.State = "LISTEN-RETIRED" // its port the kernel's (RetireListener)
+			}
 		case kindUDP:
 			r.Proto, r.RecvQ = "udp", sk.rcvBytes
 		default:

@@ -67,6 +67,11 @@ const (
 	// made when its port's listener closed (retireListenerLocked), taken
 	// out as its slot is freed.
 	sfFlowSteered = 1 << 10
+	// sfListenRetired: a listener whose port goes to the kernel
+	// (RetireListener): it keeps what its queue holds, and its user
+	// accepts the rest from its kernel socket, which another process
+	// shares.
+	sfListenRetired = 1 << 11
 )
 
 // sock is one slot of the socket table. Fields are plain values: the slot

@@ -74,7 +74,7 @@ func TestSockFlagsDistinct(t *testing.T) {
 	flags := map[string]uint16{
 		"sfBound": sfBound, "sfConnected": sfConnected, "sfHashed": sfHashed, "sfRemoteMAC": sfRemoteMAC,
 		"sfRcvBufSet": sfRcvBufSet, "sfSndBufSet": sfSndBufSet, "sfWake": sfWake,
-		"sfPortHolder": sfPortHolder, "sfPortRetired": sfPortRetired, "sfTimeWaitList": sfTimeWaitList, "sfFlowSteered": sfFlowSteered,
+		"sfPortHolder": sfPortHolder, "sfPortRetired": sfPortRetired, "sfTimeWaitList": sfTimeWaitList, "sfFlowSteered": sfFlowSteered, "sfListenRetired": sfListenRetired,
 	}
 	var seen uint16
 	for name, f := range flags {

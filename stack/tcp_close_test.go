@@ -748,3 +748,35 @@ func TestTCPResetBeforeAccept(t *testing.T) {
 		t.Errorf("%d sockets in use after the listener's close, want %d", got, used-1)
 	}
 }
+
+// TestTCPRetireListener: a listener whose port goes to the kernel (its
+// socket passed to another process) reads LISTEN-RETIRED, keeps the
+// connection its queue holds for its accept, and a socket that does not
+// listen cannot be retired.
+func TestTCPRetireListener(t *testing.T) {
+	a, b, lst, poll := listening80(t)
+	c, _ := a.Open(stack.TCP)
+	if err := a.Connect(c, netip.AddrPortFrom(b.Addr(), 80)); !errors.Is(err, syscall.EINPROGRESS) {
+		t.Fatalf("connect: %v", err)
+	}
+	waitFor(t, "the connection queued", 5*time.Second, poll, func() bool { return b.Events(lst)&stack.Readable != 0 })
+	if err := b.RetireListener(lst); err != nil {
+		t.Fatalf("retire: %v", err)
+	}
+	state := ""
+	for _, r := range b.Sockets() {
+		if r.ID == lst {
+			state = r.State
+		}
+	}
+	if state != "LISTEN-RETIRED" {
+		t.Errorf("the retired listener reads %q, want LISTEN-RETIRED", state)
+	}
+	srv, err := b.Accept(lst)
+	if err != nil {
+		t.Fatalf("accept of the queued connection after the retirement: %v", err)
+	}
+	if err := b.RetireListener(srv); !errors.Is(err, stack.ErrInvalid) {
+		t.Errorf("retiring a connection: %v, want ErrInvalid", err)
+	}
+}

@@ -468,21 +468,27 @@ func (s *Stack) tcpCloseFinalLocked(sk *sock) {
 	}
 }
 
-// retireListenerLocked ends the filter of a closed listener's port
-// (local) whose accepted connections live on, if no other socket of the
-// stack listens there: onloadd's filters do it (ListenerRetirer); a
-// stack's own steers each connection by a flow entry (FlowSteerer) and
-// removes the port's listener entry. A port with no socket left had its
-// filter removed as the listener's slot was freed.
+// retireListenerLocked ends the filter of port local, whose listener
+// closed while its accepted connections live on, or was retired
+// (RetireListener), if no other socket of the stack listens there:
+// onloadd's filters do it (ListenerRetirer); a stack's own steers each
+// connection by a flow entry (FlowSteerer) and removes the port's
+// listener entry. A port with no socket left had its filter removed as
+// the listener's slot was freed.
 func (s *Stack) retireListenerLocked(local netip.AddrPort) {
 	var conns []*sock
+	retired := false
 	for o := range s.boundToLocked(kindTCP, local.Port()) {
-		if o.state == tcpListen || o.flags&sfPortHolder != 0 {
+		switch {
+		case o.state == tcpListen && o.flags&sfListenRetired != 0:
+			retired = true
+		case o.state == tcpListen || o.flags&sfPortHolder != 0:
 			return
+		default:
+			conns = append(conns, o)
 		}
-		conns = append(conns, o)
 	}
-	if len(conns) == 0 {
+	if len(conns) == 0 && !retired {
 		return
 	}
 	if r, ok := s.filters.(ListenerRetirer); ok {
@@ -503,6 +509,31 @@ func (s *Stack) retireListenerLocked(local netip.AddrPort) {
 		c.flags |= sfFlowSteered
 	}
 	s.filters.RemoveListener(TCP, local)
+}
+
+// RetireListener gives listener id's port to the kernel while the
+// listener lives on: its socket was passed to another process
+// (SCM_RIGHTS), which shares the kernel's socket and not the stack. New
+// connections go to that kernel socket from now on, where either process
+// may accept them, as they share one socket on the kernel; those the
+// listener holds stay in its queue, and its connections keep their
+// frames by flow entries (retireListenerLocked). ErrInvalid for a socket
+// that does not listen.
+func (s *Stack) RetireListener(id SockID) error {
+	s.lock()
+	defer s.unlock()
+	sk, err := s.sockLocked(id)
+	if err != nil {
+		return err
+	}
+	if sk.kind != kindTCP || sk.state != tcpListen {
+		return ErrInvalid
+	}
+	if sk.flags&sfListenRetired == 0 {
+		sk.flags |= sfListenRetired
+		s.retireListenerLocked(addrPort(sk.localAddr, sk.localPort))
+	}
+	return nil
 }
 
 // releaseSockLocked frees a socket's slot: out of the table, its port

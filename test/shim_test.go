@@ -456,41 +456,51 @@ func TestShimAccepts(t *testing.T) {
 // TestShimPassListener runs shim/test/passlisten.c, a reload's hand-on
 // of a listener: the server keeps the client's first connection, passes
 // the listener to a new process over a Unix socket (SCM_RIGHTS) and
-// closes its copy; the new process accepts the next two connections, and
-// the first answers again. Under the shim the stack's listener closes
-// with the old process's copy while its connection lives on: the port
-// went on steering SYNs to the stack, which reset them, until its last
-// connection closed. Now the connection keeps its frames by a flow entry
-// and the port goes (stack.ListenerRetirer, onloadd's; FlowSteerer, a
-// stack's own). The server's and the client's lines as on the kernel,
-// on a stack of the process's own and on one from onloadd.
+// closes its copy (or, keep, holds it without accepting); the new process
+// accepts the next two connections, and the first answers again. Under
+// the shim the port went on steering SYNs to the old process's stack:
+// reset, once its listener closed, until its last connection did; queued
+// for nobody while it held the listener. Now the port goes to the kernel's
+// socket, which the new process has, and the old connection keeps its
+// frames by a flow entry (stack.RetireListener and ListenerRetirer,
+// onloadd's; FlowSteerer, a stack's own). The server's and the client's
+// lines as on the kernel, on a stack of the process's own and on one
+// from onloadd.
 func TestShimPassListener(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "passlisten")
-	for i, mode := range []string{"own", "onloadd"} {
-		t.Run(mode, func(t *testing.T) {
-			a, b := Pair(t, LinkOptions{})
-			port := strconv.Itoa(7440 + 2*i)
-			wantSrv, wantCli, _ := serveConnect(t, prog, b, a, []string{"serve", port}, port, false, false)
-			if !strings.HasSuffix(wantSrv, "done\n") || !strings.HasSuffix(wantCli, "done\n") {
-				t.Fatalf("the reference run (kernel) did not finish:\n%s\n%s", wantSrv, wantCli)
+	i := 0
+	for _, mode := range []string{"own", "onloadd"} {
+		for _, keep := range []bool{false, true} {
+			name, args := mode, []string(nil)
+			if keep {
+				name, args = mode+"-keep", []string{"keep"}
 			}
-			var env []string
-			if mode == "onloadd" {
-				dir, _ := daemonDir(t)
-				sock, _ := startDaemon(t, b, dir)
-				env = []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + b.Iface0().Name}
-			}
-			port = strconv.Itoa(7441 + 2*i)
-			srv, cli, log := serveConnect(t, prog, b, a, []string{"serve", port}, port, true, false, env...)
-			requireAccelerated(t, log, "listening")
-			if (mode == "onloadd") != strings.Contains(log, "through onloadd") {
-				t.Fatalf("the server's stack is not the %s one:\n%s", mode, log)
-			}
-			if srv != wantSrv || cli != wantCli {
-				t.Fatalf("under the shim the server printed:\n%s\nthe client:\n%s\nwith the kernel:\n%s\n%s\n(shim log:\n%s)", srv, cli, wantSrv, wantCli, log)
-			}
-		})
+			i++
+			t.Run(name, func(t *testing.T) {
+				a, b := Pair(t, LinkOptions{})
+				port := strconv.Itoa(7440 + 2*i)
+				wantSrv, wantCli, _ := serveConnect(t, prog, b, a, append([]string{"serve", port}, args...), port, false, false)
+				if !strings.HasSuffix(wantSrv, "done\n") || !strings.HasSuffix(wantCli, "done\n") {
+					t.Fatalf("the reference run (kernel) did not finish:\n%s\n%s", wantSrv, wantCli)
+				}
+				var env []string
+				if mode == "onloadd" {
+					dir, _ := daemonDir(t)
+					sock, _ := startDaemon(t, b, dir)
+					env = []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + b.Iface0().Name}
+				}
+				port = strconv.Itoa(7441 + 2*i)
+				srv, cli, log := serveConnect(t, prog, b, a, append([]string{"serve", port}, args...), port, true, false, env...)
+				requireAccelerated(t, log, "listening")
+				if (mode == "onloadd") != strings.Contains(log, "through onloadd") {
+					t.Fatalf("the server's stack is not the %s one:\n%s", mode, log)
+				}
+				if srv != wantSrv || cli != wantCli {
+					t.Fatalf("under the shim the server printed:\n%s\nthe client:\n%s\nwith the kernel:\n%s\n%s\n(shim log:\n%s)", srv, cli, wantSrv, wantCli, log)
+				}
+			})
+		}
 	}
 }
 

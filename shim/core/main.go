@@ -708,6 +708,18 @@ func onl_shutdown(h, how C.int) C.int {
 	return errno(d.Shutdown(int(how)))
 }
 
+// onl_retire_listener gives listener h's port to the kernel: its
+// socket goes to another process (SCM_RIGHTS). 0 or a negated errno.
+//
+//export onl_retire_listener
+func onl_retire_listener(h C.int) C.int {
+	d := get(h)
+	if d == nil {
+		return errno(errBadHandle)
+	}
+	return errno(d.RetireListener())
+}
+
 //export onl_setopt
 func onl_setopt(h, opt, v C.int) C.int {
 	d := get(h)

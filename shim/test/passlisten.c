@@ -6,11 +6,14 @@
  * connection and keeps it, passes the listener to a process of its own
  * (exec'd, so that only the message carries it: SCM_RIGHTS) and closes
  * its own copy; the new process accepts the next two connections; then
- * the first connection, still the old process's, answers again. Both
- * sides print one line per result, so that the server's output under the
- * shim must be the same as without it (TestShimPassListener).
+ * the first connection, still the old process's, answers again. With
+ * keep, the old process keeps its copy open (without accepting on it)
+ * until the end: the new process accepts all the same, as the two share
+ * one socket. Both sides print one line per result, so that the server's
+ * output under the shim must be the same as without it
+ * (TestShimPassListener).
  *
- *	passlisten serve PORT
+ *	passlisten serve PORT [keep]
  *	passlisten connect ADDR PORT
  */
 #define _GNU_SOURCE
@@ -78,7 +81,7 @@ static int receive(int us)
 	return 0;
 }
 
-static int serve(const char *self, int port)
+static int serve(const char *self, int port, int keep)
 {
 	int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
@@ -120,10 +123,13 @@ static int serve(const char *self, int port)
 	c->cmsg_len = CMSG_LEN(sizeof(int));
 	memcpy(CMSG_DATA(c), &ls, sizeof ls);
 	check("old process: the listener passed", sendmsg(sp[0], &m, 0));
-	check("old process: its copy closed", close(ls));
+	if (!keep)
+		check("old process: its copy closed", close(ls));
 	answer(c1, "old process, the first connection again", "old again");
 	int st;
 	waitpid(pid, &st, 0);
+	if (keep)
+		check("old process: its copy closed at the end", close(ls));
 	close(c1);
 	say("done");
 	return 0;
@@ -145,17 +151,17 @@ int main(int argc, char **argv)
 {
 	if (argc == 3 && !strcmp(argv[1], "receive"))
 		return receive(atoi(argv[2]));
-	if (argc == 3 && !strcmp(argv[1], "serve"))
-		return serve("/proc/self/exe", atoi(argv[2]));
+	if ((argc == 3 || argc == 4) && !strcmp(argv[1], "serve"))
+		return serve("/proc/self/exe", atoi(argv[2]), argc == 4 && !strcmp(argv[3], "keep"));
 	if (argc != 4 || strcmp(argv[1], "connect")) {
-		fprintf(stderr, "usage: passlisten serve PORT | connect ADDR PORT\n");
+		fprintf(stderr, "usage: passlisten serve PORT [keep] | connect ADDR PORT\n");
 		return 2;
 	}
 	if (set_peer("passlisten", argv[2], argv[3]))
 		return 2;
 	alarm(30);
 	int c1 = hello("the first connection", "1");
-	/* The server passes its listener and closes its copy meanwhile;
+	/* The server passes its listener (and closes its copy) meanwhile;
 	 * under the shim, its stack lets the port go then (onloadd, within
 	 * its reaper's 100 ms). */
 	usleep(500000);
