@@ -323,12 +323,12 @@ struct kwait {
 	int64_t end; /* on now_ns; -1: none, for ever */
 };
 
-/* An epoll instance's accelerated members, which the kernel's epoll does
- * not see (a listener is in both: the kernel's half serves loopback). */
 /* EP_NOFD is a member's fd once the fd that made it is closed while
  * another names its socket (epoll_forget). */
 #define EP_NOFD (-1)
 
+/* An epoll instance's accelerated members, which the kernel's epoll does
+ * not see (a listener is in both: the kernel's half serves loopback). */
 struct epi {
 	int fd, h;
 	uint32_t events;

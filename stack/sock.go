@@ -64,8 +64,8 @@ const (
 	// sfTimeWaitList: a connection in the TIME-WAIT list (twLinkLocked).
 	sfTimeWaitList = 1 << 9
 	// sfFlowSteered: a connection steered by a flow entry of its own,
-	// made when its port's listener closed (retireListenerLocked), taken
-	// out as its slot is freed.
+	// made when its port's listener closed or was retired
+	// (retireListenerLocked), taken out as its slot is freed.
 	sfFlowSteered = 1 << 10
 	// sfListenRetired: a listener whose port goes to the kernel
 	// (RetireListener): it keeps what its queue holds, and its user

@@ -50,13 +50,13 @@ type Filters interface {
 
 // ListenerRetirer is Filters that can end a listener's filter while the
 // stack still has connections on its port (onloadd's: it steers each by
-// a flow entry first). A stack's last listener on a port closes, and its
-// accepted connections live on: new connections to the port are no
-// longer the stack's, as the kernel's are no longer the closed
-// listener's, and a listener another process makes on the port (a server
-// restarted, or the one its predecessor passed the socket to) must get
-// them. Without it the port stays steered until its last connection goes,
-// and the stack resets those connections' SYNs.
+// a flow entry first). A stack's last listener on a port closes, or is
+// retired (RetireListener), and its accepted connections live on: new
+// connections to the port are no longer the stack's, as the kernel's are
+// no longer the closed listener's, and a listener another process has on
+// the port (a server restarted, or the one its predecessor passed the
+// socket to) must get them. Without it the port stays steered until its
+// last connection goes, and the stack resets those connections' SYNs.
 type ListenerRetirer interface {
 	RetireListener(p Proto, local netip.AddrPort)
 }
