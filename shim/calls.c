@@ -1251,8 +1251,10 @@ static void dup_to(int oldfd, int newfd)
 		/* An option set through one of them is not seen on the other's
 		 * entry: copy_options reads them all. */
 		o->fresh = n->fresh = 0;
-		if (o->kind == K_OURS && (unsigned)o->h < MAX_HANDLES)
+		if (o->kind == K_OURS && (unsigned)o->h < MAX_HANDLES) {
 			__atomic_add_fetch(&hrefs[o->h], 1, __ATOMIC_RELAXED);
+			hfds[o->h]++;
+		}
 	}
 	pthread_mutex_unlock(&mu);
 }

@@ -6,7 +6,8 @@
 
 struct fdent *fdt;
 int nfdt;
-int *hrefs;		/* by handle: descriptors naming it (dup) */
+int *hrefs;		/* by handle: descriptors naming it (dup), and calls holding it (ccall_hold) */
+int *hfds;		/* by handle: descriptors naming it, under mu */
 uint8_t *htimeo;	/* by handle: its kernel socket may have SO_RCVTIMEO or SO_SNDTIMEO */
 uint32_t *fdgen;	/* by fd: how many times it was dropped (closed), for a call that waited */
 
@@ -40,6 +41,8 @@ void set_ours(int fd, int h, int nonblock, int knb, int listening, int timeo)
 	e->listening = listening;
 	if ((unsigned)h < MAX_HANDLES && __atomic_add_fetch(&hrefs[h], 1, __ATOMIC_RELAXED) == 1)
 		htimeo[h] = timeo; /* a new socket */
+	if ((unsigned)h < MAX_HANDLES)
+		hfds[h]++;
 	if (knb)
 		return;
 	int fl = real_fcntl(fd, F_GETFL);
@@ -56,9 +59,11 @@ void drop(int fd)
 	__atomic_add_fetch(&fdgen[fd], 1, __ATOMIC_RELAXED);
 	if (e->kind == K_OURS) {
 		int h = e->h;
-		/* A child after fork does not count its fds (hrefs): each
-		 * close is the socket's last there. */
-		epoll_forget(fd, h, after_fork || (unsigned)h >= MAX_HANDLES || __atomic_load_n(&hrefs[h], __ATOMIC_RELAXED) <= 1);
+		/* The registrations go with the socket's last descriptor (not
+		 * its last hold: a call in progress must not leave one behind
+		 * it). A child after fork does not count: each close is the
+		 * socket's last there. */
+		epoll_forget(fd, h, after_fork || (unsigned)h >= MAX_HANDLES || --hfds[h] <= 0);
 		e->kind = K_NONE;
 		mark_ours(fd, 0);
 		if (!after_fork && (unsigned)h < MAX_HANDLES &&
@@ -102,6 +107,8 @@ static void kernel_now_locked(int h)
 				real_fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
 		}
 		epoll_to_kernel(fd, h);
+		if ((unsigned)h < MAX_HANDLES)
+			hfds[h]--;
 		e->kind = K_NONE;
 		mark_ours(fd, 0);
 		memset(e, 0, sizeof *e);

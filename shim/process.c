@@ -78,14 +78,17 @@ __attribute__((constructor)) static void init(void)
 		nfdt = rl.rlim_max > (1 << 20) ? (1 << 20) : (int)rl.rlim_max;
 	fdt = calloc(nfdt, sizeof *fdt);
 	hrefs = calloc(MAX_HANDLES, sizeof *hrefs);
+	hfds = calloc(MAX_HANDLES, sizeof *hfds);
 	htimeo = calloc(MAX_HANDLES, sizeof *htimeo);
 	fdgen = calloc(nfdt, sizeof *fdgen);
-	if (!fdt || !hrefs || !htimeo || !fdgen) {
+	if (!fdt || !hrefs || !hfds || !htimeo || !fdgen) {
 		free(fdt);
 		free(hrefs);
+		free(hfds);
 		free(htimeo);
 		free(fdgen);
 		hrefs = NULL;
+		hfds = NULL;
 		htimeo = NULL;
 		fdgen = NULL;
 		fdt = NULL;

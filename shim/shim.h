@@ -396,6 +396,7 @@ extern __thread int t_ending;
 extern struct fdent *fdt;
 extern int nfdt;
 extern int *hrefs;
+extern int *hfds;
 extern uint8_t *htimeo;
 extern uint32_t *fdgen;
 int refuse_after_fork(void);

@@ -102,6 +102,39 @@ static void test_epoll_dup(void)
 	close(ep);
 }
 
+/* A registration whose socket's last fd is closed while another thread
+ * is in a call on the socket goes when that call ends, as the kernel's
+ * goes with the file: the socket made next (which may take the closed
+ * one's handle under the shim) does not report through it. */
+static int held_fd;
+
+static void *recv_held(void *arg)
+{
+	char c;
+	(void)arg;
+	recv(held_fd, &c, 1, 0); /* SO_RCVTIMEO ends it */
+	return NULL;
+}
+
+static void test_epoll_close_held(void)
+{
+	held_fd = dial();
+	struct timeval tv = {0, 200000};
+	setsockopt(held_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	int ep = epoll_create1(0);
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.u64 = 6};
+	epoll_ctl(ep, EPOLL_CTL_ADD, held_fd, &ev);
+	pthread_t t;
+	pthread_create(&t, NULL, recv_held, NULL);
+	usleep(50000); /* the thread is in its recv */
+	close(held_fd);
+	pthread_join(t, NULL);
+	int s = dial();
+	report("closed while a call held it, then a new socket", ep, 100);
+	close(s);
+	close(ep);
+}
+
 static void test_oneshot(int s)
 {
 	int ep = epoll_create1(0);
@@ -269,6 +302,7 @@ int main(int argc, char **argv)
 	echo(s, "first socket", "hello");
 	test_epoll_errors(s);
 	test_epoll_dup();
+	test_epoll_close_held();
 	test_oneshot(s);
 	test_edge(s);
 	test_level(s);
