@@ -131,11 +131,6 @@ func TestXDPConfigBounds(t *testing.T) {
 	}
 }
 
-// TestXDPLateKicks checks the doorbell a stack rings after its lock
-// (vnic.LateKicker): with late kicks on, a transmit and a Receive leave
-// the kick due rather than give it (the frame stays on the TX ring, the
-// peer sees nothing), TakeKick takes it once, and KickUnlocked sends the
-// frame.
 // transmitLate transmits one UDP frame carrying payload from A to B with
 // late kicks on: the frame waits on A's TX ring for its kick.
 func transmitLate(t *testing.T, p vnictest.Pair, payload string) *vnic.XDP {
@@ -175,6 +170,11 @@ func awaitPayload(t *testing.T, b vnic.NIC, payload, what string) {
 	}
 }
 
+// TestXDPLateKicks checks the doorbell a stack rings after its lock
+// (vnic.LateKicker): with late kicks on, a transmit and a Receive leave
+// the kick due rather than give it (the frame stays on the TX ring, the
+// peer sees nothing), TakeKick takes it once, and KickUnlocked sends the
+// frame.
 func TestXDPLateKicks(t *testing.T) {
 	test.RequireRoot(t)
 	p := xdpPair(t, 64)

@@ -311,28 +311,10 @@ static void test_pass(void)
 	int sp[2];
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) < 0)
 		die("socketpair");
-	char c = 'x';
-	struct iovec iov = {&c, 1};
-	union {
-		char b[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} ctl;
-	memset(&ctl, 0, sizeof ctl);
-	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b};
-	struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-	cm->cmsg_level = SOL_SOCKET;
-	cm->cmsg_type = SCM_RIGHTS;
-	cm->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(cm), &s, sizeof s);
-	check("sendmsg SCM_RIGHTS", sendmsg(sp[0], &m, 0));
+	check("sendmsg SCM_RIGHTS", send_fd(sp[0], s));
 	close(s);
-	memset(&ctl, 0, sizeof ctl);
-	m.msg_controllen = sizeof ctl.b;
-	check("recvmsg", recvmsg(sp[1], &m, 0));
-	cm = CMSG_FIRSTHDR(&m);
-	int r = -1;
-	if (cm && cm->cmsg_type == SCM_RIGHTS)
-		memcpy(&r, CMSG_DATA(cm), sizeof r);
+	int r;
+	check("recvmsg", recv_fd(sp[1], &r));
 	say("an fd received: %d", r >= 0);
 	if (r >= 0) {
 		echo(r, "passed", "passed");

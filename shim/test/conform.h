@@ -81,6 +81,46 @@ static inline void echo(int s, const char *what, const char *msg)
 	say("%s: echo %.*s", what, (int)n, buf);
 }
 
+/* send_fd sends fd over Unix socket us (SCM_RIGHTS), with one byte:
+ * sendmsg's result. */
+static inline ssize_t send_fd(int us, int fd)
+{
+	char c = 'x';
+	struct iovec iov = {&c, 1};
+	union {
+		char b[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} ctl;
+	memset(&ctl, 0, sizeof ctl);
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b};
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+	return sendmsg(us, &m, 0);
+}
+
+/* recv_fd receives what send_fd sent on Unix socket us, the fd into *fd
+ * (-1 if none came): recvmsg's result. */
+static inline ssize_t recv_fd(int us, int *fd)
+{
+	char c;
+	struct iovec iov = {&c, 1};
+	union {
+		char b[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} ctl;
+	memset(&ctl, 0, sizeof ctl);
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b};
+	ssize_t r = recvmsg(us, &m, 0);
+	struct cmsghdr *cm = r > 0 ? CMSG_FIRSTHDR(&m) : NULL;
+	*fd = -1;
+	if (cm && cm->cmsg_type == SCM_RIGHTS)
+		memcpy(fd, CMSG_DATA(cm), sizeof *fd);
+	return r;
+}
+
 /* getint prints socket option opt of s (an int), by name. */
 static inline void getint(int s, int level, int opt, const char *name)
 {

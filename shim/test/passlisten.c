@@ -58,18 +58,9 @@ static int take(int ls, const char *who)
 /* receive is the new process: the listener comes on Unix socket us. */
 static int receive(int us)
 {
-	char d;
-	struct iovec iov = {&d, 1};
-	union {
-		struct cmsghdr h;
-		char b[CMSG_SPACE(sizeof(int))];
-	} u;
-	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
-	struct cmsghdr *c = NULL;
 	int ls;
-	if (recvmsg(us, &m, 0) != 1 || !(c = CMSG_FIRSTHDR(&m)) || c->cmsg_type != SCM_RIGHTS)
+	if (recv_fd(us, &ls) != 1 || ls < 0)
 		die("recvmsg");
-	memcpy(&ls, CMSG_DATA(c), sizeof ls);
 	say("new process: the listener came");
 	for (int i = 2; i <= 3; i++) {
 		int k = take(ls, "new process");
@@ -109,20 +100,7 @@ static int serve(const char *self, int port, int keep)
 		_exit(127);
 	}
 	close(sp[1]);
-	char d = 'L';
-	struct iovec iov = {&d, 1};
-	union {
-		struct cmsghdr h;
-		char b[CMSG_SPACE(sizeof(int))];
-	} u;
-	memset(&u, 0, sizeof u);
-	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
-	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c), &ls, sizeof ls);
-	check("old process: the listener passed", sendmsg(sp[0], &m, 0));
+	check("old process: the listener passed", send_fd(sp[0], ls));
 	if (!keep)
 		check("old process: its copy closed", close(ls));
 	answer(c1, "old process, the first connection again", "old again");
