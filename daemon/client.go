@@ -186,8 +186,7 @@ func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) 
 					// Its listener closed; its connections live on:
 					// settled as a gone process's port is (ports.go).
 					f.gone, f.retired = true, true
-					d.settleGoneFiltersLocked(s)
-					d.kickReaper()
+					d.settleRetiredLocked(s, key, f)
 				} else if f == nil {
 					// Nothing to end: a connection's filter becomes flow
 					// entries when the process that made it goes

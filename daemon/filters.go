@@ -49,6 +49,10 @@ func (d *Daemon) addFilterLocked(c *client, s *dstack, req *control.FilterReques
 			if inCluster && k == key && f.cluster == s.cluster && s.filters[key] == nil && joins(f, proof) {
 				continue
 			}
+			if k == key && f.stack == s && f.cluster == nil && (f.gone || f.owner != c) {
+				d.takeFilterLocked(f, c, proof)
+				return nil
+			}
 			if f.owner == c && k == key {
 				return refuse(codeInUse, "%s %s:%d is already steered to your stack", key.Proto, key.Addr, key.Port)
 			}
@@ -93,6 +97,20 @@ func (d *Daemon) addFilterLocked(c *client, s *dstack, req *control.FilterReques
 	s.filters[key] = f
 	d.log.Debug("filter added", "stack", s.id, "proto", key.Proto.String(), "local", fmt.Sprintf("%s:%d", key.Addr, key.Port), "client", c.String())
 	return nil
+}
+
+// takeFilterLocked makes c, a process of f's stack, the owner of f, with
+// proof in place of f's: the port is steered to the stack already, and
+// the stack, whose processes share its sockets, has a socket on it anew
+// (its engine let the bind): a listener whose process passed its socket
+// on (stack.ShareListener) or closed it while its connections finish, a
+// server that listens again. f is no longer gone: it stays while c's
+// socket does.
+func (d *Daemon) takeFilterLocked(f *filter, c *client, proof int) {
+	unix.Close(f.proof)
+	f.proof, f.owner = proof, c
+	f.gone, f.retired = false, false
+	d.log.Debug("filter taken", "stack", f.stack.id, "proto", f.key.Proto.String(), "local", fmt.Sprintf("%s:%d", f.key.Addr, f.key.Port), "client", c.String())
 }
 
 // removeFilterLocked removes the filter for key from stack s and closes

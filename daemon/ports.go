@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/xdp-onload/onload/bpf"
 	"github.com/xdp-onload/onload/stack"
@@ -34,8 +35,10 @@ type portUse struct {
 }
 
 // settleGoneFiltersLocked applies the rules above to s's gone filters and
-// removes the flow entries of connections s no longer has.
-func (d *Daemon) settleGoneFiltersLocked(s *dstack) {
+// removes the flow entries of connections s no longer has. It reports
+// false when it could not look at the stack's sockets (a process held its
+// lock): the reaper looks again.
+func (d *Daemon) settleGoneFiltersLocked(s *dstack) bool {
 	var gone []bpf.Listener
 	for k, f := range s.filters {
 		if f.gone {
@@ -43,12 +46,12 @@ func (d *Daemon) settleGoneFiltersLocked(s *dstack) {
 		}
 	}
 	if (len(gone) == 0 && len(s.flows) == 0) || s.quarantined != "" {
-		return
+		return true
 	}
 	var rows []stack.SocketRow
 	var ok bool
 	if err := guard(func() { rows, ok = s.st.TrySockets() }); err != nil || !ok {
-		return // the watcher's checks judge the image; look again later
+		return false // the watcher's checks judge the image; look again later
 	}
 	uses := map[bpf.Listener]*portUse{}
 	live := map[bpf.Flow]bool{}
@@ -100,7 +103,34 @@ func (d *Daemon) settleGoneFiltersLocked(s *dstack) {
 			d.removeFlowLocked(s, f)
 		}
 	}
+	return true
 }
+
+// settleRetiredLocked settles f, the filter of s's port key, which its
+// listener has just given up (a retiring unfilter), before the reply: the
+// process that asks may be passing the listener's socket to another
+// (SCM_RIGHTS), whose connections must find the port the kernel's, not a
+// stack with no listener on it, which refuses them. The engine asks under
+// the stack lock, in the background, so the first look often finds the
+// lock held: it looks again every millisecond, for retireSettle at most
+// (d.mu let go meanwhile), then leaves it to the reaper.
+func (d *Daemon) settleRetiredLocked(s *dstack, key bpf.Listener, f *filter) {
+	for end := time.Now().Add(retireSettle); !d.settleGoneFiltersLocked(s) && time.Now().Before(end); {
+		d.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		d.mu.Lock()
+		if s.filters[key] != f || !f.gone {
+			return
+		}
+	}
+	d.kickReaper()
+}
+
+// retireSettle bounds how long a retiring unfilter waits for the stack's
+// lock (settleRetiredLocked): a process's lock is held for microseconds,
+// but the process's next request waits behind this one, and it may hold
+// the lock as it asks (a listener's filter is added so).
+const retireSettle = 10 * time.Millisecond
 
 // steerFlowsLocked steers each of flows to stack s by a flow entry; on
 // failure it removes those it added.

@@ -439,6 +439,8 @@ static int accept_call(struct ccall *c, int v6, struct sockaddr *a, socklen_t *l
 			/* Clients through loopback reach the kernel's half,
 			 * which closes with the fd. */
 			int k = real_accept4(fd, a, l, flags);
+			if (k >= 0)
+				debugf("fd %d: a connection from the listener's kernel socket: the kernel's", fd);
 			if (k >= 0 || errno != EAGAIN)
 				return k;
 		}
@@ -782,8 +784,12 @@ EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
 EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 {
 	struct fdent *e = ours(fd);
-	if (!e)
-		return real_recvmsg(fd, m, flags);
+	if (!e) {
+		ssize_t r = real_recvmsg(fd, m, flags);
+		if (r >= 0)
+			adopt_received(m);
+		return r;
+	}
 	if (bad_buf(m, sizeof *m)) {
 		errno = EFAULT;
 		return -1;
@@ -868,8 +874,12 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags, struct timespec *t)
 {
 	struct fdent *e = ours(fd);
-	if (!e)
-		return real_recvmmsg(fd, v, n, flags, t);
+	if (!e) {
+		int r = real_recvmmsg(fd, v, n, flags, t);
+		for (int i = 0; i < r; i++)
+			adopt_received(&v[i].msg_hdr);
+		return r;
+	}
 	if (n > IOV_MAX)
 		n = IOV_MAX; /* as the kernel (UIO_MAXIOV) */
 	if (bad_buf(v, n * sizeof *v)) {

@@ -6,13 +6,52 @@
 
 static void child_after_fork(void);
 
+/* tcp_socket reports whether fd is a TCP socket of IPv4 or IPv6 (v6)
+ * that listens, or is neither connected nor listening: one the shim may
+ * take as a socket() of its own (adopt_socket); 0 for anything else. */
+static int tcp_socket(int fd, int *listening, int *v6)
+{
+	int v;
+	socklen_t l = sizeof v;
+	if (real_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &l) < 0 || (v != AF_INET && v != AF_INET6))
+		return 0;
+	*v6 = v == AF_INET6;
+	l = sizeof v;
+	if (real_getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &l) < 0 || v != SOCK_STREAM)
+		return 0;
+	l = sizeof v;
+	if (real_getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &v, &l) < 0 || v != IPPROTO_TCP)
+		return 0;
+	l = sizeof v;
+	*listening = real_getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &v, &l) == 0 && v;
+	if (!*listening) {
+		struct sockaddr_storage sa;
+		l = sizeof sa;
+		if (real_getpeername(fd, (struct sockaddr *)&sa, &l) == 0 || errno != ENOTCONN)
+			return 0;
+	}
+	return 1;
+}
+
+/* adopt_socket makes entry e (fd's) a K_TCP socket the program did not
+ * make here: a listener is accelerated at its first accept, poll or
+ * epoll_ctl (accel_listener, which shares the kernel's socket with the
+ * process it came from), an unconnected socket at its connect. */
+static void adopt_socket(struct fdent *e, int listening, int v6)
+{
+	memset(e, 0, sizeof *e);
+	e->kind = K_TCP;
+	e->listening = listening;
+	e->timeo = 1; /* its options are unknown */
+	e->v6 = v6;
+}
+
 /* adopt_inherited takes the TCP/IPv4 sockets the program inherited (from
  * the program it was exec'd from: nginx's binary upgrade passes its
  * listening sockets so; systemd's socket activation) as a socket() of its
- * own: a listener is accelerated at its first accept, poll or epoll_ctl,
- * an unconnected socket at its connect. A connected one stays the
- * kernel's: the previous program handed its accelerated connections over
- * to the kernel before the exec (handover_for_exec). */
+ * own (adopt_socket). A connected one stays the kernel's: the previous
+ * program handed its accelerated connections over to the kernel before
+ * the exec (handover_for_exec). */
 static void adopt_inherited(void)
 {
 	DIR *d = opendir("/proc/self/fd");
@@ -26,33 +65,44 @@ static void adopt_inherited(void)
 		if (*end || end == de->d_name || fd == dfd)
 			continue;
 		struct fdent *e = ent((int)fd);
-		int v;
-		socklen_t l = sizeof v;
-		if (!e || real_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &v, &l) < 0 || (v != AF_INET && v != AF_INET6))
+		int listening, v6;
+		if (!e || !tcp_socket((int)fd, &listening, &v6))
 			continue;
-		int v6 = v == AF_INET6;
-		l = sizeof v;
-		if (real_getsockopt(fd, SOL_SOCKET, SO_TYPE, &v, &l) < 0 || v != SOCK_STREAM)
-			continue;
-		l = sizeof v;
-		if (real_getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &v, &l) < 0 || v != IPPROTO_TCP)
-			continue;
-		l = sizeof v;
-		int listening = real_getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &v, &l) == 0 && v;
-		if (!listening) {
-			struct sockaddr_storage sa;
-			l = sizeof sa;
-			if (real_getpeername(fd, (struct sockaddr *)&sa, &l) == 0 || errno != ENOTCONN)
-				continue;
-		}
-		memset(e, 0, sizeof *e);
-		e->kind = K_TCP;
-		e->listening = listening;
-		e->timeo = 1; /* its options are unknown */
-		e->v6 = v6;
+		adopt_socket(e, listening, v6);
 		debugf("fd %ld: inherited %s", fd, listening ? "listening" : "unconnected");
 	}
 	closedir(d);
+}
+
+/* adopt_received takes the TCP listeners message m brought (SCM_RIGHTS,
+ * on a Unix socket: haproxy's seamless reload, a process handing its
+ * listeners to its successor) as inherited ones: the first accept, poll
+ * or epoll_ctl accelerates each, its port coming to this process's stack
+ * from the sender's, which gave it up as it sent it (pass_listener). A
+ * connection stays the kernel's: the sender handed it over first
+ * (pass_rights). */
+void adopt_received(const struct msghdr *m)
+{
+	if (!fdt || !m->msg_control || !m->msg_controllen)
+		return;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR((struct msghdr *)m, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len < CMSG_LEN(0))
+			continue;
+		int n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (int i = 0; i < n; i++) {
+			int fd, listening, v6;
+			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+			struct fdent *e = ent(fd);
+			if (!e || !tcp_socket(fd, &listening, &v6) || !listening)
+				continue;
+			pthread_mutex_lock(&mu);
+			if (e->kind == K_NONE) {
+				adopt_socket(e, 1, v6);
+				debugf("fd %d: a listener received from another process (SCM_RIGHTS)", fd);
+			}
+			pthread_mutex_unlock(&mu);
+		}
+	}
 }
 
 __attribute__((constructor)) static void init(void)

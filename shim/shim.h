@@ -358,6 +358,7 @@ struct ep {
 	uint8_t multi;	  /* a socket is in twice (dup'd fds): check all, always */
 	unsigned round;	  /* counts checks (epi.stamp) */
 	int64_t kernel_at; /* when the kernel's set is due a look (ep_kernel_due) */
+	unsigned kernel_only; /* waits in a row that got the kernel's events only (EP_KERNEL_ONLY) */
 	int *hidx, nhidx; /* by handle: its member's index + 1 (0: none) */
 	int *pend, npend; /* handles to check at the next call; room for cap */
 	struct epi items[];
@@ -459,6 +460,7 @@ int timeo_opt(int level, int name);
 void handover_at_exit(void);
 void handover_for_close(int fd, struct fdent *e);
 int to_kernel(int fd, struct fdent *e, const char *why);
+void adopt_received(const struct msghdr *m);
 
 /* calls.c */
 extern __thread int t_tee[2];

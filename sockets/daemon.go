@@ -165,7 +165,10 @@ type daemonFilters struct {
 	steered map[proofKey]bool   // steered before the engine's Bind (steerFirst)
 	conns   map[uint16]bool     // TCP ports steered so (a connection's, until released): they end in the background
 	ends    chan netip.AddrPort // filters to end, in the background
-	closed  bool
+	// retiring: the listeners' ports whose filters end in the background
+	// (RetireListener), each closed when onloadd has answered.
+	retiring map[proofKey]chan struct{}
+	closed   bool
 }
 
 type proofKey struct {
@@ -218,11 +221,42 @@ func (f *daemonFilters) RetireListener(p stack.Proto, local netip.AddrPort) {
 		return
 	}
 	req := &control.FilterRequest{Stack: f.stack, Kind: control.Listen, Proto: p.String(), Local: local.String(), Retire: true}
+	k, done := proofKey{p, local.Port()}, make(chan struct{})
+	f.mu.Lock()
+	if f.retiring == nil {
+		f.retiring = map[proofKey]chan struct{}{}
+	}
+	f.retiring[k] = done
+	f.mu.Unlock()
 	go func() {
+		defer close(done)
 		if err := f.call(control.OpUnfilter, req); err != nil {
 			logf(levelDebug, "%s port %d: its listener closed, its connections live on, and onloadd kept the port: %v", p, local.Port(), err)
 		}
+		f.mu.Lock()
+		if f.retiring[k] == done {
+			delete(f.retiring, k)
+		}
+		f.mu.Unlock()
 	}()
+}
+
+// waitRetired waits, d at most, for onloadd's answer to the retirement of
+// port local (RetireListener), which it gives once the port is the
+// kernel's or it could not look at the stack.
+func (f *daemonFilters) waitRetired(p stack.Proto, local netip.AddrPort, d time.Duration) {
+	f.mu.Lock()
+	done := f.retiring[proofKey{p, local.Port()}]
+	f.mu.Unlock()
+	if done == nil {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 func (f *daemonFilters) AddListener(p stack.Proto, local netip.AddrPort) error {

@@ -190,7 +190,7 @@ func (s *Stack) ListenDesc(kfd int, ip netip.Addr, shared bool) (*Desc, error) {
 	// Another process of a shared stack listens on this port with the
 	// same kernel socket (a pre-fork server's workers) or one of its
 	// SO_REUSEPORT group: share its listener.
-	if id, ok := s.shareListener(local); ok {
+	if id, ok := s.shareListener(local, kfd, shared); ok {
 		return s.newDesc(id)
 	}
 	id, err := s.openAtFD(stack.TCP, local, true, kfd, shared)
@@ -205,7 +205,7 @@ func (s *Stack) ListenDesc(kfd int, ip netip.Addr, shared bool) (*Desc, error) {
 		deadline := time.Now().Add(listenerWait)
 		for i := 1; time.Now().Before(deadline); i++ {
 			time.Sleep(time.Millisecond)
-			if id, ok := s.shareListener(local); ok {
+			if id, ok := s.shareListener(local, kfd, shared); ok {
 				return s.newDesc(id)
 			}
 			if i%10 == 0 {
@@ -225,12 +225,19 @@ func (s *Stack) ListenDesc(kfd int, ip netip.Addr, shared bool) (*Desc, error) {
 // shared stack to finish the listener it is making on the same port.
 const listenerWait = 200 * time.Millisecond
 
-func (s *Stack) shareListener(local netip.AddrPort) (stack.SockID, bool) {
+// shareListener shares the stack's listener on local (stack.ShareListener)
+// with kfd as the proof of the port should it steer it again (a listener
+// its process retired as it passed kfd's socket to this one).
+func (s *Stack) shareListener(local netip.AddrPort, kfd int, shared bool) (id stack.SockID, ok bool) {
 	if !s.enter() {
 		return stack.NullSock, false
 	}
 	defer s.leave()
-	return s.st.ShareListener(local)
+	s.withProof(stack.TCP, local, kfd, shared, func() error {
+		id, ok = s.st.ShareListener(local)
+		return nil
+	})
+	return id, ok
 }
 
 // ConnectDesc connects a socket on kfd, a kernel TCP socket, to dst: from
@@ -505,7 +512,11 @@ func (d *Desc) Shutdown(how int) error {
 
 // RetireListener gives a listener's port to the kernel: its socket was
 // passed to another process, which shares the kernel's socket
-// (stack.Stack.RetireListener).
+// (stack.Stack.RetireListener). On a stack of onloadd's it returns once
+// onloadd has taken the port's filter away (retireWait at most): the
+// connections that come after go to the kernel's socket, for either
+// process, not to this stack, which would refuse them once the sender
+// closed its copy.
 func (d *Desc) RetireListener() error {
 	if err := d.check(nil); err != nil {
 		return err
@@ -514,10 +525,17 @@ func (d *Desc) RetireListener() error {
 	if !s.enter() {
 		return net.ErrClosed
 	}
+	local, _ := s.st.LocalAddr(d.id)
 	err := s.st.RetireListener(d.id)
 	s.leave()
+	if err == nil && s.proofs != nil {
+		s.proofs.waitRetired(stack.TCP, local, retireWait)
+	}
 	return err
 }
+
+// retireWait bounds how long RetireListener waits for onloadd.
+const retireWait = 100 * time.Millisecond
 
 // SetOption sets an option the engine keeps.
 func (d *Desc) SetOption(o stack.Option, v int) error { return d.setOption(o, v) }

@@ -139,6 +139,13 @@ func (s *Stack) listenLocked(sk *sock, backlog int) (netip.AddrPort, error) {
 // (Close, or its process's death: CloseAbandonedBy). ok is false when the
 // stack has no such listener, or when this handle shares no wakes
 // (JoinWakes).
+//
+// A listener retired as its process passed its socket on (RetireListener)
+// is this process's to share when it is the one that received it: the
+// port comes back to the stack, steered again (filters' AddListener, which
+// may refuse: ok is false then, and it stays retired), and both processes
+// accept from its queue, as both would from the socket on the kernel.
+// Those the kernel's socket took meanwhile wait there for either.
 func (s *Stack) ShareListener(local netip.AddrPort) (id SockID, ok bool) {
 	self := procBit(s.proc())
 	if self == 0 {
@@ -153,6 +160,12 @@ func (s *Stack) ShareListener(local netip.AddrPort) (id SockID, ok bool) {
 	sk := s.findLocked(kindTCP, addr, local.Port(), [4]byte{}, 0)
 	if sk == nil || sk.state != tcpListen {
 		return NullSock, false
+	}
+	if sk.flags&sfListenRetired != 0 {
+		if s.filters != nil && s.filters.AddListener(TCP, addrPort(sk.localAddr, sk.localPort)) != nil {
+			return NullSock, false
+		}
+		sk.flags &^= sfListenRetired
 	}
 	sk.openers |= self
 	return s.idOf(sk), true

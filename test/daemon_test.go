@@ -2190,6 +2190,70 @@ func TestDaemonBusyWatch(t *testing.T) {
 	}
 }
 
+// TestDaemonFilterInSharedStack: two processes of one shared stack hold
+// one kernel socket on a port (a listener one passed to the other, which
+// the stack's engine lets listen beside the first's retired one); the
+// second's filter for the port is taken, not refused as another stack's
+// would be, and it is the second's from then on: it stays as the first
+// process goes, where the first's would go with it.
+func TestDaemonFilterInSharedStack(t *testing.T) {
+	_, b := Pair(t, LinkOptions{})
+	dir, _ := daemonDir(t)
+	sock, _ := startDaemon(t, b, dir)
+	var c1, c2 *control.Client
+	if err := b.Do(func() (err error) {
+		if c1, err = control.Dial(sock, "first"); err != nil {
+			return err
+		}
+		c2, err = control.Dial(sock, "second")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	var ids [2]uint32
+	for i, cl := range []*control.Client{c1, c2} {
+		rep, fds, err := cl.Call(control.Request{Op: control.OpStack, Stack: &control.StackRequest{Interface: b.Iface0().Name, Name: "passed"}})
+		control.CloseFDs(fds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = rep.Stack.ID
+	}
+	if ids[0] != ids[1] {
+		t.Fatalf("two processes asking for stack %q got stacks %d and %d", "passed", ids[0], ids[1])
+	}
+	var proof int
+	if err := b.Do(func() (err error) {
+		if proof, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		return unix.Bind(proof, &unix.SockaddrInet4{Port: 8095})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(proof)
+	filter := func(cl *control.Client) error {
+		_, fds, err := cl.Call(control.Request{Op: control.OpFilter, Filter: &control.FilterRequest{
+			Stack: ids[0], Kind: control.Listen, Proto: "tcp", Local: "0.0.0.0:8095", Shared: true}}, proof)
+		control.CloseFDs(fds)
+		return err
+	}
+	if err := filter(c1); err != nil {
+		t.Fatalf("the first process's filter: %v", err)
+	}
+	if err := filter(c2); err != nil {
+		t.Fatalf("the second process of the stack, with the same socket: %v; want its filter taken", err)
+	}
+	c1.Close()
+	// The first process's filters are judged as it goes (100 ms at most
+	// for onloadd to see it): none is left to it.
+	time.Sleep(300 * time.Millisecond)
+	if err := filter(c2); err == nil || !strings.Contains(err.Error(), "already steered to your stack") {
+		t.Fatalf("the second process's filter again, the first gone: %v; want it refused as its own (the filter went with the first)", err)
+	}
+}
+
 // TestDaemonClusterRules asks onloadd (on a two-queue veth) for the
 // stacks of a cluster over the control protocol, as the shim's processes
 // do: the first two get a stack each on a queue each, the third joins

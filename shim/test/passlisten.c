@@ -5,13 +5,13 @@
  * one finishes its connections). The server accepts the client's first
  * connection and keeps it, passes the listener to a process of its own
  * (exec'd, so that only the message carries it: SCM_RIGHTS) and closes
- * its own copy; the new process accepts the next two connections; then
- * the first connection, still the old process's, answers again. With
- * keep, the old process keeps its copy open (without accepting on it)
- * until the end: the new process accepts all the same, as the two share
- * one socket. Both sides print one line per result, so that the server's
- * output under the shim must be the same as without it
- * (TestShimPassListener).
+ * its own copy; then the first connection answers again, and the client
+ * dials the second at once, the third half a second later: the new
+ * process accepts both. With keep, the old process keeps its copy open
+ * (without accepting on it) until the end: the new process accepts all
+ * the same, as the two share one socket. Both sides print one line per
+ * result, so that the server's output under the shim must be the same
+ * as without it (TestShimPassListener).
  *
  *	passlisten serve PORT [keep]
  *	passlisten connect ADDR PORT
@@ -61,7 +61,8 @@ static int receive(int us)
 	int ls;
 	if (recv_fd(us, &ls) != 1 || ls < 0)
 		die("recvmsg");
-	say("new process: the listener came");
+	/* Nothing said yet: the old process answers the first connection
+	 * again meanwhile, and the two print to one stream. */
 	for (int i = 2; i <= 3; i++) {
 		int k = take(ls, "new process");
 		if (k >= 0) {
@@ -139,16 +140,19 @@ int main(int argc, char **argv)
 		return 2;
 	alarm(30);
 	int c1 = hello("the first connection", "1");
-	/* The server passes its listener (and closes its copy) meanwhile;
-	 * under the shim, its stack lets the port go then (onloadd, within
-	 * its reaper's 100 ms). */
-	usleep(500000);
-	close(hello("the second", "2"));
-	close(hello("the third", "3"));
+	/* The server answers again once it has passed its listener (and
+	 * closed its copy): the second connection comes at once, while the
+	 * new process may not have looked at the listener yet, and must find
+	 * the port the kernel socket's, which the two processes share (under
+	 * the shim: not a stack that has no listener on it). The third comes
+	 * after the new process has taken it (its stack's, under the shim). */
 	char buf[32];
 	send(c1, "again", 5, 0);
 	ssize_t r = recv(c1, buf, sizeof buf, 0);
 	say("the first again: %.*s", r > 0 ? (int)r : 0, buf);
+	close(hello("the second", "2"));
+	usleep(500000);
+	close(hello("the third", "3"));
 	close(c1);
 	say("done");
 	return 0;
