@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"syscall"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip/seqnum"
 
@@ -166,6 +167,12 @@ func (s *Stack) ShareListener(local netip.AddrPort) (id SockID, ok bool) {
 			return NullSock, false
 		}
 		sk.flags &^= sfListenRetired
+		if sk.tflags&tfOrphan != 0 {
+			// Closed by the process that passed it, kept for this one
+			// (lingerRetiredLocked).
+			sk.tflags &^= tfOrphan
+			s.img.wheel.Cancel(s.sockTimer(sk, timerTW))
+		}
 	}
 	sk.openers |= self
 	return s.idOf(sk), true
@@ -549,6 +556,40 @@ func (s *Stack) RetireListener(id SockID) error {
 	return nil
 }
 
+// listenLinger is how long a retired listener closed with connections in
+// its queue waits for another process of the stack to share it
+// (lingerRetiredLocked).
+const listenLinger = time.Second
+
+// lingerRetiredLocked keeps listener sk (slot me), which its last holder
+// closes, for listenLinger, if it was retired (RetireListener: its socket
+// went to another process) and connections wait in its queue, on a stack
+// processes share: the process it was passed to, if it shares the stack,
+// takes it (ShareListener) and accepts them, as it would from the socket
+// they share on the kernel; otherwise they are reset at the end, as at a
+// close. A server's reload passes its listener and closes its copy at
+// once, before the new process has looked at the listener it received.
+func (s *Stack) lingerRetiredLocked(sk *sock, me uint32) bool {
+	if sk.flags&sfListenRetired == 0 || sk.tflags&tfOrphan != 0 || procBit(s.proc()) == 0 {
+		return false
+	}
+	waiting := false
+	for i := range s.img.socks {
+		c := &s.img.socks[i]
+		if c.kind == kindTCP && c.tflags&tfPassive != 0 && c.tflags&tfAccepted == 0 && c.parent == me {
+			waiting = true
+			break
+		}
+	}
+	if !waiting {
+		return false
+	}
+	sk.tflags |= tfOrphan
+	sk.openers, sk.waiters = 0, 0
+	s.img.wheel.Set(s.sockTimer(sk, timerTW), s.nowTick()+s.ticks(listenLinger))
+	return true
+}
+
 // releaseSockLocked frees a socket's slot: out of the table, its port
 // unsteered if no other socket uses it.
 func (s *Stack) releaseSockLocked(sk *sock) {
@@ -576,6 +617,9 @@ func (s *Stack) tcpCloseLocked(sk *sock) {
 		return
 	case tcpListen:
 		me := s.slotOf(sk)
+		if s.lingerRetiredLocked(sk, me) {
+			return
+		}
 		for i := range s.img.socks {
 			c := &s.img.socks[i]
 			if c.kind == kindTCP && c.tflags&tfPassive != 0 && c.tflags&tfAccepted == 0 && c.parent == me {

@@ -240,6 +240,10 @@ func (s *Stack) userTimedOutLocked(sk *sock) bool {
 // keepalive.
 func (s *Stack) twExpiredLocked(sk *sock) {
 	switch {
+	case sk.state == tcpListen && sk.tflags&tfOrphan != 0:
+		// A retired listener nobody took (lingerRetiredLocked): closed
+		// now, its queue reset (orphaned, it lingers no more).
+		s.tcpCloseLocked(sk)
 	case sk.state == tcpTimeWait, sk.state == tcpHandedOver, sk.state == tcpFinWait2 && sk.userClosed():
 		s.tcpCloseFinalLocked(sk)
 	case keepaliveState(sk.state):

@@ -250,7 +250,7 @@ func (s *Stack) orphans(all bool) int {
 
 func orphan(sk *sock, all bool) bool {
 	return sk.kind == kindTCP && sk.tflags&tfOrphan != 0 && sk.state != tcpTimeWait && sk.state != tcpClosed &&
-		(all || sk.state != tcpFinWait2 && sk.state != tcpHandedOver)
+		(all || sk.state != tcpFinWait2 && sk.state != tcpHandedOver && sk.state != tcpListen)
 }
 
 // UndeliveredSockets names the connections Undelivered counts: a
