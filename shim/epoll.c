@@ -34,18 +34,6 @@ static int ep_kernel_due(struct ep *ep, int64_t deadline) /* under mu */
 	return 1;
 }
 
-/* EP_KERNEL_ONLY: an instance whose last this many waits ended with
- * events of the kernel's set alone (its members that are not accelerated:
- * pipes, a listener's kernel half, connections that came through the
- * kernel), none of the stack's, blocks at once instead of spinning: the
- * spin sees the kernel's set every EP_KERNEL_NS only, and takes the
- * processor from the peers that make those fds ready. haproxy after a
- * seamless reload, serving the connections its clients made while its
- * listener was the kernel's: 0.55-0.60 of the requests a second it served
- * on the kernel, spinning, and as many with no spin. A wait that gets an
- * event of the stack's spins again. */
-#define EP_KERNEL_ONLY 8
-
 /* ---- waking the threads that wait on an instance ---------------------
  *
  * A thread waiting in an instance sees the accelerated members it had

@@ -222,7 +222,8 @@ void keep_p(int64_t now, int64_t every)
 	}
 }
 
-static void wait_begin(struct wait *w, int64_t timeout_ns)
+/* wait_begin_spin is wait_begin, spinning only if spin. */
+static void wait_begin_spin(struct wait *w, int64_t timeout_ns, int spin)
 {
 	if (timeout_ns != 0)
 		count_waiter();
@@ -231,12 +232,19 @@ static void wait_begin(struct wait *w, int64_t timeout_ns)
 	keep_p(now, RESCHED_BUSY_NS);
 	w->deadline = timeout_ns < 0 ? -1 : now + timeout_ns;
 	w->spinning = 0;
-	if (timeout_ns != 0 && spin_ns > 0 && CORE(core.try_spin())) {
+	if (spin && timeout_ns != 0 && spin_ns > 0 && CORE(core.try_spin())) {
 		w->spinning = 1;
 		w->spin_end = now_ns() + spin_ns;
 		w->yield_at = 0; /* at once: see SPIN_YIELD_NS */
 	}
 }
+
+static void wait_begin(struct wait *w, int64_t timeout_ns) { wait_begin_spin(w, timeout_ns, 1); }
+
+/* t_kernel_only counts the thread's polls and selects in a row that
+ * ended with kernel fds ready alone, none of the stack's sockets: from
+ * EP_KERNEL_ONLY on, they do not spin. */
+static __thread unsigned t_kernel_only;
 
 void wait_end(struct wait *w)
 {
@@ -475,8 +483,8 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 		}
 	}
 	struct wait w;
-	wait_begin(&w, timeout_ns);
-	int ret;
+	wait_begin_spin(&w, timeout_ns, t_kernel_only < EP_KERNEL_ONLY);
+	int ret, ours_ready = 0;
 	for (;;) {
 		int ready = 0, closed = 0;
 		CORE_VOID(core.events(hs, evs, NULL, k, w.spinning));
@@ -506,9 +514,11 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 		for (nfds_t i = 0; i < n; i++)
 			fds[i].revents = tmp[i].revents;
 		int nval = 0;
+		ours_ready = 0;
 		for (int j = 0; j < k; j++) {
 			struct pollfd *p = &fds[idx[j]];
 			short re = to_poll(evs[j]) & (p->events | POLLERR | POLLHUP);
+			ours_ready |= !gone[j] && re;
 			if (!gone[j])
 				p->revents |= re;
 			else if (re)
@@ -529,6 +539,8 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 		}
 		if (ready > 0 || over) {
 			ret = ready;
+			if (ready > 0)
+				t_kernel_only = ours_ready ? 0 : t_kernel_only + (t_kernel_only < EP_KERNEL_ONLY);
 			break;
 		}
 		if (!holding) {
