@@ -94,7 +94,7 @@ func attachError(name string, mode AttachMode, err error) error {
 	switch {
 	case busy(err):
 		return &Error{
-			Msg: fmt.Sprintf("interface %s already has an XDP program attached; detach it (ip link set dev %s xdp off) or run onloadd to share the interface",
+			Msg: fmt.Sprintf("interface %s already has an XDP program attached (another accelerated process's stack, or a program of someone else's): run onloadd to share the interface, or detach it (ip link set dev %s xdp off) if nothing uses it",
 				name, name),
 			Kind: ErrProgramAttached, Err: err,
 		}
