@@ -744,13 +744,11 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	 * wait, one after every wake-up for a frame of the other thread's. */
 	int kernel_woke = timeout_ns == 0;
 	int kstack = 0; /* the last check's events of the stack's */
-	pthread_mutex_lock(&mu);
-	if (ee->ep && ee->ep->kernel_only >= EP_KERNEL_ONLY)
-		spin_tried = 1;
-	pthread_mutex_unlock(&mu);
 	for (;;) {
 		pthread_mutex_lock(&mu);
 		ep = ee->ep;
+		if (ep && ep->kernel_only >= EP_KERNEL_ONLY)
+			spin_tried = 1; /* kernel events alone lately: no spin */
 		int full = !ep || ep->full || ep->multi || blocking;
 		int logroom = full ? -1 : ep_log_room(ep);
 		int len = !ep ? 0 : full ? ep->n : ep->npend + logroom;
