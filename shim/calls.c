@@ -834,24 +834,20 @@ static void pass_listener(int fd, struct fdent *e)
  * across exec: the process that receives one gets its kernel socket,
  * which the stack's connection otherwise leaves unconnected. A listener
  * gives its port to its kernel socket (pass_listener). */
+static void pass_right(int fd)
+{
+	struct fdent *e = ent(fd);
+	if (e && (e->kind == K_OURS || e->kind == K_TCP) && e->listening)
+		pass_listener(fd, e);
+	else
+		to_kernel(fd, ours(fd), "to pass it to another process (SCM_RIGHTS)");
+}
+
 static void pass_rights(const struct msghdr *m)
 {
 	if (bad_buf(m, sizeof *m) || !m->msg_controllen || bad_buf(m->msg_control, m->msg_controllen) || !fdt)
 		return;
-	for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR((struct msghdr *)m, c)) {
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len < CMSG_LEN(0))
-			continue;
-		int n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-		for (int i = 0; i < n; i++) {
-			int fd;
-			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-			struct fdent *e = ent(fd);
-			if (e && (e->kind == K_OURS || e->kind == K_TCP) && e->listening)
-				pass_listener(fd, e);
-			else
-				to_kernel(fd, ours(fd), "to pass it to another process (SCM_RIGHTS)");
-		}
-	}
+	each_passed_fd(m, pass_right);
 }
 
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)

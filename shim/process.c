@@ -74,6 +74,38 @@ static void adopt_inherited(void)
 	closedir(d);
 }
 
+/* each_passed_fd calls fn for every fd message m passes (SCM_RIGHTS), in
+ * order; m and its control buffer are readable. */
+void each_passed_fd(const struct msghdr *m, void (*fn)(int fd))
+{
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR((struct msghdr *)m, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len < CMSG_LEN(0))
+			continue;
+		int n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (int i = 0; i < n; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+			fn(fd);
+		}
+	}
+}
+
+/* adopt_received_fd takes fd, received, as inherited if it is a TCP
+ * listener (adopt_received). */
+static void adopt_received_fd(int fd)
+{
+	int listening, v6;
+	struct fdent *e = ent(fd);
+	if (!e || !tcp_socket(fd, &listening, &v6) || !listening)
+		return;
+	pthread_mutex_lock(&mu);
+	if (e->kind == K_NONE) {
+		adopt_socket(e, 1, v6);
+		debugf("fd %d: a listener received from another process (SCM_RIGHTS)", fd);
+	}
+	pthread_mutex_unlock(&mu);
+}
+
 /* adopt_received takes the TCP listeners message m brought (SCM_RIGHTS,
  * on a Unix socket: haproxy's seamless reload, a process handing its
  * listeners to its successor) as inherited ones: the first accept, poll
@@ -83,26 +115,8 @@ static void adopt_inherited(void)
  * (pass_rights). */
 void adopt_received(const struct msghdr *m)
 {
-	if (!fdt || !m->msg_control || !m->msg_controllen)
-		return;
-	for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR((struct msghdr *)m, c)) {
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len < CMSG_LEN(0))
-			continue;
-		int n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-		for (int i = 0; i < n; i++) {
-			int fd, listening, v6;
-			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-			struct fdent *e = ent(fd);
-			if (!e || !tcp_socket(fd, &listening, &v6) || !listening)
-				continue;
-			pthread_mutex_lock(&mu);
-			if (e->kind == K_NONE) {
-				adopt_socket(e, 1, v6);
-				debugf("fd %d: a listener received from another process (SCM_RIGHTS)", fd);
-			}
-			pthread_mutex_unlock(&mu);
-		}
-	}
+	if (fdt && m->msg_control && m->msg_controllen)
+		each_passed_fd(m, adopt_received_fd);
 }
 
 __attribute__((constructor)) static void init(void)

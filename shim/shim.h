@@ -474,6 +474,7 @@ void handover_at_exit(void);
 void handover_for_close(int fd, struct fdent *e);
 int to_kernel(int fd, struct fdent *e, const char *why);
 void adopt_received(const struct msghdr *m);
+void each_passed_fd(const struct msghdr *m, void (*fn)(int fd));
 
 /* calls.c */
 extern __thread int t_tee[2];

@@ -575,8 +575,7 @@ func (s *Stack) lingerRetiredLocked(sk *sock, me uint32) bool {
 	}
 	waiting := false
 	for i := range s.img.socks {
-		c := &s.img.socks[i]
-		if c.kind == kindTCP && c.tflags&tfPassive != 0 && c.tflags&tfAccepted == 0 && c.parent == me {
+		if waitsIn(&s.img.socks[i], me) {
 			waiting = true
 			break
 		}
@@ -588,6 +587,12 @@ func (s *Stack) lingerRetiredLocked(sk *sock, me uint32) bool {
 	sk.openers, sk.waiters = 0, 0
 	s.img.wheel.Set(s.sockTimer(sk, timerTW), s.nowTick()+s.ticks(listenLinger))
 	return true
+}
+
+// waitsIn reports whether c is a connection of the listener in slot me
+// that no user has accepted yet (in its queue, or still in its handshake).
+func waitsIn(c *sock, me uint32) bool {
+	return c.kind == kindTCP && c.tflags&tfPassive != 0 && c.tflags&tfAccepted == 0 && c.parent == me
 }
 
 // releaseSockLocked frees a socket's slot: out of the table, its port
@@ -622,7 +627,7 @@ func (s *Stack) tcpCloseLocked(sk *sock) {
 		}
 		for i := range s.img.socks {
 			c := &s.img.socks[i]
-			if c.kind == kindTCP && c.tflags&tfPassive != 0 && c.tflags&tfAccepted == 0 && c.parent == me {
+			if waitsIn(c, me) {
 				if synchronized(c.state) {
 					s.controlLocked(c, flagRST, c.sndNxt)
 				}
