@@ -91,7 +91,7 @@ void accel_listener(int fd, struct fdent *e)
 {
 	if (e->kind != K_TCP || !e->listening || after_fork)
 		return;
-	pthread_mutex_lock(&mu);
+	table_lock();
 	if (e->kind == K_TCP && !e->tried && load_core() == 1) {
 		struct sockaddr_storage sa;
 		socklen_t l = sizeof sa;
@@ -116,7 +116,7 @@ void accel_listener(int fd, struct fdent *e)
 			debugf("fd %d: listening in the kernel", fd);
 		}
 	}
-	pthread_mutex_unlock(&mu);
+	table_unlock();
 }
 
 EXPORT int listen(int fd, int backlog)
@@ -253,10 +253,10 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	int nb = nonblocking(fd), v6 = e->v6;
 	int h = CORE(core.connect(fd, ip, port));
 	if (h == 0) {
-		pthread_mutex_lock(&mu);
+		table_lock();
 		kreg_forget(fd);
 		e->kind = K_NONE;
-		pthread_mutex_unlock(&mu);
+		table_unlock();
 		return real_connect(fd, a, l);
 	}
 	if (h < 0) {
@@ -264,11 +264,11 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 		return -1;
 	}
 	int defaults = e->fresh && !e->opts_set, timeo = e->timeo;
-	pthread_mutex_lock(&mu);
+	table_lock();
 	set_ours(fd, h, nb, nb, 0, timeo);
 	e->v6 = v6;
 	kreg_take(fd, e);
-	pthread_mutex_unlock(&mu);
+	table_unlock();
 	copy_options(fd, h, defaults);
 	stack_known();
 	debugf("fd %d: connecting, accelerated", fd);
@@ -414,11 +414,11 @@ static int accept_call(struct ccall *c, int v6, struct sockaddr *a, socklen_t *l
 			 * as the kernel's does. */
 			int h = CORE(core.accept(c->h, kfd));
 			if (h > 0) {
-				pthread_mutex_lock(&mu);
+				table_lock();
 				set_ours(kfd, h, !!(flags & SOCK_NONBLOCK), 1, 0, 0);
 				if (ent(kfd))
 					ent(kfd)->v6 = v6;
-				pthread_mutex_unlock(&mu);
+				table_unlock();
 				if (!gone) {
 					inherit_timeo(c->e, fd, kfd, h);
 					inherit_options(fd, kfd, v6);
@@ -812,12 +812,12 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 static void pass_listener(int fd, struct fdent *e)
 {
 	if (e->kind == K_TCP) {
-		pthread_mutex_lock(&mu);
+		table_lock();
 		if (e->kind == K_TCP && !e->tried) {
 			e->tried = 1;
 			debugf("fd %d: a listener passed to another process (SCM_RIGHTS): it stays the kernel's", fd);
 		}
-		pthread_mutex_unlock(&mu);
+		table_unlock();
 		return;
 	}
 	int r = after_fork ? -ENOTSUP : CORE(core.retire_listener(e->h));
@@ -1078,9 +1078,9 @@ EXPORT int close(int fd)
 	if (e && e->kind == K_OURS && e->ho_ok)
 		handover_for_close(fd, e);
 	if (e && e->kind != K_NONE) {
-		pthread_mutex_lock(&mu);
+		table_lock();
 		drop(fd);
-		pthread_mutex_unlock(&mu);
+		table_unlock();
 	}
 	return real_close(fd);
 }
@@ -1247,7 +1247,7 @@ static void dup_to(int oldfd, int newfd)
 	struct fdent *o = ent(oldfd), *n = ent(newfd);
 	if (!o || !n || oldfd == newfd)
 		return;
-	pthread_mutex_lock(&mu);
+	table_lock();
 	drop(newfd);
 	if (o->kind == K_TCP || o->kind == K_OURS) {
 		if (o->kind == K_OURS)
@@ -1262,7 +1262,7 @@ static void dup_to(int oldfd, int newfd)
 			hfds[o->h]++;
 		}
 	}
-	pthread_mutex_unlock(&mu);
+	table_unlock();
 }
 
 EXPORT int dup(int fd)

@@ -52,6 +52,7 @@ int remote_fd = -1;	/* the stack's wake socket (onl_remote_fd) */
 pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* the table */
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER; /* loading the core */
 __thread volatile int in_core; /* this thread is in the Go core */
+__thread volatile int t_locks; /* the shim's locks it holds (locks_taking) */
 __thread int in_handler; /* the program's signal handlers running on this thread */
 __thread int kick_owed; /* this thread's sends left frames for a kick */
 
@@ -171,9 +172,11 @@ int load_core(void)
 {
 	if (core_state)
 		return core_state;
+	locks_taking();
 	pthread_mutex_lock(&load_mu);
 	if (core_state) {
 		pthread_mutex_unlock(&load_mu);
+		locks_gone();
 		return core_state;
 	}
 	const char *path = getenv("ONLOAD_CORE");
@@ -220,9 +223,7 @@ int load_core(void)
 	Dl_info ci;
 	if (ok && dladdr((void *)core.listen, &ci))
 		core_base = ci.dli_fbase;
-	in_core = 0;
-	if (sig_held)
-		run_held();
+	in_core = 0; /* the signals that came meanwhile run as load_mu goes */
 	if (!ok) {
 		logf_("cannot load the core %s (%s): sockets use the kernel; set ONLOAD_CORE to its path",
 		      path, lib ? "missing symbols" : dlerror());
@@ -236,6 +237,7 @@ int load_core(void)
 	}
 	release_low(&low);
 	pthread_mutex_unlock(&load_mu);
+	locks_gone();
 	return core_state;
 }
 

@@ -271,11 +271,11 @@ static int note_epoll(int r)
 {
 	struct fdent *e = ent(r);
 	if (e) {
-		pthread_mutex_lock(&mu);
+		table_lock();
 		memset(e, 0, sizeof *e);
 		e->kind = K_EPOLL;
 		e->epgen = ++epoll_gen;
-		pthread_mutex_unlock(&mu);
+		table_unlock();
 	}
 	return r;
 }
@@ -358,7 +358,7 @@ static int kreg_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	struct fdent *e = ent(fd), *ee = ent(epfd);
 	if (r < 0 || !e || !ee || e->kind != K_TCP || e->tried)
 		return r;
-	pthread_mutex_lock(&mu);
+	table_lock();
 	ep_of(epfd); /* an instance the shim did not see made (inherited) */
 	int i = 0;
 	while (i < nkregs && (kregs[i].fd != fd || kregs[i].epfd != epfd))
@@ -384,7 +384,7 @@ static int kreg_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 			       "it stays the kernel's if the socket is accelerated", fd, epfd);
 		}
 	}
-	pthread_mutex_unlock(&mu);
+	table_unlock();
 	return r;
 }
 
@@ -543,11 +543,11 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 		if (r < 0)
 			return r;
 	}
-	pthread_mutex_lock(&mu);
+	table_lock();
 	int r = ep_ctl_locked(ee, epfd, op, fd, fe, ev);
 	if (r == 0 && op != EPOLL_CTL_DEL)
 		ep_wake(ee, epfd);
-	pthread_mutex_unlock(&mu);
+	table_unlock();
 	return r;
 }
 
@@ -660,7 +660,7 @@ static int ep_taken_over(struct fdent *ee, const int *hs, const int *evs, int n)
 		if ((evs[j] & (ONL_ERROR | ONL_HANGUP)) != (ONL_ERROR | ONL_HANGUP) || hs[j] <= 0)
 			continue;
 		int fd = -1;
-		pthread_mutex_lock(&mu);
+		table_lock();
 		struct ep *ep = ee->kind == K_EPOLL ? ee->ep : NULL;
 		for (int i = 0; ep && i < ep->n; i++)
 			if (ep->items[i].h == hs[j] && ep->items[i].fd != EP_NOFD)
@@ -670,7 +670,7 @@ static int ep_taken_over(struct fdent *ee, const int *hs, const int *evs, int n)
 		for (int i = 0; fd < 0 && i < nfdt; i++)
 			if (fdt[i].kind == K_OURS && fdt[i].h == hs[j])
 				fd = i;
-		pthread_mutex_unlock(&mu);
+		table_unlock();
 		if (fd >= 0 && kernel_took(fd))
 			any = 1;
 	}
@@ -698,14 +698,14 @@ static int ep_room(int **hs, int *room, int len)
 static int ep_arm_level(struct fdent *ee, struct ep *ep, unsigned ver, int **hs, int *room, struct wait *w,
 			int64_t now, struct pollfd *p, int epfd, const sigset_t *mask)
 {
-	pthread_mutex_lock(&mu);
+	table_lock();
 	int et = 0, conns = 0, k = 0;
 	int ok = ee->ep == ep && ep && ep->ver == ver && ep_room(hs, room, ep->n) == 0;
 	if (ok) {
 		conns = ep_members(ep, *hs, *hs + 2 * *room, &et);
 		k = ep->n;
 	}
-	pthread_mutex_unlock(&mu);
+	table_unlock();
 	if (!ok || et)
 		return -2;
 	int *h = *hs, *evs = h + *room, *want = evs + *room;
@@ -745,7 +745,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	int kernel_woke = timeout_ns == 0;
 	int kstack = 0; /* the last check's events of the stack's */
 	for (;;) {
-		pthread_mutex_lock(&mu);
+		table_lock();
 		ep = ee->ep;
 		if (ep && ep->kernel_only >= EP_KERNEL_ONLY)
 			spin_tried = 1; /* kernel events alone lately: no spin */
@@ -753,7 +753,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		int logroom = full ? -1 : ep_log_room(ep);
 		int len = !ep ? 0 : full ? ep->n : ep->npend + logroom;
 		if (ep_room(&hs, &room, len) < 0) {
-			pthread_mutex_unlock(&mu);
+			table_unlock();
 			errno = ENOMEM;
 			ret = -1;
 			break;
@@ -769,7 +769,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			k0 = ep->npend;
 		}
 		unsigned ver = ep ? ep->ver : 0, seq0 = ep ? ep->seq : 0, seq = seq0;
-		pthread_mutex_unlock(&mu);
+		table_unlock();
 		/* The core is asked without the table's lock: it takes the stack
 		 * lock, may poll and kick, and the other threads' waits (each on
 		 * its own instance) need the table meanwhile. What the members
@@ -782,17 +782,17 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		}
 		int m = CORE(core.ready(hs, evs, edges, k0, logroom, &seq, &fl));
 		if (m < 0) {
-			pthread_mutex_lock(&mu);
+			table_lock();
 			if (ee->ep == ep && ep)
 				ep->full = 1;
-			pthread_mutex_unlock(&mu);
+			table_unlock();
 			continue;
 		}
 		if (ep_taken_over(ee, hs, evs, m))
 			continue; /* those members are the kernel set's now */
-		pthread_mutex_lock(&mu);
+		table_lock();
 		if (ee->ep != ep || (ep && ep->ver != ver)) {
-			pthread_mutex_unlock(&mu);
+			table_unlock();
 			continue;
 		}
 		int k = 0, kernel = 1;
@@ -808,7 +808,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 				ep->full = 0;
 			ep->seq = seq;
 		}
-		pthread_mutex_unlock(&mu);
+		table_unlock();
 		if (kernel && k < max) {
 			int r;
 			while ((r = real_epoll_wait(epfd, out + k, max - k, 0)) < 0 && errno == EINTR)
@@ -835,10 +835,10 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		if (k > 0 || wait_over(&w, &now)) {
 			ret = k;
 			if (k > 0) {
-				pthread_mutex_lock(&mu);
+				table_lock();
 				if (ee->ep == ep && ep)
 					ep->kernel_only = kstack ? 0 : ep->kernel_only + (ep->kernel_only < EP_KERNEL_ONLY);
-				pthread_mutex_unlock(&mu);
+				table_unlock();
 			}
 			break;
 		}

@@ -122,10 +122,10 @@ static void kernel_now_locked(int h)
  * accelerated. */
 void kernel_now(struct fdent *e)
 {
-	pthread_mutex_lock(&mu);
+	table_lock();
 	if (e->kind == K_OURS)
 		kernel_now_locked(e->h);
-	pthread_mutex_unlock(&mu);
+	table_unlock();
 }
 
 /* kernel_took: the core no longer has connection fd's socket; if a
@@ -152,13 +152,13 @@ int kernel_took(int fd)
 	}
 	if (!done)
 		return 0;
-	pthread_mutex_lock(&mu);
+	table_lock();
 	struct fdent *e = ent(fd);
 	if (e && e->kind == K_OURS) {
 		debugf("fd %d: the kernel has taken the connection over", fd);
 		kernel_now_locked(e->h);
 	}
-	pthread_mutex_unlock(&mu);
+	table_unlock();
 	return 1;
 }
 
@@ -270,17 +270,24 @@ int child_takes(int fd, struct fdent *e)
 /* prepare_fork runs in the parent before a fork: a child forked after
  * the core loaded hands an inherited connection over at its first use
  * (child_takes), and needs its names at onloadd, which only the core
- * knows. */
+ * knows. It holds the table's lock across the fork (parent_after_fork
+ * and child_after_fork let it go): a child forked while another thread
+ * held it started with it held for ever, and hung at its first socket
+ * call. */
 int forked_after_core; /* prepare_fork ran with the core loaded */
+static __thread int t_fork_locked; /* prepare_fork holds the table's lock */
 
 void prepare_fork(void)
 {
-	if (core_state != 1 || in_core || !fdt)
+	if (in_core || !fdt)
+		return;
+	table_lock();
+	t_fork_locked = 1;
+	if (core_state != 1)
 		return;
 	forked_after_core = 1;
 	if (!after_fork)
 		ho_parent = getpid();
-	pthread_mutex_lock(&mu);
 	for (int fd = 0; fd < nfdt; fd++) {
 		struct fdent *e = &fdt[fd];
 		if (e->kind != K_OURS || e->listening || e->ho_ok)
@@ -291,6 +298,26 @@ void prepare_fork(void)
 			memcpy(ho_path, path, sizeof ho_path);
 		}
 	}
-	pthread_mutex_unlock(&mu);
+}
+
+void parent_after_fork(void)
+{
+	if (t_fork_locked) {
+		t_fork_locked = 0;
+		table_unlock();
+	}
+}
+
+/* fork_unlock_child lets the table's lock go in a child: its one thread
+ * is the one that took it, and what the parent's signal handlers held
+ * back is not the child's (the kernel gives it no pending signals). */
+void fork_unlock_child(void)
+{
+	sig_held = 0;
+	if (t_fork_locked) {
+		t_fork_locked = 0;
+		pthread_mutex_unlock(&mu);
+		t_locks--;
+	}
 }
 

@@ -98,12 +98,12 @@ static void adopt_received_fd(int fd)
 	struct fdent *e = ent(fd);
 	if (!e || !tcp_socket(fd, &listening, &v6) || !listening)
 		return;
-	pthread_mutex_lock(&mu);
+	table_lock();
 	if (e->kind == K_NONE) {
 		adopt_socket(e, 1, v6);
 		debugf("fd %d: a listener received from another process (SCM_RIGHTS)", fd);
 	}
-	pthread_mutex_unlock(&mu);
+	table_unlock();
 }
 
 /* adopt_received takes the TCP listeners message m brought (SCM_RIGHTS,
@@ -160,12 +160,13 @@ __attribute__((constructor)) static void init(void)
 		return;
 	}
 	pthread_key_create(&thread_key, thread_exit);
-	pthread_atfork(prepare_fork, NULL, child_after_fork);
+	pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
 	adopt_inherited();
 }
 
 static void child_after_fork(void)
 {
+	fork_unlock_child();
 	if (core_state == 1) {
 		after_fork = 1;
 		uncatch_ends();
@@ -315,7 +316,7 @@ void handover_at_exit(void)
  * memory is short). */
 static int *names_of(int h)
 {
-	pthread_mutex_lock(&mu);
+	table_lock();
 	int n = 0;
 	for (int fd = 0; fd < nfdt; fd++)
 		n += fdt[fd].kind == K_OURS && fdt[fd].h == h;
@@ -325,7 +326,7 @@ static int *names_of(int h)
 			names[k++] = fd;
 	if (names)
 		names[k] = -1;
-	pthread_mutex_unlock(&mu);
+	table_unlock();
 	return names;
 }
 

@@ -147,7 +147,8 @@
 	X(int, pause, void) \
 	X(int, sigsuspend, const sigset_t *) \
 	X(int, sigtimedwait, const sigset_t *, siginfo_t *, const struct timespec *) \
-	X(void, _exit, int)
+	X(void, _exit, int) \
+	X(int, pthread_create, pthread_t *, const pthread_attr_t *, void *(*)(void *), void *)
 #define REAL_DECL(ret, name, ...) extern ret (*real_##name)(__VA_ARGS__);
 LIBC(REAL_DECL)
 void resolve_libc(void);
@@ -389,6 +390,8 @@ extern int irq_fd;
 extern int remote_fd;
 extern pthread_mutex_t mu;
 extern __thread volatile int in_core;
+extern __thread volatile int t_locks;
+extern __thread int t_go; /* a thread the Go runtime made (signals.c) */
 extern __thread int in_handler;
 extern __thread int kick_owed;
 extern struct sigaction prog_act[NSIG];
@@ -421,6 +424,8 @@ void kernel_now(struct fdent *e);
 int kernel_took(int fd);
 extern int forked_after_core;
 void prepare_fork(void);
+void parent_after_fork(void);
+void fork_unlock_child(void);
 
 /* wait.c */
 void thread_altstack(void);
@@ -535,8 +540,36 @@ static inline void core_leave(void)
 	in_core = 0;
 	if (t_sigstack)
 		pthread_sigmask(SIG_SETMASK, &t_sigstack_mask, NULL);
-	if (sig_held)
+	if (sig_held && !t_locks)
 		run_held();
+}
+
+/* locks_taking and locks_gone count the shim's locks (the table's, the
+ * core's load) a thread takes and lets go. While it holds one its
+ * signals wait, as in the core (on_signal), and run as the last goes: a
+ * handler run there that called the shim (epoll_create, close, a fork
+ * whose child does) took the lock again, and hung the thread, or the
+ * child, which starts with the lock held. postgres 15's postmaster
+ * forks its children from its SIGCHLD handler. */
+static inline void locks_taking(void) { t_locks++; }
+
+static inline void locks_gone(void)
+{
+	if (--t_locks == 0 && !in_core && sig_held)
+		run_held();
+}
+
+/* table_lock and table_unlock take and let go the table's lock, mu. */
+static inline void table_lock(void)
+{
+	locks_taking();
+	pthread_mutex_lock(&mu);
+}
+
+static inline void table_unlock(void)
+{
+	pthread_mutex_unlock(&mu);
+	locks_gone();
 }
 
 /* ent is fd's entry in the table; ours, the entry of an accelerated

@@ -55,14 +55,21 @@ static void call_handler(int sig, siginfo_t *si, void *uc)
 }
 
 /* on_signal stands in for the program's handlers (Onload defers its
- * signals the same way): on a thread in the core it only notes the
- * signal, and the thread runs the handler when it leaves (run_held), as
- * if the signal had come a moment later; elsewhere it runs it at once. */
+ * signals the same way): on a thread in the core, or holding a lock of
+ * the shim's (locks_taking), it only notes the signal, and the thread
+ * runs the handler when it leaves (run_held), as if the signal had come
+ * a moment later; elsewhere it runs it at once. */
+static void pass_on(int sig, void *uc);
+
 static void on_signal(int sig, siginfo_t *si, void *uc)
 {
-	if (in_core) {
+	if (in_core || t_locks) {
 		sig_info[sig] = *si;
 		sig_held |= 1ull << (sig - 1);
+		return;
+	}
+	if (t_go) {
+		pass_on(sig, uc);
 		return;
 	}
 	stack_t ss;
@@ -278,6 +285,68 @@ static uintptr_t fault_pc(void *uc)
 #else
 	return 0;
 #endif
+}
+
+/* ---- the Go runtime's threads ------------------------------------------
+ *
+ * The runtime blocks the program's signals on its threads (they start
+ * with the mask load_core gave it) but for those it must see, SIGCHLD and
+ * SIGPROF among them (minitSignalMask): a SIGCHLD sent to the process
+ * went to whichever thread did not block it, a Go thread as often as not,
+ * and the program's handler ran there, beside its main thread, which had
+ * the signal blocked. The core makes its threads with pthread_create,
+ * from a thread in a call into it (in_core: the loader's, one in a
+ * callback that starts a runtime thread) or from a thread of its own
+ * (t_go): such a thread is marked as it starts, and a signal that comes
+ * to it goes on to the program's threads (pass_on). */
+__thread int t_go;
+
+struct go_start {
+	void *(*fn)(void *);
+	void *arg;
+};
+
+static void *go_thread(void *p)
+{
+	struct go_start st = *(struct go_start *)p;
+	free(p);
+	t_go = 1;
+	return st.fn(st.arg);
+}
+
+EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+	if (!t_go && !in_core)
+		return real_pthread_create(t, attr, fn, arg);
+	struct go_start *st = malloc(sizeof *st);
+	if (!st)
+		return EAGAIN;
+	st->fn = fn;
+	st->arg = arg;
+	int r = real_pthread_create(t, attr, go_thread, st);
+	if (r != 0)
+		free(st);
+	return r;
+}
+
+/* pass_on gives a signal that came to a Go thread to the program's
+ * threads: that thread blocks it from now on (its mask as the handler
+ * returns), and the process is sent it again, for a thread of the
+ * program's that does not block it, or to wait till one unblocks it,
+ * as the kernel would have done with no Go threads there. postgres's
+ * postmaster blocks its signals but in its select; its SIGCHLD handler
+ * (which forks) ran on a Go thread meanwhile, beside its main loop, and
+ * its child hung. The second sending is kill's: a handler that reads the
+ * siginfo finds the process's own pid there. */
+static void pass_on(int sig, void *uc)
+{
+	sigset_t one;
+	sigemptyset(&one);
+	sigaddset(&one, sig);
+	pthread_sigmask(SIG_BLOCK, &one, NULL);
+	if (uc)
+		sigaddset(&((ucontext_t *)uc)->uc_sigmask, sig);
+	kill(getpid(), sig);
 }
 
 /* on_fault: see "faults" above. */

@@ -32,6 +32,18 @@ static inline int set_peer(const char *prog, const char *addr, const char *port)
 	return 0;
 }
 
+/* peer_args takes a program's arguments, ADDR PORT, as the peer's
+ * address: 0, or 2 (the exit status of a usage error) with why on
+ * standard error. */
+static inline int peer_args(int argc, char **argv)
+{
+	if (argc != 3) {
+		fprintf(stderr, "usage: %s ADDR PORT\n", argv[0]);
+		return 2;
+	}
+	return set_peer(argv[0], argv[1], argv[2]);
+}
+
 #define say(...) do { printf(__VA_ARGS__); printf("\n"); fflush(stdout); } while (0)
 #define check(what, expr) do { long r_ = (long)(expr); say("%s: %ld%s%s", what, r_, r_ < 0 ? " " : "", r_ < 0 ? strerror(errno) : ""); } while (0)
 
