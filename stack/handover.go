@@ -281,6 +281,11 @@ func (s *Stack) HandoverCatchUp(id SockID) ([]byte, error) {
 		return nil, err
 	}
 	defer unlock()
+	// Frames that came since the last poll are held too: a segment
+	// that waits in the receive ring past here is dropped, and the peer
+	// sends it again only after its retransmission timeout (200 ms on
+	// Linux, for the request a client sends right after connecting).
+	s.pollLocked()
 	sk.tflags &^= tfHolding
 	p := s.pool
 	var out []byte
@@ -432,20 +437,23 @@ func (s *Stack) handover(id SockID, fd int, writeTimeout time.Duration, orphan b
 	s.lock()
 	sk, err := s.handoverSockLocked(id, orphan)
 	var local netip.AddrPort
+	var reuse bool // the connection's SO_REUSEADDR (or the fd's), for its TIME-WAIT
 	if err == nil {
 		local = addrPort(sk.localAddr, sk.localPort)
+		reuse = sk.tflags&tfReuseAddr != 0
 	}
 	s.unlock()
 	if err != nil {
 		return st, err
 	}
-	if err := repair.Prepare(fd, local); err != nil {
+	fdReuse, err := repair.Prepare(fd, local)
+	if err != nil {
 		return st, err
 	}
 	start := time.Now()
 	c, err := s.beginHandover(id, orphan)
 	if err != nil {
-		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 0)
+		repair.Abandon(fd, fdReuse)
 		return st, err
 	}
 	st.Local, st.Remote = c.Local, c.Remote
@@ -465,7 +473,7 @@ func (s *Stack) handover(id SockID, fd int, writeTimeout time.Duration, orphan b
 	if err := repair.Receive(fd, more); err != nil {
 		return lost(err)
 	}
-	if err := repair.Finish(fd); err != nil {
+	if err := repair.Finish(fd, reuse || fdReuse); err != nil {
 		return lost(err)
 	}
 	if c.FinReceived {

@@ -282,6 +282,21 @@ func TestShimCalls(t *testing.T) { conformance(t, "calls", 90*time.Second) }
 // TestShimMixed runs mixed.c.
 func TestShimWaits(t *testing.T) { conformance(t, "waits", 60*time.Second) }
 
+// TestShimSignalsAndForks runs shim/test/sigfork.c, signal handlers
+// that call the shim and forks beside its lock and the Go runtime's
+// threads (a handler run while the shim held its table's lock; postgres
+// 15's postmaster, which blocks SIGCHLD but in its wait and forks from
+// the handler; a fork while another thread is in the shim), as
+// TestShimMixed runs mixed.c: a thread or child that hangs, or a handler
+// run on another thread, prints a different line.
+func TestShimSignalsAndForks(t *testing.T) { conformance(t, "sigfork", 90*time.Second) }
+
+// TestShimRebindAfterHandover runs shim/test/rebind.c: a connection
+// handed to a forked child (to the kernel, under the shim), closed by the
+// child first, then a listener with SO_REUSEADDR on its port, as a
+// restarted server makes; the bind must succeed, as on the kernel.
+func TestShimRebindAfterHandover(t *testing.T) { conformance(t, "rebind", 60*time.Second) }
+
 // conformance runs the conformance program shim/test/NAME.c against a
 // kernel echo server in the other test host, with the kernel and then
 // under the shim (each within limit): every line must be the same.

@@ -96,16 +96,45 @@ var ErrPermission = errors.New("TCP_REPAIR needs CAP_NET_ADMIN (run as root or t
 // and binds it to local unless it is bound already (repair mode lets it
 // share a port another socket holds). Nothing of a connection has
 // changed yet, so a caller that fails here may simply go on.
-func Prepare(fd int, local netip.AddrPort) error {
+//
+// It returns the socket's SO_REUSEADDR: the kernel clears a socket's
+// reuse as it leaves repair mode (tcp_sock_set_repair), and the
+// connection's TIME-WAIT then kept a restarted server from binding its
+// port, SO_REUSEADDR or not, for a minute. Finish, or Abandon where the
+// handover goes no further, sets it again.
+func Prepare(fd int, local netip.AddrPort) (reuseAddr bool, err error) {
+	v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR)
+	if err != nil {
+		return false, os.NewSyscallError("getsockopt SO_REUSEADDR", err)
+	}
+	reuseAddr = v != 0
 	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 1); err != nil {
 		if errors.Is(err, unix.EPERM) {
-			return ErrPermission
+			return false, ErrPermission
 		}
-		return os.NewSyscallError("setsockopt TCP_REPAIR", err)
+		return false, os.NewSyscallError("setsockopt TCP_REPAIR", err)
 	}
 	if err := bindTo(fd, local); err != nil {
-		unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 0)
-		return err
+		Abandon(fd, reuseAddr)
+		return false, err
+	}
+	return reuseAddr, nil
+}
+
+// Abandon takes fd, prepared by Prepare and not restored, out of repair
+// mode as it was, SO_REUSEADDR and all.
+func Abandon(fd int, reuseAddr bool) {
+	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 0)
+	setReuseAddr(fd, reuseAddr)
+}
+
+func setReuseAddr(fd int, on bool) error {
+	v := 0
+	if on {
+		v = 1
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, v); err != nil {
+		return os.NewSyscallError("setsockopt SO_REUSEADDR", err)
 	}
 	return nil
 }
@@ -157,12 +186,13 @@ func Receive(fd int, b []byte) error {
 
 // Finish takes fd out of repair mode: the kernel sends a window probe,
 // which the peer answers with its current acknowledgment and window, and
-// the connection is the kernel's.
-func Finish(fd int) error {
+// the connection is the kernel's, with reuseAddr (Prepare's) as its
+// SO_REUSEADDR again.
+func Finish(fd int, reuseAddr bool) error {
 	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, 0); err != nil {
 		return os.NewSyscallError("setsockopt TCP_REPAIR off", err)
 	}
-	return nil
+	return setReuseAddr(fd, reuseAddr)
 }
 
 func restoreRepairing(fd int, c *Conn) error {

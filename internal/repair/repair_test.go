@@ -168,7 +168,7 @@ func TestRestoreKernelConnection(t *testing.T) {
 		unix.Close(fd)
 		t.Fatal(err)
 	}
-	if err := Finish(fd); err != nil {
+	if err := Finish(fd, true); err != nil {
 		unix.Close(fd)
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestPrepareBoundElsewhere(t *testing.T) {
 	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 		t.Fatal(err)
 	}
-	err = Prepare(fd, netip.MustParseAddrPort("127.0.0.1:1"))
+	_, err = Prepare(fd, netip.MustParseAddrPort("127.0.0.1:1"))
 	if err == nil {
 		t.Fatal("Prepare took a socket bound to another port")
 	}
@@ -243,13 +243,14 @@ func TestInProgress(t *testing.T) {
 	if InProgress(fd) {
 		t.Fatal("a new socket reads as in repair mode")
 	}
-	if err := Prepare(fd, netip.MustParseAddrPort("127.0.0.1:0")); err != nil {
+	reuse, err := Prepare(fd, netip.MustParseAddrPort("127.0.0.1:0"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	if !InProgress(fd) {
 		t.Fatal("a prepared socket does not read as in repair mode")
 	}
-	if err := Finish(fd); err != nil {
+	if err := Finish(fd, reuse); err != nil {
 		t.Fatal(err)
 	}
 	if InProgress(fd) || !WaitDone(fd, time.Millisecond) {
@@ -279,7 +280,7 @@ func TestRestoreCloseWait(t *testing.T) {
 	c.FinReceived = true
 
 	fd := restored(t, c)
-	if err := Finish(fd); err != nil {
+	if err := Finish(fd, true); err != nil {
 		unix.Close(fd)
 		t.Fatal(err)
 	}
@@ -346,17 +347,68 @@ func loopbackPair(t *testing.T) (cc, peer net.Conn) {
 	return cc, peer
 }
 
-// restored is a fresh socket, prepared and restored as c, still in
-// repair mode.
+// TestTimeWaitLetsServerRebind: a connection restored from a socket
+// with SO_REUSEADDR keeps it after Finish (the kernel clears a socket's
+// reuse as it leaves repair mode), so that its TIME-WAIT, after it
+// closes first, lets a new listener with SO_REUSEADDR bind its port at
+// once, as a restarted server binds on the kernel. Without it the bind
+// failed with EADDRINUSE for the TIME-WAIT's minute.
+func TestTimeWaitLetsServerRebind(t *testing.T) {
+	repairable(t)
+	cc, peer := loopbackPair(t)
+	old := rawConn(t, cc)
+	c := dump(t, old)
+	unix.Close(old)
+	fd := restored(t, c)
+	if err := Finish(fd, true); err != nil {
+		unix.Close(fd)
+		t.Fatal(err)
+	}
+	if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR); err != nil || v != 1 {
+		t.Errorf("after Finish SO_REUSEADDR reads %d (%v), not 1", v, err)
+	}
+	// Close first: the restored socket's side goes to TIME-WAIT once the
+	// peer's FIN comes.
+	unix.Shutdown(fd, unix.SHUT_WR)
+	if _, err := io.ReadAll(peer); err != nil {
+		t.Fatal(err)
+	}
+	peer.Close()
+	time.Sleep(20 * time.Millisecond)
+	unix.Close(fd)
+	ln, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ln)
+	if err := unix.SetsockoptInt(ln, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		t.Fatal(err)
+	}
+	a := c.Local.Addr().As4()
+	if err := unix.Bind(ln, &unix.SockaddrInet4{Addr: a, Port: int(c.Local.Port())}); err != nil {
+		t.Fatalf("a listener with SO_REUSEADDR could not bind %v beside the restored connection's TIME-WAIT: %v", c.Local, err)
+	}
+	if err := unix.Listen(ln, 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// restored is a fresh socket with SO_REUSEADDR (as a server's accepted
+// socket has it from its listener), prepared and restored as c, still in
+// repair mode: Finish(fd, true) takes it out.
 func restored(t *testing.T, c *Conn) int {
 	t.Helper()
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Prepare(fd, c.Local); err != nil {
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
 		unix.Close(fd)
 		t.Fatal(err)
+	}
+	if reuse, err := Prepare(fd, c.Local); err != nil || !reuse {
+		unix.Close(fd)
+		t.Fatalf("Prepare: SO_REUSEADDR %v, %v", reuse, err)
 	}
 	if err := Restore(fd, c); err != nil {
 		unix.Close(fd)
@@ -386,7 +438,7 @@ func TestRestoreTimestampClock(t *testing.T) {
 	fd := restored(t, c)
 	f := os.NewFile(uintptr(fd), "restored")
 	defer f.Close()
-	if err := Finish(fd); err != nil {
+	if err := Finish(fd, true); err != nil {
 		t.Fatal(err)
 	}
 	first, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_TIMESTAMP)
