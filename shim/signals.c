@@ -68,7 +68,7 @@ static void on_signal(int sig, siginfo_t *si, void *uc)
 		sig_held |= 1ull << (sig - 1);
 		return;
 	}
-	if (t_go) {
+	if (t_go && si->si_code != SI_TKILL) {
 		pass_on(sig, uc);
 		return;
 	}
@@ -337,7 +337,9 @@ EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(
  * postmaster blocks its signals but in its select; its SIGCHLD handler
  * (which forks) ran on a Go thread meanwhile, beside its main loop, and
  * its child hung. The second sending is kill's: a handler that reads the
- * siginfo finds the process's own pid there. */
+ * siginfo finds the process's own pid there. A signal sent to the thread
+ * itself (tgkill: the runtime's own, to a thread of its) is not the
+ * process's to pass on. */
 static void pass_on(int sig, void *uc)
 {
 	sigset_t one;
