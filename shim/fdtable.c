@@ -314,10 +314,6 @@ void parent_after_fork(void)
 void fork_unlock_child(void)
 {
 	sig_held = 0;
-	if (t_fork_locked) {
-		t_fork_locked = 0;
-		pthread_mutex_unlock(&mu);
-		t_locks--;
-	}
+	parent_after_fork();
 }
 

@@ -54,13 +54,14 @@ static void call_handler(int sig, siginfo_t *si, void *uc)
 	in_handler--;
 }
 
+static void pass_on(int sig, void *uc);
+
 /* on_signal stands in for the program's handlers (Onload defers its
  * signals the same way): on a thread in the core, or holding a lock of
  * the shim's (locks_taking), it only notes the signal, and the thread
  * runs the handler when it leaves (run_held), as if the signal had come
- * a moment later; elsewhere it runs it at once. */
-static void pass_on(int sig, void *uc);
-
+ * a moment later; on a thread of the Go runtime's it passes it on
+ * (pass_on); elsewhere it runs it at once. */
 static void on_signal(int sig, siginfo_t *si, void *uc)
 {
 	if (in_core || t_locks) {
