@@ -59,6 +59,7 @@ type Counters struct {
 	TCPTimeWaitReuse        uint64 // TIME-WAIT sockets recycled for a new socket
 	TCPHandovers            uint64 // connections handed over to the kernel (handover.go)
 	TCPHandoverDrops        uint64 // data segments of a connection being handed over that could not be kept: the peer sends them again
+	TCPHandoverLate         uint64 // segments that came after a handover's catch-up, given to the kernel's socket as the peer's (EndHandover)
 	TxTCPResets             uint64 // resets sent
 
 	TxFrames      uint64 // frames handed to the NIC

@@ -1,10 +1,12 @@
 package stack
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -237,17 +239,29 @@ func (s *Stack) handoverQueuesLocked(sk *sock, c *repair.Conn) error {
 }
 
 // handoverHold bounds the frames a HANDED-OVER socket holds for
-// HandoverCatchUp.
+// HandoverCatchUp, and after it for EndHandover.
 const handoverHold = 512
 
 // handoverHoldLocked keeps a data segment that arrived for a connection
 // being handed over, within the window it was last given, for
-// HandoverCatchUp; what it cannot keep is dropped (counted), and the
-// peer sends it again. The frame ends up held or freed.
-func (s *Stack) handoverHoldLocked(sk *sock, h vnic.Handle, g *segment, payloadOff int) {
+// HandoverCatchUp, or, after it (tfLate), whole, for EndHandover to give
+// the kernel's socket; what it cannot keep is dropped (counted), and the
+// peer sends it again. The frame ends up held or freed. payloadOff is
+// where the payload starts in the frame, ipEnd where the IP packet ends.
+func (s *Stack) handoverHoldLocked(sk *sock, h vnic.Handle, g *segment, payloadOff, ipEnd int) {
 	p := s.pool
 	seq, n := g.seq, g.n
 	end := seq.Add(seqnum.Size(n))
+	if n > 0 || g.flags&flagFIN != 0 {
+		switch {
+		case sk.tflags&tfLate != 0:
+			s.handoverLateLocked(sk, h, ipEnd)
+			return
+		case sk.tflags&tfHolding == 0:
+			s.handoverAfterLocked(h, ipEnd)
+			return
+		}
+	}
 	if n == 0 {
 		p.Free(h) // an acknowledgment: the peer's next one says as much
 		return
@@ -286,7 +300,6 @@ func (s *Stack) HandoverCatchUp(id SockID) ([]byte, error) {
 	// sends it again only after its retransmission timeout (200 ms on
 	// Linux, for the request a client sends right after connecting).
 	s.pollLocked()
-	sk.tflags &^= tfHolding
 	p := s.pool
 	var out []byte
 	next := sk.rcvNxt
@@ -303,7 +316,65 @@ func (s *Stack) HandoverCatchUp(id SockID) ([]byte, error) {
 		}
 	}
 	s.pruneOOOLocked(sk)
+	// What comes from here until EndHandover steers the flow to the
+	// kernel is kept whole, for EndHandover to give the kernel's socket
+	// (repair mode, which took the bytes above, ends before then).
+	sk.tflags = sk.tflags&^tfHolding | tfLate
 	return out, nil
+}
+
+// handoverLateLocked keeps a segment that arrived after HandoverCatchUp
+// whole (its IP packet: the frame's data from the IP header to ipEnd),
+// on the socket's out-of-order list, which the catch-up emptied, the
+// latest first; EndHandover gives the kernel's socket these.
+func (s *Stack) handoverLateLocked(sk *sock, h vnic.Handle, ipEnd int) {
+	p := s.pool
+	if sk.oooFrames >= handoverHold || s.lowFramesLocked() || ipEnd <= ethLen {
+		s.img.hdr.counters.TCPHandoverDrops++
+		p.Free(h)
+		return
+	}
+	p.Trim(h, ethLen, ipEnd-ethLen)
+	p.SetNext(h, sk.oooHead) // the latest first
+	sk.oooHead = h
+	sk.oooFrames++
+	sk.oooBytes += uint32(ipEnd - ethLen)
+}
+
+// handoverAfterLocked gives the kernel's socket a segment that came
+// after EndHandover, within its grace: one steered here before the
+// unpin took effect, and in the receive ring only after EndHandover's
+// poll (by hand, 82µs after it, once in some 150 handovers). A system
+// call under the lock, as the kernel takes the segment in; such
+// segments are few, and dropped one would wait for the peer's
+// retransmission timeout. It goes on the raw socket EndHandover made in
+// the stack's network namespace (a socket made here would be in the
+// polling thread's); a process that made none (it has not the
+// privilege to repair) drops it.
+func (s *Stack) handoverAfterLocked(h vnic.Handle, ipEnd int) {
+	d := s.pool.Data(h)
+	if s.peerFD >= 0 && ipEnd > ethLen && ipEnd <= len(d) && repair.SendPeerPackets(s.peerFD, [][]byte{d[ethLen:ipEnd]}) == 1 {
+		s.img.hdr.counters.TCPHandoverLate++
+	} else {
+		s.img.hdr.counters.TCPHandoverDrops++
+	}
+	s.pool.Free(h)
+}
+
+// handoverLateTakeLocked takes the segments handoverLateLocked kept,
+// as IP packets, and frees their frames; a socket no longer keeps any.
+func (s *Stack) handoverLateTakeLocked(sk *sock) [][]byte {
+	p := s.pool
+	var out [][]byte
+	steps := uint32(0)
+	for h := sk.oooHead; h != vnic.Null && steps < handoverHold; h = p.Next(h) {
+		steps++
+		out = append(out, bytes.Clone(p.Data(h)))
+	}
+	slices.Reverse(out) // in the order they came
+	s.pruneOOOLocked(sk)
+	sk.tflags &^= tfLate
+	return out
 }
 
 // lockHandedOver takes the lock for a later step of a handover and
@@ -362,11 +433,37 @@ func (s *Stack) EndHandover(id SockID) error {
 	if err != nil {
 		return err
 	}
-	defer unlock()
 	if err := s.unpinLocked(sk); err != nil {
+		unlock()
 		return fmt.Errorf("unpin the handed-over flow: %w", err)
 	}
 	s.img.wheel.Set(s.sockTimer(sk, timerTW), s.nowTick()+s.ticks(handoverGrace))
+	// The segments that came after the catch-up, and those steered here
+	// before the unpin took effect (in the receive ring now), go to the
+	// kernel's socket as the peer's, each as it came (its timestamp
+	// too): dropped, the peer would send them again only after its
+	// retransmission timeout (200 ms on Linux).
+	s.pollLocked()
+	late := s.handoverLateTakeLocked(sk)
+	if s.peerFD < 0 {
+		// The caller's thread is in the stack's network namespace (it
+		// made the kernel socket there).
+		if fd, err := repair.PeerSocket(); err == nil {
+			s.peerFD = fd
+		}
+	}
+	fd := s.peerFD
+	unlock()
+	if len(late) > 0 {
+		n := 0
+		if fd >= 0 {
+			n = repair.SendPeerPackets(fd, late)
+		}
+		s.lock()
+		s.img.hdr.counters.TCPHandoverLate += uint64(n)
+		s.img.hdr.counters.TCPHandoverDrops += uint64(len(late) - n)
+		s.unlock()
+	}
 	return nil
 }
 

@@ -35,8 +35,10 @@ import (
 // SACK scoreboard, and the TCB flags were renumbered. 3: the socket's wake
 // flag has a bit of its own (it shared one with sfRcvBufSet). 4: the
 // buckets region holds the port chains after the 4-tuple chains (and the
-// TIME-WAIT list, which the layout hash sees, came with it).
-const imageVersion = 4
+// TIME-WAIT list, which the layout hash sees, came with it). 5: a
+// HANDED-OVER socket's out-of-order list holds, after the catch-up,
+// whole IP packets for EndHandover (tfLate).
+const imageVersion = 5
 
 const imageMagic = 0x474d494f // "OIMG"
 

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/xdp-onload/onload/timers"
 	"github.com/xdp-onload/onload/vnic"
 )
@@ -134,8 +136,13 @@ type Stack struct {
 	wake func(SockID) // Options.Wake
 	// readyWake is Options.ReadyWake, owed at the ready log's next entry
 	// while readyArmed (ArmReady; under the lock).
-	readyWake  func()
-	unlocked   func() // Options.Unlocked
+	readyWake func()
+	unlocked  func() // Options.Unlocked
+	// peerFD is the raw socket that gives handed-over connections'
+	// kernel sockets the segments that came to the stack late
+	// (EndHandover makes it, in the stack's network namespace; -1: none
+	// yet). The process's own, never in the image.
+	peerFD     int
 	readyArmed bool
 	woken      int // sleepers woken since TryPoll began
 
@@ -232,6 +239,7 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 		rx: make([]vnic.Handle, rxBudget), batchBuf: make([]SockID, 0, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
 		loop: make([]vnic.Handle, 0, maxLoop), loopIn: make([]vnic.Handle, 0, maxLoop),
 		expired: make([]timers.ID, 64), wake: opt.Wake, readyWake: opt.ReadyWake, unlocked: opt.Unlocked, wakes: wakeSockets{own: -1},
+		peerFD: -1,
 	}
 	st.wakes.send.Store(-1)
 	return st
@@ -362,6 +370,10 @@ func (s *Stack) Destroy() error {
 		e.pendHead, e.pendTail, e.npending = vnic.Null, vnic.Null, 0
 	}
 	s.flushLocked()
+	if s.peerFD >= 0 {
+		unix.Close(s.peerFD)
+		s.peerFD = -1
+	}
 	s.unlock()
 	return s.img.Close()
 }

@@ -71,6 +71,7 @@ const (
 	tfPeerSlow                // a probe of several segments proved needless: the probe timeout is at least tlpMinPTOSlow
 	tfDSack                   // a duplicate segment arrived: the next segment we send reports it (dsackStart, dsackEnd)
 	tfPingPong                // we answer the peer's segments within the delayed-ACK time: a read leaves the ACK to the answer (windowUpdateLocked)
+	tfLate                    // HANDED-OVER after HandoverCatchUp: segments are kept whole for EndHandover to give the kernel
 )
 
 // userClosed reports whether the user closed the socket (an unaccepted

@@ -85,7 +85,7 @@ func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
 		return
 	}
 	if sk.state == tcpHandedOver {
-		s.handoverHoldLocked(sk, h, &g, p.l4off+doff)
+		s.handoverHoldLocked(sk, h, &g, p.l4off+doff, p.l4off+len(p.l4))
 		return
 	}
 	p.frame.Trim(p.l4off+doff, g.n)

@@ -3,6 +3,7 @@ package test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -849,4 +850,107 @@ func TestHandoverSharedPort(t *testing.T) {
 		t.Fatalf("the connection left on the shared port, after: %v", err)
 	}
 	t.Logf("peer: %s", resets())
+}
+
+// TestHandoverLateSegments hands connections over to the kernel while
+// their kernel peer in the other host sends requests: 8 bytes, which our
+// side echoes, the next sent a random 0-1.5ms after the echo. A request
+// that came between the handover's catch-up and the moment the flow
+// went to the kernel used to be dropped, and, the last segment in
+// flight, came again only at the peer's retransmission timeout (208ms
+// here, once in 100 handovers); EndHandover now gives such segments to
+// the kernel's socket as the peer's (TCPHandoverLate). Connections,
+// ours dialling and accepting in turn, each handed over after its 20th
+// echo, until three requests have come so late, or 400 connections:
+// every request is echoed in order, and none waits over 100ms (on this
+// clean path a round trip takes a few milliseconds at most).
+func TestHandoverLateSegments(t *testing.T) {
+	RequireRoot(t)
+	a, b := Pair(t, LinkOptions{})
+	s := ourSockets(t, b, sockets.Balanced)
+	c0 := s.Engine().Counters()
+	rng := rand.New(rand.NewPCG(14, 14))
+	var worst time.Duration
+	conns := 0
+	for ; conns < 400 && s.Engine().Counters().TCPHandoverLate-c0.TCPHandoverLate < 3; conns++ {
+		rtt := handoverUnderRequests(t, a, b, s, conns%2 == 0, rng.Uint64())
+		if rtt > 100*time.Millisecond {
+			t.Errorf("connection %d: a request took %v to come back across the handover: the handover dropped it, and the peer sent it again at its timeout", conns, rtt.Round(time.Millisecond))
+		}
+		worst = max(worst, rtt)
+	}
+	c := s.Engine().Counters()
+	t.Logf("%d connections handed over: the slowest round trip %v; segments given to the kernel after the catch-up %d, dropped %d",
+		conns, worst.Round(time.Microsecond), c.TCPHandoverLate-c0.TCPHandoverLate, c.TCPHandoverDrops-c0.TCPHandoverDrops)
+}
+
+// handoverUnderRequests is one connection of TestHandoverLateSegments:
+// it returns the slowest round trip the peer saw.
+func handoverUnderRequests(t *testing.T, a, b *Host, s *sockets.Stack, weDial bool, seed uint64) time.Duration {
+	const rounds, before = 50, 20
+	ours, theirs, stop, err := kernelPipe(a, b, s, weDial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	type result struct {
+		worst time.Duration
+		err   error
+	}
+	peer := make(chan result, 1)
+	go func() { // the kernel's side: request, echo, a random pause
+		rng := rand.New(rand.NewPCG(seed, 1))
+		var r result
+		var req, echo [8]byte
+		theirs.SetDeadline(time.Now().Add(10 * time.Second))
+		for k := range uint64(rounds) {
+			for wait := time.Now().Add(time.Duration(rng.IntN(1500)) * time.Microsecond); time.Now().Before(wait); {
+			}
+			binary.BigEndian.PutUint64(req[:], k)
+			start := time.Now()
+			if _, err := theirs.Write(req[:]); err != nil {
+				r.err = fmt.Errorf("request %d: %w", k, err)
+				break
+			}
+			if _, err := io.ReadFull(theirs, echo[:]); err != nil {
+				r.err = fmt.Errorf("echo %d: %w", k, err)
+				break
+			}
+			r.worst = max(r.worst, time.Since(start))
+			if echo != req {
+				r.err = fmt.Errorf("echo %d: %x", k, echo)
+				break
+			}
+		}
+		peer <- r
+	}()
+	echo := func(c net.Conn, n int) error {
+		var buf [8]byte
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		for range n {
+			if _, err := io.ReadFull(c, buf[:]); err != nil {
+				return err
+			}
+			if _, err := c.Write(buf[:]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := echo(ours, before); err != nil {
+		t.Fatalf("echo on our stack: %v", err)
+	}
+	var kc *net.TCPConn
+	if err := b.Do(func() (err error) { kc, err = ours.(*sockets.TCPConn).Handover(); return }); err != nil {
+		t.Fatalf("handover: %v", err)
+	}
+	defer kc.Close()
+	if err := echo(kc, rounds-before); err != nil {
+		t.Fatalf("echo on the kernel's socket after the handover: %v", err)
+	}
+	r := <-peer
+	if r.err != nil {
+		t.Fatalf("the peer: %v", r.err)
+	}
+	return r.worst
 }

@@ -406,15 +406,11 @@ func (c *Conn) rcvData() uint32 {
 // had that acknowledgment already) and the socket reads the end of the
 // stream after its data. It needs CAP_NET_RAW.
 func InjectFIN(c *Conn) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	fd, err := PeerSocket()
 	if err != nil {
-		return os.NewSyscallError("socket (raw)", err)
+		return err
 	}
 	defer unix.Close(fd)
-	// The source is the peer's address, not ours.
-	if err := unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_TRANSPARENT, 1); err != nil {
-		return os.NewSyscallError("setsockopt IP_TRANSPARENT", err)
-	}
 	optLen := 0
 	if c.TS {
 		optLen = 12
@@ -456,4 +452,42 @@ func InjectFIN(c *Conn) error {
 		return os.NewSyscallError("sendto (the peer's FIN)", err)
 	}
 	return nil
+}
+
+// PeerSocket makes the raw socket that sends segments as a peer's
+// (InjectFIN, SendPeerPackets), in the calling thread's network
+// namespace: the IP header is the caller's, its source another host's.
+// It needs CAP_NET_RAW.
+func PeerSocket() (int, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		return -1, os.NewSyscallError("socket (raw)", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_IP, unix.IP_TRANSPARENT, 1); err != nil {
+		unix.Close(fd)
+		return -1, os.NewSyscallError("setsockopt IP_TRANSPARENT", err)
+	}
+	return fd, nil
+}
+
+// SendPeerPackets gives the kernel, in order, on fd (PeerSocket), IPv4
+// packets that came from a connection's peer after its handover had
+// taken what the stack held (the segments as they came: the peer's
+// checksums and timestamps), as InjectFIN gives a FIN: through the
+// host's own routing to the local socket, which takes them as the
+// peer's. It returns how many the kernel took; those it did not, the
+// peer sends again.
+func SendPeerPackets(fd int, pkts [][]byte) int {
+	n := 0
+	for _, pkt := range pkts {
+		if len(pkt) < 20 || pkt[0]>>4 != 4 {
+			continue
+		}
+		var dst [4]byte
+		copy(dst[:], pkt[16:20])
+		if unix.Sendto(fd, pkt, unix.MSG_DONTWAIT, &unix.SockaddrInet4{Addr: dst}) == nil {
+			n++
+		}
+	}
+	return n
 }
