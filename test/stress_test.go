@@ -197,6 +197,17 @@ func (k machineKept) String() string {
 		k.poller.Round(time.Millisecond), k.softirq.Round(time.Millisecond), k.threads.Round(time.Millisecond), k.stolen)
 }
 
+// runDelay reads a schedstat file's run_delay: how long its thread has
+// waited for a CPU in all; false if the file cannot be read.
+func runDelay(path string) (time.Duration, bool) {
+	var run, delay uint64
+	b, err := os.ReadFile(path)
+	if err == nil {
+		_, err = fmt.Sscan(string(b), &run, &delay)
+	}
+	return time.Duration(delay), err == nil
+}
+
 // threadDelays reads run_delay of each of this process's threads.
 func threadDelays() map[int64]time.Duration {
 	tasks, _ := os.ReadDir("/proc/self/task")
@@ -206,11 +217,8 @@ func threadDelays() map[int64]time.Duration {
 		if err != nil {
 			continue
 		}
-		var run, delay uint64
-		if b, err := os.ReadFile("/proc/self/task/" + d.Name() + "/schedstat"); err == nil {
-			if _, err := fmt.Sscan(string(b), &run, &delay); err == nil {
-				m[tid] = time.Duration(delay)
-			}
+		if delay, ok := runDelay("/proc/self/task/" + d.Name() + "/schedstat"); ok {
+			m[tid] = delay
 		}
 	}
 	return m
@@ -246,11 +254,8 @@ func (m *machineWaits) sample(now time.Time) {
 		}
 	}
 	for _, path := range m.softirqd {
-		var run, delay uint64
-		if b, err := os.ReadFile(path); err == nil {
-			fmt.Sscan(string(b), &run, &delay)
-		}
-		x.softirq = append(x.softirq, time.Duration(delay))
+		delay, _ := runDelay(path)
+		x.softirq = append(x.softirq, delay)
 	}
 	x.threads = threadDelays()
 	m.samples = append(m.samples, x)
@@ -265,8 +270,10 @@ func (m *machineWaits) sample(now time.Time) {
 // of 50ms with a tick stolen was a lost wake-up, one readiness signal in
 // 200 dropped on purpose), the longest one CPU's softirq thread waited
 // for it, and the longest one of the process's threads waited for a CPU
-// (threads that came or went in the window are not counted).
-func (m *machineWaits) kept(since int64) (k machineKept) {
+// (threads that came or went in the window are not counted); and, of
+// poll (a heartbeat's), the network poller's longest hand-off in it.
+func (m *machineWaits) kept(since int64, poll *pollLags) (k machineKept) {
+	k.poller = poll.longest(since)
 	if len(m.samples) == 0 {
 		return k
 	}
@@ -302,7 +309,7 @@ func (m *machineWaits) kept(since int64) (k machineKept) {
 // It times the runtime's network poller too, apart: after each sleep it
 // writes a byte to a pipe that another goroutine waits to read, as a
 // stack's readiness goroutine waits for its interrupt, and that one
-// records how long the byte took to reach it (pollLag). Timers and the
+// records how long the byte took to reach it (poll). Timers and the
 // poller do not wait in the same place: a processor runs its due timers
 // each time it schedules, but polls the network only once its run queue
 // is empty, or the runtime's monitor (every 10ms at best) does it for it.
@@ -596,8 +603,7 @@ func stress(t *testing.T, dur time.Duration, cfg sockets.Config) {
 					stall := time.Duration(last - sus.last)
 					ownAll := time.Duration(stalledAt[i].Load() - sus.stalled)
 					waited := sched.longest(sus.last)
-					kept := machine.kept(sus.last)
-					kept.poller = beat.poll.longest(sus.last)
+					kept := machine.kept(sus.last, &beat.poll)
 					if stall-max(ownAll, waited, kept.most()) > stallAfter {
 						t.Logf("%s", sus.dumps)
 						flight()
@@ -832,8 +838,7 @@ func TestNoLostWakeupPingPong(t *testing.T) {
 			machine.sample(now)
 			sampled, machineSampled = now, now
 			waited := sched.longest(before.UnixNano())
-			kept := machine.kept(start.UnixNano())
-			kept.poller = beat.poll.longest(start.UnixNano())
+			kept := machine.kept(start.UnixNano(), &beat.poll)
 			own := time.Duration(beat.late.Load() - lateAt)
 			explained := max(waited, kept.most(), own)
 			if rtt <= stallAfter {
