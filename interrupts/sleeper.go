@@ -130,7 +130,7 @@ type Sleeper struct {
 
 	stats struct {
 		polls, arms, irqs, timeouts, kicks, timerSets, timersOnly, overdue atomic.Uint64
-		late                                                               atomic.Uint64
+		owed, late                                                         atomic.Uint64
 		maxLate                                                            atomic.Int64
 	}
 }
@@ -456,6 +456,15 @@ func (s *Sleeper) Line() string {
 	return d
 }
 
+// poll polls the stack, counted, and counts a kick found owed (Owed).
+func (s *Sleeper) poll() (polled bool, frames, woken int) {
+	if s.st.KickOwed() {
+		s.stats.owed.Add(1)
+	}
+	s.stats.polls.Add(1)
+	return s.st.TryPoll()
+}
+
 // Stats are the Sleeper's counters.
 type Stats struct {
 	Polls     uint64 // polls the Sleeper made
@@ -470,6 +479,11 @@ type Stats struct {
 	// Overdue counts the Sleepers found asleep overdue past their wake-up
 	// by a TimerSet, and woken (see overdue).
 	Overdue uint64
+	// Owed counts the polls that found frames a send had left for its
+	// sender's next wait (KickOwed), and sent them: the sender had not
+	// come back to a wait, nor ended, by then. Woken by nothing else, the
+	// Sleeper comes at the bound the send set (sockets.heldKickWait).
+	Owed uint64
 	// Late counts the wake-ups of an armed Sleeper, by whatever cause,
 	// that came more than lateBound past the stack timer (or the bound) it
 	// slept for; MaxLate is the latest of all.
@@ -509,7 +523,7 @@ func (s *Sleeper) Stats() Stats {
 	return Stats{
 		Polls: s.stats.polls.Load(), Arms: s.stats.arms.Load(), IRQs: s.stats.irqs.Load(),
 		Timeouts: s.stats.timeouts.Load(), Kicks: s.stats.kicks.Load(), TimerSets: s.stats.timerSets.Load(),
-		TimersOnly: s.stats.timersOnly.Load(), Overdue: s.stats.overdue.Load(),
+		TimersOnly: s.stats.timersOnly.Load(), Overdue: s.stats.overdue.Load(), Owed: s.stats.owed.Load(),
 		Late: s.stats.late.Load(), MaxLate: time.Duration(s.stats.maxLate.Load()),
 	}
 }
@@ -581,8 +595,7 @@ func (s *Sleeper) run() {
 			nt, due := s.st.NextTimeout()
 			if due && nt == 0 {
 				s.deep.Store(false)
-				s.st.TryPoll()
-				s.stats.polls.Add(1)
+				s.poll()
 				continue
 			}
 			polled := s.st.PolledAt()
@@ -615,8 +628,7 @@ func (s *Sleeper) run() {
 				// A send's frames still wait for their sender's next wait
 				// (TimerSet's bound on it has come, or a timer): send
 				// them, as the poll of a Sleeper that arms does.
-				s.st.TryPoll()
-				s.stats.polls.Add(1)
+				s.poll()
 			}
 			directIdle = s.st.PolledAt() == polled
 			continue
@@ -634,18 +646,15 @@ func (s *Sleeper) run() {
 				}
 				continue
 			}
-			if _, frames, _ := s.st.TryPoll(); frames > 0 {
-				s.stats.polls.Add(1)
+			if _, frames, _ := s.poll(); frames > 0 {
 				continue
 			}
-			s.stats.polls.Add(1)
 			if watch(ev0, s.pol.Watch) {
 				return
 			}
 			continue
 		}
-		polled, frames, woken := s.st.TryPoll()
-		s.stats.polls.Add(1)
+		polled, frames, woken := s.poll()
 		switch {
 		case !polled:
 			// Another thread holds the lock: it polls before it lets go.

@@ -594,11 +594,17 @@ func TestShimKernelOnlyNoSpin(t *testing.T) {
 // Sleeper, the frames waited up to its millisecond bound, and for 5 to
 // 47 s when two of its timer settings crossed (see the Sleeper's
 // TimerSet): the conformance program's rare stall.
+//
+// The judge is the Sleeper's count of the kicks it found owed and gave
+// (Stats.Owed, in the exit log), not the echo's time: CI's machine once
+// took 1,038 us at the median with the kicks given (255 us on the
+// kernel), where this one takes 233-375 us, and 1,330-1,400 without.
 func TestShimThreadExitKicks(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "exitkick")
 	a, b, ln := echoHosts(t)
 	args := []string{b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)}
+	const rounds = 40 // exitkick.c's ROUNDS
 	median := func(cmd *exec.Cmd) (float64, string) {
 		t.Helper()
 		stdout, stderr := runBounded(t, cmd, 30*time.Second)
@@ -611,15 +617,17 @@ func TestShimThreadExitKicks(t *testing.T) {
 	kernel, _ := median(a.Command(prog, args...))
 	shim, log := median(shimCommand(t, a, nil, prog, args...))
 	requireAccelerated(t, log, "connecting")
-	t.Logf("a send by a thread that then ends, to its echo: median %.0f us on the kernel, %.0f us under the shim", kernel, shim)
-	if kernel > 300 {
-		t.Skipf("on the kernel the echo took %.0f us at the median: the machine is too busy to tell", kernel)
+	m := regexp.MustCompile(`at exit: sleeper \{[^}]*Owed:(\d+)`).FindStringSubmatch(log)
+	if m == nil {
+		t.Fatalf("the shim's exit log has no sleeper counters with Owed:\n%s", log)
 	}
-	// Given at the thread's end, the echo came in 233-375 us here (a
-	// new thread's first call into the core is most of it; 90-122 on the
-	// kernel); left to the Sleeper, in 1,330-1,400 us.
-	if shim > 900 {
-		t.Fatalf("under the shim the echo of a send by a thread that ended came after %.0f us at the median (%.0f us on the kernel): the thread's held kick was not given as it ended", shim, kernel)
+	owed, _ := strconv.Atoi(m[1])
+	t.Logf("a send by a thread that then ends, to its echo: median %.0f us on the kernel, %.0f us under the shim; the Sleeper gave %d of %d rounds' kicks", kernel, shim, owed, rounds)
+	// Given at the thread's end, a kick is found owed only when the
+	// thread took a millisecond from its send to its end: without
+	// thread_exit's kick the Sleeper gave all 40.
+	if owed > rounds/4 {
+		t.Fatalf("the stack's Sleeper gave %d of %d rounds' held kicks (median echo %.0f us under the shim, %.0f us on the kernel): the thread that sent did not give its kick as it ended", owed, rounds, shim, kernel)
 	}
 }
 
