@@ -83,15 +83,37 @@ func (d *Daemon) handover(c *client, req *control.HandoverRequest, fd int) (*con
 	if err != nil {
 		return nil, err
 	}
+	id := stack.SockID(req.Sock)
 	var local netip.AddrPort
-	if gerr := guard(func() { local, err = s.st.LocalAddr(stack.SockID(req.Sock)) }); gerr != nil || err != nil {
+	var taken bool
+	gerr := guard(func() {
+		local, err = s.st.LocalAddr(id)
+		taken = errors.Is(err, stack.ErrBadSocket) && s.st.HandedOver(id)
+	})
+	if taken {
+		// Another handover took the connection from the stack as this
+		// request came (a process closing its copy for the child it
+		// forked, as the child asks for it on its own): if that one
+		// gives the connection to fd's socket, this is done too.
+		st, done, err := s.st.AwaitHandover(id, fd, handoverWrite)
+		switch {
+		case done:
+			return &control.HandoverReply{Unread: st.Unread + st.CaughtUp, Sent: st.Sent, Unsent: st.Unsent, TookNs: st.Took.Nanoseconds()}, nil
+		case errors.Is(err, stack.ErrHandoverLost):
+			return nil, err
+		case err == nil:
+			err = stack.ErrBadSocket
+		}
+		return nil, refuse(codeInvalid, "stack %d socket %#x: %v", req.Stack, req.Sock, err)
+	}
+	if gerr != nil || err != nil {
 		return nil, refuse(codeInvalid, "stack %d socket %#x: %v", req.Stack, req.Sock, errors.Join(gerr, err))
 	}
 	if err := d.mayRepair(s, local, fd); err != nil {
 		return nil, err
 	}
 	var st stack.HandoverStats
-	if gerr := guard(func() { st, err = s.st.Handover(stack.SockID(req.Sock), fd, handoverWrite) }); gerr != nil {
+	if gerr := guard(func() { st, err = s.st.Handover(id, fd, handoverWrite) }); gerr != nil {
 		d.mu.Lock()
 		d.quarantineLocked(s, "handing a connection over: "+gerr.Error())
 		d.mu.Unlock()

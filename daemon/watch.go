@@ -132,6 +132,11 @@ func (w *watcher) run(d *Daemon) {
 			// the steering's control word; onloadd mirrors it.
 			ctl.SetFull(st.Overflow())
 		}
+		if st.LateWaiting() {
+			// Segments steered here before a handover ended, which a
+			// process polled and could not give the kernel's socket.
+			st.GiveLate()
+		}
 		now := int64(stack.Now())
 		last := st.AppPolledAt()
 		switch {
@@ -150,6 +155,9 @@ func (w *watcher) run(d *Daemon) {
 			w.since.Store(0)
 			polled = 0
 			wait := maxIdleWait
+			if st.InHandoverGrace() {
+				wait = w.grace // the process may take such a segment's frame first
+			}
 			if t := st.EarliestTimer(); t != math.MaxInt64 {
 				wait = min(wait, max(time.Duration(t-now), 0))
 			}

@@ -96,6 +96,8 @@ func (c *TCPConn) kernelConn(fd int) (*net.TCPConn, error) {
 // handover re-creates the connection on a kernel socket and returns its
 // descriptor (the reservation's, if it had one), retiring c.
 func (c *sock) handover() (int, error) {
+	c.hoMu.Lock()
+	defer c.hoMu.Unlock()
 	if err := c.check(nil); err != nil {
 		return -1, err
 	}
@@ -107,7 +109,7 @@ func (c *sock) handover() (int, error) {
 			return -1, os.NewSyscallError("socket", err)
 		}
 	}
-	return fd, c.handoverOn(fd, own)
+	return fd, c.handoverOnLocked(fd, own)
 }
 
 // Handover hands d's connection over to the kernel on kfd, d's own
@@ -115,20 +117,39 @@ func (c *sock) handover() (int, error) {
 // after), and closes d; kfd stays the caller's. The errors are
 // TCPConn.Handover's: one that wraps stack.ErrHandoverLost means the
 // connection is gone; with any other, d is unchanged.
+//
+// A handover of d by another thread of this process, under way, is
+// waited for: if it gave the connection to kfd's socket (a shim's
+// parent closing the connection, handed over for its child, as the child
+// asks for it on its copy of the same socket), that is done.
 func (d *Desc) Handover(kfd int) error {
+	d.hoMu.Lock()
+	defer d.hoMu.Unlock()
 	if err := d.check(nil); err != nil {
+		if d.handedTo != 0 && inode(kfd) == d.handedTo {
+			return nil
+		}
 		return err
 	}
-	return d.handoverOn(kfd, false)
+	return d.handoverOnLocked(kfd, false)
 }
 
-// handoverOn hands c's connection over on fd, which the handover closes
-// on failure if own; on success c is retired (and its reservation, fd
-// unless own, is the caller's).
-func (c *sock) handoverOn(fd int, own bool) error {
+// inode is the inode of fd's file (0 if fd is not open).
+func inode(fd int) uint64 {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return 0
+	}
+	return st.Ino
+}
+
+// handoverOnLocked hands c's connection over on fd, which the handover
+// closes on failure if own; on success c is retired (and its
+// reservation, fd unless own, is the caller's). c.hoMu is held.
+func (c *sock) handoverOnLocked(fd int, own bool) error {
 	s := c.stk
-	c.handing.Store(true)
-	defer c.handing.Store(false)
+	c.handing.Add(1)
+	defer c.handing.Add(-1)
 	la, ra, err := c.addrs()
 	if err != nil {
 		return err
@@ -164,6 +185,7 @@ func (c *sock) handoverOn(fd int, own bool) error {
 		giveUp()
 		return c.engineErr("handover", err)
 	}
+	c.handedTo = inode(fd)
 	c.retire(!own)
 	logf(levelDebug, "handed over %v->%v to the kernel in %v: %d unread (%d of them during the handover), %d unacknowledged and %d unsent bytes",
 		la, ra, st.Took, st.Unread+st.CaughtUp, st.CaughtUp, st.Sent, st.Unsent)
@@ -241,7 +263,7 @@ func (s *Stack) recordKernelFD(id stack.SockID, fd int) {
 // connection there, c moves onto it (c.moved, with c's deadlines) and
 // the kernel's connection is returned; nil otherwise.
 func (c *TCPConn) takenOver(err error) *net.TCPConn {
-	if !errors.Is(err, net.ErrClosed) || c.handing.Load() {
+	if !errors.Is(err, net.ErrClosed) || c.handing.Load() != 0 {
 		return nil // not gone, or gone by our own Handover (which says so)
 	}
 	c.moveMu.Lock()

@@ -258,7 +258,7 @@ func (s *Stack) handoverHoldLocked(sk *sock, h vnic.Handle, g *segment, payloadO
 			s.handoverLateLocked(sk, h, ipEnd)
 			return
 		case sk.tflags&tfHolding == 0:
-			s.handoverAfterLocked(h, ipEnd)
+			s.handoverAfterLocked(sk, h, ipEnd)
 			return
 		}
 	}
@@ -349,16 +349,94 @@ func (s *Stack) handoverLateLocked(sk *sock, h vnic.Handle, ipEnd int) {
 // segments are few, and dropped one would wait for the peer's
 // retransmission timeout. It goes on the raw socket EndHandover made in
 // the stack's network namespace (a socket made here would be in the
-// polling thread's); a process that made none (it has not the
-// privilege to repair) drops it.
-func (s *Stack) handoverAfterLocked(h vnic.Handle, ipEnd int) {
-	d := s.pool.Data(h)
-	if s.peerFD >= 0 && ipEnd > ethLen && ipEnd <= len(d) && repair.SendPeerPackets(s.peerFD, [][]byte{d[ethLen:ipEnd]}) == 1 {
-		s.img.hdr.counters.TCPHandoverLate++
-	} else {
-		s.img.hdr.counters.TCPHandoverDrops++
+// polling thread's), after those kept before it. A handle that made
+// none (a process of onloadd's stack: it may not repair, nor send raw)
+// keeps it whole for one that did (GiveLate, from onloadd's watcher).
+func (s *Stack) handoverAfterLocked(sk *sock, h vnic.Handle, ipEnd int) {
+	if s.peerFD < 0 {
+		if sk.flags&sfLateKept == 0 && sk.oooFrames < handoverHold {
+			sk.flags |= sfLateKept
+			atomic.AddUint32(&s.img.hdr.lateKept, 1)
+		}
+		s.handoverLateLocked(sk, h, ipEnd)
+		return
 	}
+	var pkts [][]byte
+	if sk.flags&sfLateKept != 0 {
+		pkts = s.lateKeptTakeLocked(sk)
+	}
+	if d := s.pool.Data(h); ipEnd > ethLen && ipEnd <= len(d) {
+		pkts = append(pkts, d[ethLen:ipEnd])
+	}
+	s.lateSendLocked(pkts)
 	s.pool.Free(h)
+}
+
+// lateSendLocked gives the kernel the segments pkts, as the peer's, on
+// the handle's raw socket, and counts them.
+func (s *Stack) lateSendLocked(pkts [][]byte) {
+	n := 0
+	if s.peerFD >= 0 {
+		n = repair.SendPeerPackets(s.peerFD, pkts)
+	}
+	s.img.hdr.counters.TCPHandoverLate += uint64(n)
+	s.img.hdr.counters.TCPHandoverDrops += uint64(len(pkts) - n)
+}
+
+// lateKeptTakeLocked takes what a HANDED-OVER socket kept for GiveLate.
+func (s *Stack) lateKeptTakeLocked(sk *sock) [][]byte {
+	pkts := s.handoverLateTakeLocked(sk)
+	sk.flags &^= sfLateKept
+	atomic.AddUint32(&s.img.hdr.lateKept, ^uint32(0))
+	return pkts
+}
+
+// LateWaiting reports, without the lock, that segments of connections
+// handed over wait for a handle that can give them to the kernel
+// (GiveLate): onloadd's watcher looks at every turn.
+func (s *Stack) LateWaiting() bool { return atomic.LoadUint32(&s.img.hdr.lateKept) != 0 }
+
+// InHandoverGrace reports, without the lock, that a handover ended less
+// than handoverGrace ago: a process may yet poll a segment steered here
+// before it and keep it for GiveLate, and onloadd's watcher of an idle
+// stack looks every grace period meanwhile, not only at the next frame
+// or timer (the process may take the frame that woke it first).
+func (s *Stack) InHandoverGrace() bool {
+	at := atomic.LoadInt64(&s.img.hdr.handedOverAt)
+	return at != 0 && s.Clock()-at < int64(handoverGrace)
+}
+
+// GiveLate gives the kernel's sockets the segments that HANDED-OVER
+// sockets kept (handoverAfterLocked), on a raw socket of this handle's,
+// made in the calling thread's network namespace, which must be the
+// stack's (onloadd's watcher). It takes the lock by trylock: a holder
+// leaves them for the next call.
+func (s *Stack) GiveLate() {
+	if !s.LateWaiting() || !s.img.hdr.lock.TryLock() {
+		return
+	}
+	s.lockedLocked()
+	if s.peerFD < 0 {
+		if fd, err := repair.PeerSocket(); err == nil {
+			s.peerFD = fd
+		}
+	}
+	if s.peerFD >= 0 {
+		for i := uint32(0); i < s.img.hdr.sockHigh && i < uint32(len(s.img.socks)) && s.LateWaiting(); i++ {
+			if sk := &s.img.socks[i]; sk.kind == kindTCP && sk.state == tcpHandedOver && sk.flags&sfLateKept != 0 {
+				s.lateSendLocked(s.lateKeptTakeLocked(sk))
+			}
+		}
+	}
+	s.unlockTried()
+}
+
+// lateForgetLocked drops what a HANDED-OVER socket, freed at the end of
+// its grace, kept that no handle gave (counted).
+func (s *Stack) lateForgetLocked(sk *sock) {
+	if sk.flags&sfLateKept != 0 {
+		s.img.hdr.counters.TCPHandoverDrops += uint64(len(s.lateKeptTakeLocked(sk)))
+	}
 }
 
 // handoverLateTakeLocked takes the segments handoverLateLocked kept,
@@ -438,6 +516,7 @@ func (s *Stack) EndHandover(id SockID) error {
 		return fmt.Errorf("unpin the handed-over flow: %w", err)
 	}
 	s.img.wheel.Set(s.sockTimer(sk, timerTW), s.nowTick()+s.ticks(handoverGrace))
+	atomic.StoreInt64(&s.img.hdr.handedOverAt, s.Clock())
 	// The segments that came after the catch-up, and those steered here
 	// before the unpin took effect (in the receive ring now), go to the
 	// kernel's socket as the peer's, each as it came (its timestamp
@@ -529,7 +608,23 @@ func (s *Stack) HandoverOrphan(id SockID, fd int, writeTimeout time.Duration) (H
 	return s.handover(id, fd, writeTimeout, true)
 }
 
-func (s *Stack) handover(id SockID, fd int, writeTimeout time.Duration, orphan bool) (HandoverStats, error) {
+func (s *Stack) handover(id SockID, fd int, writeTimeout time.Duration, orphan bool) (st HandoverStats, err error) {
+	land, st, err := s.handoverClaim(id, fd, writeTimeout+handoverClaimSlack)
+	if land == nil {
+		return st, err
+	}
+	defer func() { land(st, err) }()
+	return s.handoverClaimed(id, fd, writeTimeout, orphan)
+}
+
+// handoverClaimSlack is how much longer than its write timeout a
+// handover may take, for handoverClaim's wait: its steps wait for the
+// stack's lock a few times (handoverStepWait) and make some dozens of
+// system calls.
+const handoverClaimSlack = 5 * time.Second
+
+// handoverClaimed is handover, the connection's only one under way.
+func (s *Stack) handoverClaimed(id SockID, fd int, writeTimeout time.Duration, orphan bool) (HandoverStats, error) {
 	var st HandoverStats
 	s.lock()
 	sk, err := s.handoverSockLocked(id, orphan)

@@ -38,7 +38,7 @@ import (
 // TIME-WAIT list, which the layout hash sees, came with it). 5: a
 // HANDED-OVER socket's out-of-order list holds, after the catch-up,
 // whole IP packets for EndHandover (tfLate).
-const imageVersion = 5
+const imageVersion = 6
 
 const imageMagic = 0x474d494f // "OIMG"
 
@@ -100,7 +100,13 @@ type header struct {
 	rcvActive  uint32
 	rcvEpoch   uint32
 	rcvCountAt int64
-	counters   Counters
+	// lateKept counts the HANDED-OVER sockets keeping segments, for a
+	// handle that can give them to the kernel (sfLateKept); handedOverAt
+	// is when a handover last ended (EndHandover, the Clock).
+	lateKept     uint32
+	_            uint32
+	handedOverAt int64
+	counters     Counters
 
 	// The processes that share the stack and wake one another's threads
 	// (JoinWakes): a socket's owner is an index here, plus one.

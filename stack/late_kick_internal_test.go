@@ -107,6 +107,22 @@ func pollUntil(t *testing.T, what string, ok func() bool, stacks ...*Stack) {
 	}
 }
 
+// listenDial makes a listener on a's port and dials it from b (the
+// connection is on its way).
+func listenDial(t *testing.T, a, b *Stack, port uint16) (lst, c SockID) {
+	t.Helper()
+	lst, _ = a.Open(TCP)
+	if err := a.Bind(lst, netip.AddrPortFrom(netip.Addr{}, port)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Listen(lst, 0); err != nil {
+		t.Fatal(err)
+	}
+	c, _ = b.Open(TCP)
+	b.Connect(c, netip.AddrPortFrom(a.Addr(), port))
+	return lst, c
+}
+
 // memStacks is a stack on each end of an in-memory wire, 198.18.0.1 (a,
 // over wrap(its end), if wrap is not nil) and 198.18.0.2 (b), torn down
 // with the test; ma is a's end.

@@ -38,15 +38,7 @@ func TestRetiredListenerLingers(t *testing.T) {
 	// closes it with the connection in its queue; it returns b's end.
 	queued := func(port uint16) SockID {
 		t.Helper()
-		lst, _ := a.Open(TCP)
-		if err := a.Bind(lst, netip.AddrPortFrom(netip.Addr{}, port)); err != nil {
-			t.Fatal(err)
-		}
-		if err := a.Listen(lst, 0); err != nil {
-			t.Fatal(err)
-		}
-		c, _ := b.Open(TCP)
-		b.Connect(c, netip.AddrPortFrom(a.Addr(), port))
+		lst, c := listenDial(t, a, b, port)
 		wait("the connection queued", func() bool { return a.Events(lst)&Readable != 0 && b.Events(c)&Writable != 0 })
 		if err := a.RetireListener(lst); err != nil {
 			t.Fatal(err)

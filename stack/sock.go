@@ -72,6 +72,11 @@ const (
 	// accepts the rest from its kernel socket, which another process
 	// shares.
 	sfListenRetired = 1 << 11
+	// sfLateKept: a HANDED-OVER socket, its handover ended, keeps
+	// segments that came in its grace on its out-of-order list for a
+	// handle that can give them to the kernel's socket (GiveLate): the
+	// handle that polled them could not (a process of onloadd's stack).
+	sfLateKept = 1 << 12
 )
 
 // sock is one slot of the socket table. Fields are plain values: the slot

@@ -142,7 +142,9 @@ type Stack struct {
 	// kernel sockets the segments that came to the stack late
 	// (EndHandover makes it, in the stack's network namespace; -1: none
 	// yet). The process's own, never in the image.
-	peerFD     int
+	peerFD int
+	// flights are the handovers this handle has under way (handoverClaim).
+	flights    flights
 	readyArmed bool
 	woken      int // sleepers woken since TryPoll began
 

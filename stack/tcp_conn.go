@@ -457,6 +457,7 @@ func (s *Stack) tcpFailLocked(sk *sock, errno uint32) {
 // read stays readable.
 func (s *Stack) tcpCloseFinalLocked(sk *sock) {
 	s.cancelTimersLocked(sk)
+	s.lateForgetLocked(sk)
 	s.freeSendLocked(sk)
 	if sk.tflags&tfOrphan != 0 {
 		s.freeQueuesLocked(sk, false)
