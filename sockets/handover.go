@@ -148,8 +148,8 @@ func inode(fd int) uint64 {
 // reservation, fd unless own, is the caller's). c.hoMu is held.
 func (c *sock) handoverOnLocked(fd int, own bool) error {
 	s := c.stk
-	c.handing.Add(1)
-	defer c.handing.Add(-1)
+	c.handing.Store(true)
+	defer c.handing.Store(false)
 	la, ra, err := c.addrs()
 	if err != nil {
 		return err
@@ -263,7 +263,7 @@ func (s *Stack) recordKernelFD(id stack.SockID, fd int) {
 // connection there, c moves onto it (c.moved, with c's deadlines) and
 // the kernel's connection is returned; nil otherwise.
 func (c *TCPConn) takenOver(err error) *net.TCPConn {
-	if !errors.Is(err, net.ErrClosed) || c.handing.Load() != 0 {
+	if !errors.Is(err, net.ErrClosed) || c.handing.Load() {
 		return nil // not gone, or gone by our own Handover (which says so)
 	}
 	c.moveMu.Lock()

@@ -21,9 +21,9 @@ type sock struct {
 	closing chan struct{}
 	closed  atomic.Bool
 	rd, wd  deadline
-	reserve reservation  // the kernel socket that keeps our port from the kernel
-	resMu   sync.Mutex   // reserve's release, against TCPConn.takenOver's use of it
-	handing atomic.Int32 // handovers of the connection this process has under way (handoverOnLocked)
+	reserve reservation // the kernel socket that keeps our port from the kernel
+	resMu   sync.Mutex  // reserve's release, against TCPConn.takenOver's use of it
+	handing atomic.Bool // this process is handing the connection over (handoverOnLocked)
 	// hoMu makes this process's handovers of the connection one at a
 	// time (two at once on one kernel socket wreck each other: see
 	// stack.handoverClaim); handedTo is the inode of the kernel socket
