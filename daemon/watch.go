@@ -3,6 +3,7 @@ package daemon
 import (
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -61,12 +62,20 @@ type watcher struct {
 	s     *dstack
 	grace time.Duration
 	stop  int // eventfd: written to end the watch
-	// fds is sleepPolled's poll set, kept here so that the raw system
+	// fds is sleepQuiet's poll set, kept here so that the raw system
 	// call's pointer is to memory that does not move.
 	fds [1]unix.PollFd
 	// checked is when the watcher last looked over the socket table.
 	checked time.Time
 	done    chan struct{}
+	// ready is an epoll set the Go runtime's network poller waits on,
+	// with the stack's AF_XDP socket in it while the watcher waits for
+	// it (park); stopped and stopC end the parked waits as stop does the
+	// raw ones; timer is park's timer.
+	ready   *os.File
+	stopped atomic.Bool
+	stopC   chan struct{}
+	timer   *time.Timer
 
 	ended sync.Once
 
@@ -84,9 +93,16 @@ func (d *Daemon) startWatch(s *dstack) error {
 	if err != nil {
 		return fmt.Errorf("watcher of stack %d: %w", s.id, err)
 	}
-	w := &watcher{s: s, grace: max(d.cfg.Takeover, minTakeover), stop: efd, done: make(chan struct{})}
+	ready, err := readySet()
+	if err != nil {
+		unix.Close(efd)
+		return fmt.Errorf("watcher of stack %d: %w", s.id, err)
+	}
+	w := &watcher{s: s, grace: max(d.cfg.Takeover, minTakeover), stop: efd, done: make(chan struct{}),
+		ready: ready, stopC: make(chan struct{}), timer: time.NewTimer(time.Hour)}
+	w.timer.Stop()
 	s.watch = w
-	// A watcher keeps its processor while it sleeps (sleepPolled): the
+	// A watcher keeps its processor while it sleeps (sleepQuiet): the
 	// runtime gets one more than the watchers.
 	if n := int(d.watchers.Add(1)) + 1; n > runtime.GOMAXPROCS(0) {
 		runtime.GOMAXPROCS(n)
@@ -101,9 +117,13 @@ func (w *watcher) end() {
 		return
 	}
 	w.ended.Do(func() {
+		w.stopped.Store(true)
+		close(w.stopC)
+		w.ready.SetReadDeadline(time.Unix(1, 0))
 		eventfd.Signal(w.stop)
 		<-w.done
 		unix.Close(w.stop)
+		w.ready.Close()
 	})
 }
 
@@ -124,7 +144,6 @@ func (w *watcher) run(d *Daemon) {
 	st := w.s.st
 	grace := int64(w.grace)
 	ctl, ctlErr := w.s.ifc.steer.Control(w.s.id)
-	polled := 0 // looks in a row that found the process polling
 	for {
 		if ctlErr == nil {
 			// A stack nearly full of connections gives new ones to the
@@ -144,8 +163,7 @@ func (w *watcher) run(d *Daemon) {
 			// The process polls: look again when a grace period has
 			// passed since its last poll.
 			w.since.Store(0)
-			polled++
-			if w.sleepPolled(time.Duration(grace-(now-last)), polled > 1) {
+			if w.sleep(time.Duration(grace-(now-last)), false) {
 				return
 			}
 			continue
@@ -153,7 +171,6 @@ func (w *watcher) run(d *Daemon) {
 			// Nothing to do: wait for a frame or the next timer, then
 			// give the process its grace period to take it.
 			w.since.Store(0)
-			polled = 0
 			wait := maxIdleWait
 			if st.InHandoverGrace() {
 				wait = w.grace // the process may take such a segment's frame first
@@ -167,7 +184,6 @@ func (w *watcher) run(d *Daemon) {
 			continue
 		}
 		// Work has waited a grace period and nobody polled: take over.
-		polled = 0
 		w.since.CompareAndSwap(0, now)
 		if !w.poll(d) {
 			return
@@ -216,47 +232,107 @@ func (w *watcher) poll(d *Daemon) (ok bool) {
 	return true
 }
 
-// sleep waits for d (not at all if it is negative), and also for the AF_XDP
-// socket's readiness if ready is set; it reports whether the watch was
-// stopped.
+// sleep waits for d (not at all if it is negative), and also for the
+// AF_XDP socket's readiness if ready is set; it reports whether the
+// watch was stopped. A wait of the timer alone up to maxQuietSleep (the
+// grace periods) is a raw system call (sleepQuiet); the rest park the
+// goroutine (park).
 func (w *watcher) sleep(d time.Duration, ready bool) bool {
-	fds := []unix.PollFd{{Fd: int32(w.stop), Events: unix.POLLIN}}
-	if ready {
-		fds = append(fds, unix.PollFd{Fd: int32(w.s.nic.FD()), Events: unix.POLLIN})
+	if !ready && d <= maxQuietSleep {
+		return w.sleepQuiet(d)
 	}
-	ts := unix.NsecToTimespec(int64(max(d, 0)))
-	for {
-		_, err := unix.Ppoll(fds, &ts, nil)
-		if err == unix.EINTR {
-			continue
+	return w.park(d, ready)
+}
+
+// park is sleep on the Go runtime's network poller and timers, with the
+// thread given up meanwhile. A goroutine that blocks in a system call
+// wakes the runtime's monitor (sysmon) from its deep sleep, which then
+// looks every 20 µs and more for 10 ms until it takes the processor
+// back: 30 wake-ups of onloadd each time an idle stack's watcher slept,
+// 60 a second (TestDaemonIdleCPU). Parked, the watcher's locked thread
+// costs a wake-up or two of another at the end, which is why the short
+// waits are raw system calls instead.
+func (w *watcher) park(d time.Duration, ready bool) bool {
+	if w.stopped.Load() {
+		return true
+	}
+	if !ready {
+		w.timer.Reset(max(d, 0))
+		select {
+		case <-w.stopC:
+			w.timer.Stop()
+			return true
+		case <-w.timer.C:
+			return false
 		}
-		return fds[0].Revents != 0
 	}
+	if err := w.ready.SetReadDeadline(time.Now().Add(max(d, 0))); err != nil {
+		return w.stopped.Load()
+	}
+	if w.stopped.Load() {
+		return true
+	}
+	rc, err := w.ready.SyscallConn()
+	if err != nil {
+		return w.stopped.Load()
+	}
+	// The AF_XDP socket is in the set only while the watcher waits:
+	// there, every frame that came would wake the runtime's poller.
+	xsk := w.s.nic.FD()
+	var ctlErr error
+	rc.Control(func(fd uintptr) {
+		ctlErr = unix.EpollCtl(int(fd), unix.EPOLL_CTL_ADD, xsk, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(xsk)})
+	})
+	if ctlErr != nil {
+		return w.park(d, false)
+	}
+	defer rc.Control(func(fd uintptr) { unix.EpollCtl(int(fd), unix.EPOLL_CTL_DEL, xsk, nil) })
+	var evs [1]unix.EpollEvent
+	rc.Read(func(fd uintptr) bool {
+		// Ready once the set has an event: the socket's readiness is
+		// level-triggered in it, so a frame that came before the wait
+		// is seen.
+		n, _ := unix.EpollWait(int(fd), evs[:], 0)
+		return n > 0
+	})
+	return w.stopped.Load()
+}
+
+// readySet makes an epoll set, empty, as a file the Go runtime's
+// network poller can wait on (park puts the AF_XDP socket in it).
+func readySet() (*os.File, error) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, os.NewSyscallError("epoll_create1", err)
+	}
+	if err := unix.SetNonblock(ep, true); err != nil {
+		unix.Close(ep)
+		return nil, os.NewSyscallError("set non-blocking", err)
+	}
+	return os.NewFile(uintptr(ep), "watcher readiness"), nil
 }
 
 // maxQuietSleep is the longest sleep a watcher takes without telling the
-// Go runtime (sleepPolled): the runtime's stop-the-world phases wait for
+// Go runtime (sleepQuiet): the runtime's stop-the-world phases wait for
 // it to end.
 const maxQuietSleep = 2 * time.Millisecond
 
-// sleepPolled is sleep for the waits of a watcher whose process polls
-// (one a grace period: 1,000 a second by default). While the process
-// goes on polling (steady: it polled at the last look too), a wait of up
-// to maxQuietSleep is a raw system call, which the Go runtime does not
-// see. As an ordinary one, each wait's end woke the runtime's monitor
-// thread from its deep sleep (exitsyscall's notewakeup), which slept
-// 20 µs and went back to sleep: three wake-ups of onloadd's threads a
-// look instead of one, and 70-120 ms of CPU a second under a loaded
-// nginx on this machine's two CPUs, at a real-time priority (half that
-// now). The watcher keeps its processor while it sleeps, as if it ran:
-// the monitor preempts it every 10 ms (the signal ends the ppoll with
-// EINTR, and the sleep goes on), and startWatch gives the runtime a
-// processor beyond the watchers' so that the daemon's other goroutines
-// do not wait for one.
-func (w *watcher) sleepPolled(d time.Duration, steady bool) bool {
-	if !steady || d > maxQuietSleep {
-		return w.sleep(d, false)
-	}
+// sleepQuiet is sleep for the short waits of a watcher, d up to
+// maxQuietSleep: the grace periods of a process that polls (one each:
+// 1,000 a second by default), and the grace a woken watcher gives the
+// process. It is a raw system call, which the Go runtime does not see.
+// As an ordinary one, each wait's end woke the runtime's monitor thread
+// from its deep sleep (exitsyscall's notewakeup), which slept 20 µs and
+// went back to sleep: three wake-ups of onloadd's threads a look instead
+// of one, and 70-120 ms of CPU a second under a loaded nginx on this
+// machine's two CPUs, at a real-time priority (half that now); parked
+// (park), the watcher's locked thread needed another to wake it: 15,700
+// wake-ups a second (TestDaemonBusyWatch). The watcher keeps its
+// processor while it sleeps, as if it ran: the monitor preempts it
+// every 10 ms (the signal ends the ppoll with EINTR, and the sleep goes
+// on), and startWatch gives the runtime a processor beyond the watchers'
+// so that the daemon's other goroutines do not wait for one.
+func (w *watcher) sleepQuiet(d time.Duration) bool {
 	w.fds[0] = unix.PollFd{Fd: int32(w.stop), Events: unix.POLLIN}
 	end := time.Now().Add(d)
 	for d > 0 {
@@ -269,10 +345,10 @@ func (w *watcher) sleepPolled(d time.Duration, steady bool) bool {
 		case unix.EINTR:
 			d = time.Until(end)
 		default:
-			// Not seen (ENOMEM could come): sleep the ordinary way
-			// rather than look again at once, at a real-time priority.
-			return w.sleep(time.Until(end), false)
+			// Not seen (ENOMEM could come): park rather than look
+			// again at once, at a real-time priority.
+			return w.park(time.Until(end), false)
 		}
 	}
-	return false
+	return w.stopped.Load()
 }
