@@ -171,14 +171,17 @@ func (w *watcher) run(d *Daemon) {
 			// Nothing to do: wait for a frame or the next timer, then
 			// give the process its grace period to take it.
 			w.since.Store(0)
-			wait := maxIdleWait
+			wait, ready := maxIdleWait, true
 			if st.InHandoverGrace() {
-				wait = w.grace // the process may take such a segment's frame first
+				// Look every grace period: the process may take a late
+				// segment's frame before the readiness wakes us, and
+				// keep the segment for us (GiveLate).
+				wait, ready = w.grace, false
 			}
 			if t := st.EarliestTimer(); t != math.MaxInt64 {
 				wait = min(wait, max(time.Duration(t-now), 0))
 			}
-			if w.sleep(wait, true) || w.sleep(w.grace, false) {
+			if w.sleep(wait, ready) || w.sleep(w.grace, false) {
 				return
 			}
 			continue

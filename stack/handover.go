@@ -368,19 +368,59 @@ func (s *Stack) handoverAfterLocked(sk *sock, h vnic.Handle, ipEnd int) {
 	if d := s.pool.Data(h); ipEnd > ethLen && ipEnd <= len(d) {
 		pkts = append(pkts, d[ethLen:ipEnd])
 	}
-	s.lateSendLocked(pkts)
+	s.lateSendLocked(s.idOf(sk), pkts)
 	s.pool.Free(h)
 }
 
-// lateSendLocked gives the kernel the segments pkts, as the peer's, on
-// the handle's raw socket, and counts them.
-func (s *Stack) lateSendLocked(pkts [][]byte) {
-	n := 0
-	if s.peerFD >= 0 {
-		n = repair.SendPeerPackets(s.peerFD, pkts)
-	}
+// lateSendLocked gives the kernel the segments pkts of connection id,
+// as the peer's, on the handle's raw socket, and counts them.
+func (s *Stack) lateSendLocked(id SockID, pkts [][]byte) {
+	n := s.lateSend(s.peerFD, id, pkts)
 	s.img.hdr.counters.TCPHandoverLate += uint64(n)
 	s.img.hdr.counters.TCPHandoverDrops += uint64(len(pkts) - n)
+}
+
+// lateSend sends on raw socket fd, of pkts, those of connection id as
+// this handle handed it over (handedTuples), and returns how many the
+// kernel took.
+func (s *Stack) lateSend(fd int, id SockID, pkts [][]byte) int {
+	s.tuplesMu.Lock()
+	tu, ok := s.handedTuples[id]
+	s.tuplesMu.Unlock()
+	if !ok || fd < 0 {
+		return 0
+	}
+	ours := pkts[:0:0]
+	for _, p := range pkts {
+		if repair.PeerPacket(p, tu.local, tu.remote) {
+			ours = append(ours, p)
+		}
+	}
+	return repair.SendPeerPackets(fd, ours)
+}
+
+// handedTuple is a connection a handle handed over, and when its grace
+// ends (Clock).
+type handedTuple struct {
+	local, remote netip.AddrPort
+	until         int64
+}
+
+// rememberHanded records connection id's four-tuple as a handover of
+// this handle found it (lateSend), and forgets those whose grace ended.
+func (s *Stack) rememberHanded(id SockID, local, remote netip.AddrPort) {
+	s.tuplesMu.Lock()
+	defer s.tuplesMu.Unlock()
+	now := s.Clock()
+	for k, tu := range s.handedTuples {
+		if tu.until < now {
+			delete(s.handedTuples, k)
+		}
+	}
+	if s.handedTuples == nil {
+		s.handedTuples = make(map[SockID]handedTuple)
+	}
+	s.handedTuples[id] = handedTuple{local, remote, now + int64(handoverGrace) + int64(handoverStepWait)}
 }
 
 // lateKeptTakeLocked takes what a HANDED-OVER socket kept for GiveLate.
@@ -424,7 +464,7 @@ func (s *Stack) GiveLate() {
 	if s.peerFD >= 0 {
 		for i := uint32(0); i < s.img.hdr.sockHigh && i < uint32(len(s.img.socks)) && s.LateWaiting(); i++ {
 			if sk := &s.img.socks[i]; sk.kind == kindTCP && sk.state == tcpHandedOver && sk.flags&sfLateKept != 0 {
-				s.lateSendLocked(s.lateKeptTakeLocked(sk))
+				s.lateSendLocked(s.idOf(sk), s.lateKeptTakeLocked(sk))
 			}
 		}
 	}
@@ -534,10 +574,7 @@ func (s *Stack) EndHandover(id SockID) error {
 	fd := s.peerFD
 	unlock()
 	if len(late) > 0 {
-		n := 0
-		if fd >= 0 {
-			n = repair.SendPeerPackets(fd, late)
-		}
+		n := s.lateSend(fd, id, late)
 		s.lock()
 		s.img.hdr.counters.TCPHandoverLate += uint64(n)
 		s.img.hdr.counters.TCPHandoverDrops += uint64(len(late) - n)
@@ -650,6 +687,7 @@ func (s *Stack) handoverClaimed(id SockID, fd int, writeTimeout time.Duration, o
 	}
 	st.Local, st.Remote = c.Local, c.Remote
 	st.Unread, st.Sent, st.Unsent = len(c.Unread), len(c.Sent), len(c.Unsent)
+	s.rememberHanded(id, c.Local, c.Remote)
 	lost := func(err error) (HandoverStats, error) {
 		s.AbortHandover(id)
 		return st, fmt.Errorf("%w: the kernel socket could not be made: %w", ErrHandoverLost, err)

@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -14,8 +15,9 @@ import (
 // it to the kernel's socket (no raw socket: a process of onloadd's
 // stack), is kept (LateWaiting), and the handle that can (onloadd's,
 // which made one in EndHandover) gives it (GiveLate, counted
-// TCPHandoverLate); one nobody gives is dropped, counted, when the
-// socket's grace ends. Before, the first handle dropped it, and the
+// TCPHandoverLate) if it is of the connection as that handle handed it
+// over; one nobody gives is dropped, counted, when the socket's grace
+// ends. Before, the first handle dropped it, and the
 // peer sent it again at its retransmission timeout.
 //
 // The test runs in a network namespace of its own, with a's address on
@@ -48,9 +50,11 @@ func TestLateKeptForAnotherHandle(t *testing.T) {
 			t.Fatal(err)
 		}
 		a.Close(lst)
-		if _, err := a.BeginHandover(ours); err != nil {
+		rc, err := a.BeginHandover(ours)
+		if err != nil {
 			t.Fatal(err)
 		}
+		a.rememberHanded(ours, rc.Local, rc.Remote) // as handover does
 		if _, err := a.HandoverCatchUp(ours); err != nil {
 			t.Fatal(err)
 		}
@@ -72,6 +76,21 @@ func TestLateKeptForAnotherHandle(t *testing.T) {
 		}
 	}
 	c0 := a.Counters()
+	// A segment not of the connection a handed over (the image is
+	// another process's to write) is not given: a's record of the
+	// connection says another peer port here.
+	c := connect()
+	late(c)
+	for id, tu := range a.handedTuples {
+		tu.remote = netip.AddrPortFrom(tu.remote.Addr(), tu.remote.Port()+1)
+		a.handedTuples[id] = tu
+	}
+	a.GiveLate()
+	if c1 := a.Counters(); a.LateWaiting() || c1.TCPHandoverLate != c0.TCPHandoverLate || c1.TCPHandoverDrops-c0.TCPHandoverDrops != 1 {
+		t.Fatalf("GiveLate of a segment not of the connection handed over: waiting %v, given %d, dropped %d; want it dropped",
+			a.LateWaiting(), c1.TCPHandoverLate-c0.TCPHandoverLate, c1.TCPHandoverDrops-c0.TCPHandoverDrops)
+	}
+	c0 = a.Counters()
 	late(connect())
 	a.GiveLate()
 	c1 := a.Counters()

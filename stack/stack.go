@@ -144,9 +144,15 @@ type Stack struct {
 	// yet). The process's own, never in the image.
 	peerFD int
 	// flights are the handovers this handle has under way (handoverClaim).
-	flights    flights
-	readyArmed bool
-	woken      int // sleepers woken since TryPoll began
+	flights flights
+	// handedTuples are the connections this handle handed over, as it
+	// found them at BeginHandover, for their grace: the late segments it
+	// gives the kernel must be theirs (lateSendLocked). Not the image's:
+	// onloadd must not take another process's word for them.
+	handedTuples map[SockID]handedTuple
+	tuplesMu     sync.Mutex
+	readyArmed   bool
+	woken        int // sleepers woken since TryPoll began
 
 	polledAt atomic.Int64 // see PolledAt
 	watcher  bool         // onloadd's handle: its polls are not the process's (SetWatcher)

@@ -477,6 +477,24 @@ func PeerSocket() (int, error) {
 // host's own routing to the local socket, which takes them as the
 // peer's. It returns how many the kernel took; those it did not, the
 // peer sends again.
+// PeerPacket reports whether pkt is an IPv4 TCP segment of the
+// connection local-remote as the peer sends it: from remote, to local.
+// A process of onloadd's stack writes the image these segments are kept
+// in; onloadd gives the kernel only those that pass.
+func PeerPacket(pkt []byte, local, remote netip.AddrPort) bool {
+	if len(pkt) < 20 || pkt[0]>>4 != 4 || pkt[9] != unix.IPPROTO_TCP {
+		return false
+	}
+	ihl := int(pkt[0]&0xf) * 4
+	if ihl < 20 || len(pkt) < ihl+20 {
+		return false
+	}
+	src, dst := netip.AddrFrom4([4]byte(pkt[12:16])), netip.AddrFrom4([4]byte(pkt[16:20]))
+	sport, dport := uint16(pkt[ihl])<<8|uint16(pkt[ihl+1]), uint16(pkt[ihl+2])<<8|uint16(pkt[ihl+3])
+	unmap := func(ap netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()) }
+	return netip.AddrPortFrom(src, sport) == unmap(remote) && netip.AddrPortFrom(dst, dport) == unmap(local)
+}
+
 func SendPeerPackets(fd int, pkts [][]byte) int {
 	n := 0
 	for _, pkt := range pkts {
