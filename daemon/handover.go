@@ -106,6 +106,9 @@ func (d *Daemon) handover(c *client, req *control.HandoverRequest, fd int) (*con
 		}
 		return nil, refuse(codeInvalid, "stack %d socket %#x: %v", req.Stack, req.Sock, err)
 	}
+	if errors.Is(err, stack.ErrStackBusy) {
+		return nil, refuse(codeUnavailable, "stack %d socket %#x not handed over: %v", req.Stack, req.Sock, err)
+	}
 	if gerr != nil || err != nil {
 		return nil, refuse(codeInvalid, "stack %d socket %#x: %v", req.Stack, req.Sock, errors.Join(gerr, err))
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -200,9 +201,20 @@ func (c *sock) retire(tookReservation bool) { c.shut(false, tookReservation) }
 // handover asks onloadd to hand connection id over to the kernel on fd.
 // A refusal leaves the connection as it was; a failure after it left
 // the stack wraps stack.ErrHandoverLost, as stack.Handover's does.
+//
+// It asks on a control connection of its own: on the stack's, the call
+// held the connection while onloadd waited for the stack's lock, and a
+// thread of ours that held the lock and asked onloadd for a filter
+// waited for the connection (a deadlock until the call's timeout, 10 s,
+// once in some 300 handovers of TestHandoverLateSegments).
 func (f *daemonFilters) handover(id stack.SockID, fd int) (stack.HandoverStats, error) {
 	var st stack.HandoverStats
-	rep, fds, err := f.c.Call(control.Request{Op: control.OpHandover,
+	c, err := control.Dial(f.path, filepath.Base(os.Args[0])+" (handover)")
+	if err != nil {
+		return st, fmt.Errorf("onloadd at %s: %w", f.path, err)
+	}
+	defer c.Close()
+	rep, fds, err := c.Call(control.Request{Op: control.OpHandover,
 		Handover: &control.HandoverRequest{Stack: f.stack, Sock: uint32(id)}}, fd)
 	control.CloseFDs(fds)
 	var ce *control.Error

@@ -575,10 +575,11 @@ func (s *Stack) EndHandover(id SockID) error {
 	unlock()
 	if len(late) > 0 {
 		n := s.lateSend(fd, id, late)
-		s.lock()
-		s.img.hdr.counters.TCPHandoverLate += uint64(n)
-		s.img.hdr.counters.TCPHandoverDrops += uint64(len(late) - n)
-		s.unlock()
+		if unlock, err := s.handoverLock(handoverStepWait); err == nil {
+			s.img.hdr.counters.TCPHandoverLate += uint64(n)
+			s.img.hdr.counters.TCPHandoverDrops += uint64(len(late) - n)
+			unlock()
+		}
 	}
 	return nil
 }
@@ -663,7 +664,10 @@ const handoverClaimSlack = 5 * time.Second
 // handoverClaimed is handover, the connection's only one under way.
 func (s *Stack) handoverClaimed(id SockID, fd int, writeTimeout time.Duration, orphan bool) (HandoverStats, error) {
 	var st HandoverStats
-	s.lock()
+	unlock, err := s.handoverLock(handoverFirstWait)
+	if err != nil {
+		return st, err
+	}
 	sk, err := s.handoverSockLocked(id, orphan)
 	var local netip.AddrPort
 	var reuse bool // the connection's SO_REUSEADDR (or the fd's), for its TIME-WAIT
@@ -671,7 +675,7 @@ func (s *Stack) handoverClaimed(id SockID, fd int, writeTimeout time.Duration, o
 		local = addrPort(sk.localAddr, sk.localPort)
 		reuse = sk.tflags&tfReuseAddr != 0
 	}
-	s.unlock()
+	unlock()
 	if err != nil {
 		return st, err
 	}

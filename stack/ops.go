@@ -523,10 +523,15 @@ func (s *Stack) portSharedLocked(sk *sock) bool {
 	return false
 }
 
-// LocalAddr is the socket's bound address and port.
+// LocalAddr is the socket's bound address and port. On onloadd's handle
+// it takes the lock by trylock, as a handover does (handoverLock): at most
+// a second, then ErrStackBusy.
 func (s *Stack) LocalAddr(id SockID) (netip.AddrPort, error) {
-	s.lock()
-	defer s.unlock()
+	unlock, err := s.handoverLock(handoverFirstWait)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	defer unlock()
 	sk, err := s.sockLocked(id)
 	if err != nil {
 		return netip.AddrPort{}, err
