@@ -151,10 +151,10 @@ func (w *watcher) run(d *Daemon) {
 			// the steering's control word; onloadd mirrors it.
 			ctl.SetFull(st.Overflow())
 		}
-		if st.LateWaiting() {
-			// Segments steered here before a handover ended, which a
-			// process polled and could not give the kernel's socket.
-			st.GiveLate()
+		// Segments steered here before a handover ended, which a process
+		// polled and could not give the kernel's socket.
+		if st.LateWaiting() && !w.giveLate(d) {
+			return
 		}
 		now := int64(stack.Now())
 		last := st.AppPolledAt()
@@ -201,18 +201,31 @@ func (w *watcher) run(d *Daemon) {
 // whole socket table (stack.TryCheck).
 const checkEvery = 10 * time.Millisecond
 
+// survive, deferred, turns a panic of the engine on the stack's image
+// (one that broke its checks) into the end of the watch, logged: *ok is
+// false then. The daemon goes on.
+func (w *watcher) survive(d *Daemon, ok *bool) {
+	if r := recover(); r != nil {
+		msg := fmt.Sprintf("%v", r)
+		w.err.Store(&msg)
+		d.kickReaper()
+		d.log.Error("stack watcher stopped: polling the stack's image failed", "stack", w.s.id, "panic", msg, "stack_trace", string(debug.Stack()))
+		*ok = false
+	}
+}
+
+// giveLate gives the kernel the segments of handed-over connections that
+// a process kept (stack.GiveLate), under survive.
+func (w *watcher) giveLate(d *Daemon) (ok bool) {
+	defer w.survive(d, &ok)
+	w.s.st.GiveLate()
+	return true
+}
+
 // poll polls the stack for its process. A panic (an image that broke
 // the engine's checks) ends the watch and is logged; the daemon goes on.
 func (w *watcher) poll(d *Daemon) (ok bool) {
-	defer func() {
-		if r := recover(); r != nil {
-			msg := fmt.Sprintf("%v", r)
-			w.err.Store(&msg)
-			d.kickReaper()
-			d.log.Error("stack watcher stopped: polling the stack's image failed", "stack", w.s.id, "panic", msg, "stack_trace", string(debug.Stack()))
-			ok = false
-		}
-	}()
+	defer w.survive(d, &ok)
 	before := w.s.st.CorruptSeen()
 	if polled, _, _ := w.s.st.TryPoll(); polled {
 		w.polls.Add(1)
