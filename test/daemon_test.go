@@ -2157,7 +2157,7 @@ func TestDaemonSharedStackHolderDies(t *testing.T) {
 // kernel client's echo ping-pong for 2 s), onloadd's watcher looks at the
 // stack once a grace period (1 ms) and leaves it to the process. A look
 // costs one wake-up of its thread: its sleeps are made so that the Go
-// runtime's monitor is not woken at each (watch.go, sleepPolled), which
+// runtime's monitor is not woken at each (watch.go, sleepQuiet), which
 // had cost three wake-ups of onloadd's threads a look, 3,000 a second.
 func TestDaemonBusyWatch(t *testing.T) {
 	a, sock, daemon, srv, addr := watchedEcho(t)
