@@ -98,7 +98,7 @@ func (d *Daemon) handover(c *client, req *control.HandoverRequest, fd int) (*con
 		st, done, err := s.st.AwaitHandover(id, fd, handoverWrite)
 		switch {
 		case done:
-			return &control.HandoverReply{Unread: st.Unread + st.CaughtUp, Sent: st.Sent, Unsent: st.Unsent, TookNs: st.Took.Nanoseconds()}, nil
+			return handoverReply(st), nil
 		case errors.Is(err, stack.ErrHandoverLost):
 			return nil, err
 		case err == nil:
@@ -144,7 +144,12 @@ func (d *Daemon) handover(c *client, req *control.HandoverRequest, fd int) (*con
 	d.mu.Unlock()
 	d.log.Info("connection handed over to the kernel", "stack", s.id, "local", st.Local.String(), "remote", st.Remote.String(),
 		"client", c.String(), "unread", st.Unread+st.CaughtUp, "unacked", st.Sent, "unsent", st.Unsent, "took", st.Took.String())
-	return &control.HandoverReply{Unread: st.Unread + st.CaughtUp, Sent: st.Sent, Unsent: st.Unsent, TookNs: st.Took.Nanoseconds()}, nil
+	return handoverReply(st), nil
+}
+
+// handoverReply says what a handover moved.
+func handoverReply(st stack.HandoverStats) *control.HandoverReply {
+	return &control.HandoverReply{Unread: st.Unread + st.CaughtUp, Sent: st.Sent, Unsent: st.Unsent, TookNs: st.Took.Nanoseconds()}
 }
 
 // handOverAll hands every connection of every stack over to the kernel,

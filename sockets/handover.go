@@ -127,21 +127,12 @@ func (d *Desc) Handover(kfd int) error {
 	d.hoMu.Lock()
 	defer d.hoMu.Unlock()
 	if err := d.check(nil); err != nil {
-		if d.handedTo != 0 && inode(kfd) == d.handedTo {
+		if ino, ierr := repair.SocketInode(kfd); ierr == nil && d.handedTo != 0 && ino == d.handedTo {
 			return nil
 		}
 		return err
 	}
 	return d.handoverOnLocked(kfd, false)
-}
-
-// inode is the inode of fd's file (0 if fd is not open).
-func inode(fd int) uint64 {
-	var st unix.Stat_t
-	if unix.Fstat(fd, &st) != nil {
-		return 0
-	}
-	return st.Ino
 }
 
 // handoverOnLocked hands c's connection over on fd, which the handover
@@ -186,7 +177,7 @@ func (c *sock) handoverOnLocked(fd int, own bool) error {
 		giveUp()
 		return c.engineErr("handover", err)
 	}
-	c.handedTo = inode(fd)
+	c.handedTo, _ = repair.SocketInode(fd)
 	c.retire(!own)
 	logf(levelDebug, "handed over %v->%v to the kernel in %v: %d unread (%d of them during the handover), %d unacknowledged and %d unsent bytes",
 		la, ra, st.Took, st.Unread+st.CaughtUp, st.CaughtUp, st.Sent, st.Unsent)

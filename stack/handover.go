@@ -375,9 +375,26 @@ func (s *Stack) handoverAfterLocked(sk *sock, h vnic.Handle, ipEnd int) {
 // lateSendLocked gives the kernel the segments pkts of connection id,
 // as the peer's, on the handle's raw socket, and counts them.
 func (s *Stack) lateSendLocked(id SockID, pkts [][]byte) {
-	n := s.lateSend(s.peerFD, id, pkts)
-	s.img.hdr.counters.TCPHandoverLate += uint64(n)
-	s.img.hdr.counters.TCPHandoverDrops += uint64(len(pkts) - n)
+	s.lateCountLocked(s.lateSend(s.peerFD, id, pkts), len(pkts))
+}
+
+// lateCountLocked counts late segments: sent of them given to the kernel,
+// the rest dropped.
+func (s *Stack) lateCountLocked(sent, of int) {
+	s.img.hdr.counters.TCPHandoverLate += uint64(sent)
+	s.img.hdr.counters.TCPHandoverDrops += uint64(of - sent)
+}
+
+// peerSocketLocked makes the handle's raw socket for late segments, in
+// the calling thread's network namespace, unless it has one, and returns
+// it (-1 if it cannot: a process that may not).
+func (s *Stack) peerSocketLocked() int {
+	if s.peerFD < 0 {
+		if fd, err := repair.PeerSocket(); err == nil {
+			s.peerFD = fd
+		}
+	}
+	return s.peerFD
 }
 
 // lateSend sends on raw socket fd, of pkts, those of connection id as
@@ -456,12 +473,7 @@ func (s *Stack) GiveLate() {
 		return
 	}
 	s.lockedLocked()
-	if s.peerFD < 0 {
-		if fd, err := repair.PeerSocket(); err == nil {
-			s.peerFD = fd
-		}
-	}
-	if s.peerFD >= 0 {
+	if s.peerSocketLocked() >= 0 {
 		for i := uint32(0); i < s.img.hdr.sockHigh && i < uint32(len(s.img.socks)) && s.LateWaiting(); i++ {
 			if sk := &s.img.socks[i]; sk.kind == kindTCP && sk.state == tcpHandedOver && sk.flags&sfLateKept != 0 {
 				s.lateSendLocked(s.idOf(sk), s.lateKeptTakeLocked(sk))
@@ -564,20 +576,14 @@ func (s *Stack) EndHandover(id SockID) error {
 	// retransmission timeout (200 ms on Linux).
 	s.pollLocked()
 	late := s.handoverLateTakeLocked(sk)
-	if s.peerFD < 0 {
-		// The caller's thread is in the stack's network namespace (it
-		// made the kernel socket there).
-		if fd, err := repair.PeerSocket(); err == nil {
-			s.peerFD = fd
-		}
-	}
-	fd := s.peerFD
+	// The caller's thread is in the stack's network namespace (it made
+	// the kernel socket there).
+	fd := s.peerSocketLocked()
 	unlock()
 	if len(late) > 0 {
 		n := s.lateSend(fd, id, late)
 		if unlock, err := s.handoverLock(handoverStepWait); err == nil {
-			s.img.hdr.counters.TCPHandoverLate += uint64(n)
-			s.img.hdr.counters.TCPHandoverDrops += uint64(len(late) - n)
+			s.lateCountLocked(n, len(late))
 			unlock()
 		}
 	}

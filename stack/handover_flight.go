@@ -3,12 +3,11 @@ package stack
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/xdp-onload/onload/internal/repair"
 )
 
 // One handover of a connection at a time. Two at once, on one kernel
@@ -126,12 +125,11 @@ func (s *Stack) awaitFlight(id SockID, ino uint64, deadline time.Time) (st Hando
 	return st, false, nil
 }
 
-// sockInode is the inode of fd's file: two descriptors of one socket
-// (a process's and its child's) have the same.
+// sockInode is repair.SocketInode, its error said of the handover.
 func sockInode(fd int) (uint64, error) {
-	var stat unix.Stat_t
-	if err := unix.Fstat(fd, &stat); err != nil {
-		return 0, fmt.Errorf("handover: the kernel socket: %w", os.NewSyscallError("fstat", err))
+	ino, err := repair.SocketInode(fd)
+	if err != nil {
+		return 0, fmt.Errorf("handover: the kernel socket: %w", err)
 	}
-	return stat.Ino, nil
+	return ino, nil
 }

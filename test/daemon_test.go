@@ -2017,12 +2017,8 @@ func wakeCost(t *testing.T) time.Duration {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		read := func() time.Duration {
-			b, err := os.ReadFile("/proc/thread-self/schedstat")
-			var ns int64
-			if err == nil {
-				fmt.Sscan(string(b), &ns)
-			}
-			return time.Duration(ns)
+			run, _, _, _ := schedstat("/proc/thread-self/schedstat")
+			return run
 		}
 		ts := unix.NsecToTimespec(int64(50 * time.Millisecond))
 		before := read()

@@ -187,14 +187,7 @@ func TestHandoverLibrary(t *testing.T) {
 	// On a stack from onloadd, onloadd repairs (the process may not).
 	t.Run("onloadd", func(t *testing.T) {
 		p := FaultyPath(t, PathConfig{Seed: 8})
-		dir, _ := daemonDir(t)
-		sock, _ := startDaemon(t, p.B, dir)
-		cfg, err := sockets.DefaultConfig(sockets.Balanced)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Daemon, cfg.DaemonSocket = "require", sock
-		s := ourSocketsConfig(t, p.B, cfg)
+		s, sock := onloaddSockets(t, p.B)
 		for _, weDial := range []bool{true, false} {
 			t.Run(map[bool]string{true: "dialled", false: "accepted"}[weDial], func(t *testing.T) {
 				handoverMidTransfer(t, p, s, weDial, vnic.Impairment{}, n)
@@ -773,14 +766,7 @@ func TestHandoverSharedPort(t *testing.T) {
 		t.Cleanup(func() { ln.Close() })
 		lns = append(lns, ln)
 	}
-	dir, _ := daemonDir(t)
-	sock, _ := startDaemon(t, a, dir)
-	cfg, err := sockets.DefaultConfig(sockets.Balanced)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Daemon, cfg.DaemonSocket = "require", sock
-	s := ourSocketsConfig(t, a, cfg)
+	s, _ := onloaddSockets(t, a)
 	dial := func(ln net.Listener) (*sockets.TCPConn, int) {
 		t.Helper()
 		var c net.Conn
@@ -901,14 +887,8 @@ func TestHandoverLateSegments(t *testing.T) {
 	// asks on a connection of its own, and onloadd only trylocks).
 	t.Run("onloadd", func(t *testing.T) {
 		a, b := Pair(t, LinkOptions{})
-		dir, _ := daemonDir(t)
-		sock, _ := startDaemon(t, b, dir)
-		cfg, err := sockets.DefaultConfig(sockets.Balanced)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Daemon, cfg.DaemonSocket = "require", sock
-		run(t, a, b, ourSocketsConfig(t, b, cfg), 200)
+		s, _ := onloaddSockets(t, b)
+		run(t, a, b, s, 200)
 	})
 }
 

@@ -1,7 +1,9 @@
 package test
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"time"
@@ -13,7 +15,23 @@ import (
 type ThreadCPU struct {
 	TID    int
 	Run    time.Duration // time on a processor
+	Delay  time.Duration // time waiting for one (run_delay)
 	Slices int64         // times it was given one
+}
+
+// schedstat reads a schedstat file (/proc/.../schedstat): a thread's time
+// on a processor, its time waiting for one, and how many times it was
+// given one.
+func schedstat(path string) (run, delay time.Duration, slices int64, err error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	var ns, wait int64
+	if _, err := fmt.Sscan(string(b), &ns, &wait, &slices); err != nil {
+		return 0, 0, 0, fmt.Errorf("%s: %q: %w", path, b, err)
+	}
+	return time.Duration(ns), time.Duration(wait), slices, nil
 }
 
 // ThreadsCPU reads the CPU each of pid's threads has run so far. A thread
@@ -30,15 +48,14 @@ func ThreadsCPU(pid int) ([]ThreadCPU, error) {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(dir + "/" + task.Name() + "/schedstat")
-		if err != nil {
+		run, delay, n, err := schedstat(dir + "/" + task.Name() + "/schedstat")
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
 			continue // the thread ended meanwhile
 		}
-		var ns, wait, n int64
-		if _, err := fmt.Sscan(string(b), &ns, &wait, &n); err != nil {
-			return nil, fmt.Errorf("%s/%s/schedstat: %q: %w", dir, task.Name(), b, err)
+		if err != nil {
+			return nil, err
 		}
-		out = append(out, ThreadCPU{TID: tid, Run: time.Duration(ns), Slices: n})
+		out = append(out, ThreadCPU{TID: tid, Run: run, Delay: delay, Slices: n})
 	}
 	return out, nil
 }

@@ -37,6 +37,21 @@ func ourSocketsConfig(t *testing.T, h *Host, cfg sockets.Config) *sockets.Stack 
 	return s
 }
 
+// onloaddSockets starts onloadd in host h and opens a stack of the
+// balanced profile from it there (onloadd repairs its handovers); sock
+// is onloadd's control socket.
+func onloaddSockets(t *testing.T, h *Host) (s *sockets.Stack, sock string) {
+	t.Helper()
+	dir, _ := daemonDir(t)
+	sock, _ = startDaemon(t, h, dir)
+	cfg, err := sockets.DefaultConfig(sockets.Balanced)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Daemon, cfg.DaemonSocket = "require", sock
+	return ourSocketsConfig(t, h, cfg), sock
+}
+
 // kernelPipe connects our stack on host b with the kernel of host a: our
 // side dials when weDial, else the kernel does. c1 is ours.
 func kernelPipe(a, b *Host, s *sockets.Stack, weDial bool) (c1, c2 net.Conn, stop func(), err error) {

@@ -197,29 +197,12 @@ func (k machineKept) String() string {
 		k.poller.Round(time.Millisecond), k.softirq.Round(time.Millisecond), k.threads.Round(time.Millisecond), k.stolen)
 }
 
-// runDelay reads a schedstat file's run_delay: how long its thread has
-// waited for a CPU in all; false if the file cannot be read.
-func runDelay(path string) (time.Duration, bool) {
-	var run, delay uint64
-	b, err := os.ReadFile(path)
-	if err == nil {
-		_, err = fmt.Sscan(string(b), &run, &delay)
-	}
-	return time.Duration(delay), err == nil
-}
-
 // threadDelays reads run_delay of each of this process's threads.
 func threadDelays() map[int64]time.Duration {
-	tasks, _ := os.ReadDir("/proc/self/task")
-	m := make(map[int64]time.Duration, len(tasks))
-	for _, d := range tasks {
-		tid, err := strconv.ParseInt(d.Name(), 10, 64)
-		if err != nil {
-			continue
-		}
-		if delay, ok := runDelay("/proc/self/task/" + d.Name() + "/schedstat"); ok {
-			m[tid] = delay
-		}
+	threads, _ := ThreadsCPU(os.Getpid())
+	m := make(map[int64]time.Duration, len(threads))
+	for _, th := range threads {
+		m[int64(th.TID)] = th.Delay
 	}
 	return m
 }
@@ -254,7 +237,7 @@ func (m *machineWaits) sample(now time.Time) {
 		}
 	}
 	for _, path := range m.softirqd {
-		delay, _ := runDelay(path)
+		_, delay, _, _ := schedstat(path)
 		x.softirq = append(x.softirq, delay)
 	}
 	x.threads = threadDelays()

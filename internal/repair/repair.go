@@ -477,6 +477,16 @@ func PeerSocket() (int, error) {
 // host's own routing to the local socket, which takes them as the
 // peer's. It returns how many the kernel took; those it did not, the
 // peer sends again.
+// SocketInode is the inode of fd's file: two descriptors of one socket
+// (a process's and its child's) have the same.
+func SocketInode(fd int) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, os.NewSyscallError("fstat", err)
+	}
+	return st.Ino, nil
+}
+
 // PeerPacket reports whether pkt is an IPv4 TCP segment of the
 // connection local-remote as the peer sends it: from remote, to local.
 // A process of onloadd's stack writes the image these segments are kept
