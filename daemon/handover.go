@@ -84,12 +84,18 @@ func (d *Daemon) handover(c *client, req *control.HandoverRequest, fd int) (*con
 		return nil, err
 	}
 	id := stack.SockID(req.Sock)
-	var local netip.AddrPort
+	var st stack.HandoverStats
 	var taken bool
-	gerr := guard(func() {
-		local, err = s.st.LocalAddr(id)
+	may := func(local netip.AddrPort) error { return d.mayRepair(s, local, fd) }
+	if gerr := guard(func() {
+		st, err = s.st.HandoverChecked(id, fd, handoverWrite, may)
 		taken = errors.Is(err, stack.ErrBadSocket) && s.st.HandedOver(id)
-	})
+	}); gerr != nil {
+		d.mu.Lock()
+		d.quarantineLocked(s, "handing a connection over: "+gerr.Error())
+		d.mu.Unlock()
+		return nil, gerr
+	}
 	if taken {
 		// Another handover took the connection from the stack as this
 		// request came (a process closing its copy for the child it
@@ -106,24 +112,13 @@ func (d *Daemon) handover(c *client, req *control.HandoverRequest, fd int) (*con
 		}
 		return nil, refuse(codeInvalid, "stack %d socket %#x: %v", req.Stack, req.Sock, err)
 	}
-	if errors.Is(err, stack.ErrStackBusy) {
-		return nil, refuse(codeUnavailable, "stack %d socket %#x not handed over: %v", req.Stack, req.Sock, err)
-	}
-	if gerr != nil || err != nil {
-		return nil, refuse(codeInvalid, "stack %d socket %#x: %v", req.Stack, req.Sock, errors.Join(gerr, err))
-	}
-	if err := d.mayRepair(s, local, fd); err != nil {
+	var r *refusal
+	if errors.As(err, &r) {
+		// mayRepair's: nothing changed.
 		return nil, err
 	}
-	var st stack.HandoverStats
-	if gerr := guard(func() { st, err = s.st.Handover(id, fd, handoverWrite) }); gerr != nil {
-		d.mu.Lock()
-		d.quarantineLocked(s, "handing a connection over: "+gerr.Error())
-		d.mu.Unlock()
-		return nil, gerr
-	}
 	switch {
-	case errors.Is(err, stack.ErrBadSocket), errors.Is(err, stack.ErrHandoverState):
+	case errors.Is(err, stack.ErrBadSocket), errors.Is(err, stack.ErrHandoverState), errors.Is(err, stack.ErrHandoverMoved):
 		return nil, refuse(codeInvalid, "stack %d socket %#x: %v", req.Stack, req.Sock, err)
 	case errors.Is(err, repair.ErrPermission):
 		return nil, refuse(codeUnavailable, "onloadd cannot repair sockets: %v", err)
@@ -230,11 +225,14 @@ func (d *Daemon) handOverOne(s *dstack, c stack.Candidate) error {
 		return fmt.Errorf("fd %d of process %d: %w", c.FD, c.PID, err)
 	}
 	defer unix.Close(fd)
-	if err := d.mayRepair(s, c.Local, fd); err != nil {
-		return fmt.Errorf("fd %d of process %d: %w", c.FD, c.PID, err)
+	may := func(local netip.AddrPort) error {
+		if err := d.mayRepair(s, local, fd); err != nil {
+			return fmt.Errorf("fd %d of process %d: %w", c.FD, c.PID, err)
+		}
+		return nil
 	}
 	var herr error
-	if err := guard(func() { _, herr = s.st.Handover(c.ID, fd, handoverWrite) }); err != nil {
+	if err := guard(func() { _, herr = s.st.HandoverChecked(c.ID, fd, handoverWrite, may) }); err != nil {
 		return err
 	}
 	return herr

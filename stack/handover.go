@@ -128,12 +128,21 @@ var errCorruptQueue = errors.New("a queue of the socket is corrupt in the stack 
 // state for repair.Restore. The socket's ID stays valid for
 // EndHandover or AbortHandover and nothing else.
 func (s *Stack) BeginHandover(id SockID) (*repair.Conn, error) {
-	return s.beginHandover(id, false)
+	return s.beginHandover(id, false, netip.AddrPort{})
 }
 
+// ErrHandoverMoved refuses a handover whose connection's local address
+// changed in the image after the handover read it (and checked it, and
+// bound the kernel socket to it): only a process writing its image could
+// do that. The connection is still the stack's.
+var ErrHandoverMoved = errors.New("the connection's local address changed in the stack image during its handover")
+
 // beginHandover is BeginHandover, of a connection its user has closed
-// too if orphan (one still delivering its data and FIN).
-func (s *Stack) beginHandover(id SockID, orphan bool) (*repair.Conn, error) {
+// too if orphan (one still delivering its data and FIN). If want is
+// valid, the connection's local address must still be it: the address
+// the handover checked and bound the kernel socket to is the one whose
+// flow it pins.
+func (s *Stack) beginHandover(id SockID, orphan bool, want netip.AddrPort) (*repair.Conn, error) {
 	unlock, err := s.handoverLock(handoverFirstWait)
 	if err != nil {
 		return nil, err
@@ -147,6 +156,9 @@ func (s *Stack) beginHandover(id SockID, orphan bool) (*repair.Conn, error) {
 		return nil, ErrHandoverState
 	}
 	local, remote := addrPort(sk.localAddr, sk.localPort), addrPort(sk.remoteAddr, sk.remotePort)
+	if want.IsValid() && local != want {
+		return nil, fmt.Errorf("%w (%v, was %v)", ErrHandoverMoved, local, want)
+	}
 	if pin, ok := s.filters.(FlowPinner); ok {
 		if err := pin.PinFlow(TCP, local, remote); err != nil {
 			return nil, fmt.Errorf("pin the flow for the handover: %w", err)
@@ -641,7 +653,19 @@ var ErrHandoverLost = errors.New("the connection was reset")
 // gone; any other means it is still the stack's. fd's blocking mode is
 // kept; the bytes not yet sent are written within writeTimeout.
 func (s *Stack) Handover(id SockID, fd int, writeTimeout time.Duration) (HandoverStats, error) {
-	return s.handover(id, fd, writeTimeout, false)
+	return s.handover(id, fd, writeTimeout, false, nil)
+}
+
+// HandoverChecked is Handover for a caller that does not trust the
+// image (onloadd, which repairs with its own privilege): check is given
+// the connection's local address as the handover read it, before
+// anything changes, and an error from it refuses the handover (returned
+// wrapped). The address checked is the one the kernel socket is bound
+// to and the flow pinned for: if the image changes it after the check,
+// the handover is refused (ErrHandoverMoved). check runs without the
+// stack's lock.
+func (s *Stack) HandoverChecked(id SockID, fd int, writeTimeout time.Duration, check func(local netip.AddrPort) error) (HandoverStats, error) {
+	return s.handover(id, fd, writeTimeout, false, check)
 }
 
 // HandoverOrphan is Handover of a connection its user has closed, still
@@ -649,16 +673,16 @@ func (s *Stack) Handover(id SockID, fd int, writeTimeout time.Duration) (Handove
 // made for it: a process that exits hands such connections to the
 // kernel, which finishes them after it is gone.
 func (s *Stack) HandoverOrphan(id SockID, fd int, writeTimeout time.Duration) (HandoverStats, error) {
-	return s.handover(id, fd, writeTimeout, true)
+	return s.handover(id, fd, writeTimeout, true, nil)
 }
 
-func (s *Stack) handover(id SockID, fd int, writeTimeout time.Duration, orphan bool) (st HandoverStats, err error) {
+func (s *Stack) handover(id SockID, fd int, writeTimeout time.Duration, orphan bool, check func(netip.AddrPort) error) (st HandoverStats, err error) {
 	land, st, err := s.handoverClaim(id, fd, writeTimeout+handoverClaimSlack)
 	if land == nil {
 		return st, err
 	}
 	defer func() { land(st, err) }()
-	return s.handoverClaimed(id, fd, writeTimeout, orphan)
+	return s.handoverClaimed(id, fd, writeTimeout, orphan, check)
 }
 
 // handoverClaimSlack is how much longer than its write timeout a
@@ -668,7 +692,7 @@ func (s *Stack) handover(id SockID, fd int, writeTimeout time.Duration, orphan b
 const handoverClaimSlack = 5 * time.Second
 
 // handoverClaimed is handover, the connection's only one under way.
-func (s *Stack) handoverClaimed(id SockID, fd int, writeTimeout time.Duration, orphan bool) (HandoverStats, error) {
+func (s *Stack) handoverClaimed(id SockID, fd int, writeTimeout time.Duration, orphan bool, check func(netip.AddrPort) error) (HandoverStats, error) {
 	var st HandoverStats
 	unlock, err := s.handoverLock(handoverFirstWait)
 	if err != nil {
@@ -685,12 +709,17 @@ func (s *Stack) handoverClaimed(id SockID, fd int, writeTimeout time.Duration, o
 	if err != nil {
 		return st, err
 	}
+	if check != nil {
+		if err := check(local); err != nil {
+			return st, fmt.Errorf("connection from %v: %w", local, err)
+		}
+	}
 	fdReuse, err := repair.Prepare(fd, local)
 	if err != nil {
 		return st, err
 	}
 	start := time.Now()
-	c, err := s.beginHandover(id, orphan)
+	c, err := s.beginHandover(id, orphan, local)
 	if err != nil {
 		repair.Abandon(fd, fdReuse)
 		return st, err

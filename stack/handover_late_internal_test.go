@@ -23,18 +23,7 @@ import (
 // The test runs in a network namespace of its own, with a's address on
 // its loopback: what the raw socket sends stays there.
 func TestLateKeptForAnotherHandle(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: a network namespace and a raw socket")
-	}
-	runtime.LockOSThread() // never unlocked: the thread ends with the test
-	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		t.Skipf("no network namespace of its own: %v", err)
-	}
-	for _, args := range [][]string{{"link", "set", "lo", "up"}, {"addr", "add", "198.18.0.1/32", "dev", "lo"}} {
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v\n%s", args, err, out)
-		}
-	}
+	ownNetns(t, "a raw socket")
 	a, b, ma := memStacks(t, nil)
 	h := Attach(a.img, ma, Options{}) // another process's handle on a
 	// connect makes a connection from b to a and hands a's end over,
@@ -104,5 +93,26 @@ func TestLateKeptForAnotherHandle(t *testing.T) {
 	c2 := a.Counters()
 	if c2.TCPHandoverDrops-c1.TCPHandoverDrops != 1 || c2.TCPHandoverLate != c1.TCPHandoverLate {
 		t.Fatalf("at the grace's end: dropped %d, given %d; want the kept segment dropped", c2.TCPHandoverDrops-c1.TCPHandoverDrops, c2.TCPHandoverLate-c1.TCPHandoverLate)
+	}
+}
+
+// ownNetns moves the test's goroutine, locked to its thread for good (the
+// thread ends with the test), into a network namespace of its own with
+// memStacks' a address (198.18.0.1) on its loopback: what a test's kernel
+// sockets, raw or repaired, send stays there. It skips the test without
+// root (for why: the test's need of it).
+func ownNetns(t *testing.T, why string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skipf("needs root: a network namespace and %s", why)
+	}
+	runtime.LockOSThread()
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		t.Skipf("no network namespace of its own: %v", err)
+	}
+	for _, args := range [][]string{{"link", "set", "lo", "up"}, {"addr", "add", "198.18.0.1/32", "dev", "lo"}} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v\n%s", args, err, out)
+		}
 	}
 }

@@ -523,15 +523,10 @@ func (s *Stack) portSharedLocked(sk *sock) bool {
 	return false
 }
 
-// LocalAddr is the socket's bound address and port. On onloadd's handle
-// it takes the lock by trylock, as a handover does (handoverLock): at most
-// a second, then ErrStackBusy.
+// LocalAddr is the socket's bound address and port.
 func (s *Stack) LocalAddr(id SockID) (netip.AddrPort, error) {
-	unlock, err := s.handoverLock(handoverFirstWait)
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	defer unlock()
+	s.lock()
+	defer s.unlock()
 	sk, err := s.sockLocked(id)
 	if err != nil {
 		return netip.AddrPort{}, err
