@@ -215,7 +215,7 @@ int load_core(void)
 	int ok = lib != NULL;
 #define SYM(name) do { if (ok && !(*(void **)&core.name = dlsym(lib, "onl_" #name))) ok = 0; } while (0)
 	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send); SYM(kick);
-	SYM(events); SYM(ready); SYM(arm); SYM(arm_ready); SYM(disarm_ready); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(forget_efd); SYM(thread); SYM(resched); SYM(spin_ns); SYM(try_spin);
+	SYM(events); SYM(ready); SYM(arm); SYM(arm_ready); SYM(disarm_ready); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(forget_efd); SYM(thread); SYM(thread_gone); SYM(resched); SYM(spin_ns); SYM(try_spin);
 	SYM(end_spin); SYM(close); SYM(shutdown); SYM(retire_listener);
 	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
 	SYM(handover_info); SYM(handover); SYM(handed_over); SYM(exit); SYM(own_stack); SYM(init);

@@ -173,6 +173,7 @@ struct core_fns {
 	void (*take_remote)(void);
 	void (*forget_efd)(int);
 	void (*thread)(void);
+	void (*thread_gone)(void);
 	void (*resched)(void);
 	int (*retire_listener)(int);
 	long (*spin_ns)(void);

@@ -53,6 +53,14 @@ void thread_exit(void *p)
 		real_close(t_tee[1]);
 		t_tee[0] = t_tee[1] = -1;
 	}
+	if (t_alt) {
+		/* The core counted the thread at its first call (onl_thread).
+		 * t_alt stays set through the call: core_enter would count
+		 * the thread again. */
+		if (core_state == 1 && !after_fork)
+			CORE_VOID(core.thread_gone());
+		t_alt = 0;
+	}
 	stack_t ss;
 	if (t_alt_mem && sigaltstack(NULL, &ss) == 0 && ss.ss_sp == t_alt_mem && !(ss.ss_flags & SS_ONSTACK)) {
 		ss.ss_flags = SS_DISABLE;
@@ -63,7 +71,8 @@ void thread_exit(void *p)
 }
 
 /* thread_altstack runs at a thread's first call into the core: the core
- * counts the thread (onl_thread) and the thread gets a signal stack. */
+ * counts the thread (onl_thread, until thread_exit's onl_thread_gone)
+ * and the thread gets a signal stack. */
 static void install_altstack(void)
 {
 	stack_t ss;
@@ -84,6 +93,7 @@ static void install_altstack(void)
 void thread_altstack(void)
 {
 	t_alt = 1;
+	thread_ends(); /* thread_exit uncounts it */
 	/* The stack first: the thread's first call into Go installs the
 	 * runtime's own 32 KiB signal stack on a thread that has none, and
 	 * this one was then never installed. */

@@ -629,6 +629,20 @@ func TestShimThreadExitKicks(t *testing.T) {
 	if owed > rounds/4 {
 		t.Fatalf("the stack's Sleeper gave %d of %d rounds' held kicks (median echo %.0f us under the shim, %.0f us on the kernel): the thread that sent did not give its kick as it ended", owed, rounds, shim, kernel)
 	}
+	// The 40 threads, each ended before the next began, leave the core
+	// a processor or two beyond the CPUs (the main thread's, and one
+	// for each thread in the stack at once), not one for each thread
+	// that ever called it (onl_thread_gone).
+	m = regexp.MustCompile(`at exit: (\d+) threads of the program in the stack; GOMAXPROCS (\d+), the CPUs' (\d+)`).FindStringSubmatch(log)
+	if m == nil {
+		t.Fatalf("the shim's exit log has no count of threads and processors:\n%s", log)
+	}
+	live, _ := strconv.Atoi(m[1])
+	procs, _ := strconv.Atoi(m[2])
+	cpus, _ := strconv.Atoi(m[3])
+	if live != 1 || procs-cpus > 4 {
+		t.Fatalf("after %d threads came and went: %d threads counted at exit (want the main one), GOMAXPROCS %d on %d CPUs (want at most 4 more)", rounds+1, live, procs, cpus)
+	}
 }
 
 // kernelListener is a kernel TCP listener in host h, on its address and a
@@ -1505,7 +1519,7 @@ func peerRecvBufferMax(t *testing.T, h *Host) int {
 	return n
 }
 
-var threadProcs = regexp.MustCompile(`(\d+) threads of the program have called the stack; GOMAXPROCS (\d+)`)
+var threadProcs = regexp.MustCompile(`(\d+) threads of the program in the stack; GOMAXPROCS (\d+)`)
 
 // TestShimIperf3 runs iperf3's client under the shim against the
 // kernel's iperf3 server: the test completes, and the server received

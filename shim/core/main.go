@@ -548,17 +548,58 @@ func onl_forget_efd(efd C.int) {
 // processors (memcached -t 2 on two CPUs), every other thread's call,
 // and every goroutine of the stack's (the Sleeper), waited for that
 // tick, and the monitor ran every 20 µs taking processors back and
-// signalling threads. So the core gives the program's threads a
-// processor each beyond the CPUs' (up to maxThreadProcs more), unless
-// the user set GOMAXPROCS.
-const maxThreadProcs = 64
+// signalling threads. So the core gives the program's live threads that
+// have called it a processor each beyond the CPUs' (up to
+// maxThreadProcs more), unless the user set GOMAXPROCS.
+//
+// Each change of GOMAXPROCS stops the world, so the extra processors go
+// up in powers of two (a program that starts 40 threads changes it six
+// times, not 40) and come down only when the threads have fallen to a
+// quarter of them, to twice the threads left, never below
+// minThreadProcs: a thread-a-connection server whose threads come and go
+// changes nothing once it has its processors. Before, they were never
+// taken back: 41 threads one after another left 43 processors on two
+// CPUs, a garbage collection then running 10 workers of its own.
+const (
+	maxThreadProcs = 64
+	minThreadProcs = 4
+)
 
 var (
 	threadsMu sync.Mutex
-	threads   int
+	threads   int // live program threads that have called the core
 	baseProcs = runtime.GOMAXPROCS(0)
 	userProcs = os.Getenv("GOMAXPROCS") != ""
 )
+
+// threadProcs is the processors beyond the CPUs' that extra, the
+// current number, should become for n live threads.
+func threadProcs(n, extra int) int {
+	if n > extra {
+		p := 1
+		for p < n {
+			p *= 2
+		}
+		return min(p, maxThreadProcs)
+	}
+	if extra > minThreadProcs && 4*n <= extra {
+		return max(2*n, minThreadProcs)
+	}
+	return extra
+}
+
+// setThreadProcsLocked sets GOMAXPROCS for the live threads, if that
+// changes it.
+func setThreadProcsLocked() {
+	if userProcs {
+		return
+	}
+	extra := runtime.GOMAXPROCS(0) - baseProcs
+	if want := threadProcs(threads, extra); want != extra {
+		runtime.GOMAXPROCS(baseProcs + want)
+		sockets.LogDebug("%d threads of the program in the stack; GOMAXPROCS %d", threads, baseProcs+want)
+	}
+}
 
 // onl_thread counts a program thread at its first call into the core.
 //
@@ -567,10 +608,19 @@ func onl_thread() {
 	threadsMu.Lock()
 	defer threadsMu.Unlock()
 	threads++
-	if want := baseProcs + min(threads, maxThreadProcs); !userProcs && want > runtime.GOMAXPROCS(0) {
-		runtime.GOMAXPROCS(want)
+	setThreadProcsLocked()
+}
+
+// onl_thread_gone uncounts a thread onl_thread counted, as it ends.
+//
+//export onl_thread_gone
+func onl_thread_gone() {
+	threadsMu.Lock()
+	defer threadsMu.Unlock()
+	if threads > 0 {
+		threads--
 	}
-	sockets.LogDebug("%d threads of the program have called the stack; GOMAXPROCS %d", threads, runtime.GOMAXPROCS(0))
+	setThreadProcsLocked()
 }
 
 // onl_resched gives the calling thread's Go processor a turn of the
@@ -652,6 +702,9 @@ func onl_exit() {
 		return
 	}
 	sockets.LogDebug("at exit: sleeper %+v", stk.Sleeper().Stats())
+	threadsMu.Lock()
+	sockets.LogDebug("at exit: %d threads of the program in the stack; GOMAXPROCS %d, the CPUs' %d", threads, runtime.GOMAXPROCS(0), baseProcs)
+	threadsMu.Unlock()
 	sockets.LogDebug("at exit: %s", stk.NICDump())
 	if err := stk.Finish(exitLinger); err != nil {
 		sockets.LogError("exit: %v", err)
