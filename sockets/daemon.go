@@ -116,7 +116,7 @@ func openDaemon(cfg Config) (*Stack, error) {
 	undo = append(undo, irq.Close)
 	filters := &daemonFilters{c: cl, stack: sr.ID, path: path, proofs: map[proofKey]proof{}, steered: map[proofKey]bool{}, conns: map[uint16]bool{}}
 	undo = append(undo, filters.close)
-	s, err := attachStack(img, nic, irq, cfg, addr, stack.Options{Filters: filters, Resolver: kn})
+	s, err := attachStack(img, nic, irq, cfg, addr, stack.Options{Filters: filters, Resolver: kn, BadChecksum: checksumWarning(sr.Interface)})
 	if err != nil {
 		return fail(err)
 	}

@@ -115,9 +115,10 @@ func Open(cfg Config) (*Stack, error) {
 	}
 	undo = append(undo, irq.Close)
 	s, err := newStack(nic, irq, sc, cfg, stack.Options{
-		Filters:  stack.SteeringFilters{Steering: steer, Stack: standaloneStack},
-		Resolver: kn,
-		Overflow: overflowTo(ctl),
+		Filters:     stack.SteeringFilters{Steering: steer, Stack: standaloneStack},
+		Resolver:    kn,
+		Overflow:    overflowTo(ctl),
+		BadChecksum: checksumWarning(ifname),
 	})
 	if err != nil {
 		return fail(err)
@@ -266,5 +267,22 @@ func overflowTo(ctl bpf.Control) func(bool) {
 			warned = true
 			logf(levelInfo, "the stack's socket table is nearly full of connections: new connections go to the kernel (not accelerated) until it has room; raise ONLOAD_SOCKETS to accelerate more")
 		}
+	}
+}
+
+// checksumWarning is the stack's Options.BadChecksum on interface
+// ifname: on a veth, the first segment with a wrong checksum is most
+// likely the first of all of them, and the user is told why and what to
+// do (a veth has no hardware to finish the checksums its peer's kernel
+// leaves partial; the kernel's own sockets never check them). On other
+// interfaces a wrong checksum is the wire's, counted and not logged.
+func checksumWarning(ifname string) func() {
+	if drv, err := ethtool.Driver(ifname); err != nil || drv != "veth" {
+		return nil
+	}
+	return func() {
+		logf(levelError, "interface %s: TCP/UDP segments arrive with wrong checksums and are dropped (the stack answers none of them): "+
+			"the kernel at the other end of this veth leaves its checksums to an offload that a veth never finishes; "+
+			"turn it off there: ethtool -K <the peer interface> tx off", ifname)
 	}
 }

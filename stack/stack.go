@@ -85,6 +85,7 @@ type Stack struct {
 	img       *Image
 	nic       vnic.NIC
 	overflow  func(bool)      // Options.Overflow
+	badCsum   func()          // Options.BadChecksum, until its call
 	kicks     vnic.KickHolder // nic, if its kicks can be held (SendMore, RecvMore)
 	late      vnic.LateKicker // nic, if it leaves its kicks for after the lock
 	pool      *vnic.Pool
@@ -188,6 +189,13 @@ type Options struct {
 	// program gives new connections to the listeners' kernel halves
 	// (bpf.Control.SetFull). It must not block or call into the stack.
 	Overflow func(full bool)
+	// BadChecksum, if set, is called once, with the stack lock held, at
+	// the first TCP segment or UDP datagram this handle drops for a
+	// wrong checksum (counted RxTCPBadChecksum, RxUDPBadChecksum): on a
+	// veth whose peer leaves its checksums to an offload, every one is
+	// wrong, and the stack answers nothing. It must not block or call
+	// into the stack.
+	BadChecksum func()
 }
 
 // New makes a stack over nic: a new image, configured by cfg.
@@ -242,7 +250,8 @@ func newStack(img *Image, nic vnic.NIC, opt Options) *Stack {
 		id:      uint64(os.Getpid())<<32 | stackIDs.Add(1),
 		reserve: max(16, nic.Pool().Count()/32),
 		img:     img, nic: nic, pool: nic.Pool(), filters: opt.Filters, resolver: opt.Resolver, overflow: opt.Overflow,
-		tickNs: int64(img.hdr.tickNs), tickRecip: recip(img.hdr.tickNs), fast: newClock(), mtu: int(img.hdr.mtu),
+		badCsum: opt.BadChecksum,
+		tickNs:  int64(img.hdr.tickNs), tickRecip: recip(img.hdr.tickNs), fast: newClock(), mtu: int(img.hdr.mtu),
 		maxMTU: frameMTU(nic), rxDepth: nic.Info().RxDepth,
 		rx: make([]vnic.Handle, rxBudget), batchBuf: make([]SockID, 0, rxBudget), tx: make([]vnic.Handle, 0, 256), txKeep: make([]vnic.Handle, 0, 256),
 		loop: make([]vnic.Handle, 0, maxLoop), loopIn: make([]vnic.Handle, 0, maxLoop),

@@ -50,6 +50,7 @@ func (s *Stack) tcpInputLocked(h vnic.Handle, p *ipPacket) {
 	}
 	if checksum.Checksum(t, pseudoSum(p.src, p.dst, 6, len(t))) != 0xffff {
 		c.RxTCPBadChecksum++
+		s.badChecksumLocked()
 		s.pool.Free(h)
 		return
 	}

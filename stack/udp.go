@@ -36,6 +36,7 @@ func (s *Stack) udpInputLocked(h vnic.Handle, p *ipPacket) {
 	u = u[:ulen]
 	if binary.BigEndian.Uint16(u[6:]) != 0 && checksum.Checksum(u, pseudoSum(p.src, p.dst, 17, ulen)) != 0xffff {
 		c.RxUDPBadChecksum++
+		s.badChecksumLocked()
 		s.pool.Free(h)
 		return
 	}
@@ -142,4 +143,12 @@ func (s *Stack) udpRecvLocked(sk *sock, buf []byte, peek bool) (int, netip.AddrP
 		s.pool.Free(s.dequeueRcvLocked(sk))
 	}
 	return n, from, nil
+}
+
+// badChecksumLocked calls Options.BadChecksum, the first time only.
+func (s *Stack) badChecksumLocked() {
+	if f := s.badCsum; f != nil {
+		s.badCsum = nil
+		f()
+	}
 }
