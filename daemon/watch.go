@@ -36,6 +36,17 @@ const minTakeover = 100 * time.Microsecond
 // it looks at the stack's timers again now and then.
 const maxIdleWait = time.Second
 
+// lateLookEvery bounds a wait of the watcher of an idle stack while a
+// handover's grace lasts (stack.InHandoverGrace): a late segment a
+// process kept in the moment the wait began waits at most this for
+// GiveLate, under the peer's retransmission timeout (200 ms and more).
+// Each such wait costs onloadd some seven wake-ups of its threads (the
+// runtime's poller and monitor among them): 200-270 in 1.5 s of the
+// grace, where looking every grace period (1 ms) cost 1,100-1,300 and
+// 20-35 ms of CPU at a real-time priority, and a bound of 10 ms 1,070
+// (TestDaemonHandoverGraceCPU).
+const lateLookEvery = 50 * time.Millisecond
+
 // watcher polls one stack when its processes do not (seed 001's lazy
 // interrupts, with onloadd as the interrupt handler). While a process
 // polls it stays out of the way: it reads two words of shared memory
@@ -171,17 +182,20 @@ func (w *watcher) run(d *Daemon) {
 			// Nothing to do: wait for a frame or the next timer, then
 			// give the process its grace period to take it.
 			w.since.Store(0)
-			wait, ready := maxIdleWait, true
+			wait := maxIdleWait
 			if st.InHandoverGrace() {
-				// Look every grace period: the process may take a late
-				// segment's frame before the readiness wakes us, and
-				// keep the segment for us (GiveLate).
-				wait, ready = w.grace, false
+				// A frame steered here before a handover ended wakes us
+				// as any frame does, and whichever handle polls it, a
+				// process keeps its segment for us (GiveLate), which we
+				// look for at the next turn. But the process may take
+				// it between our look and our wait's start: then nothing
+				// wakes us. lateLookEvery bounds that wait.
+				wait = lateLookEvery
 			}
 			if t := st.EarliestTimer(); t != math.MaxInt64 {
 				wait = min(wait, max(time.Duration(t-now), 0))
 			}
-			if w.sleep(wait, ready) || w.sleep(w.grace, false) {
+			if w.sleep(wait, true) || w.sleep(w.grace, false) {
 				return
 			}
 			continue

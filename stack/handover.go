@@ -468,8 +468,8 @@ func (s *Stack) LateWaiting() bool { return atomic.LoadUint32(&s.img.hdr.lateKep
 // InHandoverGrace reports, without the lock, that a handover ended less
 // than handoverGrace ago: a process may yet poll a segment steered here
 // before it and keep it for GiveLate, and onloadd's watcher of an idle
-// stack looks every grace period meanwhile, not only at the next frame
-// or timer (the process may take the frame that woke it first).
+// stack looks every 50 ms meanwhile, not only at the next frame or timer
+// (the process may take the frame that would have woken it).
 func (s *Stack) InHandoverGrace() bool {
 	at := atomic.LoadInt64(&s.img.hdr.handedOverAt)
 	return at != 0 && s.Clock()-at < int64(handoverGrace)

@@ -1928,34 +1928,7 @@ func watchedEcho(t *testing.T) (a *Host, sock string, daemon, srv *helperProc, a
 func TestDaemonIdleCPU(t *testing.T) {
 	a, sock, daemon, srv, addr := watchedEcho(t)
 	defer srv.In.Close()
-	var conns []net.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	if err := a.Do(func() error {
-		for range 100 {
-			c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
-			if err != nil {
-				return err
-			}
-			conns = append(conns, c)
-			// One echo each, so that every connection is established
-			// and has been served.
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			msg := []byte("an idle connection")
-			if _, err := c.Write(msg); err != nil {
-				return err
-			}
-			if _, err := io.ReadFull(c, make([]byte, len(msg))); err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	echoConns(t, a, addr, 100)
 	if d := dumpDaemon(t, sock); len(d.Stacks) != 1 || d.Stacks[0].InUse < 100 {
 		t.Fatalf("onloadd's stacks: %+v", d.Stacks)
 	}
@@ -2003,6 +1976,108 @@ func TestDaemonIdleCPU(t *testing.T) {
 		t.Errorf("onloadd ran %v, %d times, in 3s watching an idle stack (%d clock ticks), want next to nothing (at most %v and %d times)",
 			run, n1-n0, after-before, budget.Round(time.Microsecond), scale*150)
 	}
+}
+
+// TestDaemonHandoverGraceCPU: after a stack's connections are handed
+// over to the kernel (stackdump handover), onloadd's watcher of the
+// stack, idle now, waits on the stack's readiness while the handover's
+// grace lasts (2 s: a process may yet poll a segment steered there
+// before the handover and keep it for onloadd to give to the kernel),
+// with a bound of 50 ms for a segment kept in the moment it armed,
+// where it looked every grace period (1 ms): 1,100-1,300 wake-ups of
+// onloadd in 1.5 s after each handover, which a server that hands a
+// connection over every second or two (a process a connection) paid all
+// the time.
+func TestDaemonHandoverGraceCPU(t *testing.T) {
+	a, sock, daemon, srv, addr := watchedEcho(t)
+	defer srv.In.Close()
+	conns := echoConns(t, a, addr, 20)
+	d := dumpDaemon(t, sock)
+	if len(d.Stacks) != 1 {
+		t.Fatalf("onloadd's stacks: %+v", d.Stacks)
+	}
+	time.Sleep(500 * time.Millisecond) // the spin period and the last ACKs
+	cl, err := control.Dial(sock, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rep, _, err := cl.Call(control.Request{Op: control.OpDrain, Drain: &control.DrainRequest{Stack: d.Stacks[0].ID}})
+	if err != nil || rep.Drain == nil || rep.Drain.Moved < 20 {
+		t.Fatalf("stackdump handover: %+v, %v", rep, err)
+	}
+	pid := daemon.cmd.Process.Pid
+	polls0 := dumpDaemon(t, sock).Stacks[0].Takeovers
+	app0, appN0, _ := cpuUse(srv.cmd.Process.Pid)
+	run0, n0, err := cpuUse(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const during = 1500 * time.Millisecond // within the 2 s grace
+	time.Sleep(during)
+	run1, n1, err := cpuUse(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app1, appN1, _ := cpuUse(srv.cmd.Process.Pid)
+	polls1 := dumpDaemon(t, sock).Stacks[0].Takeovers
+	t.Logf("onloadd polled the stack %d times; the process ran %v, %d times", polls1-polls0, app1-app0, appN1-appN0)
+	// The connections still work, on the kernel.
+	for i, c := range conns {
+		if err := echoOnce(c); err != nil {
+			t.Fatalf("connection %d after the handover: %v", i, err)
+		}
+	}
+	t.Logf("in %v of the handover's grace: onloadd ran %v, %d times", during, run1-run0, n1-n0)
+	// 1,100-1,300 when the watcher looked every grace period; 200-270
+	// with a wait of at most 50 ms (some seven wake-ups of onloadd's
+	// threads each: the runtime's poller and monitor).
+	scale := map[bool]int64{false: 1, true: 4}[raceEnabled]
+	if n := n1 - n0; n > scale*400 {
+		t.Errorf("onloadd ran %d times in %v of an idle stack's handover grace, want at most %d", n, during, scale*400)
+	}
+}
+
+// echoConns dials n connections from host a to the echo server at addr
+// and echoes once on each, so that every one is established and has
+// been served; they are closed when the test ends.
+func echoConns(t *testing.T, a *Host, addr string, n int) []net.Conn {
+	t.Helper()
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	if err := a.Do(func() error {
+		for range n {
+			c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
+			if err != nil {
+				return err
+			}
+			conns = append(conns, c)
+			if err := echoOnce(c); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return conns
+}
+
+// echoOnce sends a message on c and reads its echo, within 5 s. (The
+// echo server speaks sockperf's protocol: other messages may be taken
+// for its header.)
+func echoOnce(c net.Conn) error {
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	msg := []byte("an idle connection")
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	_, err := io.ReadFull(c, make([]byte, len(msg)))
+	return err
 }
 
 // wakeCost is the CPU time one wake-up of a sleeping thread costs on this
