@@ -1281,12 +1281,44 @@ static void over_for_child(int fd, int fd2)
 		handover_for_close(fd2, e);
 }
 
+/* ---- stdio ---------------------------------------------------------------
+ *
+ * The C library's stdio reads and writes a FILE's fd with its own
+ * internal calls, which no interposer sees: a FILE on an accelerated
+ * connection read and wrote the kernel's socket under the fd, which is
+ * not connected, and a write's EPIPE raised SIGPIPE (bash's `printf ...
+ * >&3` on a /dev/tcp connection ended bash). So a connection handed to
+ * stdio goes to the kernel first: at fdopen, and where it becomes a
+ * standard stream (dup2 or dup3 onto 0, 1 or 2: a shell's redirections,
+ * an inetd-style service's). ONLOAD_LOG=debug says so. */
+static void for_stdio(int fd, const char *why)
+{
+	struct fdent *e = ours(fd);
+	if (e && !e->listening && !in_core)
+		to_kernel(fd, e, why);
+}
+
+EXPORT FILE *fdopen(int fd, const char *mode)
+{
+	for_stdio(fd, "for stdio (fdopen), whose reads and writes the shim does not see");
+	return real_fdopen(fd, mode);
+}
+
+/* std_stream: dup2 or dup3 made fd2 a standard stream. */
+static void std_stream(int fd2)
+{
+	if (fd2 >= 0 && fd2 <= 2)
+		for_stdio(fd2, "as a standard stream, which stdio reads and writes where the shim does not see");
+}
+
 EXPORT int dup2(int fd, int fd2)
 {
 	over_for_child(fd, fd2);
 	int r = real_dup2(fd, fd2);
-	if (r >= 0)
+	if (r >= 0) {
 		dup_to(fd, r);
+		std_stream(r);
+	}
 	return r;
 }
 
@@ -1295,8 +1327,10 @@ EXPORT int dup3(int fd, int fd2, int flags)
 	if (!(flags & ~O_CLOEXEC))
 		over_for_child(fd, fd2);
 	int r = real_dup3(fd, fd2, flags);
-	if (r >= 0)
+	if (r >= 0) {
 		dup_to(fd, r);
+		std_stream(r);
+	}
 	return r;
 }
 

@@ -141,6 +141,7 @@
 	X(int, posix_spawn_file_actions_adddup2, posix_spawn_file_actions_t *, int, int) \
 	X(int, system, const char *) \
 	X(FILE *, popen, const char *, const char *) \
+	X(FILE *, fdopen, int, const char *) \
 	X(int, sigaction, int, const struct sigaction *, struct sigaction *) \
 	X(int, nanosleep, const struct timespec *, struct timespec *) \
 	X(int, clock_nanosleep, clockid_t, int, const struct timespec *, struct timespec *) \

@@ -2435,3 +2435,44 @@ func TestShimVethChecksumOffload(t *testing.T) {
 	}
 	t.Logf("the shim's log:\n%s", out)
 }
+
+// TestShimStdio: a connection handed to stdio, whose reads and writes
+// the C library makes with internal calls the shim does not see, works as
+// on the kernel: shim/test/stdio.c (fdopen, fprintf, fgets) and bash's
+// /dev/tcp with its printf and read builtins (dup2 onto stdout and
+// stdin), each against a kernel echo server, print what they print on
+// the kernel. Under the shim the connection is accelerated until then
+// and goes to the kernel there (calls.c, "stdio"): before, the writes
+// went to the kernel's socket under the fd, not connected, and SIGPIPE
+// ended both programs.
+func TestShimStdio(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "stdio")
+	a, b, ln := echoHosts(t)
+	addr, port := b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	script := fmt.Sprintf(`exec 3<>/dev/tcp/%s/%s || exit 1
+for i in 0 1 2; do
+	printf 'line %%d through bash\n' $i >&3
+	read -r line <&3 || exit 1
+	echo "$line"
+done`, addr, port)
+	for _, c := range []struct {
+		name string
+		argv []string
+	}{
+		{"stdio.c", []string{prog, addr, port}},
+		{"bash", []string{"bash", "-c", script}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			kernel, _ := runBounded(t, a.Command(c.argv[0], c.argv[1:]...), 30*time.Second)
+			shim, log := runBounded(t, shimCommand(t, a, nil, c.argv[0], c.argv[1:]...), 30*time.Second)
+			requireAccelerated(t, log, "connecting")
+			if strings.Count(kernel, "\n") != 3 || shim != kernel {
+				t.Fatalf("under the shim it printed %q; on the kernel %q\nshim's log:\n%s", shim, kernel, log)
+			}
+			if !strings.Contains(log, "handed over to the kernel") {
+				t.Fatalf("the connection was not handed over to the kernel for stdio:\n%s", log)
+			}
+		})
+	}
+}

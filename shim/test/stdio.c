@@ -1,0 +1,57 @@
+/*
+ * stdio: a connection used through stdio (fdopen), whose reads and
+ * writes the C library makes with its own internal calls: three lines
+ * written with fprintf and read back from an echo server with fgets,
+ * printed. Under the shim the connection goes to the kernel at fdopen
+ * (calls.c, "stdio"); before, the writes went to the kernel's socket
+ * under the fd, which was not connected: EPIPE, and SIGPIPE ended the
+ * program.
+ *
+ * usage: stdio ADDR PORT
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+	if (argc != 3) {
+		fprintf(stderr, "usage: stdio ADDR PORT\n");
+		return 2;
+	}
+	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+	if (inet_pton(AF_INET, argv[1], &peer.sin_addr) != 1) {
+		fprintf(stderr, "stdio: bad address %s\n", argv[1]);
+		return 2;
+	}
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	if (s < 0 || connect(s, (struct sockaddr *)&peer, sizeof peer) < 0) {
+		perror("stdio: connect");
+		return 1;
+	}
+	FILE *f = fdopen(s, "r+");
+	if (!f) {
+		perror("stdio: fdopen");
+		return 1;
+	}
+	for (int i = 0; i < 3; i++) {
+		char line[128];
+		if (fprintf(f, "line %d through stdio\n", i) < 0 || fflush(f) != 0) {
+			perror("stdio: fprintf");
+			return 1;
+		}
+		if (!fgets(line, sizeof line, f)) {
+			fprintf(stderr, "stdio: no echo of line %d\n", i);
+			return 1;
+		}
+		fputs(line, stdout);
+	}
+	if (fclose(f) != 0) {
+		perror("stdio: fclose");
+		return 1;
+	}
+	return 0;
+}
