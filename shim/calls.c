@@ -1290,7 +1290,9 @@ static void over_for_child(int fd, int fd2)
  * >&3` on a /dev/tcp connection ended bash). So a connection handed to
  * stdio goes to the kernel first: at fdopen, and where it becomes a
  * standard stream (dup2 or dup3 onto 0, 1 or 2: a shell's redirections,
- * an inetd-style service's). ONLOAD_LOG=debug says so. */
+ * an inetd-style service's). ONLOAD_LOG=debug says so. dprintf, which
+ * writes with the same internal calls but keeps no FILE, is done here
+ * instead (below). */
 static void for_stdio(int fd, const char *why)
 {
 	struct fdent *e = ours(fd);
@@ -1302,6 +1304,44 @@ EXPORT FILE *fdopen(int fd, const char *mode)
 {
 	for_stdio(fd, "for stdio (fdopen), whose reads and writes the shim does not see");
 	return real_fdopen(fd, mode);
+}
+
+/* dprintf and vdprintf format into a buffer of the C library's and
+ * write it with the library's internal write, which the shim does not
+ * see either: on a connection of ours they format here and write
+ * through the stack, as many writes as it takes (the C library's stop
+ * at the first error too: EAGAIN on a non-blocking socket fails them). */
+EXPORT int vdprintf(int fd, const char *fmt, va_list ap)
+{
+	if (!ours(fd))
+		return real_vdprintf(fd, fmt, ap);
+	char *s;
+	int n = vasprintf(&s, fmt, ap);
+	if (n < 0)
+		return -1;
+	for (size_t done = 0; done < (size_t)n;) {
+		ssize_t w = write(fd, s + done, n - done);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0) {
+			int err = errno;
+			free(s);
+			errno = err;
+			return -1;
+		}
+		done += w;
+	}
+	free(s);
+	return n;
+}
+
+EXPORT int dprintf(int fd, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int r = vdprintf(fd, fmt, ap);
+	va_end(ap);
+	return r;
 }
 
 /* std_stream: dup2 or dup3 made fd2 a standard stream. */

@@ -142,6 +142,7 @@
 	X(int, system, const char *) \
 	X(FILE *, popen, const char *, const char *) \
 	X(FILE *, fdopen, int, const char *) \
+	X(int, vdprintf, int, const char *, va_list) \
 	X(int, sigaction, int, const struct sigaction *, struct sigaction *) \
 	X(int, nanosleep, const struct timespec *, struct timespec *) \
 	X(int, clock_nanosleep, clockid_t, int, const struct timespec *, struct timespec *) \

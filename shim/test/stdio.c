@@ -1,11 +1,12 @@
 /*
- * stdio: a connection used through stdio (fdopen), whose reads and
- * writes the C library makes with its own internal calls: three lines
- * written with fprintf and read back from an echo server with fgets,
- * printed. Under the shim the connection goes to the kernel at fdopen
- * (calls.c, "stdio"); before, the writes went to the kernel's socket
- * under the fd, which was not connected: EPIPE, and SIGPIPE ended the
- * program.
+ * stdio: connections written through the C library's own internal
+ * calls: three lines written with dprintf and read back from an echo
+ * server with read, and three written through stdio (fdopen, fprintf)
+ * and read back with fgets, printed. Under the shim the second
+ * connection goes to the kernel at fdopen (calls.c, "stdio"), and
+ * dprintf writes through the stack; before, both wrote to the kernel's
+ * socket under the fd, which was not connected: EPIPE, and SIGPIPE ended
+ * the program.
  *
  * usage: stdio ADDR PORT
  */
@@ -27,6 +28,30 @@ int main(int argc, char **argv)
 		fprintf(stderr, "stdio: bad address %s\n", argv[1]);
 		return 2;
 	}
+	/* dprintf, on a connection of its own, read back with read. */
+	int d = socket(AF_INET, SOCK_STREAM, 0);
+	if (d < 0 || connect(d, (struct sockaddr *)&peer, sizeof peer) < 0) {
+		perror("stdio: connect");
+		return 1;
+	}
+	for (int i = 0; i < 3; i++) {
+		char line[128];
+		int n = dprintf(d, "line %d through dprintf\n", i);
+		if (n <= 0) {
+			perror("stdio: dprintf");
+			return 1;
+		}
+		for (int got = 0; got < n;) {
+			ssize_t r = read(d, line + got, n - got);
+			if (r <= 0) {
+				fprintf(stderr, "stdio: no echo of dprintf's line %d\n", i);
+				return 1;
+			}
+			got += r;
+		}
+		fwrite(line, 1, n, stdout);
+	}
+	close(d);
 	int s = socket(AF_INET, SOCK_STREAM, 0);
 	if (s < 0 || connect(s, (struct sockaddr *)&peer, sizeof peer) < 0) {
 		perror("stdio: connect");
