@@ -1,6 +1,8 @@
 package main
 
 import (
+	"debug/buildinfo"
+	"debug/elf"
 	"errors"
 	"flag"
 	"fmt"
@@ -91,6 +93,10 @@ func run(args []string) error {
 	if err != nil {
 		return &exitError{127, fmt.Errorf("run: %w", err)}
 	}
+	if why := notPreloadable(path); why != "" {
+		// Not an error: the program runs, on the kernel.
+		fmt.Fprintf(os.Stderr, "onloadd run: %s: %s; its sockets use the kernel\n", path, why)
+	}
 	err = syscall.Exec(path, cmd, env)
 	return &exitError{126, fmt.Errorf("run: exec %s: %w", path, err)}
 }
@@ -115,4 +121,39 @@ func setEnv(env []string, k, v string) []string {
 		}
 	}
 	return append(env, k+"="+v)
+}
+
+// notPreloadable says why the shim cannot accelerate the program at path,
+// or "" when it can (or path is not an ELF program: a script's
+// interpreter is preloaded as any program is). The dynamic loader is
+// what preloads the shim, so a statically linked program never loads it;
+// nor does a set-user-ID or set-group-ID one run by another user (the
+// loader's secure mode ignores an LD_PRELOAD with a path); and a Go
+// program makes its own system calls, which the shim does not see.
+func notPreloadable(path string) string {
+	if _, err := buildinfo.ReadFile(path); err == nil {
+		return "a Go program, whose net package makes its own system calls where the shim does not see them (a Go program uses the library instead: github.com/xdp-onload/onload/sockets)"
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if f.Type == elf.ET_EXEC || f.Type == elf.ET_DYN {
+		interp := false
+		for _, p := range f.Progs {
+			interp = interp || p.Type == elf.PT_INTERP
+		}
+		if !interp {
+			return "statically linked: the dynamic loader, which preloads the shim, never runs"
+		}
+	}
+	if st, err := os.Stat(path); err == nil {
+		m := st.Mode()
+		sys, _ := st.Sys().(*syscall.Stat_t)
+		if sys != nil && (m&os.ModeSetuid != 0 && int(sys.Uid) != os.Geteuid() || m&os.ModeSetgid != 0 && int(sys.Gid) != os.Getegid()) {
+			return "set-user-ID or set-group-ID: the dynamic loader ignores LD_PRELOAD for it"
+		}
+	}
+	return ""
 }

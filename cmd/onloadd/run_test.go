@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -38,6 +39,47 @@ func TestRunExitStatus(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), filepath.Base(c.cmd)) {
 			t.Errorf("onloadd run -- %s: %q does not name the command", c.cmd, err)
+		}
+	}
+}
+
+// TestNotPreloadable: onloadd run says when the shim cannot load into the
+// program (it still runs it, on the kernel): a statically linked program
+// and a Go program are named, a dynamically linked C program and a
+// script are not.
+func TestNotPreloadable(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "p.c")
+	if err := os.WriteFile(src, []byte("int main(void) { return 0; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	static := filepath.Join(dir, "static")
+	if out, err := exec.Command("clang", "-static", "-o", static, src).CombinedOutput(); err != nil {
+		t.Fatalf("clang -static (clang's libc6-dev has libc.a): %v\n%s", err, out)
+	}
+	script := filepath.Join(dir, "script")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	goProg, err := os.Executable() // this test, a Go program
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		path, want string
+	}{
+		{static, "statically linked"},
+		{goProg, "a Go program"},
+		{sh, ""},
+		{script, ""},
+	} {
+		got := notPreloadable(c.path)
+		if c.want == "" && got != "" || !strings.Contains(got, c.want) {
+			t.Errorf("notPreloadable(%s) = %q, want %q", c.path, got, c.want)
 		}
 	}
 }
