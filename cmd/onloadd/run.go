@@ -131,24 +131,28 @@ func setEnv(env []string, k, v string) []string {
 // loader's secure mode ignores an LD_PRELOAD with a path); and a Go
 // program makes its own system calls, which the shim does not see.
 func notPreloadable(path string) string {
-	if _, err := buildinfo.ReadFile(path); err == nil {
-		return "a Go program, whose net package makes its own system calls where the shim does not see them (a Go program uses the library instead: github.com/xdp-onload/onload/sockets)"
-	}
-	f, err := elf.Open(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return ""
 	}
 	defer f.Close()
-	if f.Type == elf.ET_EXEC || f.Type == elf.ET_DYN {
+	if _, err := buildinfo.Read(f); err == nil {
+		return "a Go program, whose net package makes its own system calls where the shim does not see them (a Go program uses the library instead: github.com/xdp-onload/onload/sockets)"
+	}
+	ef, err := elf.NewFile(f)
+	if err != nil {
+		return ""
+	}
+	if ef.Type == elf.ET_EXEC || ef.Type == elf.ET_DYN {
 		interp := false
-		for _, p := range f.Progs {
+		for _, p := range ef.Progs {
 			interp = interp || p.Type == elf.PT_INTERP
 		}
 		if !interp {
 			return "statically linked: the dynamic loader, which preloads the shim, never runs"
 		}
 	}
-	if st, err := os.Stat(path); err == nil {
+	if st, err := f.Stat(); err == nil {
 		m := st.Mode()
 		sys, _ := st.Sys().(*syscall.Stat_t)
 		if sys != nil && (m&os.ModeSetuid != 0 && int(sys.Uid) != os.Geteuid() || m&os.ModeSetgid != 0 && int(sys.Gid) != os.Getegid()) {
