@@ -1075,6 +1075,8 @@ EXPORT ssize_t __recvfrom_chk(int fd, void *b, size_t n, size_t blen, int flags,
 EXPORT int close(int fd)
 {
 	struct fdent *e = ent(fd);
+	if (e && e->kind == K_CORE && !after_fork)
+		return core_fd_refused(fd, "close");
 	if (e && e->kind == K_OURS && e->ho_ok)
 		handover_for_close(fd, e);
 	if (e && e->kind != K_NONE) {
@@ -1083,6 +1085,48 @@ EXPORT int close(int fd)
 		table_unlock();
 	}
 	return real_close(fd);
+}
+
+/* close_range closes what close would of the range, the table's fds
+ * one by one, and goes round the stack's own ("the core's own
+ * descriptors", core.c); with CLOSE_RANGE_CLOEXEC it only marks them, as
+ * the kernel does (the stack's are close-on-exec already). */
+EXPORT int close_range(unsigned int first, unsigned int last, int flags)
+{
+	if (first > last || (flags & ~CLOSE_RANGE_UNSHARE) || !nfdt)
+		return (int)syscall(SYS_close_range, first, last, flags);
+	unsigned int from = first, top = (unsigned int)nfdt - 1;
+	for (unsigned int fd = first; fd <= last && fd <= top; fd++) {
+		unsigned int b = fd / FDT_BLOCK;
+		if (!((__atomic_load_n(&fdt_used[b / 64], __ATOMIC_RELAXED) >> (b % 64)) & 1)) {
+			fd = (b + 1) * FDT_BLOCK - 1; /* the block never had an entry */
+			continue;
+		}
+		uint8_t k = __atomic_load_n(&fdt[fd].kind, __ATOMIC_RELAXED);
+		if (k == K_NONE)
+			continue;
+		if (k == K_CORE && !after_fork) {
+			if (fd > from && syscall(SYS_close_range, from, fd - 1, flags) < 0)
+				return -1;
+			from = fd + 1;
+			continue;
+		}
+		close((int)fd);
+	}
+	if (from > last)
+		return 0;
+	return (int)syscall(SYS_close_range, from, last, flags);
+}
+
+/* closefrom is close_range to the end (the C library's calls its own). */
+EXPORT void closefrom(int lowfd)
+{
+	if (lowfd < 0)
+		lowfd = 0;
+	if (close_range((unsigned int)lowfd, ~0u, 0) == 0)
+		return;
+	for (int fd = lowfd; fd < nfdt; fd++)
+		close(fd);
 }
 
 EXPORT int shutdown(int fd, int how)
@@ -1253,6 +1297,7 @@ static void dup_to(int oldfd, int newfd)
 		if (o->kind == K_OURS)
 			mark_ours(newfd, 1);
 		*n = *o;
+		set_kind(n, o->kind);
 		n->ep = NULL;
 		/* An option set through one of them is not seen on the other's
 		 * entry: copy_options reads them all. */
@@ -1351,8 +1396,25 @@ static void std_stream(int fd2)
 		for_stdio(fd2, "as a standard stream, which stdio reads and writes where the shim does not see");
 }
 
+/* onto_core refuses dup2 and dup3 onto one of the stack's own fds,
+ * which the program never had: the stack would lose it. */
+static int onto_core(int fd2, const char *call)
+{
+	struct fdent *e = ent(fd2);
+	if (!e || e->kind != K_CORE || after_fork)
+		return 0;
+	static int logged;
+	if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
+		logf_("%s onto fd %d refused (EBADF): the number is the accelerated stack's own; "
+		      "use another, or run the program without onloadd", call, fd2);
+	errno = EBADF;
+	return 1;
+}
+
 EXPORT int dup2(int fd, int fd2)
 {
+	if (onto_core(fd2, "dup2"))
+		return -1;
 	over_for_child(fd, fd2);
 	int r = real_dup2(fd, fd2);
 	if (r >= 0) {
@@ -1364,6 +1426,8 @@ EXPORT int dup2(int fd, int fd2)
 
 EXPORT int dup3(int fd, int fd2, int flags)
 {
+	if (onto_core(fd2, "dup3"))
+		return -1;
 	if (!(flags & ~O_CLOEXEC))
 		over_for_child(fd, fd2);
 	int r = real_dup3(fd, fd2, flags);

@@ -38,6 +38,7 @@ LIBC(EARLY)
 LIBC(REAL_DEF)
 
 uint64_t maybe_ours[NFAST / 64]; /* see shim.h */
+uint64_t fdt_used[(1 << 20) / FDT_BLOCK / 64]; /* see shim.h */
 
 /* ---- the Go core ----------------------------------------------------- */
 
@@ -168,6 +169,105 @@ static void release_low(struct low_hold *h)
 	free(h->fd);
 }
 
+/* ---- the core's own descriptors ---------------------------------------
+ *
+ * The stack's fds (its AF_XDP socket, the UMEM, the BPF objects, the Go
+ * runtime's epoll and eventfd, its wake sockets) are the process's too,
+ * and a program that closes every fd it does not know of (close_range
+ * or closefrom over the whole table, a loop of close, as a daemon does)
+ * took them from under the stack: the Go runtime ended the process
+ * ("netpollBreak write failed"). They are marked K_CORE: those that
+ * came as the core loaded (the fds open after it and not before, of the
+ * kinds the core makes), and those the stack opens later (fdbase's note,
+ * core_fd_note). close refuses them as the kernel refuses an fd that is
+ * not open (EBADF), close_range and closefrom go round them, and dup2
+ * onto one is refused with a message. In a child forked after the core
+ * loaded they are the child's to close. A thread of the program that
+ * makes an eventfd or a socket with a call not interposed here, in the
+ * few milliseconds the core takes to load, may have it taken for the
+ * stack's: its close then fails as well (the number stays open). */
+
+/* open_fds returns a bit for each fd below nfdt that is open, or NULL. */
+static uint8_t *open_fds(void)
+{
+	uint8_t *bits = calloc(((size_t)nfdt + 7) / 8, 1);
+	DIR *d = bits ? opendir("/proc/self/fd") : NULL;
+	if (!d) {
+		free(bits);
+		return NULL;
+	}
+	int self = dirfd(d);
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		char *end;
+		long fd = strtol(de->d_name, &end, 10);
+		if (end != de->d_name && !*end && fd >= 0 && fd < nfdt && fd != self)
+			bits[fd / 8] |= 1 << (fd % 8);
+	}
+	closedir(d);
+	return bits;
+}
+
+/* core_made says whether fd is of a kind the core opens. */
+static int core_made(int fd)
+{
+	char path[64], link[64];
+	snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(path, link, sizeof link - 1);
+	if (n <= 0)
+		return 0;
+	link[n] = 0;
+	return !strncmp(link, "anon_inode:", 11) || !strncmp(link, "socket:", 7) ||
+	       !strncmp(link, "/memfd:onload-", 14);
+}
+
+/* mark_core_fds marks K_CORE the fds open now and not in before
+ * (open_fds), that the table does not know and the core may have made. */
+static void mark_core_fds(const uint8_t *before)
+{
+	uint8_t *after = before ? open_fds() : NULL;
+	if (!after)
+		return;
+	int n = 0;
+	table_lock();
+	for (int fd = 0; fd < nfdt; fd++) {
+		uint8_t bit = 1 << (fd % 8);
+		if ((after[fd / 8] & bit) && !(before[fd / 8] & bit) && fdt[fd].kind == K_NONE && core_made(fd)) {
+			set_kind(&fdt[fd], K_CORE);
+			n++;
+		}
+	}
+	table_unlock();
+	free(after);
+	debugf("the stack's own fds: %d as the core loaded", n);
+}
+
+/* core_fd_note hears from the core (onl_init) of an fd the stack opened
+ * (open) or closed. Without the table's lock: the thread may hold it
+ * (a close that closes the core's socket), and the entry of a number the
+ * kernel just gave the core, or took back from it, is nobody else's. */
+static void core_fd_note(int fd, int open)
+{
+	struct fdent *e = ent(fd);
+	if (!e)
+		return;
+	uint8_t want = open ? K_NONE : K_CORE;
+	if (__atomic_load_n(&e->kind, __ATOMIC_RELAXED) == want) {
+		if (open)
+			set_kind(e, K_CORE);
+		else
+			__atomic_store_n(&e->kind, K_NONE, __ATOMIC_RELAXED);
+	}
+}
+
+/* core_fd_refused refuses call on fd, one of the stack's own (EBADF). */
+int core_fd_refused(int fd, const char *call)
+{
+	debugf("fd %d is the stack's own: the program's %s of it is refused (EBADF)", fd, call);
+	errno = EBADF;
+	return -1;
+}
+
 int load_core(void)
 {
 	if (core_state)
@@ -198,6 +298,7 @@ int load_core(void)
 	}
 	struct low_hold low;
 	hold_low(&low);
+	uint8_t *before = open_fds();
 	in_core = 1;
 	/* The Go runtime's threads start with the signal mask of the thread
 	 * that loads it, less the signals it cannot do without (synchronous
@@ -233,8 +334,10 @@ int load_core(void)
 		atexit(exit_close);
 		catch_ends();
 		/* The stack now, while the numbers below the base are held. */
-		CORE_VOID(core.init(base_fd()));
+		CORE_VOID(core.init(base_fd(), core_fd_note));
+		mark_core_fds(before);
 	}
+	free(before);
 	release_low(&low);
 	pthread_mutex_unlock(&load_mu);
 	locks_gone();

@@ -111,7 +111,7 @@ static struct ep *ep_of(int epfd)
 		return NULL;
 	if (e->kind != K_EPOLL) {
 		memset(e, 0, sizeof *e);
-		e->kind = K_EPOLL;
+		set_kind(e, K_EPOLL);
 	}
 	return e->ep;
 }
@@ -273,7 +273,7 @@ static int note_epoll(int r)
 	if (e) {
 		table_lock();
 		memset(e, 0, sizeof *e);
-		e->kind = K_EPOLL;
+		set_kind(e, K_EPOLL);
 		e->epgen = ++epoll_gen;
 		table_unlock();
 	}

@@ -35,7 +35,7 @@ void set_ours(int fd, int h, int nonblock, int knb, int listening, int timeo)
 		return;
 	memset(e, 0, sizeof *e);
 	mark_ours(fd, 1);
-	e->kind = K_OURS;
+	set_kind(e, K_OURS);
 	e->h = h;
 	e->nonblock = nonblock;
 	e->listening = listening;

@@ -40,7 +40,7 @@ static int tcp_socket(int fd, int *listening, int *v6)
 static void adopt_socket(struct fdent *e, int listening, int v6)
 {
 	memset(e, 0, sizeof *e);
-	e->kind = K_TCP;
+	set_kind(e, K_TCP);
 	e->listening = listening;
 	e->timeo = 1; /* its options are unknown */
 	e->v6 = v6;
@@ -465,7 +465,7 @@ EXPORT int socket(int domain, int type, int protocol)
 		 * listener on :: that is not IPV6_V6ONLY, a connect to
 		 * ::ffff:a.b.c.d): v4_of decides at listen and connect. */
 		memset(e, 0, sizeof *e);
-		e->kind = K_TCP;
+		set_kind(e, K_TCP);
 		e->fresh = 1;
 		e->v6 = domain == AF_INET6;
 	} else if (fd >= 0 && (domain == AF_INET || domain == AF_INET6) && !after_fork) {

@@ -193,7 +193,7 @@ struct core_fns {
 	int (*handed_over)(int);
 	void (*exit)(void);
 	int (*own_stack)(void);
-	void (*init)(int);
+	void (*init)(int, void (*)(int, int));
 };
 extern struct core_fns core;
 
@@ -228,6 +228,7 @@ enum {
 	K_TCP,	   /* a TCP socket (IPv4, or IPv6: v6) the core has not seen */
 	K_OURS,	   /* accelerated */
 	K_EPOLL,   /* an epoll instance */
+	K_CORE,	   /* the stack's own (core.c, "the core's own descriptors") */
 };
 
 struct ep;
@@ -385,6 +386,10 @@ struct ep {
 
 /* core.c */
 extern uint64_t maybe_ours[NFAST / 64];
+/* fdt_used has a bit for each FDT_BLOCK entries of the table of which
+ * one may have had a kind (set_kind): close_range looks at those only. */
+#define FDT_BLOCK 512
+extern uint64_t fdt_used[(1 << 20) / FDT_BLOCK / 64];
 extern int core_state;
 extern int after_fork;
 extern int log_debug;
@@ -420,6 +425,7 @@ extern int *hfds;
 extern uint8_t *htimeo;
 extern uint32_t *fdgen;
 int refuse_after_fork(void);
+int core_fd_refused(int fd, const char *call);
 int child_takes(int fd, struct fdent *e);
 void set_ours(int fd, int h, int nonblock, int knb, int listening, int timeo);
 void drop(int fd);
@@ -580,6 +586,15 @@ static inline void table_unlock(void)
 static inline struct fdent *ent(int fd)
 {
 	return (unsigned)fd < (unsigned)nfdt ? &fdt[fd] : NULL;
+}
+
+/* set_kind gives entry e its kind k, and notes its block (fdt_used). */
+static inline void set_kind(struct fdent *e, uint8_t k)
+{
+	size_t b = (size_t)(e - fdt) / FDT_BLOCK;
+	if (!((__atomic_load_n(&fdt_used[b / 64], __ATOMIC_RELAXED) >> (b % 64)) & 1))
+		__atomic_or_fetch(&fdt_used[b / 64], 1ull << (b % 64), __ATOMIC_RELAXED);
+	__atomic_store_n(&e->kind, k, __ATOMIC_RELAXED);
 }
 
 static inline struct fdent *ours(int fd)

@@ -375,7 +375,7 @@ func (s *Stack) Elsewhere() (parked bool, polledAt int64) {
 // its threads may be sending from it.
 func (s *Stack) closeOwnWakeSocket() {
 	if s.wakes.own >= 0 {
-		unix.Close(s.wakes.own)
+		fdbase.Close(s.wakes.own)
 		s.wakes.own = -1
 	}
 }
@@ -384,7 +384,7 @@ func (s *Stack) closeOwnWakeSocket() {
 func (s *Stack) closeWakeSockets() {
 	s.closeOwnWakeSocket()
 	if fd := s.wakes.send.Swap(-1); fd >= 0 {
-		unix.Close(int(fd))
+		fdbase.Close(int(fd))
 	}
 }
 
@@ -461,7 +461,7 @@ func (s *Stack) WakeSocket() (int, error) {
 		}
 		err = errno
 	}
-	unix.Close(fd)
+	fdbase.Close(fd)
 	return -1, fmt.Errorf("stack: bind wake socket: %w", err)
 }
 
@@ -475,7 +475,7 @@ func (s *Stack) sendWake(i int, key uint32) {
 			return
 		}
 		if !s.wakes.send.CompareAndSwap(-1, int64(nfd)) {
-			unix.Close(nfd)
+			fdbase.Close(nfd)
 		}
 		if fd = s.wakes.send.Load(); fd < 0 {
 			return

@@ -410,16 +410,23 @@ func (h *Host) KernelEcho(addr string) (net.Listener, error) {
 	if err := h.Do(func() (err error) { ln, err = net.Listen("tcp", addr); return }); err != nil {
 		return nil, fmt.Errorf("echo server in host %s: %w", h.Name, err)
 	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
+	go acceptEach(ln, func(c net.Conn) { io.Copy(c, c) })
 	return ln, nil
+}
+
+// acceptEach serves each connection ln accepts with serve, on a goroutine
+// of its own, and closes it after, until ln is closed.
+func acceptEach(ln net.Listener, serve func(c net.Conn)) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			serve(c)
+		}()
+	}
 }
 
 // TCPCounters reads the host's TCP counters (the Tcp and TcpExt lines of

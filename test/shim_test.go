@@ -2106,43 +2106,34 @@ func TestShimEnds(t *testing.T) {
 		at    time.Time
 	}
 	ends := make(chan peerEnd, 6)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	go acceptEach(ln, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		e := peerEnd{bad: -1}
+		var tag [1]byte
+		if _, e.err = io.ReadFull(c, tag[:]); e.err == nil {
+			e.tag = tag[0]
+			if e.tag == 'U' {
+				c.Write([]byte("unread...\n"))
 			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(20 * time.Second))
-				e := peerEnd{bad: -1}
-				var tag [1]byte
-				if _, e.err = io.ReadFull(c, tag[:]); e.err == nil {
-					e.tag = tag[0]
-					if e.tag == 'U' {
-						c.Write([]byte("unread...\n"))
-					}
-					buf, slowly := make([]byte, 64<<10), e.tag == 'D' && slow.Load()
-					for e.err == nil {
-						if slowly && e.bytes >= 2<<20 {
-							buf = buf[:16<<10]
-							time.Sleep(30 * time.Millisecond)
-						}
-						var n int
-						n, e.err = c.Read(buf)
-						for i, v := range buf[:n] {
-							if e.bad < 0 && v != byte((e.bytes+i)*7+3) {
-								e.bad = e.bytes + i
-							}
-						}
-						e.bytes += n
+			buf, slowly := make([]byte, 64<<10), e.tag == 'D' && slow.Load()
+			for e.err == nil {
+				if slowly && e.bytes >= 2<<20 {
+					buf = buf[:16<<10]
+					time.Sleep(30 * time.Millisecond)
+				}
+				var n int
+				n, e.err = c.Read(buf)
+				for i, v := range buf[:n] {
+					if e.bad < 0 && v != byte((e.bytes+i)*7+3) {
+						e.bad = e.bytes + i
 					}
 				}
-				e.at = time.Now()
-				ends <- e
-			}()
+				e.bytes += n
+			}
 		}
-	}()
+		e.at = time.Now()
+		ends <- e
+	})
 	const written = 4 << 20
 	addr, port := b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	run := func(shim bool, how string, sig syscall.Signal) {
@@ -2477,4 +2468,89 @@ done`, addr, port)
 			}
 		})
 	}
+}
+
+// TestShimCloseAll: a program that closes every fd above its standard
+// streams while it has connections (shim/test/closeall.c: close_range,
+// closefrom, a loop of close), as a daemon does, ends its connections
+// (the server reads their end), closes its pipe, file and epoll set, and
+// goes on with new connections, as on the kernel. The stack's own fds
+// are in the range: before, the Go runtime ended the process as they
+// went. A dup2 onto one of them is refused, and the stack goes on.
+func TestShimCloseAll(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "closeall")
+	a, b := Pair(t, LinkOptions{})
+	addr, port := nameServer(t, b)
+	for _, mode := range []string{"close_range", "closefrom", "loop"} {
+		t.Run(mode, func(t *testing.T) {
+			kernel, _ := runBounded(t, a.Command(prog, addr, port, mode), 30*time.Second)
+			if !strings.Contains(kernel, "server: A eof\nserver: B eof\n") {
+				t.Fatalf("on the kernel the server did not read both ends:\n%s", kernel)
+			}
+			shim, log := runBounded(t, shimCommand(t, a, nil, prog, addr, port, mode), 30*time.Second)
+			requireAccelerated(t, log, "connecting")
+			if shim != kernel {
+				t.Fatalf("under the shim it printed\n%s\non the kernel\n%s\nshim's log:\n%s", shim, kernel, log)
+			}
+		})
+	}
+	t.Run("dup2", func(t *testing.T) {
+		kernel, _ := runBounded(t, a.Command(prog, addr, port, "dup2"), 30*time.Second)
+		shim, log := runBounded(t, shimCommand(t, a, nil, prog, addr, port, "dup2"), 30*time.Second)
+		want := "dup2 onto a BPF map's fd: -1 Bad file descriptor\nA closed, B closed, pipe closed, file closed, epoll closed\n" +
+			"server: A eof\nserver: B eof\nepoll_wait: 1\n"
+		if !strings.HasPrefix(kernel, "no BPF map\n") || shim != want || !strings.Contains(log, "refused (EBADF)") {
+			t.Fatalf("under the shim it printed\n%s\n(want\n%s)\non the kernel\n%s\nshim's log:\n%s", shim, want, kernel, log)
+		}
+	})
+}
+
+// nameServer serves closeall.c in host h: a connection's first line
+// names it ("A.123"); a line "?A.123" asks whether that connection has
+// ended, and is answered "eof" once its end was read, or "open" after
+// 5 s.
+func nameServer(t *testing.T, h *Host) (addr, port string) {
+	t.Helper()
+	var ln net.Listener
+	if err := h.Do(func() (err error) { ln, err = net.Listen("tcp", h.Iface0().Addr().String()+":0"); return }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var mu sync.Mutex
+	ended := map[string]chan struct{}{}
+	endOf := func(name string) chan struct{} {
+		mu.Lock()
+		defer mu.Unlock()
+		if ended[name] == nil {
+			ended[name] = make(chan struct{})
+		}
+		return ended[name]
+	}
+	go acceptEach(ln, func(c net.Conn) {
+		r := bufio.NewReader(c)
+		for named := false; ; named = true {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			line = strings.TrimSuffix(line, "\n")
+			if q, ok := strings.CutPrefix(line, "?"); ok {
+				state := "open"
+				select {
+				case <-endOf(q):
+					state = "eof"
+				case <-time.After(5 * time.Second):
+				}
+				fmt.Fprintf(c, "%s\n", state)
+				continue
+			}
+			if !named {
+				io.Copy(io.Discard, r)
+				close(endOf(line))
+				return
+			}
+		}
+	})
+	return h.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }

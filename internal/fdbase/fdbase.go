@@ -13,7 +13,26 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-var base atomic.Int32
+var (
+	base   atomic.Int32
+	notify atomic.Pointer[func(fd int, open bool)]
+)
+
+// Notify has f told of every descriptor Move moves (open) and Close
+// closes; nil for nobody.
+func Notify(f func(fd int, open bool)) {
+	if f == nil {
+		notify.Store(nil)
+		return
+	}
+	notify.Store(&f)
+}
+
+func tell(fd int, open bool) {
+	if f := notify.Load(); f != nil {
+		(*f)(fd, open)
+	}
+}
 
 // Set sets the base; 0 for none.
 func Set(b int) {
@@ -25,16 +44,31 @@ func Set(b int) {
 
 // Move returns fd moved to the lowest free number at or above the base,
 // close-on-exec, and closes fd; or fd itself when there is no base, fd is
-// above it already, or no number is free there (the limit).
+// above it already, or no number is free there (the limit). With a base,
+// Notify's function hears of the descriptor returned.
 func Move(fd int) int {
 	b := int(base.Load())
-	if fd < 0 || fd >= b {
+	if fd < 0 || b == 0 {
 		return fd
 	}
-	h, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, b)
-	if err != nil {
-		return fd
+	if fd < b {
+		if h, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, b); err == nil {
+			unix.Close(fd)
+			fd = h
+		}
 	}
-	unix.Close(fd)
-	return h
+	tell(fd, true)
+	return fd
+}
+
+// Close closes fd, a descriptor Move returned, telling Notify's function
+// first: the number is free for the program again.
+func Close(fd int) error {
+	if fd < 0 {
+		return nil
+	}
+	if base.Load() > 0 {
+		tell(fd, false)
+	}
+	return unix.Close(fd)
 }

@@ -50,3 +50,34 @@ func TestMove(t *testing.T) {
 		t.Errorf("with the base at the limit fd %d moved to %d", fd2, got)
 	}
 }
+
+// TestNotify hears of every descriptor Move returns under a base, where
+// it was moved or not, and of its Close; nothing with no base.
+func TestNotify(t *testing.T) {
+	defer Set(0)
+	defer Notify(nil)
+	heard := map[int]bool{}
+	Notify(func(fd int, open bool) { heard[fd] = open })
+	fd := eventfd(t)
+	Move(fd)
+	if len(heard) != 0 {
+		t.Fatalf("with no base heard %v", heard)
+	}
+	Set(fd + 100)
+	h := Move(fd)
+	if open, ok := heard[h]; !ok || !open {
+		t.Fatalf("fd %d moved to %d: heard %v", fd, h, heard)
+	}
+	if got := Move(h); got != h || !heard[h] {
+		t.Fatalf("fd %d above the base: %d, heard %v", h, got, heard)
+	}
+	if err := Close(h); err != nil {
+		t.Fatal(err)
+	}
+	if open, ok := heard[h]; !ok || open {
+		t.Fatalf("fd %d closed: heard %v", h, heard)
+	}
+	if _, err := unix.FcntlInt(uintptr(h), unix.F_GETFD, 0); err == nil {
+		t.Errorf("fd %d is still open after Close", h)
+	}
+}

@@ -10,6 +10,10 @@ package main
 /*
 #include <stdint.h>
 #include "../onload.h"
+
+// The interposer's note of the stack's own descriptors (fdbase.Notify).
+typedef void (*onl_fd_note)(int fd, int open);
+static void call_fd_note(onl_fd_note f, int fd, int open) { f(fd, open); }
 */
 import "C"
 
@@ -718,12 +722,23 @@ func onl_exit() {
 // that hands its connections over for children forked after (for a
 // stack of its own): the interposer holds the fd numbers below base
 // meanwhile, so that their fds stay out of the program's range, and what
-// the stack opens later is moved above base (fdbase). A stack that
-// cannot be made is told of by each call that needs it.
+// the stack opens later is moved above base (fdbase), and note hears of
+// it (and of its close), so that the interposer refuses the program's
+// close of it as it does those of the stack it found as the core loaded.
+// A stack that cannot be made is told of by each call that needs it.
 //
 //export onl_init
-func onl_init(base C.int) {
+func onl_init(base C.int, note C.onl_fd_note) {
 	fdbase.Set(int(base))
+	if note != nil {
+		fdbase.Notify(func(fd int, open bool) {
+			o := C.int(0)
+			if open {
+				o = 1
+			}
+			C.call_fd_note(note, C.int(fd), o)
+		})
+	}
 	s, err := theStack()
 	if err != nil {
 		return
