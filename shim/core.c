@@ -228,16 +228,18 @@ static void mark_core_fds(const uint8_t *before)
 	uint8_t *after = before ? open_fds() : NULL;
 	if (!after)
 		return;
+	/* Without the table's lock, which the caller may hold (a listener's
+	 * first accept loads the core): the entries are of numbers the
+	 * kernel gave as the core loaded. */
 	int n = 0;
-	table_lock();
 	for (int fd = 0; fd < nfdt; fd++) {
 		uint8_t bit = 1 << (fd % 8);
-		if ((after[fd / 8] & bit) && !(before[fd / 8] & bit) && fdt[fd].kind == K_NONE && core_made(fd)) {
+		if ((after[fd / 8] & bit) && !(before[fd / 8] & bit) &&
+		    __atomic_load_n(&fdt[fd].kind, __ATOMIC_RELAXED) == K_NONE && core_made(fd)) {
 			set_kind(&fdt[fd], K_CORE);
 			n++;
 		}
 	}
-	table_unlock();
 	free(after);
 	debugf("the stack's own fds: %d as the core loaded", n);
 }

@@ -49,6 +49,7 @@ static int ep_kernel_due(struct ep *ep, int64_t deadline) /* under mu */
  * whose threads do not share an instance (redis, nginx, memcached: a set
  * each) never pays the write. */
 static uint64_t wake_magic;
+static void ep_poke(struct fdent *ee, int epfd, int nest);
 
 /* ep_wake wakes the threads waiting on instance epfd (entry ee), if any,
  * after a change of its members; under mu. */
@@ -59,6 +60,15 @@ static void ep_wake(struct fdent *ee, int epfd)
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	if (!__atomic_load_n(&ee->waiters, __ATOMIC_SEQ_CST))
 		return;
+	ep_poke(ee, epfd, 0);
+}
+
+/* ep_poke makes instance epfd (entry ee) readable in the kernel, through
+ * its wake-up eventfd (made at the first poke); for a set that holds it
+ * (nest), noted, so that a look that finds it not ready drains it
+ * (ep_peek). Under mu. */
+static void ep_poke(struct fdent *ee, int epfd, int nest)
+{
 	int fd = ee->wake_fd1 - 1;
 	if (fd < 0) {
 		while (!wake_magic)
@@ -66,8 +76,8 @@ static void ep_wake(struct fdent *ee, int epfd)
 		fd = fd_high(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
 		struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = wake_magic};
 		if (fd < 0 || real_epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-			debugf("epoll %d: no wake-up for its waiters (%s): they see a new member at their timeout", epfd,
-			       strerror(errno));
+			debugf("epoll %d: no wake-up (%s): its waiters see a new member, and the sets that hold it "
+			       "an accelerated member ready, at their timeout", epfd, strerror(errno));
 			if (fd >= 0)
 				real_close(fd);
 			return;
@@ -77,6 +87,8 @@ static void ep_wake(struct fdent *ee, int epfd)
 	uint64_t one = 1;
 	if (real_write(fd, &one, sizeof one) < 0)
 		debugf("epoll %d: its wake-up: %s", epfd, strerror(errno));
+	else if (nest)
+		ee->poked = 1;
 }
 
 /* ep_waiting counts a thread into (+1) or out of (-1) the waiters of
@@ -155,6 +167,7 @@ static void ep_remove(struct ep *ep, int i)
 static int *epfds;
 static int nepfds;
 static int capepfds;
+int ep_lists;
 
 static int epfds_add(int fd)
 {
@@ -172,6 +185,7 @@ static int epfds_add(int fd)
 		capepfds = cap;
 	}
 	epfds[nepfds++] = fd;
+	__atomic_store_n(&ep_lists, 1, __ATOMIC_RELAXED);
 	return 0;
 }
 
@@ -350,6 +364,90 @@ static int capkregs;
 
 static int ep_ctl_locked(struct fdent *ee, int epfd, int op, int fd, struct fdent *fe, struct epoll_event *ev);
 
+/* ---- instances in instances ----------------------------------------
+ *
+ * An instance in another's kernel set (epoll_ctl of an epoll fd: an
+ * event loop embedded in another's) is readable there for its kernel
+ * members alone. So a wait on the outer one looks at the inner ones'
+ * accelerated members too (ep_peek): when one is ready it makes the
+ * inner instance readable in the kernel (ep_poke), and the kernel's set
+ * reports it with the program's data; while it blocks their members are
+ * armed with its own. The pairs are noted here (under mu), each with its
+ * instances' numbers (epgen): one closed, the pair is dropped. */
+#define NEST_MAX 16 /* instances in one that a wait looks at */
+struct nest {
+	int outer, inner;
+	uint32_t ogen, igen;
+};
+static struct nest *nests;
+static int nnests, capnests;
+
+/* nest_ctl notes epoll_ctl(outer, op, inner) that the kernel did. */
+static void nest_ctl(int outer, int op, int inner)
+{
+	struct fdent *oe = ent(outer), *ie = ent(inner);
+	if (!oe || !ie || oe->kind != K_EPOLL || ie->kind != K_EPOLL || op == EPOLL_CTL_MOD)
+		return;
+	table_lock();
+	int i = 0;
+	while (i < nnests && (nests[i].outer != outer || nests[i].inner != inner))
+		i++;
+	if (op == EPOLL_CTL_DEL) {
+		if (i < nnests)
+			nests[i] = nests[--nnests];
+	} else {
+		if (i == nnests && nnests == capnests) {
+			int cap = capnests ? 2 * capnests : 8;
+			struct nest *g = realloc(nests, cap * sizeof *g);
+			if (g) {
+				nests = g;
+				capnests = cap;
+			}
+		}
+		if (i < capnests) {
+			nests[i] = (struct nest){outer, inner, oe->epgen, ie->epgen};
+			if (i == nnests)
+				__atomic_store_n(&nnests, nnests + 1, __ATOMIC_RELAXED);
+		} else {
+			debugf("epoll %d in epoll %d: not noted (no memory): its accelerated members are not seen there",
+			       inner, outer);
+		}
+	}
+	table_unlock();
+}
+
+/* nested_ours lists into in (room for NEST_MAX) the instances in outer's
+ * set that have accelerated members, dropping the pairs of closed ones;
+ * under mu. */
+static int nested_ours(int outer, int *in)
+{
+	int n = 0;
+	for (int i = 0; i < nnests;) {
+		struct nest *x = &nests[i];
+		struct fdent *a = ent(x->outer), *b = ent(x->inner);
+		if (!a || !b || a->kind != K_EPOLL || b->kind != K_EPOLL || a->epgen != x->ogen || b->epgen != x->igen) {
+			nests[i] = nests[--nnests];
+			continue;
+		}
+		if (x->outer == outer && b->ep && b->ep->n && n < NEST_MAX)
+			in[n++] = x->inner;
+		i++;
+	}
+	return n;
+}
+
+/* has_nested says whether a wait on outer must look at instances in it. */
+static int has_nested(int outer)
+{
+	if (!__atomic_load_n(&nnests, __ATOMIC_RELAXED) || after_fork || in_core)
+		return 0;
+	int in[NEST_MAX];
+	table_lock();
+	int n = nested_ours(outer, in);
+	table_unlock();
+	return n > 0;
+}
+
 /* kreg_ctl is epoll_ctl on a descriptor that is not accelerated: the
  * kernel's, noted if it is a TCP socket the core may take yet. */
 static int kreg_ctl(int epfd, int op, int fd, struct epoll_event *ev)
@@ -520,8 +618,12 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	struct fdent *fe = ours_or_listener(fd);
 	struct fdent *ee = ent(epfd);
 	CHILD_TAKES(fd, fe);
-	if (!fe && ee && !after_fork)
-		return kreg_ctl(epfd, op, fd, ev);
+	if (!fe && ee && !after_fork) {
+		int r = kreg_ctl(epfd, op, fd, ev);
+		if (r == 0)
+			nest_ctl(epfd, op, fd);
+		return r;
+	}
 	if (!fe || !ee || after_fork)
 		return real_epoll_ctl(epfd, op, fd, ev);
 	/* The kernel's checks, in its order, that the shim's own list of
@@ -712,6 +814,105 @@ static int ep_arm_level(struct fdent *ee, struct ep *ep, unsigned ver, int **hs,
 	return wait_block(w, now, h, want, evs, NULL, k, NULL, p, 1, epfd, conns, mask);
 }
 
+/* ---- an instance in a poll or select ----------------------------------
+ *
+ * The kernel's epoll fd is readable while its set has events to report,
+ * and an instance's accelerated members are not in the kernel's set: a
+ * poll or select that held the instance (an event loop embedded in
+ * another's, as libuv's backend fd or sd-event's in a GLib loop) never
+ * saw them, and waited to its timeout. So poll and select look at such
+ * an instance's accelerated members themselves (ep_peek), as an
+ * epoll_wait on it would, without reporting them, and arm them while
+ * they block. */
+
+/* arms_room makes a hold n more entries. */
+int arms_room(struct arms *a, int n)
+{
+	if (a->n + n <= a->cap)
+		return 0;
+	int cap = a->cap ? a->cap : 16;
+	while (cap < a->n + n)
+		cap *= 2;
+	int **arr[] = {&a->hs, &a->want, &a->evs, (int **)&a->edges};
+	for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++) {
+		int *g = realloc(*arr[i], cap * sizeof(int));
+		if (!g) {
+			errno = ENOMEM;
+			return -1;
+		}
+		*arr[i] = g;
+	}
+	a->cap = cap;
+	return 0;
+}
+
+/* ep_peek says whether an epoll_wait on instance epfd would report one of
+ * its accelerated members now (1), without reporting it: the level-
+ * triggered ones ready for an event they ask for, the edge-triggered ones
+ * with an edge not reported yet (ep_collect's rules), the one-shot ones
+ * not yet reported. If none would (0), it appends to a what a wait is to
+ * arm for them: each member's events, or an edge-triggered member's next
+ * edge. -1 with errno. spinning: the stack is polled first. */
+int ep_peek(int epfd, struct arms *a, int spinning)
+{
+	static __thread int *hs;
+	static __thread int room;
+	struct fdent *ee = ent(epfd);
+	for (int tries = 0; tries < 8; tries++) {
+		table_lock();
+		struct ep *ep = ee && ee->kind == K_EPOLL ? ee->ep : NULL;
+		int n = ep ? ep->n : 0;
+		if (!n || ep_room(&hs, &room, n) < 0 || arms_room(a, n) < 0) {
+			table_unlock();
+			return n ? -1 : 0;
+		}
+		int *evs = hs + room, *want = evs + room;
+		unsigned *edges = (unsigned *)(want + 2 * room);
+		ep_members(ep, hs, want, NULL);
+		unsigned ver = ep->ver;
+		table_unlock();
+		CORE_VOID(core.events(hs, evs, edges, n, spinning));
+		table_lock();
+		if (ee->kind != K_EPOLL || ee->ep != ep || ep->ver != ver) {
+			table_unlock();
+			continue; /* the members changed meanwhile */
+		}
+		int any = 0, at = a->n;
+		for (int j = 0; j < n && !any; j++) {
+			struct epi *it = &ep->items[j];
+			if (it->disabled)
+				continue;
+			uint32_t ready = to_epoll(evs[j]) & (it->events | EPOLLERR | EPOLLHUP), got = ready;
+			if (it->events & EPOLLET) {
+				struct fdent *fe = ent(it->fd);
+				int moved = edges[j] != it->edge_seen;
+				if (fe && !moved && fe->rd_eagain == it->rd_seen)
+					got &= ~(EPOLLIN | EPOLLRDNORM | EPOLLRDHUP);
+				if (fe && !moved && fe->wr_eagain == it->wr_seen)
+					got &= ~(EPOLLOUT | EPOLLWRNORM);
+			}
+			any = got != 0;
+			a->hs[at] = it->h;
+			a->want[at] = ready && !got ? ONL_EDGE : from_epoll(it->events);
+			a->edges[at++] = edges[j];
+		}
+		if (!any)
+			a->n = at;
+		if (!any && ee->poked && !__atomic_load_n(&ee->waiters, __ATOMIC_SEQ_CST)) {
+			/* Made readable for a member that is not ready now: the
+			 * kernel's look that follows must not see it. (With
+			 * threads waiting in it, the eventfd may be their wake-up
+			 * too: it stays, and the look may end at once.) */
+			uint64_t v;
+			real_read(ee->wake_fd1 - 1, &v, sizeof v);
+			ee->poked = 0;
+		}
+		table_unlock();
+		return any;
+	}
+	return 0; /* changing all the while: the caller looks again */
+}
+
 static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns, const sigset_t *mask)
 {
 	struct fdent *ee = ent(epfd);
@@ -744,6 +945,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	 * wait, one after every wake-up for a frame of the other thread's. */
 	int kernel_woke = timeout_ns == 0;
 	int kstack = 0; /* the last check's events of the stack's */
+	struct arms arm = {0}; /* instances in this one's set: what to arm */
 	for (;;) {
 		table_lock();
 		ep = ee->ep;
@@ -808,7 +1010,30 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 				ep->full = 0;
 			ep->seq = seq;
 		}
+		/* Instances in this one's set, ready for their accelerated
+		 * members: readable in the kernel's set now (ep_poke). */
+		int inner[NEST_MAX], ni = 0;
+		if (__atomic_load_n(&nnests, __ATOMIC_RELAXED))
+			ni = nested_ours(epfd, inner);
 		table_unlock();
+		arm.n = 0;
+		for (int i = 0; i < ni && arm.n >= 0; i++) {
+			int r = ep_peek(inner[i], &arm, w.spinning);
+			if (r > 0) {
+				table_lock();
+				struct fdent *ie = ent(inner[i]);
+				if (ie && ie->kind == K_EPOLL)
+					ep_poke(ie, inner[i], 1);
+				table_unlock();
+				kernel = 1;
+			}
+			if (r < 0)
+				arm.n = -1;
+		}
+		if (arm.n < 0) {
+			ret = -1;
+			break;
+		}
 		if (kernel && k < max) {
 			int r;
 			while ((r = real_epoll_wait(epfd, out + k, max - k, 0)) < 0 && errno == EINTR)
@@ -855,6 +1080,29 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 			}
 		}
 		struct pollfd p[4] = {{.fd = epfd, .events = POLLIN}};
+		if (arm.n > 0) {
+			/* The inner instances' members armed with this one's,
+			 * which a full check lists. */
+			if (!full) {
+				blocking = 1;
+				continue;
+			}
+			if (arms_room(&arm, k0) < 0) {
+				ret = -1;
+				break;
+			}
+			memcpy(arm.hs + arm.n, hs, k0 * sizeof(int));
+			memcpy(arm.want + arm.n, want, k0 * sizeof(int));
+			memcpy(arm.edges + arm.n, edges, k0 * sizeof(unsigned));
+			blocking = 0;
+			kernel_woke = wait_block(&w, now, arm.hs, arm.want, arm.evs, arm.edges, arm.n + k0, NULL, p, 1, epfd, 1,
+						 mask);
+			if (kernel_woke < 0) {
+				ret = -1;
+				break;
+			}
+			continue;
+		}
 		if (!full && !(w.spinning && now < w.spin_end)) {
 			/* A set of many: wait for the stack's ready log to move
 			 * past this check, instead of arming every member. */
@@ -889,6 +1137,7 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	}
 	wait_end(&w);
 	free(hs);
+	free(arm.hs), free(arm.want), free(arm.evs), free(arm.edges);
 	return ret;
 }
 
@@ -931,7 +1180,7 @@ static int any_epoll(int epfd, struct epoll_event *ev, int max, int ms, const st
 			if (left < 0)
 				left = 0;
 		}
-		if (ep_has_ours(epfd)) {
+		if (ep_has_ours(epfd) || has_nested(epfd)) {
 			r = do_epoll_wait(epfd, ev, max, left, mask);
 			break;
 		}

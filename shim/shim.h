@@ -275,6 +275,9 @@ struct fdent {
 	 * IPv4 peers through IPv4-mapped addresses (::ffff:a.b.c.d): its
 	 * names are given as such (fill_addr). */
 	uint8_t v6;
+	/* K_EPOLL: made readable in the kernel for a set that holds it
+	 * (ep_poke), not yet drained. */
+	uint8_t poked;
 	/* K_TCP, listening: the process that called listen() on it, or 0
 	 * (it came across exec). Another process's listener is shared by
 	 * inheritance (a pre-fork server's workers): accel_listener says so
@@ -282,6 +285,7 @@ struct fdent {
 	 * padding after v6: the entry stays 48 bytes. */
 	pid_t lpid;
 };
+_Static_assert(sizeof(struct fdent) == 48, "a table entry grew");
 
 #define MAX_HANDLES (1 << 17)
 #define CONN_PENDING 1
@@ -503,6 +507,15 @@ struct timespec *ns_ts(int64_t ns, struct timespec *ts);
 /* epoll.c */
 void epoll_forget(int fd, int h, int last);
 void ep_free(struct ep *ep);
+/* An instance that a poll or select holds (epoll.c, ep_peek): what to arm
+ * for its accelerated members while the wait blocks. */
+struct arms {
+	int *hs, *want, *evs;
+	unsigned *edges;
+	int n, cap;
+};
+int arms_room(struct arms *a, int n);
+int ep_peek(int epfd, struct arms *a, int spinning);
 void kreg_forget(int fd);
 void kreg_take(int fd, struct fdent *fe);
 void epoll_to_kernel(int fd, int h);
@@ -586,6 +599,17 @@ static inline void table_unlock(void)
 static inline struct fdent *ent(int fd)
 {
 	return (unsigned)fd < (unsigned)nfdt ? &fdt[fd] : NULL;
+}
+
+/* nested_ep says whether fd is an epoll instance with accelerated
+ * members (a hint: ep_peek takes the table's lock). */
+extern int ep_lists; /* an instance ever had accelerated members */
+static inline int nested_ep(int fd)
+{
+	if (!__atomic_load_n(&ep_lists, __ATOMIC_RELAXED))
+		return 0; /* a poll of the kernel's fds alone reads no entry */
+	struct fdent *e = ent(fd);
+	return e && e->kind == K_EPOLL && e->ep && e->ep->n;
 }
 
 /* set_kind gives entry e its kind k, and notes its block (fdt_used). */

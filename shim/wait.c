@@ -472,7 +472,8 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 		gen = (unsigned *)(held + n);
 		tmp = (struct pollfd *)(gen + n + 4);
 	}
-	int k = 0, nkernel = 0, conns = 0, holding = 0;
+	int k = 0, nkernel = 0, conns = 0, holding = 0, nested = 0;
+	struct arms arm = {0}; /* epoll instances' members to arm (ep_peek) */
 	for (nfds_t i = 0; i < n; i++) {
 		tmp[i] = fds[i];
 		tmp[i].revents = 0;
@@ -490,11 +491,18 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 				nkernel++;
 		} else if (fds[i].fd >= 0) {
 			nkernel++;
+			nested |= (fds[i].events & (POLLIN | POLLRDNORM)) && nested_ep(fds[i].fd);
 		}
+	}
+	char *nready = nested ? calloc(n, 1) : NULL;
+	if (nested && !nready) {
+		free(heap);
+		errno = ENOMEM;
+		return -1;
 	}
 	struct wait w;
 	wait_begin_spin(&w, timeout_ns, t_kernel_only < EP_KERNEL_ONLY);
-	int ret, ours_ready = 0;
+	int ret = 0, ours_ready = 0;
 	for (;;) {
 		int ready = 0, closed = 0;
 		CORE_VOID(core.events(hs, evs, NULL, k, w.spinning));
@@ -515,8 +523,24 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 				if (held[j])
 					release_h(hs[j]);
 			free(heap);
+			free(arm.hs), free(arm.want), free(arm.evs), free(arm.edges), free(nready);
 			return wait_poll_sel(fds, n, timeout_ns, mask, sel);
 		}
+		/* An epoll instance held here is readable for its accelerated
+		 * members too (epoll.c, ep_peek), looked at before the kernel's
+		 * poll: a look that finds none ready takes back what made it
+		 * readable in the kernel for them. */
+		arm.n = 0;
+		for (nfds_t i = 0; nested && i < n && ret != -1; i++) {
+			nready[i] = 0;
+			if (fds[i].fd < 0 || !(fds[i].events & (POLLIN | POLLRDNORM)) || !nested_ep(fds[i].fd))
+				continue;
+			int r = ep_peek(fds[i].fd, &arm, w.spinning);
+			nready[i] = r > 0;
+			ret = r < 0 ? -1 : 0;
+		}
+		if (ret == -1)
+			break;
 		if (nkernel > 0 && check_poll(tmp, n) < 0) {
 			ret = -1;
 			break;
@@ -534,6 +558,11 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 			else if (re)
 				nval = 1; /* the closed socket's event wakes the kernel's poll */
 		}
+		for (nfds_t i = 0; nested && i < n; i++)
+			if (nready[i]) {
+				fds[i].revents |= fds[i].events & (POLLIN | POLLRDNORM);
+				ours_ready = 1;
+			}
 		for (nfds_t i = 0; i < n; i++)
 			ready += fds[i].revents != 0;
 		int64_t now;
@@ -558,7 +587,20 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 			for (int j = 0; j < k; j++)
 				held[j] = !gone[j] && hold_h(hs[j]);
 		}
-		if (wait_block(&w, now, hs, want, evs, NULL, k, NULL, tmp, n, -1, conns, mask) < 0) {
+		int *bh = hs, *bw = want, *be = evs, bk = k;
+		unsigned *bedges = NULL;
+		if (arm.n > 0) {
+			/* The instances' members first, then the fds' own. */
+			if (arms_room(&arm, k) < 0) {
+				ret = -1;
+				break;
+			}
+			memcpy(arm.hs + arm.n, hs, k * sizeof(int));
+			memcpy(arm.want + arm.n, want, k * sizeof(int));
+			memset(arm.edges + arm.n, 0, k * sizeof(unsigned));
+			bh = arm.hs, bw = arm.want, be = arm.evs, bedges = arm.edges, bk = arm.n + k;
+		}
+		if (wait_block(&w, now, bh, bw, be, bedges, bk, NULL, tmp, n, -1, conns || arm.n, mask) < 0) {
 			ret = -1;
 			break;
 		}
@@ -570,6 +612,7 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 		if (held[j])
 			release_h(hs[j]);
 	free(heap);
+	free(arm.hs), free(arm.want), free(arm.evs), free(arm.edges), free(nready);
 	return ret;
 }
 

@@ -2554,3 +2554,27 @@ func nameServer(t *testing.T, h *Host) (addr, port string) {
 	})
 	return h.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
+
+// TestShimNestedEpoll: an epoll instance holding an accelerated
+// connection, waited on by poll, select and another epoll instance (an
+// event loop embedded in another's), reports as on the kernel
+// (shim/test/nested.c: before and after the echo, reported and read, an
+// echo that comes while the outer wait blocks, level-triggered,
+// edge-triggered and one-shot, a pipe beside it). Before, the kernel's
+// epoll fd was readable for its kernel members alone, and every wait
+// missed the connection.
+func TestShimNestedEpoll(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "nested")
+	a, b, ln := echoHosts(t)
+	addr, port := b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	kernel, _ := runBounded(t, a.Command(prog, addr, port), 60*time.Second)
+	if !strings.Contains(kernel, "blocked in the outer wait: 42\n") || strings.Count(kernel, "--") != 3 {
+		t.Fatalf("on the kernel it printed\n%s", kernel)
+	}
+	shim, log := runBounded(t, shimCommand(t, a, nil, prog, addr, port), 60*time.Second)
+	requireAccelerated(t, log, "connecting")
+	if shim != kernel {
+		t.Fatalf("under the shim it printed\n%s\non the kernel\n%s\nshim's log:\n%s", shim, kernel, log)
+	}
+}
