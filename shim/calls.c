@@ -84,6 +84,46 @@ static int v4_of(int fd, const struct fdent *e, const struct sockaddr *a, sockle
 	return 1;
 }
 
+/* reuseport_twin is the handle of an accelerated listener of this
+ * process's on fd's address (ip, port) with which fd, bound with
+ * SO_REUSEPORT, is in the kernel's SO_REUSEPORT group; 0 if none. A
+ * server with a listener a thread (each bound with SO_REUSEPORT) had the
+ * first take the port and the others listen in the kernel, where no
+ * connection reached them: every connection went to the first thread.
+ * Now they share its queue (as dup'd fds do: the handle is counted), and
+ * each thread accepts what it can take, as Onload's listeners of one
+ * group within a stack. Under mu. */
+static int reuseport_twin(int fd, struct fdent *e, uint32_t ip, uint16_t port)
+{
+	int on = 0;
+	socklen_t l = sizeof on;
+	if (real_getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, &l) < 0 || !on)
+		return 0;
+	for (int o = 0; o < nfdt; o++) {
+		unsigned b = (unsigned)o / FDT_BLOCK;
+		if (!((fdt_used[b / 64] >> (b % 64)) & 1)) {
+			o = (b + 1) * FDT_BLOCK - 1;
+			continue;
+		}
+		struct fdent *x = &fdt[o];
+		if (o == fd || x->kind != K_OURS || !x->listening || x->v6 != e->v6)
+			continue;
+		struct sockaddr_storage sa;
+		socklen_t sl = sizeof sa;
+		uint32_t xip;
+		uint16_t xport;
+		on = 0;
+		l = sizeof on;
+		if (real_getsockname(o, (struct sockaddr *)&sa, &sl) == 0 &&
+		    v4_of(o, x, (struct sockaddr *)&sa, sl, 1, &xip, &xport) && xip == ip && xport == port &&
+		    real_getsockopt(o, SOL_SOCKET, SO_REUSEPORT, &on, &l) == 0 && on) {
+			debugf("fd %d: listening, accelerated, on fd %d's queue (SO_REUSEPORT)", fd, o);
+			return x->h;
+		}
+	}
+	return 0;
+}
+
 /* accel_listener hands a listening socket to the core, once, if it will
  * have it; the entry is K_OURS after, or not ours. */
 
@@ -98,8 +138,9 @@ void accel_listener(int fd, struct fdent *e)
 		int h = 0, v6 = e->v6;
 		uint32_t ip;
 		uint16_t port;
+		int twin = 0;
 		if (real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && v4_of(fd, e, (struct sockaddr *)&sa, l, 1, &ip, &port))
-			h = CORE(core.listen(fd, ip, e->lpid != getpid()));
+			h = (twin = reuseport_twin(fd, e, ip, port)) ? twin : CORE(core.listen(fd, ip, e->lpid != getpid()));
 		else if (v6)
 			debugf("fd %d: an IPv6 listener on an IPv6 address, or IPV6_V6ONLY: the kernel's", fd);
 		if (h > 0) {
@@ -107,7 +148,8 @@ void accel_listener(int fd, struct fdent *e)
 			set_ours(fd, h, nb, nb, 1, timeo);
 			e->v6 = v6;
 			kreg_take(fd, e);
-			copy_options(fd, h, defaults);
+			if (!twin) /* a twin's options are its group's first's */
+				copy_options(fd, h, defaults);
 			stack_known();
 			debugf("fd %d: listening, accelerated", fd);
 		} else {

@@ -2578,3 +2578,57 @@ func TestShimNestedEpoll(t *testing.T) {
 		t.Fatalf("under the shim it printed\n%s\non the kernel\n%s\nshim's log:\n%s", shim, kernel, log)
 	}
 }
+
+// TestShimReusePortThreads: a server with a listener a thread, each
+// bound with SO_REUSEPORT (shim/test/reuseport.c), has every listener
+// take connections, as the kernel spreads them. Before, the first took
+// the port and the others listened in the kernel, where no connection
+// came: one thread served everything.
+func TestShimReusePortThreads(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "reuseport")
+	a, b := Pair(t, LinkOptions{})
+	const conns = 100
+	addr := netip.AddrPortFrom(a.Iface0().Addr(), 7310).String()
+	run := func(cmd *exec.Cmd) (string, string) {
+		stdin, stdout, log := startPiped(t, cmd)
+		defer stdin.Close()
+		next := lineReader(t, stdout, "reuseport", log, 30*time.Second)
+		if l := next("listening"); l != "listening" {
+			t.Fatalf("reuseport said %q, want listening:\n%s", l, log.String())
+		}
+		seen := map[string]int{}
+		for i := range conns {
+			var c net.Conn
+			if err := b.Do(func() (err error) { c, err = net.DialTimeout("tcp", addr, 5*time.Second); return }); err != nil {
+				t.Fatalf("connection %d: %v\n%s", i, err, log.String())
+			}
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			var n [1]byte
+			_, err := c.Write([]byte{'x'})
+			if err == nil {
+				_, err = io.ReadFull(c, n[:])
+			}
+			c.Close()
+			if err != nil {
+				t.Fatalf("connection %d: %v\n%s", i, err, log.String())
+			}
+			seen[string(n[:])]++
+		}
+		var out []string
+		for range 4 {
+			out = append(out, next("a count"))
+		}
+		return strings.Join(out, "\n"), fmt.Sprintf("%v\n%s", seen, log.String())
+	}
+	kernel, _ := run(a.Command(prog, "7310", "3", strconv.Itoa(conns)))
+	want := fmt.Sprintf("connections: %d\nlistener 0: took some\nlistener 1: took some\nlistener 2: took some", conns)
+	if kernel != want {
+		t.Fatalf("on the kernel:\n%s\nwant\n%s", kernel, want)
+	}
+	shim, log := run(shimCommand(t, a, nil, prog, "7310", "3", strconv.Itoa(conns)))
+	requireAccelerated(t, log, "listening")
+	if shim != want {
+		t.Fatalf("under the shim:\n%s\nwant\n%s\nby listener, and the shim's log: %s", shim, want, log)
+	}
+}
