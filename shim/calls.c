@@ -1117,7 +1117,7 @@ EXPORT ssize_t __recvfrom_chk(int fd, void *b, size_t n, size_t blen, int flags,
 EXPORT int close(int fd)
 {
 	struct fdent *e = ent(fd);
-	if (e && e->kind == K_CORE && !after_fork)
+	if (e && e->kind == K_CORE && !after_fork && core_fd_live(fd, e))
 		return core_fd_refused(fd, "close");
 	if (e && e->kind == K_OURS && e->ho_ok)
 		handover_for_close(fd, e);
@@ -1147,7 +1147,7 @@ EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 		uint8_t k = __atomic_load_n(&fdt[fd].kind, __ATOMIC_RELAXED);
 		if (k == K_NONE)
 			continue;
-		if (k == K_CORE && !after_fork) {
+		if (k == K_CORE && !after_fork && core_fd_live((int)fd, &fdt[fd])) {
 			if (fd > from && syscall(SYS_close_range, from, fd - 1, flags) < 0)
 				return -1;
 			from = fd + 1;
@@ -1443,7 +1443,7 @@ static void std_stream(int fd2)
 static int onto_core(int fd2, const char *call)
 {
 	struct fdent *e = ent(fd2);
-	if (!e || e->kind != K_CORE || after_fork)
+	if (!e || e->kind != K_CORE || after_fork || !core_fd_live(fd2, e))
 		return 0;
 	static int logged;
 	if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))

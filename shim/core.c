@@ -236,6 +236,13 @@ static void mark_core_fds(const uint8_t *before)
 		uint8_t bit = 1 << (fd % 8);
 		if ((after[fd / 8] & bit) && !(before[fd / 8] & bit) &&
 		    __atomic_load_n(&fdt[fd].kind, __ATOMIC_RELAXED) == K_NONE && core_made(fd)) {
+			/* Close-on-exec, as the rest of the stack's: the netlink
+			 * sockets of its route and link watch and a BPF ring
+			 * buffer's map were not, and every program the process
+			 * exec'd inherited them. */
+			int fl = real_fcntl(fd, F_GETFD);
+			if (fl >= 0 && !(fl & FD_CLOEXEC))
+				real_fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
 			set_kind(&fdt[fd], K_CORE);
 			n++;
 		}
@@ -260,6 +267,21 @@ static void core_fd_note(int fd, int open)
 		else
 			__atomic_store_n(&e->kind, K_NONE, __ATOMIC_RELAXED);
 	}
+}
+
+/* core_fd_live says whether fd, marked K_CORE (entry e), is the stack's
+ * still: open, and close-on-exec, as every fd the core opens is. A mark
+ * the core did not take back as it closed the fd (core_fd_note) would
+ * otherwise refuse the program's close of the number's next holder: an
+ * fd open without close-on-exec is not the stack's, and its mark goes. */
+int core_fd_live(int fd, struct fdent *e)
+{
+	int fl = real_fcntl(fd, F_GETFD);
+	if (fl >= 0 && (fl & FD_CLOEXEC))
+		return 1;
+	uint8_t k = K_CORE;
+	__atomic_compare_exchange_n(&e->kind, &k, K_NONE, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+	return 0;
 }
 
 /* core_fd_refused refuses call on fd, one of the stack's own (EBADF). */

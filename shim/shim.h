@@ -430,6 +430,7 @@ extern uint8_t *htimeo;
 extern uint32_t *fdgen;
 int refuse_after_fork(void);
 int core_fd_refused(int fd, const char *call);
+int core_fd_live(int fd, struct fdent *e);
 int child_takes(int fd, struct fdent *e);
 void set_ours(int fd, int h, int nonblock, int knb, int listening, int timeo);
 void drop(int fd);

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -2630,5 +2631,26 @@ func TestShimReusePortThreads(t *testing.T) {
 	requireAccelerated(t, log, "listening")
 	if shim != want {
 		t.Fatalf("under the shim:\n%s\nwant\n%s\nby listener, and the shim's log: %s", shim, want, log)
+	}
+}
+
+// TestShimExecNoStackFds: a program the shim's process execs inherits
+// the fds the program left open, as on the kernel, and none of the
+// stack's (bash connects through /dev/tcp, then runs ls on
+// /proc/self/fd). Before, the netlink sockets of the stack's route and
+// link watch and a BPF ring buffer's map were not close-on-exec, and
+// every program exec'd inherited them.
+func TestShimExecNoStackFds(t *testing.T) {
+	shimOnloadd(t)
+	a, b, ln := echoHosts(t)
+	script := fmt.Sprintf("exec 3<>/dev/tcp/%s/%d && ls /proc/self/fd", b.Iface0().Addr(), ln.Addr().(*net.TCPAddr).Port)
+	kernel, _ := runBounded(t, a.Command("bash", "-c", script), 30*time.Second)
+	if !slices.Contains(strings.Fields(kernel), "3") {
+		t.Fatalf("on the kernel ls listed %q: want the connection's fd 3", kernel)
+	}
+	shim, log := runBounded(t, shimCommand(t, a, nil, "bash", "-c", script), 30*time.Second)
+	requireAccelerated(t, log, "connecting")
+	if shim != kernel {
+		t.Fatalf("the program bash exec'd under the shim has fds\n%s\non the kernel\n%s\nshim's log:\n%s", shim, kernel, log)
 	}
 }
