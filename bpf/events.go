@@ -44,7 +44,9 @@ func (s *Steering) Events() (*EventReader, error) {
 	m := s.objs.Events
 	size := int(m.MaxEntries())
 	page := os.Getpagesize()
-	fd, err := unix.Dup(m.FD())
+	// Close-on-exec, as every descriptor of the stack's: a plain dup was
+	// inherited by every program the process exec'd.
+	fd, err := unix.FcntlInt(uintptr(m.FD()), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open wake event ring buffer: %w", err)
 	}

@@ -3,7 +3,10 @@ package stack
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"strconv"
 	"sync"
+	"syscall"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -40,6 +43,13 @@ func FollowKernel(s *Stack, ifname string, logf func(format string, a ...any)) (
 	nch := make(chan netlink.NeighUpdate, 256)
 	rch := make(chan netlink.RouteUpdate, 64)
 	onErr := func(err error) { logf("following the kernel's tables of %s: %v", ifname, err) }
+	// The netlink library's subscriptions open their sockets without
+	// close-on-exec, and every program the process exec'd inherited
+	// them: they are made so here, before a fork of Go's can happen.
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
+	before := netlinkFDs()
+	defer closeOnExecNew(before)
 	if err := netlink.LinkSubscribeWithOptions(lch, f.done, netlink.LinkSubscribeOptions{ErrorCallback: onErr}); err != nil {
 		close(f.done)
 		return nil, fmt.Errorf("follow the kernel's links: %w", err)
@@ -140,4 +150,30 @@ func (f *Follower) Close() error {
 	f.once.Do(func() { close(f.done) })
 	f.wg.Wait()
 	return nil
+}
+
+// netlinkFDs lists the process's open netlink sockets.
+func netlinkFDs() map[int]bool {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	fds := map[int]bool{}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if d, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err == nil && d == unix.AF_NETLINK {
+			fds[fd] = true
+		}
+	}
+	return fds
+}
+
+// closeOnExecNew makes the netlink sockets opened since before
+// close-on-exec.
+func closeOnExecNew(before map[int]bool) {
+	for fd := range netlinkFDs() {
+		if !before[fd] {
+			unix.CloseOnExec(fd)
+		}
+	}
 }

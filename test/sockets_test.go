@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/net/nettest"
+	"golang.org/x/sys/unix"
 
 	"github.com/xdp-onload/onload/sockets"
 )
@@ -437,5 +440,47 @@ func TestUDPKernelHalfWakes(t *testing.T) {
 	send(a, "through the stack")
 	for i := range 300 {
 		send(b, fmt.Sprintf("through the kernel %d", i))
+	}
+}
+
+// TestSocketsFDsCloseOnExec: every descriptor a stack of the Go library
+// opens is close-on-exec, so a program that execs another gives it none
+// of them. The netlink library's subscriptions (the stack's watch of the
+// kernel's links, neighbours and routes) and the wake events' ring
+// buffer were not.
+func TestSocketsFDsCloseOnExec(t *testing.T) {
+	RequireRoot(t)
+	a, _ := Pair(t, LinkOptions{})
+	open := func() map[string]bool {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]bool{}
+		for _, e := range ents {
+			m[e.Name()] = true
+		}
+		return m
+	}
+	before := open()
+	ourSockets(t, a, sockets.Balanced)
+	for fd := range open() {
+		if before[fd] {
+			continue
+		}
+		info, err := os.ReadFile("/proc/self/fdinfo/" + fd)
+		if err != nil {
+			continue // closed meanwhile (ReadDir's own)
+		}
+		var flags int64
+		for _, l := range strings.Split(string(info), "\n") {
+			if v, ok := strings.CutPrefix(l, "flags:"); ok {
+				flags, _ = strconv.ParseInt(strings.TrimSpace(v), 8, 64)
+			}
+		}
+		if flags&unix.O_CLOEXEC == 0 {
+			target, _ := os.Readlink("/proc/self/fd/" + fd)
+			t.Errorf("fd %s (%s) is not close-on-exec (flags %o)", fd, target, flags)
+		}
 	}
 }
