@@ -100,9 +100,8 @@ static int reuseport_twin(int fd, struct fdent *e, uint32_t ip, uint16_t port)
 	if (real_getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, &l) < 0 || !on)
 		return 0;
 	for (int o = 0; o < nfdt; o++) {
-		unsigned b = (unsigned)o / FDT_BLOCK;
-		if (!((fdt_used[b / 64] >> (b % 64)) & 1)) {
-			o = (b + 1) * FDT_BLOCK - 1;
+		if (!block_used((unsigned)o)) {
+			o = (o / FDT_BLOCK + 1) * FDT_BLOCK - 1;
 			continue;
 		}
 		struct fdent *x = &fdt[o];
@@ -1139,9 +1138,8 @@ EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 		return (int)syscall(SYS_close_range, first, last, flags);
 	unsigned int from = first, top = (unsigned int)nfdt - 1;
 	for (unsigned int fd = first; fd <= last && fd <= top; fd++) {
-		unsigned int b = fd / FDT_BLOCK;
-		if (!((__atomic_load_n(&fdt_used[b / 64], __ATOMIC_RELAXED) >> (b % 64)) & 1)) {
-			fd = (b + 1) * FDT_BLOCK - 1; /* the block never had an entry */
+		if (!block_used(fd)) {
+			fd = (fd / FDT_BLOCK + 1) * FDT_BLOCK - 1; /* the block never had an entry */
 			continue;
 		}
 		uint8_t k = __atomic_load_n(&fdt[fd].kind, __ATOMIC_RELAXED);

@@ -169,21 +169,31 @@ static int nepfds;
 static int capepfds;
 int ep_lists;
 
+/* one_more makes room in *arr (of *cap entries of size bytes, n in use)
+ * for one more, doubling it (from first); -1 (errno ENOMEM) if memory is
+ * short, the array as it was. */
+static int one_more(void *arr, int *cap, int n, size_t size, int first)
+{
+	if (n < *cap)
+		return 0;
+	int c = *cap ? 2 * *cap : first;
+	void *g = realloc(*(void **)arr, c * size);
+	if (!g) {
+		errno = ENOMEM;
+		return -1;
+	}
+	*(void **)arr = g;
+	*cap = c;
+	return 0;
+}
+
 static int epfds_add(int fd)
 {
 	for (int i = 0; i < nepfds; i++)
 		if (epfds[i] == fd)
 			return 0;
-	if (nepfds == capepfds) {
-		int cap = capepfds ? 2 * capepfds : 16;
-		int *n = realloc(epfds, cap * sizeof(int));
-		if (!n) {
-			errno = ENOMEM;
-			return -1;
-		}
-		epfds = n;
-		capepfds = cap;
-	}
+	if (one_more(&epfds, &capepfds, nepfds, sizeof *epfds, 16) < 0)
+		return -1;
 	epfds[nepfds++] = fd;
 	__atomic_store_n(&ep_lists, 1, __ATOMIC_RELAXED);
 	return 0;
@@ -396,15 +406,7 @@ static void nest_ctl(int outer, int op, int inner)
 		if (i < nnests)
 			nests[i] = nests[--nnests];
 	} else {
-		if (i == nnests && nnests == capnests) {
-			int cap = capnests ? 2 * capnests : 8;
-			struct nest *g = realloc(nests, cap * sizeof *g);
-			if (g) {
-				nests = g;
-				capnests = cap;
-			}
-		}
-		if (i < capnests) {
+		if (i < nnests || one_more(&nests, &capnests, nnests, sizeof *nests, 8) == 0) {
 			nests[i] = (struct nest){outer, inner, oe->epgen, ie->epgen};
 			if (i == nnests)
 				__atomic_store_n(&nnests, nnests + 1, __ATOMIC_RELAXED);
@@ -465,15 +467,7 @@ static int kreg_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 		if (i < nkregs)
 			kregs[i] = kregs[--nkregs];
 	} else {
-		if (i == nkregs && nkregs == capkregs) {
-			int cap = capkregs ? 2 * capkregs : 16;
-			struct kreg *k = realloc(kregs, cap * sizeof *k);
-			if (k) {
-				kregs = k;
-				capkregs = cap;
-			}
-		}
-		if (i < capkregs) {
+		if (i < nkregs || one_more(&kregs, &capkregs, nkregs, sizeof *kregs, 16) == 0) {
 			if (i == nkregs)
 				nkregs++;
 			kregs[i] = (struct kreg){.fd = fd, .epfd = epfd, .epgen = ee->epgen, .ev = *ev};
@@ -680,6 +674,24 @@ static int ep_members(struct ep *ep, int *hs, int *want, int *et)
 	return conns;
 }
 
+/* ep_edge_got is what of ready (the events member it asks for that its
+ * socket has, whose edge count is edge) a check reports: all of it for a
+ * level-triggered member; for an edge-triggered one, only on an edge, as
+ * the kernel's: the socket's edge count moved (new data, a connection, a
+ * state change, an error) since it was last reported, or the program
+ * found it empty (or full) since. */
+static uint32_t ep_edge_got(const struct epi *it, uint32_t ready, unsigned edge)
+{
+	if (!(it->events & EPOLLET) || edge != it->edge_seen)
+		return ready;
+	struct fdent *fe = ent(it->fd);
+	if (fe && fe->rd_eagain == it->rd_seen)
+		ready &= ~(EPOLLIN | EPOLLRDNORM | EPOLLRDHUP);
+	if (fe && fe->wr_eagain == it->wr_seen)
+		ready &= ~(EPOLLOUT | EPOLLWRNORM);
+	return ready;
+}
+
 /* ep_collect reports ready members into out, up to max, from the events
  * the core gave for hs[0..m): every member in order if full (ep_members),
  * else the handles of those to check, some perhaps twice or no longer
@@ -715,20 +727,11 @@ static int ep_collect(struct ep *ep, int full, struct epoll_event *out, int max,
 			continue;
 		}
 		uint32_t ready = to_epoll(evs[j]) & (it->events | EPOLLERR | EPOLLHUP);
-		uint32_t got = ready;
+		uint32_t got = ep_edge_got(it, ready, edges[j]);
 		if (it->events & EPOLLET) {
 			struct fdent *fe = ent(it->fd);
-			if (got && full) /* reported now or before: wait for the next edge */
+			if (ready && full) /* reported now or before: wait for the next edge */
 				want[j] = ONL_EDGE;
-			/* An edge, as the kernel's: the socket's edge count moved
-			 * (new data, a connection, a state change, an error) since
-			 * it was last reported, or the program found it empty (or
-			 * full) since. */
-			int moved = edges[j] != it->edge_seen;
-			if (fe && !moved && fe->rd_eagain == it->rd_seen)
-				got &= ~(EPOLLIN | EPOLLRDNORM | EPOLLRDHUP);
-			if (fe && !moved && fe->wr_eagain == it->wr_seen)
-				got &= ~(EPOLLOUT | EPOLLWRNORM);
 			if (got)
 				it->edge_seen = edges[j];
 			if (fe && (got & (EPOLLIN | EPOLLRDNORM | EPOLLRDHUP)))
@@ -846,6 +849,22 @@ int arms_room(struct arms *a, int n)
 	return 0;
 }
 
+/* arms_append puts k members after a's (handles hs, wants want, edge
+ * counts edges, or none), for one wait to arm them all: -1 if memory is
+ * short. */
+int arms_append(struct arms *a, const int *hs, const int *want, const unsigned *edges, int k)
+{
+	if (arms_room(a, k) < 0)
+		return -1;
+	memcpy(a->hs + a->n, hs, k * sizeof(int));
+	memcpy(a->want + a->n, want, k * sizeof(int));
+	if (edges)
+		memcpy(a->edges + a->n, edges, k * sizeof(unsigned));
+	else
+		memset(a->edges + a->n, 0, k * sizeof(unsigned));
+	return 0;
+}
+
 /* ep_peek says whether an epoll_wait on instance epfd would report one of
  * its accelerated members now (1), without reporting it: the level-
  * triggered ones ready for an event they ask for, the edge-triggered ones
@@ -882,15 +901,8 @@ int ep_peek(int epfd, struct arms *a, int spinning)
 			struct epi *it = &ep->items[j];
 			if (it->disabled)
 				continue;
-			uint32_t ready = to_epoll(evs[j]) & (it->events | EPOLLERR | EPOLLHUP), got = ready;
-			if (it->events & EPOLLET) {
-				struct fdent *fe = ent(it->fd);
-				int moved = edges[j] != it->edge_seen;
-				if (fe && !moved && fe->rd_eagain == it->rd_seen)
-					got &= ~(EPOLLIN | EPOLLRDNORM | EPOLLRDHUP);
-				if (fe && !moved && fe->wr_eagain == it->wr_seen)
-					got &= ~(EPOLLOUT | EPOLLWRNORM);
-			}
+			uint32_t ready = to_epoll(evs[j]) & (it->events | EPOLLERR | EPOLLHUP);
+			uint32_t got = ep_edge_got(it, ready, edges[j]);
 			any = got != 0;
 			a->hs[at] = it->h;
 			a->want[at] = ready && !got ? ONL_EDGE : from_epoll(it->events);
@@ -1087,13 +1099,10 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 				blocking = 1;
 				continue;
 			}
-			if (arms_room(&arm, k0) < 0) {
+			if (arms_append(&arm, hs, want, edges, k0) < 0) {
 				ret = -1;
 				break;
 			}
-			memcpy(arm.hs + arm.n, hs, k0 * sizeof(int));
-			memcpy(arm.want + arm.n, want, k0 * sizeof(int));
-			memcpy(arm.edges + arm.n, edges, k0 * sizeof(unsigned));
 			blocking = 0;
 			kernel_woke = wait_block(&w, now, arm.hs, arm.want, arm.evs, arm.edges, arm.n + k0, NULL, p, 1, epfd, 1,
 						 mask);
@@ -1154,7 +1163,7 @@ static int ep_has_ours(int epfd)
 		}
 		return 0;
 	}
-	return e && e->kind == K_EPOLL && e->ep && e->ep->n > 0 && !in_core;
+	return ep_has_members(epfd) && !in_core;
 }
 
 /* any_epoll is epoll_wait (how 0: timeout ms), epoll_pwait (1) or

@@ -66,7 +66,7 @@ static int any_ours(struct pollfd *fds, nfds_t n)
 	for (nfds_t i = 0; i < n; i++) {
 		struct fdent *e = ours_or_listener(fds[i].fd);
 		CHILD_TAKES(fds[i].fd, e);
-		if (e || ((fds[i].events & (POLLIN | POLLRDNORM)) && nested_ep(fds[i].fd)))
+		if (e || ((fds[i].events & (POLLIN | POLLRDNORM)) && ep_has_members(fds[i].fd)))
 			any = 1;
 	}
 	return any && !after_fork && !in_core;
@@ -107,7 +107,7 @@ static int select_ours(int n, fd_set *r, fd_set *w, fd_set *x)
 		if ((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (x && FD_ISSET(fd, x))) {
 			struct fdent *e = ours_or_listener(fd);
 			CHILD_TAKES(fd, e);
-			any |= e != NULL || (r && FD_ISSET(fd, r) && nested_ep(fd));
+			any |= e != NULL || (r && FD_ISSET(fd, r) && ep_has_members(fd));
 		}
 	return any && !after_fork;
 }

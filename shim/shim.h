@@ -516,6 +516,7 @@ struct arms {
 	int n, cap;
 };
 int arms_room(struct arms *a, int n);
+int arms_append(struct arms *a, const int *hs, const int *want, const unsigned *edges, int k);
 int ep_peek(int epfd, struct arms *a, int spinning);
 void kreg_forget(int fd);
 void kreg_take(int fd, struct fdent *fe);
@@ -602,10 +603,10 @@ static inline struct fdent *ent(int fd)
 	return (unsigned)fd < (unsigned)nfdt ? &fdt[fd] : NULL;
 }
 
-/* nested_ep says whether fd is an epoll instance with accelerated
- * members (a hint: ep_peek takes the table's lock). */
+/* ep_has_members says whether fd is an epoll instance with accelerated
+ * members (a hint, without the table's lock: ep_peek takes it). */
 extern int ep_lists; /* an instance ever had accelerated members */
-static inline int nested_ep(int fd)
+static inline int ep_has_members(int fd)
 {
 	if (!__atomic_load_n(&ep_lists, __ATOMIC_RELAXED))
 		return 0; /* a poll of the kernel's fds alone reads no entry */
@@ -613,11 +614,19 @@ static inline int nested_ep(int fd)
 	return e && e->kind == K_EPOLL && e->ep && e->ep->n;
 }
 
+/* block_used says whether an entry of fd's block (fdt_used) may have
+ * had a kind; a loop over the table skips the others. */
+static inline int block_used(unsigned fd)
+{
+	unsigned b = fd / FDT_BLOCK;
+	return (__atomic_load_n(&fdt_used[b / 64], __ATOMIC_RELAXED) >> (b % 64)) & 1;
+}
+
 /* set_kind gives entry e its kind k, and notes its block (fdt_used). */
 static inline void set_kind(struct fdent *e, uint8_t k)
 {
 	size_t b = (size_t)(e - fdt) / FDT_BLOCK;
-	if (!((__atomic_load_n(&fdt_used[b / 64], __ATOMIC_RELAXED) >> (b % 64)) & 1))
+	if (!block_used((unsigned)(e - fdt)))
 		__atomic_or_fetch(&fdt_used[b / 64], 1ull << (b % 64), __ATOMIC_RELAXED);
 	__atomic_store_n(&e->kind, k, __ATOMIC_RELAXED);
 }

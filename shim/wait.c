@@ -491,7 +491,7 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 				nkernel++;
 		} else if (fds[i].fd >= 0) {
 			nkernel++;
-			nested |= (fds[i].events & (POLLIN | POLLRDNORM)) && nested_ep(fds[i].fd);
+			nested |= (fds[i].events & (POLLIN | POLLRDNORM)) && ep_has_members(fds[i].fd);
 		}
 	}
 	char *nready = nested ? calloc(n, 1) : NULL;
@@ -533,7 +533,7 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 		arm.n = 0;
 		for (nfds_t i = 0; nested && i < n && ret != -1; i++) {
 			nready[i] = 0;
-			if (fds[i].fd < 0 || !(fds[i].events & (POLLIN | POLLRDNORM)) || !nested_ep(fds[i].fd))
+			if (fds[i].fd < 0 || !(fds[i].events & (POLLIN | POLLRDNORM)) || !ep_has_members(fds[i].fd))
 				continue;
 			int r = ep_peek(fds[i].fd, &arm, w.spinning);
 			nready[i] = r > 0;
@@ -591,13 +591,10 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 		unsigned *bedges = NULL;
 		if (arm.n > 0) {
 			/* The instances' members first, then the fds' own. */
-			if (arms_room(&arm, k) < 0) {
+			if (arms_append(&arm, hs, want, NULL, k) < 0) {
 				ret = -1;
 				break;
 			}
-			memcpy(arm.hs + arm.n, hs, k * sizeof(int));
-			memcpy(arm.want + arm.n, want, k * sizeof(int));
-			memset(arm.edges + arm.n, 0, k * sizeof(unsigned));
 			bh = arm.hs, bw = arm.want, be = arm.evs, bedges = arm.edges, bk = arm.n + k;
 		}
 		if (wait_block(&w, now, bh, bw, be, bedges, bk, NULL, tmp, n, -1, conns || arm.n, mask) < 0) {
