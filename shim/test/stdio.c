@@ -10,30 +10,15 @@
  *
  * usage: stdio ADDR PORT
  */
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "conform.h"
 
 int main(int argc, char **argv)
 {
-	if (argc != 3) {
-		fprintf(stderr, "usage: stdio ADDR PORT\n");
-		return 2;
-	}
-	struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
-	if (inet_pton(AF_INET, argv[1], &peer.sin_addr) != 1) {
-		fprintf(stderr, "stdio: bad address %s\n", argv[1]);
-		return 2;
-	}
+	int r = peer_args(argc, argv);
+	if (r)
+		return r;
 	/* dprintf, on a connection of its own, read back with read. */
-	int d = socket(AF_INET, SOCK_STREAM, 0);
-	if (d < 0 || connect(d, (struct sockaddr *)&peer, sizeof peer) < 0) {
-		perror("stdio: connect");
-		return 1;
-	}
+	int d = dial();
 	for (int i = 0; i < 3; i++) {
 		char line[128];
 		int n = dprintf(d, "line %d through dprintf\n", i);
@@ -52,12 +37,7 @@ int main(int argc, char **argv)
 		fwrite(line, 1, n, stdout);
 	}
 	close(d);
-	int s = socket(AF_INET, SOCK_STREAM, 0);
-	if (s < 0 || connect(s, (struct sockaddr *)&peer, sizeof peer) < 0) {
-		perror("stdio: connect");
-		return 1;
-	}
-	FILE *f = fdopen(s, "r+");
+	FILE *f = fdopen(dial(), "r+");
 	if (!f) {
 		perror("stdio: fdopen");
 		return 1;
