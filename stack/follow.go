@@ -43,24 +43,20 @@ func FollowKernel(s *Stack, ifname string, logf func(format string, a ...any)) (
 	nch := make(chan netlink.NeighUpdate, 256)
 	rch := make(chan netlink.RouteUpdate, 64)
 	onErr := func(err error) { logf("following the kernel's tables of %s: %v", ifname, err) }
-	// The netlink library's subscriptions open their sockets without
-	// close-on-exec, and every program the process exec'd inherited
-	// them: they are made so here, before a fork of Go's can happen.
-	syscall.ForkLock.RLock()
-	defer syscall.ForkLock.RUnlock()
-	before := netlinkFDs()
-	defer closeOnExecNew(before)
-	if err := netlink.LinkSubscribeWithOptions(lch, f.done, netlink.LinkSubscribeOptions{ErrorCallback: onErr}); err != nil {
+	if err := closeOnExec(func() error {
+		if err := netlink.LinkSubscribeWithOptions(lch, f.done, netlink.LinkSubscribeOptions{ErrorCallback: onErr}); err != nil {
+			return fmt.Errorf("follow the kernel's links: %w", err)
+		}
+		if err := netlink.NeighSubscribeWithOptions(nch, f.done, netlink.NeighSubscribeOptions{ErrorCallback: onErr}); err != nil {
+			return fmt.Errorf("follow the kernel's neighbours: %w", err)
+		}
+		if err := netlink.RouteSubscribeWithOptions(rch, f.done, netlink.RouteSubscribeOptions{ErrorCallback: onErr}); err != nil {
+			return fmt.Errorf("follow the kernel's routes: %w", err)
+		}
+		return nil
+	}); err != nil {
 		close(f.done)
-		return nil, fmt.Errorf("follow the kernel's links: %w", err)
-	}
-	if err := netlink.NeighSubscribeWithOptions(nch, f.done, netlink.NeighSubscribeOptions{ErrorCallback: onErr}); err != nil {
-		close(f.done)
-		return nil, fmt.Errorf("follow the kernel's neighbours: %w", err)
-	}
-	if err := netlink.RouteSubscribeWithOptions(rch, f.done, netlink.RouteSubscribeOptions{ErrorCallback: onErr}); err != nil {
-		close(f.done)
-		return nil, fmt.Errorf("follow the kernel's routes: %w", err)
+		return nil, err
 	}
 	// What changed between the stack's making and the subscriptions.
 	f.mtu(link.Attrs().MTU)
@@ -168,12 +164,20 @@ func netlinkFDs() map[int]bool {
 	return fds
 }
 
-// closeOnExecNew makes the netlink sockets opened since before
-// close-on-exec.
-func closeOnExecNew(before map[int]bool) {
+// closeOnExec runs subscribe, which opens netlink sockets through the
+// netlink library, and makes those sockets close-on-exec: the library
+// opens them without it, and every program the process exec'd inherited
+// them. Go's ForkLock is held meanwhile, and only meanwhile, so that no
+// fork of Go's comes between.
+func closeOnExec(subscribe func() error) error {
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
+	before := netlinkFDs()
+	err := subscribe()
 	for fd := range netlinkFDs() {
 		if !before[fd] {
 			unix.CloseOnExec(fd)
 		}
 	}
+	return err
 }
