@@ -18,6 +18,8 @@ static void copy_options(int fd, int h, int defaults)
 		{IPPROTO_TCP, TCP_KEEPINTVL, ONL_OPT_KEEPINTVL},
 		{IPPROTO_TCP, TCP_KEEPCNT, ONL_OPT_KEEPCNT},
 		{IPPROTO_TCP, TCP_USER_TIMEOUT, ONL_OPT_USER_TIMEOUT},
+		{IPPROTO_IP, IP_TOS, ONL_OPT_TOS},
+		{IPPROTO_IP, IP_TTL, ONL_OPT_TTL},
 	};
 	for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
 		int v = 0;
@@ -84,6 +86,26 @@ static int v4_of(int fd, const struct fdent *e, const struct sockaddr *a, sockle
 	return 1;
 }
 
+/* other_device: fd is bound to an interface (SO_BINDTODEVICE) that is
+ * not the stack's, so its traffic goes where the kernel sends it, as the
+ * program asked (a host with two networks). Read only from a socket the
+ * program set an option on (not defaults). The core is loaded. */
+static int other_device(int fd, int defaults, const char *what)
+{
+	int dev = 0;
+	socklen_t l = sizeof dev;
+	if (defaults || real_getsockopt(fd, SOL_SOCKET, SO_BINDTOIFINDEX, &dev, &l) < 0 || !dev)
+		return 0;
+	int ours = CORE(core.ifindex());
+	if (dev == ours)
+		return 0;
+	char name[IF_NAMESIZE] = "?";
+	socklen_t nl = sizeof name;
+	real_getsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, name, &nl);
+	debugf("fd %d: %s on interface %s (SO_BINDTODEVICE), not the stack's: the kernel's", fd, what, name);
+	return 1;
+}
+
 /* reuseport_twin is the handle of an accelerated listener of this
  * process's on fd's address (ip, port) with which fd, bound with
  * SO_REUSEPORT, is in the kernel's SO_REUSEPORT group; 0 if none. A
@@ -138,7 +160,9 @@ void accel_listener(int fd, struct fdent *e)
 		uint32_t ip;
 		uint16_t port;
 		int twin = 0;
-		if (real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && v4_of(fd, e, (struct sockaddr *)&sa, l, 1, &ip, &port))
+		if (other_device(fd, e->fresh && !e->opts_set, "listening"))
+			;
+		else if (real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && v4_of(fd, e, (struct sockaddr *)&sa, l, 1, &ip, &port))
 			h = (twin = reuseport_twin(fd, e, ip, port)) ? twin : CORE(core.listen(fd, ip, e->lpid != getpid()));
 		else if (v6)
 			debugf("fd %d: an IPv6 listener on an IPv6 address, or IPV6_V6ONLY: the kernel's", fd);
@@ -292,7 +316,18 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	if (load_core() != 1)
 		return real_connect(fd, a, l);
 	int nb = nonblocking(fd), v6 = e->v6;
-	int h = CORE(core.connect(fd, ip, port));
+	int defaults = e->fresh && !e->opts_set, timeo = e->timeo;
+	/* The SYN carries the TOS and TTL the program set, as the kernel's. */
+	int tos = -1, ttl = -1;
+	if (!defaults) {
+		socklen_t ol = sizeof tos;
+		if (real_getsockopt(fd, IPPROTO_IP, IP_TOS, &tos, &ol) < 0)
+			tos = -1;
+		ol = sizeof ttl;
+		if (real_getsockopt(fd, IPPROTO_IP, IP_TTL, &ttl, &ol) < 0)
+			ttl = -1;
+	}
+	int h = other_device(fd, defaults, "connecting") ? 0 : CORE(core.connect(fd, ip, port, tos, ttl));
 	if (h == 0) {
 		table_lock();
 		kreg_forget(fd);
@@ -304,7 +339,6 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 		errno = -h;
 		return -1;
 	}
-	int defaults = e->fresh && !e->opts_set, timeo = e->timeo;
 	table_lock();
 	set_ours(fd, h, nb, nb, 0, timeo);
 	e->v6 = v6;
@@ -1248,7 +1282,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 {
 	struct fdent *e = ours(fd);
 	CHILD_TAKES(fd, e);
-	if (!e && (level == IPPROTO_TCP || level == SOL_SOCKET)) {
+	if (!e && (level == IPPROTO_TCP || level == SOL_SOCKET || level == IPPROTO_IP)) {
 		struct fdent *k = ent(fd);
 		if (k && k->kind == K_TCP) {
 			k->opts_set = 1; /* copy_options reads them */
@@ -1258,13 +1292,24 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 	int r = real_setsockopt(fd, level, name, v, l);
 	if (e && r == 0 && timeo_opt(level, name) && (unsigned)e->h < MAX_HANDLES)
 		htimeo[e->h] = 1; /* a blocking call reads it (sock_deadline) */
-	if (!e || r < 0 || after_fork || !v || l < sizeof(int))
+	if (!e || r < 0 || after_fork || !v || l < 1)
 		return r;
 	/* A listener's go to the stack's listener too, whose connections
 	 * take them as they are made (passiveChildLocked), as Linux's child
 	 * takes its listener's at the handshake. */
-	int opt = 0, val = *(const int *)v;
-	if (level == IPPROTO_TCP) {
+	int opt = 0, val;
+	if (l >= sizeof(int))
+		val = *(const int *)v;
+	else if (level == IPPROTO_IP)
+		val = *(const unsigned char *)v; /* ip(7): IP_TOS and IP_TTL take a byte too */
+	else
+		return r;
+	if (level == IPPROTO_IP) {
+		switch (name) {
+		case IP_TOS: opt = ONL_OPT_TOS; break;
+		case IP_TTL: opt = ONL_OPT_TTL; break;
+		}
+	} else if (level == IPPROTO_TCP) {
 		switch (name) {
 		case TCP_NODELAY: opt = ONL_OPT_NODELAY; break;
 		case TCP_CORK: opt = ONL_OPT_CORK; break;

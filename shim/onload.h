@@ -50,6 +50,8 @@
 #define ONL_OPT_USER_TIMEOUT 11
 #define ONL_OPT_CORK 12
 #define ONL_OPT_DEFER_ACCEPT 13
+#define ONL_OPT_TOS 14
+#define ONL_OPT_TTL 15
 
 /* What TCP_INFO reports, from the engine. */
 struct onl_tcpinfo {

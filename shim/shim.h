@@ -47,6 +47,7 @@
 #include <limits.h>
 #include <link.h>
 #include <netinet/in.h>
+#include <net/if.h>
 #include <linux/sockios.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -159,7 +160,7 @@ void resolve_libc(void);
  * load (load_core). */
 struct core_fns {
 	int (*listen)(int, uint32_t, int);
-	int (*connect)(int, uint32_t, uint16_t);
+	int (*connect)(int, uint32_t, uint16_t, int, int); /* the last two: IP_TOS, IP_TTL, -1 for none */
 	int (*accept)(int, int);
 	long (*recv)(int, void *, size_t, int);
 	long (*send)(int, const void *, size_t, int);
@@ -193,6 +194,7 @@ struct core_fns {
 	int (*handed_over)(int);
 	void (*exit)(void);
 	int (*own_stack)(void);
+	int (*ifindex)(void);
 	void (*init)(int, void (*)(int, int));
 };
 extern struct core_fns core;

@@ -240,13 +240,30 @@ func (s *Stack) shareListener(local netip.AddrPort, kfd int, shared bool) (id st
 	return id, ok
 }
 
+// Preset is an option of a connection that its first segment carries
+// (IP_TOS, IP_TTL): one the program set on its socket before connect.
+type Preset struct {
+	Opt   stack.Option
+	Value int
+}
+
+// preset sets id's options before it connects.
+func (s *Stack) preset(id stack.SockID, pre []Preset) error {
+	for _, p := range pre {
+		if err := s.st.SetOption(id, p.Opt, p.Value); err != nil {
+			return sysErr("setsockopt", err)
+		}
+	}
+	return nil
+}
+
 // ConnectDesc connects a socket on kfd, a kernel TCP socket, to dst: from
 // a shared port (sharedPorts) if kfd is not bound and one is free for
 // dst, kfd staying unbound; otherwise from kfd's port, kfd bound to the
 // stack's address and an ephemeral port first if it is not bound, which
-// then holds the port. The handshake has begun: the socket turns
+// then holds the port; with the options pre. The handshake has begun: the socket turns
 // writable when it completes, and SockError says why it failed.
-func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort) (*Desc, error) {
+func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort, pre ...Preset) (*Desc, error) {
 	port, v6, err := s.boundPort(kfd)
 	if err != nil {
 		return nil, err
@@ -254,7 +271,7 @@ func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort) (*Desc, error) {
 	if port == 0 {
 		// From a shared port: kfd stays unbound (the port's proof
 		// holds the port) until a handover binds it there.
-		if id, err := s.openShared(dst); err != errNoSharedPort {
+		if id, err := s.openShared(dst, pre); err != errNoSharedPort {
 			if err != nil {
 				return nil, err
 			}
@@ -270,10 +287,13 @@ func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort) (*Desc, error) {
 	}
 	id, err := s.st.Open(stack.TCP)
 	if err == nil {
-		if err = s.bind(stack.TCP, id, netip.AddrPortFrom(s.addr.Addr(), port), kfd, true); err != nil {
-			err = sysErr("bind", err)
-		} else if err = s.st.Connect(id, dst); err == stack.ErrInProgress {
-			err = nil
+		err = s.preset(id, pre)
+		if err == nil {
+			if err = s.bind(stack.TCP, id, netip.AddrPortFrom(s.addr.Addr(), port), kfd, true); err != nil {
+				err = sysErr("bind", err)
+			} else if err = s.st.Connect(id, dst); err == stack.ErrInProgress {
+				err = nil
+			}
 		}
 		if err != nil {
 			s.st.Close(id)

@@ -142,6 +142,17 @@ func (s *Stack) name() string {
 	return s.addr.String()
 }
 
+// InterfaceIndex is the index of the host interface the stack serves
+// (0: none, or gone), looked up once.
+func (s *Stack) InterfaceIndex() int {
+	s.ifindexOnce.Do(func() {
+		if ifi, err := net.InterfaceByName(s.ifname); s.ifname != "" && err == nil {
+			s.ifindex = ifi.Index
+		}
+	})
+	return s.ifindex
+}
+
 // pickInterface is the interface of the default route, else the only
 // interface that is up, not loopback, with an IPv4 address.
 func pickInterface() (string, error) {

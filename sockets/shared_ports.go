@@ -60,10 +60,10 @@ func (sp *sharedPorts) load() []uint16 {
 	return nil
 }
 
-// openShared opens an engine socket and connects it to dst from a shared
-// port: the handshake has begun. errNoSharedPort when none may carry it
+// openShared opens an engine socket, sets the options pre, and connects
+// it to dst from a shared port: the handshake has begun. errNoSharedPort when none may carry it
 // (nothing is left open then).
-func (s *Stack) openShared(dst netip.AddrPort) (stack.SockID, error) {
+func (s *Stack) openShared(dst netip.AddrPort, pre []Preset) (stack.SockID, error) {
 	if s.shared == nil {
 		return stack.NullSock, errNoSharedPort
 	}
@@ -71,9 +71,15 @@ func (s *Stack) openShared(dst netip.AddrPort) (stack.SockID, error) {
 		return stack.NullSock, net.ErrClosed
 	}
 	id, err := s.st.Open(stack.TCP)
+	if err != nil {
+		s.leave()
+		return stack.NullSock, sysErr("socket", err)
+	}
+	err = s.preset(id, pre)
 	s.leave()
 	if err != nil {
-		return stack.NullSock, sysErr("socket", err)
+		s.closeID(id)
+		return stack.NullSock, err
 	}
 	if err := s.connectShared(id, dst); err != nil {
 		s.closeID(id)

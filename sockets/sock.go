@@ -210,7 +210,7 @@ func (s *Stack) connect(p stack.Proto, laddr, raddr netip.AddrPort) (stack.SockI
 	if p == stack.TCP && laddr.Port() == 0 {
 		// From a shared port, with a kernel socket of its own (not
 		// bound: the port's proof holds it) for a handover.
-		if id, err := s.openShared(raddr); err != errNoSharedPort {
+		if id, err := s.openShared(raddr, nil); err != errNoSharedPort {
 			if err != nil {
 				return stack.NullSock, reservation{}, err
 			}

@@ -33,6 +33,9 @@ type Stack struct {
 	// clients reach them through loopback, not through our interface).
 	host   bool
 	ifname string
+	// ifindex: ifname's index (InterfaceIndex), looked up once.
+	ifindexOnce sync.Once
+	ifindex     int
 	// ports: the kernel's ephemeral range (kernelPorts), read once.
 	portsOnce sync.Once
 	ports     portRange

@@ -85,20 +85,29 @@ func (s *Stack) inputLocked(h vnic.Handle) {
 	}
 }
 
+// ecnMask is the ECN field of the IPv4 TOS byte (RFC 3168 5).
+const ecnMask = 3
+
 // writeIPv4 writes Ethernet and IPv4 headers for a packet of l4len
 // transport bytes into b and returns where the transport header goes.
-func (s *Stack) writeIPv4Locked(b []byte, dstMAC [6]byte, dst [4]byte, proto uint8, l4len int) int {
+// The TOS and TTL are those of sk (nil: a reset for no socket, 0 and
+// the default).
+func (s *Stack) writeIPv4Locked(b []byte, sk *sock, dstMAC [6]byte, dst [4]byte, proto uint8, l4len int) int {
 	hd := s.img.hdr
 	copy(b[0:6], dstMAC[:])
 	copy(b[6:12], hd.mac[:])
 	binary.BigEndian.PutUint16(b[12:], etherTypeIP)
 	ip := b[ethLen : ethLen+ipLen]
-	ip[0], ip[1] = 0x45, 0
+	tos, ttl := uint8(0), uint8(defaultTTL)
+	if sk != nil {
+		tos, ttl = sk.tos, sk.ipTTL()
+	}
+	ip[0], ip[1] = 0x45, tos
 	binary.BigEndian.PutUint16(ip[2:], uint16(ipLen+l4len))
 	binary.BigEndian.PutUint16(ip[4:], uint16(hd.ipID))
 	hd.ipID++
 	binary.BigEndian.PutUint16(ip[6:], 0x4000) // don't fragment
-	ip[8], ip[9] = 64, proto
+	ip[8], ip[9] = ttl, proto
 	ip[10], ip[11] = 0, 0
 	copy(ip[12:16], hd.addr[:])
 	copy(ip[16:20], dst[:])
@@ -205,10 +214,10 @@ func (s *Stack) buildTemplateLocked(sk *sock) {
 	copy(b[6:12], hd.mac[:])
 	binary.BigEndian.PutUint16(b[12:], etherTypeIP)
 	ip := b[ethLen : ethLen+ipLen]
-	ip[0], ip[1] = 0x45, 0
+	ip[0], ip[1] = 0x45, sk.tos
 	ip[2], ip[3], ip[4], ip[5] = 0, 0, 0, 0
 	binary.BigEndian.PutUint16(ip[6:], 0x4000) // don't fragment
-	ip[8], ip[9] = 64, ipProto(sk.kind)
+	ip[8], ip[9] = sk.ipTTL(), ipProto(sk.kind)
 	ip[10], ip[11] = 0, 0
 	copy(ip[12:16], hd.addr[:])
 	copy(ip[16:20], sk.remoteAddr[:])

@@ -17,7 +17,13 @@ const (
 	UserTimeout                   // TCP_USER_TIMEOUT (RFC 5482), milliseconds: 0 (off) to 2^31-1
 	Cork                          // TCP_CORK: 0 or 1
 	DeferAccept                   // TCP_DEFER_ACCEPT on a listener, seconds: 0 (off) up; more than maxDeferAccept counts as that
+	TOS                           // IP_TOS: 0 to 255; on TCP the two ECN bits are TCP's (RFC 3168 5): 0, as it does not negotiate ECN
+	TTL                           // IP_TTL: 1 to 255, or -1 for the default (defaultTTL)
 )
+
+// defaultTTL is the IPv4 time to live of a socket that set none: Linux's
+// net.ipv4.ip_default_ttl default.
+const defaultTTL = 64
 
 // SetOption sets a socket option; a value out of range is ErrInvalid.
 func (s *Stack) SetOption(id SockID, opt Option, v int) error {
@@ -117,6 +123,20 @@ func (s *Stack) SetOption(id SockID, opt Option, v int) error {
 		}
 	case ReuseAddr:
 		return flag(tfReuseAddr)
+	case TOS, TTL:
+		// Linux's do_ip_setsockopt: a TCP socket's TOS leaves the ECN
+		// bits to TCP; a TTL of -1 is the default.
+		if v < -1 || v > 255 || v == 0 && opt == TTL || v == -1 && opt == TOS {
+			return ErrInvalid
+		}
+		if opt == TOS && sk.kind == kindTCP {
+			sk.tos = uint8(v) &^ ecnMask
+		} else if opt == TOS {
+			sk.tos = uint8(v)
+		} else {
+			sk.ttl = uint8(max(v, 0)) // 0: the default
+		}
+		sk.tmplValid = false // the next segment's headers take it
 	default:
 		return ErrInvalid
 	}
@@ -176,6 +196,10 @@ func (s *Stack) Option(id SockID, opt Option) (int, error) {
 		return int(sk.ccAlgo), nil
 	case UserTimeout:
 		return int(sk.userTimeout), nil
+	case TOS:
+		return int(sk.tos), nil
+	case TTL:
+		return int(sk.ipTTL()), nil
 	}
 	return 0, ErrInvalid
 }

@@ -96,7 +96,8 @@ type sock struct {
 	localAddr, remoteAddr [4]byte
 	localPort, remotePort uint16
 	remoteMAC             [6]byte
-	_                     [2]byte
+	// IP_TOS and IP_TTL (0: defaultTTL), for the headers' template.
+	tos, ttl uint8
 
 	err uint32 // pending error, an errno, reported once
 
@@ -143,6 +144,14 @@ type sock struct {
 func (sk *sock) racyKind() uint8 {
 	w := atomic.LoadUint32((*uint32)(unsafe.Pointer(&sk.kind)))
 	return (*[4]uint8)(unsafe.Pointer(&w))[0]
+}
+
+// ipTTL is the time to live of the socket's packets.
+func (sk *sock) ipTTL() uint8 {
+	if sk.ttl == 0 {
+		return defaultTTL
+	}
+	return sk.ttl
 }
 
 func (sk *sock) racyState() uint8 {

@@ -270,6 +270,7 @@ func (s *Stack) passiveChildLocked(l *sock, h vnic.Handle, p *ipPacket, g *segme
 	child.flags |= l.flags & (sfRcvBufSet | sfSndBufSet)
 	child.ccAlgo = l.ccAlgo
 	child.userTimeout = l.userTimeout
+	child.tos, child.ttl = l.tos, l.ttl
 	child.keepIdle, child.keepIntvl, child.keepCnt = l.keepIdle, l.keepIntvl, l.keepCnt
 	child.parent = s.slotOf(l)
 	child.acceptNext = noSlot

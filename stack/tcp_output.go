@@ -535,7 +535,7 @@ func (s *Stack) resetReplyLocked(frame []byte, p *ipPacket, sport, dport uint16,
 	var mac [6]byte
 	copy(mac[:], frame[6:12])
 	b := s.pool.Buf(h)
-	s.writeIPv4Locked(b, mac, p.src, 6, 20)
+	s.writeIPv4Locked(b, nil, mac, p.src, 6, 20)
 	t := b[ethLen+ipLen:]
 	if flags&flagACK != 0 {
 		writeTCP(t, dport, sport, ack, 0, flagRST, 20, 0)

@@ -198,6 +198,33 @@ func TestCongestionOption(t *testing.T) {
 	}
 }
 
+// TestIPClassOption: IP_TOS and IP_TTL take what Linux's setsockopt
+// takes (a TTL of -1 is the default; TCP keeps the ECN bits of the TOS
+// to itself), refuse the rest, and read back.
+func TestIPClassOption(t *testing.T) {
+	a, b := twoStacks(t, vnic.MemConfig{})
+	c, _ := connectPair(t, a, b, pollBoth(a, b))
+	for _, tc := range []struct {
+		opt     stack.Option
+		set     int
+		ok      bool
+		readsAs int
+	}{
+		{stack.TOS, 0xb8, true, 0xb8}, {stack.TOS, 0x2b, true, 0x28}, {stack.TOS, 0, true, 0},
+		{stack.TOS, 256, false, 0}, {stack.TOS, -1, false, 0},
+		{stack.TTL, 1, true, 1}, {stack.TTL, 255, true, 255}, {stack.TTL, -1, true, 64},
+		{stack.TTL, 0, false, 64}, {stack.TTL, 256, false, 64},
+	} {
+		err := a.SetOption(c, tc.opt, tc.set)
+		if (err == nil) != tc.ok {
+			t.Errorf("option %d set to %d: %v, want accepted %v", tc.opt, tc.set, err, tc.ok)
+		}
+		if v, err := a.Option(c, tc.opt); err != nil || v != tc.readsAs {
+			t.Errorf("option %d after setting %d reads %d, %v; want %d", tc.opt, tc.set, v, err, tc.readsAs)
+		}
+	}
+}
+
 // TestTinySegments: a peer that sends hundreds of tiny segments cannot
 // hold more frames than the receive buffer (with Linux's quarter more)
 // holds halves of frames: a frame is charged half a frame's bytes at

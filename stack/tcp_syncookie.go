@@ -163,7 +163,7 @@ func (s *Stack) sendCookieSynAckLocked(l *sock, frame []byte, p *ipPacket, g *se
 	var mac [6]byte
 	copy(mac[:], frame[6:12])
 	b := s.pool.Buf(h)
-	s.writeIPv4Locked(b, mac, p.src, 6, hdrLen)
+	s.writeIPv4Locked(b, l, mac, p.src, 6, hdrLen)
 	t := b[ethLen+ipLen:]
 	writeTCP(t, g.dport, g.sport, seqnum.Value(s.makeCookie(p, g, idx)), g.seq.Add(1), flagSYN|flagACK, hdrLen, uint16(min(l.rcvBuf, 0xffff)))
 	copy(t[20:hdrLen], opts[:n])

@@ -113,7 +113,7 @@ func (s *Stack) udpBuildLocked(sk *sock, buf []byte, dst [4]byte, dport uint16, 
 	}
 	b := s.pool.Buf(h)
 	ulen := udpLen + len(buf)
-	off := s.writeIPv4Locked(b, mac, dst, 17, ulen)
+	off := s.writeIPv4Locked(b, sk, mac, dst, 17, ulen)
 	u := b[off : off+ulen]
 	binary.BigEndian.PutUint16(u[0:], sk.localPort)
 	binary.BigEndian.PutUint16(u[2:], dport)

@@ -156,7 +156,7 @@ func onl_listen(kfd C.int, ip C.uint32_t, shared C.int) C.int {
 // address (the kernel connects kfd), or a negated errno.
 //
 //export onl_connect
-func onl_connect(kfd C.int, ip C.uint32_t, p C.uint16_t) C.int {
+func onl_connect(kfd C.int, ip C.uint32_t, p C.uint16_t, tos, ttl C.int) C.int {
 	dst := netip.AddrPortFrom(ip4(ip), port(p))
 	s, err := theStack()
 	if err != nil {
@@ -167,7 +167,14 @@ func onl_connect(kfd C.int, ip C.uint32_t, p C.uint16_t) C.int {
 		sockets.LogFallback("connect", dst.String(), why)
 		return 0
 	}
-	d, err := s.ConnectDesc(int(kfd), dst)
+	var pre []sockets.Preset
+	if tos >= 0 {
+		pre = append(pre, sockets.Preset{Opt: stack.TOS, Value: int(tos)})
+	}
+	if ttl >= 0 {
+		pre = append(pre, sockets.Preset{Opt: stack.TTL, Value: int(ttl)})
+	}
+	d, err := s.ConnectDesc(int(kfd), dst, pre...)
 	if err != nil {
 		return errno(err)
 	}
@@ -763,6 +770,17 @@ func onl_own_stack() C.int {
 		return 0
 	}
 	return 1
+}
+
+// onl_ifindex is the index of the stack's interface: a socket bound to
+// another (SO_BINDTODEVICE) is the kernel's. 0 if it has none.
+//
+//export onl_ifindex
+func onl_ifindex() C.int {
+	if stk == nil {
+		return 0
+	}
+	return C.int(stk.InterfaceIndex())
 }
 
 // exitLinger bounds how long a process's exit waits for its connections

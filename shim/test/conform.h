@@ -32,17 +32,21 @@ static inline int set_peer(const char *prog, const char *addr, const char *port)
 	return 0;
 }
 
-/* peer_args takes a program's arguments, ADDR PORT, as the peer's
- * address: 0, or 2 (the exit status of a usage error) with why on
- * standard error. */
-static inline int peer_args(int argc, char **argv)
+/* peer_args_more takes a program's arguments, ADDR PORT and more
+ * others (named in usage), the first two as the peer's address: 0, or 2
+ * (the exit status of a usage error) with why on standard error. */
+static inline int peer_args_more(int argc, char **argv, int more, const char *usage)
 {
-	if (argc != 3) {
-		fprintf(stderr, "usage: %s ADDR PORT\n", argv[0]);
+	if (argc != 3 + more) {
+		fprintf(stderr, "usage: %s ADDR PORT%s%s\n", argv[0], more ? " " : "", usage);
 		return 2;
 	}
 	return set_peer(argv[0], argv[1], argv[2]);
 }
+
+/* peer_args takes a program's arguments, ADDR PORT, as the peer's
+ * address. */
+static inline int peer_args(int argc, char **argv) { return peer_args_more(argc, argv, 0, ""); }
 
 #define say(...) do { printf(__VA_ARGS__); printf("\n"); fflush(stdout); } while (0)
 #define check(what, expr) do { long r_ = (long)(expr); say("%s: %ld%s%s", what, r_, r_ < 0 ? " " : "", r_ < 0 ? strerror(errno) : ""); } while (0)

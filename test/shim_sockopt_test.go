@@ -1,0 +1,292 @@
+package test
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+
+	"github.com/xdp-onload/onload/internal/pkt"
+)
+
+// wireSeg is one IPv4 TCP segment a sniffer saw: its ports, flags, IP
+// TOS and TTL, and payload.
+type wireSeg struct {
+	src, dst uint16
+	flags    uint8
+	tos, ttl uint8
+	payload  string
+}
+
+// sniffIn records the TCP segments host h receives from addr until the
+// returned stop is called, through an AF_PACKET socket on h's first
+// interface. Frames that do not parse (a bad checksum) are recorded
+// with the flags 0xff, so that a test sees them.
+func sniffIn(t *testing.T, h *Host, addr netip.Addr) (stop func() []wireSeg) {
+	t.Helper()
+	var fd int
+	ifc := h.Iface0()
+	err := h.Do(func() (err error) {
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IP)))
+		if err != nil {
+			return err
+		}
+		if err = unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: ifc.Index}); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		tv := unix.NsecToTimeval((50 * time.Millisecond).Nanoseconds())
+		return unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	})
+	if err != nil {
+		t.Fatalf("AF_PACKET socket in %s: %v", h.Name, err)
+	}
+	var (
+		mu   sync.Mutex
+		segs []wireSeg
+		done = make(chan struct{})
+		quit = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		buf := make([]byte, 2048)
+		deadline := time.Now().Add(2 * time.Minute)
+		for time.Now().Before(deadline) {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			n, from, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil {
+				continue // the timeout: look at quit again
+			}
+			if ll, ok := from.(*unix.SockaddrLinklayer); !ok || ll.Pkttype == unix.PACKET_OUTGOING {
+				continue
+			}
+			f, err := pkt.Parse(buf[:n])
+			if err == nil && (f.Proto != 6 || f.Src.Addr() != addr) {
+				continue
+			}
+			s := wireSeg{flags: 0xff}
+			if err == nil {
+				s = wireSeg{src: f.Src.Port(), dst: f.Dst.Port(), flags: uint8(f.TCPFlags), payload: string(f.Payload)}
+			}
+			s.tos, s.ttl = buf[ethHeaderLen+1], buf[ethHeaderLen+8]
+			mu.Lock()
+			segs = append(segs, s)
+			mu.Unlock()
+		}
+	}()
+	var once sync.Once
+	stop = func() []wireSeg {
+		once.Do(func() { close(quit); <-done; unix.Close(fd) })
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]wireSeg(nil), segs...)
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+const ethHeaderLen = 14
+
+// htons is v in network order, as AF_PACKET's protocol wants it.
+func htons(v uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], v)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+// TestShimIPClass: IP_TOS and IP_TTL that a program sets on its
+// connections are carried by their segments as on the kernel (shim/test/
+// tos.c, its segments read at the peer): set before connect, from the
+// SYN on; set after connect, from the next segment on (IP_TOS given as
+// a byte); set on a listener before listen, by its connection from the
+// SYN-ACK on. getsockopt reads them back. Before, the stack's segments
+// carried TOS 0 and TTL 64 whatever the program set (a trading gateway's
+// DSCP marking was lost).
+func TestShimIPClass(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "tos")
+	a, b, ln := echoHosts(t)
+	echoPort := uint16(ln.Addr().(*net.TCPAddr).Port)
+	const lport = 7330
+	for _, shim := range []bool{false, true} {
+		stop := sniffIn(t, b, a.Iface0().Addr())
+		name, stdin, next, log := startSide(t, a, shim, prog, b.Iface0().Addr().String(), strconv.Itoa(int(echoPort)), strconv.Itoa(lport))
+		var lines []string
+		for range 6 {
+			lines = append(lines, next("a line"))
+		}
+		if lines[5] != "listening" {
+			t.Fatalf("%s: tos printed %q:\n%s", name, lines, log.String())
+		}
+		err := b.Do(func() error {
+			c, err := net.DialTimeout("tcp", netip.AddrPortFrom(a.Iface0().Addr(), lport).String(), 5*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := c.Write([]byte("hello\n")); err != nil {
+				return err
+			}
+			got := make([]byte, 7)
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != "served\n" {
+				return fmt.Errorf("the listener's connection answered %q, %v", got, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", name, err, log.String())
+		}
+		lines = append(lines, next("accepted"), next("done"))
+		stdin.Close()
+		if shim {
+			requireAccelerated(t, log.String(), "connecting")
+			requireAccelerated(t, log.String(), "listening")
+		}
+		want := "first: echo before connect\nset before connect: tos 0xb8 ttl 33\nsecond: echo defaults\nsecond: echo set after connect\n" +
+			"set after connect: tos 0x28 ttl 99\nlistening\naccepted: tos 0x48 ttl 77\ndone"
+		if got := strings.Join(lines, "\n"); got != want {
+			t.Errorf("%s: tos printed\n%s\nwant\n%s", name, got, want)
+		}
+		time.Sleep(200 * time.Millisecond) // the last FINs and ACKs
+		segs := stop()
+		for _, p := range ipClassFaults(segs, echoPort, lport) {
+			t.Errorf("%s: %s", name, p)
+		}
+	}
+}
+
+// ipClassFaults checks what tos.c's connections sent: each segment's TOS
+// and TTL against what the program had set when it went.
+func ipClassFaults(segs []wireSeg, echoPort, lport uint16) []string {
+	var faults []string
+	conns := map[uint16][]wireSeg{}
+	var order []uint16
+	for _, s := range segs {
+		if s.flags == 0xff {
+			faults = append(faults, fmt.Sprintf("a frame that does not parse (tos %#x ttl %d)", s.tos, s.ttl))
+			continue
+		}
+		if s.dst != echoPort && s.src != lport {
+			continue
+		}
+		if _, ok := conns[s.src]; !ok {
+			order = append(order, s.src)
+		}
+		conns[s.src] = append(conns[s.src], s)
+	}
+	seen := map[string]bool{}
+	for _, port := range order {
+		c := conns[port]
+		var kind string
+		for _, s := range c {
+			switch {
+			case port == lport:
+				kind = "the listener's connection"
+			case strings.Contains(s.payload, "before connect"):
+				kind = "set before connect"
+			case strings.Contains(s.payload, "defaults"):
+				kind = "set after connect"
+			}
+		}
+		if kind == "" {
+			faults = append(faults, fmt.Sprintf("a connection from port %d that wrote none of tos.c's lines", port))
+			continue
+		}
+		seen[kind] = true
+		if c[0].flags&uint8(header.TCPFlagSyn) == 0 {
+			faults = append(faults, fmt.Sprintf("%s: its first segment seen has flags %#x, not a SYN", kind, c[0].flags))
+		}
+		tos, ttl := uint8(0xb8), uint8(33)
+		if kind == "the listener's connection" {
+			tos, ttl = 0x48, 77
+		} else if kind == "set after connect" {
+			tos, ttl = 0, 64
+		}
+		for i, s := range c {
+			if kind == "set after connect" && strings.Contains(s.payload, "set after connect") {
+				tos, ttl = 0x28, 99
+			}
+			if s.tos != tos || s.ttl != ttl {
+				faults = append(faults, fmt.Sprintf("%s: segment %d of %d (flags %#x, %d bytes) has tos %#x ttl %d, want tos %#x ttl %d",
+					kind, i+1, len(c), s.flags, len(s.payload), s.tos, s.ttl, tos, ttl))
+			}
+		}
+	}
+	for _, k := range []string{"set before connect", "set after connect", "the listener's connection"} {
+		if !seen[k] {
+			faults = append(faults, k+": no segment seen")
+		}
+	}
+	return faults
+}
+
+// TestShimBindToDevice: a socket bound to another interface than the
+// stack's (SO_BINDTODEVICE) is the kernel's, as the program asked: a
+// connect bound to lo and a listener bound to lo behave as on the
+// kernel (shim/test/bindtodev.c; the peer's connection to that listener
+// is refused), and a socket bound to the stack's own interface is
+// accelerated. Before, the shim accelerated both, and the connect bound
+// to lo reached the peer through the stack's interface.
+func TestShimBindToDevice(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "bindtodev")
+	a, b, ln := echoHosts(t)
+	const lport = 7340
+	run := func(shim bool) (string, string) {
+		name, stdin, next, log := startSide(t, a, shim, prog, b.Iface0().Addr().String(),
+			strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), strconv.Itoa(lport), "lo", a.Iface0().Name)
+		defer stdin.Close()
+		lines := []string{next("the connect bound to lo"), next("the echo"), next("listening")}
+		var dial string
+		err := b.Do(func() error {
+			c, err := net.DialTimeout("tcp", netip.AddrPortFrom(a.Iface0().Addr(), lport).String(), time.Second)
+			switch {
+			case err == nil:
+				c.Close()
+				dial = "the peer's connection to the listener bound to lo: connected"
+			case errors.Is(err, syscall.ECONNREFUSED):
+				dial = "the peer's connection to the listener bound to lo: refused"
+			default:
+				dial = "the peer's connection to the listener bound to lo: " + err.Error()
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(stdin, "go\n")
+		lines = append(lines, dial, next("whether a connection came"))
+		return strings.Join(lines, "\n"), name + "'s log:\n" + log.String()
+	}
+	kernel, _ := run(false)
+	want := "bound elsewhere: connect Operation now in progress; in 300 ms nothing, no error\nbound to ours: echo a line\nlistening\n" +
+		"the peer's connection to the listener bound to lo: refused\na connection came: no"
+	if kernel != want {
+		t.Fatalf("on the kernel:\n%s\nwant\n%s", kernel, want)
+	}
+	shim, log := run(true)
+	if shim != kernel {
+		t.Errorf("under the shim:\n%s\non the kernel:\n%s\n%s", shim, kernel, log)
+	}
+	requireAccelerated(t, log, "connecting")
+	if !strings.Contains(log, "(SO_BINDTODEVICE), not the stack's: the kernel's") {
+		t.Errorf("the shim's log does not say why the sockets bound to lo are the kernel's:\n%s", log)
+	}
+}
