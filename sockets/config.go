@@ -28,6 +28,7 @@ const (
 type Config struct {
 	Profile     Profile
 	Disable     bool          // accelerate nothing: every call goes to the standard library
+	IOURing     string        // under the shim, "kernel" or "accelerate" (ONLOAD_IO_URING; the interposer reads it)
 	Interface   string        // "" picks the interface of the default route, or the only one
 	Spin        time.Duration // how long a goroutine polls before it sleeps
 	SpinThreads int           // how many waiters spin at once
@@ -86,6 +87,9 @@ var Options = []Option{
 	{Env: "ONLOAD_DISABLE", Default: "0", Min: 0, Max: 1,
 		Doc: "1: accelerate nothing; every call goes to the standard library.",
 		set: func(c *Config, v int64, _ string) { c.Disable = v == 1 }},
+	{Env: "ONLOAD_IO_URING", Default: "kernel", Choices: []string{"kernel", "accelerate"},
+		Doc: "Under the shim, what a process that has an io_uring instance when its stack would load does. `kernel`: its sockets use the kernel, since what a ring does on a socket's fd (an accept, a send, a poll) passes the interposer by and would reach the accelerated socket's kernel half, which has no connection. `accelerate`: accelerate them anyway, for a program whose rings do file I/O only. A ring made after the stack loaded is not seen.",
+		set: func(c *Config, _ int64, s string) { c.IOURing = s }},
 	{Env: "ONLOAD_INTERFACE", Default: "",
 		Doc: "The interface to accelerate. Empty: the interface of the default route, else the only interface that is up with an IPv4 address. Traffic through other interfaces goes to the kernel.",
 		set: func(c *Config, _ int64, s string) { c.Interface = s }},

@@ -30,6 +30,8 @@ need memcslap libmemcached-tools
 need iperf3 iperf3
 need nginx nginx
 need wrk wrk
+# A header, not a command: TestShimIOURing's program links liburing.
+[ -e /usr/include/liburing.h ] || case " $missing " in *" liburing-dev "*) ;; *) missing="$missing liburing-dev" ;; esac
 
 if ! command -v go >/dev/null 2>&1; then
 	echo "deps: Go is not installed (or not on PATH): install Go 1.26 or later from https://go.dev/dl" >&2

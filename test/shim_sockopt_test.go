@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -110,6 +111,27 @@ func htons(v uint16) uint16 {
 	return binary.NativeEndian.Uint16(b[:])
 }
 
+// askOnce connects from host h to addr, sends ask and reads the
+// answer, which must be want, within 5 s.
+func askOnce(h *Host, addr netip.AddrPort, ask, want string) error {
+	return h.Do(func() error {
+		c, err := net.DialTimeout("tcp", addr.String(), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte(ask)); err != nil {
+			return err
+		}
+		got := make([]byte, len(want))
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
+			return fmt.Errorf("the connection to %s answered %q, %v; want %q", addr, got, err, want)
+		}
+		return nil
+	})
+}
+
 // TestShimIPClass: IP_TOS and IP_TTL that a program sets on its
 // connections are carried by their segments as on the kernel (shim/test/
 // tos.c, its segments read at the peer): set before connect, from the
@@ -134,23 +156,7 @@ func TestShimIPClass(t *testing.T) {
 		if lines[5] != "listening" {
 			t.Fatalf("%s: tos printed %q:\n%s", name, lines, log.String())
 		}
-		err := b.Do(func() error {
-			c, err := net.DialTimeout("tcp", netip.AddrPortFrom(a.Iface0().Addr(), lport).String(), 5*time.Second)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			if _, err := c.Write([]byte("hello\n")); err != nil {
-				return err
-			}
-			got := make([]byte, 7)
-			if _, err := io.ReadFull(c, got); err != nil || string(got) != "served\n" {
-				return fmt.Errorf("the listener's connection answered %q, %v", got, err)
-			}
-			return nil
-		})
-		if err != nil {
+		if err := askOnce(b, netip.AddrPortFrom(a.Iface0().Addr(), lport), "hello\n", "served\n"); err != nil {
 			t.Fatalf("%s: %v\n%s", name, err, log.String())
 		}
 		lines = append(lines, next("accepted"), next("done"))
@@ -288,5 +294,48 @@ func TestShimBindToDevice(t *testing.T) {
 	requireAccelerated(t, log, "connecting")
 	if !strings.Contains(log, "(SO_BINDTODEVICE), not the stack's: the kernel's") {
 		t.Errorf("the shim's log does not say why the sockets bound to lo are the kernel's:\n%s", log)
+	}
+}
+
+// TestShimIOURing: a program with an io_uring instance that drives
+// sockets made through the C library through it (shim/test/uring.c: a
+// send and a receive on a connection, an accept, receive and send on a
+// listener the program also polled) works as on the kernel: its sockets
+// stay in the kernel, and the log says why. Before, the ring's
+// operations reached the accelerated sockets' kernel halves: the send
+// failed with EPIPE and the accept waited for ever.
+func TestShimIOURing(t *testing.T) {
+	if _, err := os.Stat("/usr/include/liburing.h"); err != nil {
+		t.Skip("liburing's header is not installed (apt-get install liburing-dev): cannot build the io_uring program")
+	}
+	shimOnloadd(t)
+	prog := buildC(t, "uring", "-luring")
+	a, b, ln := echoHosts(t)
+	const lport = 7350
+	run := func(shim bool) (string, string) {
+		name, stdin, next, log := startSide(t, a, shim, prog, b.Iface0().Addr().String(),
+			strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), strconv.Itoa(lport))
+		defer stdin.Close()
+		lines := []string{next("the send"), next("the recv"), next("listening")}
+		if lines[2] != "listening" {
+			t.Fatalf("%s: uring printed %q:\n%s", name, lines, log.String())
+		}
+		if err := askOnce(b, netip.AddrPortFrom(a.Iface0().Addr(), lport), "ring", "ring"); err != nil {
+			t.Fatalf("%s: %v\n%s", name, err, log.String())
+		}
+		lines = append(lines, next("the accept"), next("the recv"), next("the send"))
+		return strings.Join(lines, "\n"), name + "'s log:\n" + log.String()
+	}
+	kernel, _ := run(false)
+	want := "send through the ring: 5\nrecv through the ring: 5\nlistening\naccept through the ring: an fd\nrecv through the ring: 4\nsend through the ring: 4"
+	if kernel != want {
+		t.Fatalf("on the kernel:\n%s\nwant\n%s", kernel, want)
+	}
+	shim, log := run(true)
+	if shim != kernel {
+		t.Errorf("under the shim:\n%s\non the kernel:\n%s\n%s", shim, kernel, log)
+	}
+	if !strings.Contains(log, "is an io_uring instance, whose operations the interposer cannot see") {
+		t.Errorf("the shim's log does not say why the sockets are the kernel's:\n%s", log)
 	}
 }

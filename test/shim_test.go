@@ -156,8 +156,9 @@ func requireAccelerated(t *testing.T, log, what string) {
 	}
 }
 
-// buildC compiles a C test program from shim/test.
-func buildC(t *testing.T, name string) string {
+// buildC compiles a C test program from shim/test, linked with libs
+// ("-luring") beside libpthread.
+func buildC(t *testing.T, name string, libs ...string) string {
 	t.Helper()
 	cc := os.Getenv("CC")
 	if cc == "" {
@@ -165,7 +166,8 @@ func buildC(t *testing.T, name string) string {
 	}
 	RequireTool(t, cc)
 	out := filepath.Join(t.TempDir(), name)
-	if b, err := exec.Command(cc, "-O2", "-Wall", "-o", out, "../shim/test/"+name+".c", "-lpthread").CombinedOutput(); err != nil {
+	args := append([]string{"-O2", "-Wall", "-o", out, "../shim/test/" + name + ".c", "-lpthread"}, libs...)
+	if b, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
 		t.Fatalf("build %s: %v\n%s", name, err, b)
 	}
 	return out
