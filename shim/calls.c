@@ -250,6 +250,7 @@ static int connect_call(struct ccall *c)
 		case CC_CLOSED:
 			return -1;
 		case CC_KERNEL:
+			ccall_to_kernel(c);
 			return kernel_connect_ended(c->fd);
 		}
 		int ev;
@@ -294,7 +295,7 @@ static int connect_again(struct fdent *e, int fd, const struct sockaddr *a, sock
 	} else if ((r = connect_call(&c)) < 0 && errno == EINPROGRESS) {
 		errno = EALREADY;
 	}
-	ccall_end(&c);
+	ccall_done(&c);
 	return r;
 }
 
@@ -354,7 +355,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	}
 	struct ccall c = ccall_begin(e, fd);
 	int r = connect_call(&c);
-	ccall_end(&c);
+	ccall_done(&c);
 	return r;
 }
 
@@ -463,7 +464,7 @@ EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	 * the accept returns. */
 	struct ccall c = ccall_begin(e, fd);
 	int r = accept_call(&c, e->v6, a, l, flags);
-	ccall_end(&c);
+	ccall_done(&c);
 	return r;
 }
 
@@ -476,6 +477,7 @@ static int accept_call(struct ccall *c, int v6, struct sockaddr *a, socklen_t *l
 		case CC_CLOSED:
 			return -1;
 		case CC_KERNEL:
+			ccall_to_kernel(c);
 			return real_accept4(fd, a, l, flags);
 		}
 		int gone = ccall_gone(c);
@@ -597,7 +599,7 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 	}
 	struct ccall c = ccall_begin(e, fd);
 	ssize_t r = recv_call(&c, buf, n, flags);
-	ccall_end(&c);
+	ccall_done(&c);
 	return r;
 }
 
@@ -614,6 +616,7 @@ static ssize_t recv_call(struct ccall *c, void *buf, size_t n, int flags)
 		case CC_CLOSED:
 			return got ? (ssize_t)got : -1;
 		case CC_KERNEL:
+			ccall_to_kernel(c);
 			return got ? (ssize_t)got : real_recv(fd, buf, n, flags);
 		}
 		size_t want = n - got;
@@ -703,7 +706,7 @@ static ssize_t ours_send(struct fdent *e, int fd, const void *buf, size_t n, int
 		return real_send(fd, buf, n, flags);
 	struct ccall c = ccall_begin(e, fd);
 	ssize_t r = send_call(&c, buf, n, flags);
-	ccall_end(&c);
+	ccall_done(&c);
 	return r;
 }
 
@@ -717,6 +720,7 @@ static ssize_t send_call(struct ccall *c, const void *buf, size_t n, int flags)
 		case CC_CLOSED:
 			return done ? (ssize_t)done : -1;
 		case CC_KERNEL:
+			ccall_to_kernel(c);
 			return done ? (ssize_t)done : real_send(fd, buf, n, flags);
 		}
 		/* The frames wait for the kick that this thread's next wait

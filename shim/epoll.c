@@ -98,6 +98,9 @@ static void ep_waiting(struct fdent *ee, int d)
 	__atomic_add_fetch(&ee->waiters, (uint32_t)d, __ATOMIC_SEQ_CST);
 }
 
+/* ep_unwait is ep_waiting(ee, -1), for a cancelled wait (run_undo). */
+static void ep_unwait(void *ee) { ep_waiting(ee, -1); }
+
 /* ep_unwake takes the wake-ups out of the r events a kernel wait on
  * instance ee gave; the count left. */
 static int ep_unwake(struct fdent *ee, struct epoll_event *ev, int r)
@@ -925,6 +928,20 @@ int ep_peek(int epfd, struct arms *a, int spinning)
 	return 0; /* changing all the while: the caller looks again */
 }
 
+/* ep_scratch is do_epoll_wait's scratch, which grows as it goes: freed
+ * at its end, or by a cancellation (ep_scratch_free). */
+struct ep_scratch {
+	int **hs;
+	struct arms *arm;
+};
+
+static void ep_scratch_free(void *arg)
+{
+	struct ep_scratch *sc = arg;
+	free(*sc->hs);
+	free(sc->arm->hs), free(sc->arm->want), free(sc->arm->evs), free(sc->arm->edges);
+}
+
 static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns, const sigset_t *mask)
 {
 	struct fdent *ee = ent(epfd);
@@ -958,6 +975,9 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 	int kernel_woke = timeout_ns == 0;
 	int kstack = 0; /* the last check's events of the stack's */
 	struct arms arm = {0}; /* instances in this one's set: what to arm */
+	struct ep_scratch sc = {&hs, &arm};
+	struct undo u;
+	undo_push(&u, ep_scratch_free, &sc);
 	for (;;) {
 		table_lock();
 		ep = ee->ep;
@@ -1145,8 +1165,8 @@ static int do_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t tim
 		}
 	}
 	wait_end(&w);
-	free(hs);
-	free(arm.hs), free(arm.want), free(arm.evs), free(arm.edges);
+	undo_pop(&u);
+	ep_scratch_free(&sc);
 	return ret;
 }
 
@@ -1177,8 +1197,12 @@ static int any_epoll(int epfd, struct epoll_event *ev, int max, int ms, const st
 {
 	struct fdent *ee = ent(epfd);
 	int counted = timeout_ns != 0 && ee && ee->kind == K_EPOLL;
-	if (counted)
+	struct undo u;
+	cancel_off();
+	if (counted) {
 		ep_waiting(ee, 1);
+		undo_push(&u, ep_unwait, ee);
+	}
 	int64_t end = timeout_ns; /* > 0: set at the first kernel wait */
 	struct kwait k;
 	int r;
@@ -1205,9 +1229,9 @@ static int any_epoll(int epfd, struct epoll_event *ev, int max, int ms, const st
 			ms = ns_ms(left);
 			t = ns_ts(left, &ts);
 		}
-		r = how == 2 ? real_epoll_pwait2(epfd, ev, max, t, mask)
-		    : how == 1 ? real_epoll_pwait(epfd, ev, max, ms, mask)
-			     : real_epoll_wait(epfd, ev, max, ms);
+		CANCEL_POINT(r = how == 2 ? real_epoll_pwait2(epfd, ev, max, t, mask)
+				 : how == 1 ? real_epoll_pwait(epfd, ev, max, ms, mask)
+					    : real_epoll_wait(epfd, ev, max, ms));
 		int64_t unused;
 		if (kwait_again(&k, r, &unused))
 			continue;
@@ -1220,11 +1244,13 @@ static int any_epoll(int epfd, struct epoll_event *ev, int max, int ms, const st
 		}
 		/* Only a wake-up: the members changed. */
 	}
+	int err = errno;
 	if (counted) {
-		int err = errno;
+		undo_pop(&u);
 		ep_waiting(ee, -1);
-		errno = err;
 	}
+	cancel_on();
+	errno = err;
 	return r;
 }
 

@@ -472,12 +472,71 @@ void keep_p(int64_t now, int64_t every);
  * (ccall_blocked). */
 #define DL_UNREAD (-2)
 int64_t sock_deadline(const struct fdent *e, int fd, short ev);
+/* Thread cancellation (pthread_cancel). A call of the program's on an
+ * accelerated socket is a cancellation point where the kernel's is (a
+ * blocking recv, accept, connect, poll, select, epoll_wait), and only
+ * there: the shim's own work runs with cancellation off (cancel_off,
+ * cancel_on, nesting), and the one system call a call blocks in is
+ * made a cancellation point again (CANCEL_POINT), with what the call
+ * holds (a socket, the stack's arms, an instance's waiter count) noted
+ * on the thread's undo list (undo_push, undo_pop: last in, first out),
+ * which a cancellation runs as the thread unwinds. Before, a thread
+ * cancelled in a blocking recv kept its hold on the socket: the
+ * program's close of it sent no FIN until the process ended. */
+struct undo {
+	void (*fn)(void *);
+	void *arg;
+	struct undo *next;
+};
+extern __thread struct undo *t_undo;
+extern __thread int t_coff, t_cancel_was;
+static inline void cancel_off(void)
+{
+	if (t_coff++ == 0)
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &t_cancel_was);
+}
+static inline void cancel_on(void)
+{
+	if (--t_coff == 0)
+		pthread_setcancelstate(t_cancel_was, NULL);
+}
+static inline void undo_push(struct undo *u, void (*fn)(void *), void *arg)
+{
+	u->fn = fn;
+	u->arg = arg;
+	u->next = t_undo;
+	t_undo = u;
+}
+static inline void undo_pop(struct undo *u) { t_undo = u->next; }
+void run_undo(void *unused);
+/* CANCEL_POINT runs stmt, a blocking system call, as a cancellation point
+ * if the program's thread had cancellation on (as its outermost call
+ * into the shim found it). A cancellation there runs the whole undo
+ * list: a signal handler's call blocked there unwinds through the call
+ * it interrupted too. errno is kept. */
+#define CANCEL_POINT(stmt)                                                     \
+	do {                                                                   \
+		int cp_ = t_coff > 0 && t_cancel_was == PTHREAD_CANCEL_ENABLE; \
+		pthread_cleanup_push(run_undo, NULL);                          \
+		if (cp_)                                                       \
+			pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);   \
+		stmt;                                                          \
+		if (cp_) {                                                     \
+			int e_ = errno;                                        \
+			pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);  \
+			errno = e_;                                            \
+		}                                                              \
+		pthread_cleanup_pop(0);                                        \
+	} while (0)
+
 /* A call on an accelerated socket (wait.c: recv, send, accept and a
  * blocking connect). */
 struct ccall {
 	struct fdent *e;
 	int fd, h, nonblock, held;
+	int coff; /* cancellation off (cancel_off) since its first block */
 	uint32_t gen;
+	struct undo undo; /* while held */
 };
 #define CC_OK 0
 #define CC_CLOSED 1
@@ -488,6 +547,8 @@ int ccall_gone(const struct ccall *c);
 int ccall_taken(const struct ccall *c);
 int ccall_blocked(struct ccall *c, int flags, short ev, int64_t *deadline);
 void ccall_end(struct ccall *c);
+void ccall_done(struct ccall *c);
+void ccall_to_kernel(struct ccall *c);
 int timeo_opt(int level, int name);
 
 /* process.c */
@@ -577,12 +638,19 @@ static inline void core_leave(void)
  * whose child does) took the lock again, and hung the thread, or the
  * child, which starts with the lock held. postgres 15's postmaster
  * forks its children from its SIGCHLD handler. */
-static inline void locks_taking(void) { t_locks++; }
+/* A lock is held with cancellation off: a cancellation point of the C
+ * library's under it (a close) would end the thread with it held. */
+static inline void locks_taking(void)
+{
+	cancel_off();
+	t_locks++;
+}
 
 static inline void locks_gone(void)
 {
 	if (--t_locks == 0 && !in_core && sig_held)
 		run_held();
+	cancel_on();
 }
 
 /* table_lock and table_unlock take and let go the table's lock, mu. */

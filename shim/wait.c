@@ -22,6 +22,22 @@ __thread char t_waiter;
 
 __thread char t_keyed; /* thread_ends ran */
 
+__thread struct undo *t_undo;
+__thread int t_coff, t_cancel_was;
+
+/* run_undo lets go of what the thread's calls hold (the undo list), as a
+ * cancellation unwinds it out of a CANCEL_POINT. */
+void run_undo(void *unused)
+{
+	(void)unused;
+	while (t_undo) {
+		struct undo *u = t_undo;
+		t_undo = u->next;
+		u->fn(u->arg);
+	}
+	t_coff = 0;
+}
+
 void thread_exit(void *p)
 {
 	(void)p;
@@ -271,6 +287,23 @@ int wait_over(struct wait *w, int64_t *now)
 	return w->deadline >= 0 && *now >= w->deadline;
 }
 
+/* block_arms is what wait_block armed while it blocks: a cancellation
+ * there disarms it (block_unarm). */
+struct block_arms {
+	int *hs, k, efd, park, log, tep;
+};
+
+static void block_unarm(void *arg)
+{
+	struct block_arms *b = arg;
+	if (b->tep >= 0)
+		real_epoll_ctl(b->tep, EPOLL_CTL_DEL, irq_fd, NULL);
+	if (b->log)
+		CORE_VOID(core.disarm_ready(b->efd, b->park));
+	else
+		CORE_VOID(core.disarm(b->hs, b->k, b->efd, b->park));
+}
+
 /* log_wait_off: the stack cannot wake a thread at its ready log's next
  * entry (it is shared with other processes): epoll arms each member. */
 int log_wait_off;
@@ -324,6 +357,10 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 	} else if (CORE(core.arm(hs, want, evs, edges, k, efd, park)) > 0) {
 		return 0;
 	}
+	/* What a cancellation in the block lets go of (run_undo). */
+	struct block_arms ba = {.hs = hs, .k = k, .efd = efd, .park = park, .log = logseq != NULL, .tep = -1};
+	struct undo u;
+	undo_push(&u, block_unarm, &ba);
 	struct timespec ts, *tsp = NULL;
 	if (w->deadline >= 0) {
 		int64_t left = w->deadline - now;
@@ -359,7 +396,8 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 		tep = -1; /* the ppoll below waits on it */
 	if (tep >= 0) {
 		struct epoll_event got[4];
-		r = real_epoll_pwait2(tep, got, 4, tsp, mp);
+		ba.tep = tep;
+		CANCEL_POINT(r = real_epoll_pwait2(tep, got, 4, tsp, mp));
 		int e = errno;
 		real_epoll_ctl(tep, EPOLL_CTL_DEL, irq_fd, NULL);
 		errno = e;
@@ -376,7 +414,7 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 			p[n++] = (struct pollfd){.fd = irq_fd, .events = POLLIN};
 		if (remote_fd >= 0)
 			p[n++] = (struct pollfd){.fd = remote_fd, .events = POLLIN};
-		r = real_ppoll(p, n, tsp, mp);
+		CANCEL_POINT(r = real_ppoll(p, n, tsp, mp));
 		woke = r > 0 && (p[np].revents & POLLIN);
 		irq = direct && r > 0 && (p[np + 1].revents & POLLIN);
 		remote = remote_fd >= 0 && r > 0 && (p[n - 1].revents & POLLIN);
@@ -384,6 +422,7 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 			prog |= p[i].revents != 0;
 	}
 	int saved = errno;
+	undo_pop(&u);
 	int unpark = !direct ? ONL_PARK : irq ? ONL_UNPARK_POLL : ONL_PARK_DIRECT;
 	if (logseq)
 		CORE_VOID(core.disarm_ready(efd, unpark));
@@ -436,6 +475,7 @@ static int taken_over(const struct pollfd *fds, const int *idx, const int *evs, 
 
 static int hold_h(int h);
 static void release_h(int h);
+static int poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask, int sel);
 
 /*
  * wait_poll is poll() over fds where some are ours (select's, if sel).
@@ -453,7 +493,34 @@ static void release_h(int h);
  * (6.18, measured). Before 2026-12-04 the close ended the wait, the
  * socket reported closed (TestShimCloseDuringPoll).
  */
+/* poll_held is what wait_poll_sel holds while it blocks: the sockets
+ * (held) and its scratch, let go of by a cancellation (poll_unhold). */
+struct poll_held {
+	int *hs, *held, k;
+	void *heap;
+	struct arms *arm;
+	char *nready;
+};
+
+static void poll_unhold(void *arg)
+{
+	struct poll_held *p = arg;
+	for (int j = 0; j < p->k; j++)
+		if (p->held[j])
+			release_h(p->hs[j]);
+	free(p->heap);
+	free(p->arm->hs), free(p->arm->want), free(p->arm->evs), free(p->arm->edges), free(p->nready);
+}
+
 int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask, int sel)
+{
+	cancel_off();
+	int r = poll_sel(fds, n, timeout_ns, mask, sel);
+	cancel_on();
+	return r;
+}
+
+static int poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask, int sel)
 {
 	int hs_buf[64], want_buf[64], ev_buf[64], idx_buf[64], gone_buf[64], held_buf[64];
 	unsigned gen_buf[64];
@@ -473,6 +540,8 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 		tmp = (struct pollfd *)(gen + n + 4);
 	}
 	int k = 0, nkernel = 0, conns = 0, holding = 0, nested = 0;
+	struct poll_held hp;
+	struct undo hu;
 	struct arms arm = {0}; /* epoll instances' members to arm (ep_peek) */
 	for (nfds_t i = 0; i < n; i++) {
 		tmp[i] = fds[i];
@@ -519,12 +588,14 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 		if (taken_over(fds, idx, evs, gone, k)) {
 			/* Those fds are the kernel's now: wait again. */
 			wait_end(&w);
+			if (holding)
+				undo_pop(&hu);
 			for (int j = 0; j < k; j++)
 				if (held[j])
 					release_h(hs[j]);
 			free(heap);
 			free(arm.hs), free(arm.want), free(arm.evs), free(arm.edges), free(nready);
-			return wait_poll_sel(fds, n, timeout_ns, mask, sel);
+			return poll_sel(fds, n, timeout_ns, mask, sel);
 		}
 		/* An epoll instance held here is readable for its accelerated
 		 * members too (epoll.c, ep_peek), looked at before the kernel's
@@ -586,6 +657,8 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 			holding = 1;
 			for (int j = 0; j < k; j++)
 				held[j] = !gone[j] && hold_h(hs[j]);
+			hp = (struct poll_held){.hs = hs, .held = held, .k = k, .heap = heap, .arm = &arm, .nready = nready};
+			undo_push(&hu, poll_unhold, &hp);
 		}
 		int *bh = hs, *bw = want, *be = evs, bk = k;
 		unsigned *bedges = NULL;
@@ -605,6 +678,8 @@ int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset
 			tmp[i].revents = 0;
 	}
 	wait_end(&w);
+	if (holding)
+		undo_pop(&hu);
 	for (int j = 0; j < k; j++)
 		if (held[j])
 			release_h(hs[j]);
@@ -753,6 +828,7 @@ int ccall_taken(const struct ccall *c)
 }
 
 static int ccall_hold(struct ccall *c);
+static void ccall_unhold(void *arg);
 
 /* ccall_blocked: the call found nothing to do (EAGAIN). It counts that
  * for EPOLLET (on the fd's entry, unless the fd was closed meanwhile),
@@ -773,6 +849,12 @@ int ccall_blocked(struct ccall *c, int flags, short ev, int64_t *deadline)
 		errno = EAGAIN;
 		return 0;
 	}
+	if (!c->coff) {
+		/* Cancellation off from the call's first block to its end
+		 * (ccall_done): a call that does not block pays nothing. */
+		cancel_off();
+		c->coff = 1;
+	}
 	if (*deadline == DL_UNREAD)
 		*deadline = gone ? -1 : sock_deadline(c->e, c->fd, ev);
 	if (!c->held && !ccall_hold(c) && (ccall_gone(c) || c->e->kind != K_OURS))
@@ -792,6 +874,7 @@ static int ccall_hold(struct ccall *c)
 	if (!hold_h(c->h))
 		return 0;
 	c->held = 1;
+	undo_push(&c->undo, ccall_unhold, c);
 	if (ccall_gone(c) || c->e->kind != K_OURS) {
 		ccall_end(c);
 		return 0;
@@ -828,6 +911,36 @@ void ccall_end(struct ccall *c)
 {
 	if (!c->held)
 		return;
+	undo_pop(&c->undo);
 	c->held = 0;
 	release_h(c->h);
+}
+
+/* ccall_unhold is ccall_end for a cancelled call (run_undo, which took
+ * it off the list). */
+static void ccall_unhold(void *arg)
+{
+	struct ccall *c = arg;
+	c->held = 0;
+	release_h(c->h);
+}
+
+/* ccall_to_kernel: the call goes on in the kernel (a handover took its
+ * socket): it lets go of its hold, and the kernel's call is the
+ * cancellation point. */
+void ccall_to_kernel(struct ccall *c)
+{
+	ccall_end(c);
+	if (c->coff) {
+		c->coff = 0;
+		cancel_on();
+	}
+}
+
+/* ccall_done ends the call (ccall_begin). */
+void ccall_done(struct ccall *c)
+{
+	ccall_end(c);
+	if (c->coff)
+		cancel_on();
 }

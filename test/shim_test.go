@@ -2656,3 +2656,27 @@ func TestShimExecNoStackFds(t *testing.T) {
 		t.Fatalf("the program bash exec'd under the shim has fds\n%s\non the kernel\n%s\nshim's log:\n%s", shim, kernel, log)
 	}
 }
+
+// TestShimCancel: threads cancelled (pthread_cancel) while blocked on
+// an accelerated connection, in recv, poll, select and epoll_wait, and
+// on a listener in accept, end as on the kernel, and the connection's
+// close then ends it at once (shim/test/cancel.c; the name server says
+// whether it read the end); a thread with cancellation off is not
+// cancelled in its recv. Before, each cancelled call kept its hold on
+// the socket, and the close sent no FIN until the process ended.
+func TestShimCancel(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "cancel")
+	a, b := Pair(t, LinkOptions{})
+	addr, port := nameServer(t, b)
+	kernel, _ := runBounded(t, a.Command(prog, addr, port), 30*time.Second)
+	if !strings.HasSuffix(kernel, "recv with cancellation off: -1 Resource temporarily unavailable\n"+
+		"recv with cancellation off: cancelled yes\nserver: A eof\n") {
+		t.Fatalf("on the kernel it printed\n%s", kernel)
+	}
+	shim, log := runBounded(t, shimCommand(t, a, nil, prog, addr, port), 30*time.Second)
+	requireAccelerated(t, log, "connecting")
+	if shim != kernel {
+		t.Fatalf("under the shim it printed\n%s\non the kernel\n%s\nshim's log:\n%s", shim, kernel, log)
+	}
+}
