@@ -386,47 +386,103 @@ static void inherit_timeo(const struct fdent *l, int fd, int kfd, int h)
  * kernel socket had a new socket's defaults: no keepalive, Nagle on
  * (TestShimAccepts), and without SO_REUSEADDR a connection handed over
  * to the kernel (sshd's, inetd's) left a TIME-WAIT that kept the server,
- * restarted, from binding its port for a minute. It costs an accept
- * sixteen getsockopt calls on the listener. An option set on the
- * listener between a connection's handshake and its accept reads as set
- * on the connection, which does not have it (nor would it on Linux). */
-static void inherit_options(int fd, int kfd, int v6)
+ * restarted, from binding its port for a minute. What differs is read
+ * from the listener once (sixteen getsockopt calls) and kept
+ * (lopts_of), where every accept read it again: a server that takes a
+ * connection a request (redis-benchmark -k 0) spent a quarter of its
+ * time a connection there. An option set on the listener between a
+ * connection's handshake and its accept reads as set on the connection,
+ * which does not have it (nor would it on Linux). */
+static const struct { int level, name; } inherited[] = {
+	{SOL_SOCKET, SO_REUSEADDR}, {SOL_SOCKET, SO_REUSEPORT}, /* for its TIME-WAIT, if handed over */
+	{SOL_SOCKET, SO_KEEPALIVE}, {SOL_SOCKET, SO_RCVLOWAT}, {SOL_SOCKET, SO_PRIORITY},
+	{IPPROTO_TCP, TCP_NODELAY}, {IPPROTO_TCP, TCP_CORK}, {IPPROTO_TCP, TCP_KEEPIDLE},
+	{IPPROTO_TCP, TCP_KEEPINTVL}, {IPPROTO_TCP, TCP_KEEPCNT}, {IPPROTO_TCP, TCP_USER_TIMEOUT},
+	{IPPROTO_IP, IP_TOS}, {IPPROTO_IP, IP_TTL},
+	{SOL_SOCKET, SO_RCVBUF}, {SOL_SOCKET, SO_SNDBUF}, /* last: they read back doubled */
+};
+enum { N_INHERITED = sizeof inherited / sizeof inherited[0] };
+
+/* lopts is what a listener's connections inherit (inherit_options):
+ * the options that differ from a new socket's, with their values to set,
+ * and its SO_LINGER. It stands while no option was set on a listener
+ * (lopt_gen) and its fd was not closed (fdgen). */
+struct lopts {
+	uint32_t gen, fdgen;
+	int n, linger;
+	struct linger lg;
+	struct { int level, name, v; } set[N_INHERITED];
+};
+static struct lopts **lcache; /* by fd, made at the first accept */
+static uint32_t lopt_gen;
+
+/* lopts_of reads what listener fd's connections inherit, or finds it
+ * read: NULL if out of memory. A thread that reads it publishes a whole
+ * new one (the one it replaces is not freed: a reader may hold it). */
+static const struct lopts *lopts_of(int fd, int v6)
 {
-	static const struct { int level, name; } opts[] = {
-		{SOL_SOCKET, SO_REUSEADDR}, {SOL_SOCKET, SO_REUSEPORT}, /* for its TIME-WAIT, if handed over */
-		{SOL_SOCKET, SO_KEEPALIVE}, {SOL_SOCKET, SO_RCVLOWAT}, {SOL_SOCKET, SO_PRIORITY},
-		{IPPROTO_TCP, TCP_NODELAY}, {IPPROTO_TCP, TCP_CORK}, {IPPROTO_TCP, TCP_KEEPIDLE},
-		{IPPROTO_TCP, TCP_KEEPINTVL}, {IPPROTO_TCP, TCP_KEEPCNT}, {IPPROTO_TCP, TCP_USER_TIMEOUT},
-		{IPPROTO_IP, IP_TOS}, {IPPROTO_IP, IP_TTL},
-		{SOL_SOCKET, SO_RCVBUF}, {SOL_SOCKET, SO_SNDBUF}, /* last: they read back doubled */
-	};
-	enum { N = sizeof opts / sizeof opts[0] };
+	if ((unsigned)fd >= (unsigned)nfdt)
+		return NULL;
+	struct lopts **lc = __atomic_load_n(&lcache, __ATOMIC_ACQUIRE);
+	if (!lc) {
+		struct lopts **fresh = calloc(nfdt, sizeof *fresh);
+		if (!fresh)
+			return NULL;
+		if (!__atomic_compare_exchange_n(&lcache, &lc, fresh, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			free(fresh);
+		else
+			lc = fresh;
+	}
+	uint32_t gen = __atomic_load_n(&lopt_gen, __ATOMIC_ACQUIRE);
+	struct lopts *o = __atomic_load_n(&lc[fd], __ATOMIC_ACQUIRE);
+	if (o && o->gen == gen && o->fdgen == fdgen[fd])
+		return o;
 	/* A new socket's values, read once from the first accepted one (all
 	 * are the kernel's defaults then): only those that differ are set. */
-	static int dflt[2][N], known[2];
+	static int dflt[2][N_INHERITED], known[2];
 	if (!__atomic_load_n(&known[v6], __ATOMIC_ACQUIRE)) {
-		for (int i = 0; i < N; i++) {
+		int probe = real_socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		for (int i = 0; i < N_INHERITED; i++) {
 			socklen_t l = sizeof(int);
-			if (real_getsockopt(kfd, opts[i].level, opts[i].name, &dflt[v6][i], &l) < 0)
+			if (probe < 0 || real_getsockopt(probe, inherited[i].level, inherited[i].name, &dflt[v6][i], &l) < 0)
 				dflt[v6][i] = -1;
 		}
+		if (probe >= 0)
+			real_close(probe);
 		__atomic_store_n(&known[v6], 1, __ATOMIC_RELEASE);
 	}
-	for (int i = 0; i < N; i++) {
-		if (v6 && opts[i].level == IPPROTO_IP)
+	if (!(o = calloc(1, sizeof *o)))
+		return NULL;
+	o->gen = gen;
+	o->fdgen = fdgen[fd];
+	for (int i = 0; i < N_INHERITED; i++) {
+		if (v6 && inherited[i].level == IPPROTO_IP)
 			continue;
 		int v = 0;
 		socklen_t l = sizeof v;
-		if (real_getsockopt(fd, opts[i].level, opts[i].name, &v, &l) < 0 || v == dflt[v6][i])
+		if (real_getsockopt(fd, inherited[i].level, inherited[i].name, &v, &l) < 0 || v == dflt[v6][i])
 			continue;
-		if (opts[i].name == SO_RCVBUF || opts[i].name == SO_SNDBUF)
+		if (inherited[i].name == SO_RCVBUF || inherited[i].name == SO_SNDBUF)
 			v /= 2; /* socket(7): the kernel doubles what is set */
-		real_setsockopt(kfd, opts[i].level, opts[i].name, &v, sizeof v);
+		o->set[o->n].level = inherited[i].level;
+		o->set[o->n].name = inherited[i].name;
+		o->set[o->n++].v = v;
 	}
-	struct linger lg;
-	socklen_t l = sizeof lg;
-	if (real_getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &l) == 0 && lg.l_onoff)
-		real_setsockopt(kfd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+	socklen_t l = sizeof o->lg;
+	o->linger = real_getsockopt(fd, SOL_SOCKET, SO_LINGER, &o->lg, &l) == 0 && o->lg.l_onoff;
+	__atomic_store_n(&lc[fd], o, __ATOMIC_RELEASE);
+	return o;
+}
+
+static void inherit_options(int fd, int kfd, int v6)
+{
+	const struct lopts *o = lopts_of(fd, v6);
+	if (!o)
+		return;
+	for (int i = 0; i < o->n; i++)
+		real_setsockopt(kfd, o->set[i].level, o->set[i].name, &o->set[i].v, sizeof o->set[i].v);
+	if (o->linger)
+		real_setsockopt(kfd, SOL_SOCKET, SO_LINGER, &o->lg, sizeof o->lg);
 }
 
 /* fill_addr gives the program address ip:port (network order) as the
@@ -1294,6 +1350,9 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 		}
 	}
 	int r = real_setsockopt(fd, level, name, v, l);
+	struct fdent *any = ent(fd);
+	if (r == 0 && any && any->listening)
+		__atomic_add_fetch(&lopt_gen, 1, __ATOMIC_RELEASE); /* its connections' options change (lopts_of) */
 	if (e && r == 0 && timeo_opt(level, name) && (unsigned)e->h < MAX_HANDLES)
 		htimeo[e->h] = 1; /* a blocking call reads it (sock_deadline) */
 	if (!e || r < 0 || after_fork || !v || l < 1)

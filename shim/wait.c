@@ -338,11 +338,14 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 	}
 	wait_end(w);
 	int efd = thread_efd();
-	/* A thread that waits on listeners only (memcached's and nginx's
-	 * accepting threads) leaves the interrupt to those that wait on
-	 * connections, and to the Sleeper: with it, it was the thread every
-	 * frame woke, to hand the frame to another. */
-	int direct = irq_fd >= 0 && conns;
+	/* A thread that waits on listeners only (memcached's accepting
+	 * thread) leaves the interrupt to those that wait on connections,
+	 * and to the Sleeper: with it, it was the thread every frame woke,
+	 * to hand the frame to another. Unless it is the only thread that
+	 * waits on a stack of this process's own (redis, an nginx worker,
+	 * between connections): the Sleeper's wake-up for a SYN, and then
+	 * the thread's for the connection, were two where this is one. */
+	int direct = irq_fd >= 0 && (conns || (remote_fd < 0 && __atomic_load_n(&waiter_threads, __ATOMIC_RELAXED) <= 1));
 	/* epoll_pwait2 (glibc 2.35) takes the deadline to the nanosecond;
 	 * without it, ppoll. */
 	int tep = direct && epfd >= 0 && real_epoll_pwait2 ? thread_ep(epfd) : -1;

@@ -122,8 +122,12 @@ func (s *Stack) InterruptFD() int {
 // ParkDirect says the caller is about to block in the kernel on
 // InterruptFD itself and to poll the stack when it wakes; UnparkDirect
 // that it woke (interrupts.Sleeper.ParkDirect).
-func (s *Stack) ParkDirect()   { s.sl.ParkDirect() }
-func (s *Stack) UnparkDirect() { s.sl.UnparkDirect() }
+func (s *Stack) ParkDirect() { s.sl.ParkDirect() }
+
+// SetThreads says how many threads of a program under the shim use the
+// stack (interrupts.Sleeper.SetThreads).
+func (s *Stack) SetThreads(n int) { s.sl.SetThreads(n) }
+func (s *Stack) UnparkDirect()    { s.sl.UnparkDirect() }
 
 // kernelPort is the port kfd is bound to, binding it to the stack's
 // address and an ephemeral port first if it is not bound.

@@ -67,6 +67,10 @@ func theStack() (*sockets.Stack, error) {
 		stk, stkErr = sockets.DefaultStack()
 		if stk != nil {
 			bySlot = make([]atomic.Int32, stk.Sockets())
+			threadsMu.Lock()
+			haveStack = true
+			setThreadsLocked()
+			threadsMu.Unlock()
 		}
 	})
 	return stk, stkErr
@@ -581,7 +585,8 @@ const (
 
 var (
 	threadsMu sync.Mutex
-	threads   int // live program threads that have called the core
+	threads   int  // live program threads that have called the core
+	haveStack bool // the stack is made (theStack): setThreadsLocked tells it
 	baseProcs = runtime.GOMAXPROCS(0)
 	userProcs = os.Getenv("GOMAXPROCS") != ""
 )
@@ -623,6 +628,15 @@ func onl_thread() {
 	defer threadsMu.Unlock()
 	threads++
 	setThreadProcsLocked()
+	setThreadsLocked()
+}
+
+// setThreadsLocked tells the stack, if there is one, how many threads
+// use it (the Sleeper's allParked).
+func setThreadsLocked() {
+	if haveStack {
+		stk.SetThreads(threads)
+	}
 }
 
 // onl_thread_gone uncounts a thread onl_thread counted, as it ends.
@@ -635,6 +649,7 @@ func onl_thread_gone() {
 		threads--
 	}
 	setThreadProcsLocked()
+	setThreadsLocked()
 }
 
 // onl_resched gives the calling thread's Go processor a turn of the
