@@ -480,22 +480,6 @@ static int hold_h(int h);
 static void release_h(int h);
 static int poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask, int sel);
 
-/*
- * wait_poll is poll() over fds where some are ours (select's, if sel).
- * Ours are checked through the core (a listener also in the kernel: it
- * serves clients that come through loopback); the rest with the kernel.
- * timeout_ns < 0 waits for ever.
- *
- * Once it blocks it holds each of its sockets (hrefs), as the kernel's
- * poll holds each file it waits on: another thread's close of an fd
- * meanwhile does not end the wait, and the socket lives until the wait
- * returns. The kernel's poll, woken by any of its files or by its time,
- * finds the number closed and reports POLLNVAL; so does this one, at
- * the closed socket's next event, another fd's, or the time. The
- * kernel's select (sel) then reports the number in each set it was in
- * (6.18, measured). Before 2026-12-04 the close ended the wait, the
- * socket reported closed (TestShimCloseDuringPoll).
- */
 /* poll_held is what wait_poll_sel holds while it blocks: the sockets
  * (held) and its scratch, let go of by a cancellation (poll_unhold). */
 struct poll_held {
@@ -515,6 +499,22 @@ static void poll_unhold(void *arg)
 	free(p->arm->hs), free(p->arm->want), free(p->arm->evs), free(p->arm->edges), free(p->nready);
 }
 
+/*
+ * wait_poll is poll() over fds where some are ours (select's, if sel).
+ * Ours are checked through the core (a listener also in the kernel: it
+ * serves clients that come through loopback); the rest with the kernel.
+ * timeout_ns < 0 waits for ever.
+ *
+ * Once it blocks it holds each of its sockets (hrefs), as the kernel's
+ * poll holds each file it waits on: another thread's close of an fd
+ * meanwhile does not end the wait, and the socket lives until the wait
+ * returns. The kernel's poll, woken by any of its files or by its time,
+ * finds the number closed and reports POLLNVAL; so does this one, at
+ * the closed socket's next event, another fd's, or the time. The
+ * kernel's select (sel) then reports the number in each set it was in
+ * (6.18, measured). Before 2026-12-04 the close ended the wait, the
+ * socket reported closed (TestShimCloseDuringPoll).
+ */
 int wait_poll_sel(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask, int sel)
 {
 	cancel_off();
