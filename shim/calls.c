@@ -86,6 +86,9 @@ static int v4_of(int fd, const struct fdent *e, const struct sockaddr *a, sockle
 	return 1;
 }
 
+/* lopt_gen counts the changes of listeners' options (lopts_of). */
+static uint32_t lopt_gen;
+
 /* other_device: fd is bound to an interface (SO_BINDTODEVICE) that is
  * not the stack's, so its traffic goes where the kernel sends it, as the
  * program asked (a host with two networks). Read only from a socket the
@@ -169,6 +172,10 @@ void accel_listener(int fd, struct fdent *e)
 		if (h > 0) {
 			int nb = nonblocking(fd), defaults = e->fresh && !e->opts_set, timeo = e->timeo;
 			set_ours(fd, h, nb, nb, 1, timeo);
+			/* What an earlier listener on this number left (lopts_of)
+			 * does not stand: its close may not have counted (fdgen),
+			 * if the kernel had it by then. */
+			__atomic_add_fetch(&lopt_gen, 1, __ATOMIC_RELEASE);
 			e->v6 = v6;
 			kreg_take(fd, e);
 			if (!twin) /* a twin's options are its group's first's */
@@ -406,7 +413,8 @@ enum { N_INHERITED = sizeof inherited / sizeof inherited[0] };
 /* lopts is what a listener's connections inherit (inherit_options):
  * the options that differ from a new socket's, with their values to set,
  * and its SO_LINGER. It stands while no option was set on a listener
- * (lopt_gen) and its fd was not closed (fdgen). */
+ * and none was accelerated (lopt_gen), and its fd was not closed
+ * (fdgen). */
 struct lopts {
 	uint32_t gen, fdgen;
 	int n, linger;
@@ -414,7 +422,6 @@ struct lopts {
 	struct { int level, name, v; } set[N_INHERITED];
 };
 static struct lopts **lcache; /* by fd, made at the first accept */
-static uint32_t lopt_gen;
 
 /* lopts_of reads what listener fd's connections inherit, or finds it
  * read: NULL if out of memory. A thread that reads it publishes a whole
