@@ -291,9 +291,9 @@ func (s *Sleeper) threadsAttend(idle bool) (bool, time.Duration) {
 		// every thread is parked (blocked without the interrupt, as a
 		// thread whose epoll set holds a listener alone): redis
 		// between connections parked so just after its last poll, and
-		// each new connection's SYN waited out the grace (1.2 ms at the
-		// median, against the kernel's 0.28, with a connection a
-		// request).
+		// each new connection's SYN waited out the grace (a client
+		// that connected every 0.3 ms was answered in 0.76 ms at the
+		// median, against the kernel's 0.05).
 		if since := time.Duration(s.st.Clock() - s.st.PolledAt()); since < DirectGrace && !s.allParked() {
 			return true, DirectGrace - since
 		}
