@@ -122,12 +122,12 @@ func (s *Stack) InterruptFD() int {
 // ParkDirect says the caller is about to block in the kernel on
 // InterruptFD itself and to poll the stack when it wakes; UnparkDirect
 // that it woke (interrupts.Sleeper.ParkDirect).
-func (s *Stack) ParkDirect() { s.sl.ParkDirect() }
+func (s *Stack) ParkDirect()   { s.sl.ParkDirect() }
+func (s *Stack) UnparkDirect() { s.sl.UnparkDirect() }
 
 // SetThreads says how many threads of a program under the shim use the
 // stack (interrupts.Sleeper.SetThreads).
 func (s *Stack) SetThreads(n int) { s.sl.SetThreads(n) }
-func (s *Stack) UnparkDirect()    { s.sl.UnparkDirect() }
 
 // kernelPort is the port kfd is bound to, binding it to the stack's
 // address and an ephemeral port first if it is not bound.
@@ -265,8 +265,9 @@ func (s *Stack) preset(id stack.SockID, pre []Preset) error {
 // a shared port (sharedPorts) if kfd is not bound and one is free for
 // dst, kfd staying unbound; otherwise from kfd's port, kfd bound to the
 // stack's address and an ephemeral port first if it is not bound, which
-// then holds the port; with the options pre. The handshake has begun: the socket turns
-// writable when it completes, and SockError says why it failed.
+// then holds the port; with the options pre. The handshake has begun:
+// the socket turns writable when it completes, and SockError says why it
+// failed.
 func (s *Stack) ConnectDesc(kfd int, dst netip.AddrPort, pre ...Preset) (*Desc, error) {
 	port, v6, err := s.boundPort(kfd)
 	if err != nil {

@@ -61,8 +61,8 @@ func (sp *sharedPorts) load() []uint16 {
 }
 
 // openShared opens an engine socket, sets the options pre, and connects
-// it to dst from a shared port: the handshake has begun. errNoSharedPort when none may carry it
-// (nothing is left open then).
+// it to dst from a shared port: the handshake has begun. errNoSharedPort
+// when none may carry it (nothing is left open then).
 func (s *Stack) openShared(dst netip.AddrPort, pre []Preset) (stack.SockID, error) {
 	if s.shared == nil {
 		return stack.NullSock, errNoSharedPort
