@@ -1,31 +1,53 @@
 /* calls.c: the socket calls on accelerated descriptors (see shim.h). */
 #include "shim.h"
 
+/* The options the stack keeps (package stack's Option), by their names
+ * at the socket: setsockopt gives the stack what the program sets, and
+ * those copied are read from the kernel socket as the core takes a
+ * socket over (copy_options; the buffers are not: the stack sizes its
+ * own). */
+static const struct { int level, name, opt, copied; } stack_opts[] = {
+	{IPPROTO_TCP, TCP_NODELAY, ONL_OPT_NODELAY, 1},
+	{IPPROTO_TCP, TCP_CORK, ONL_OPT_CORK, 1},
+	{IPPROTO_TCP, TCP_DEFER_ACCEPT, ONL_OPT_DEFER_ACCEPT, 1},
+	{SOL_SOCKET, SO_KEEPALIVE, ONL_OPT_KEEPALIVE, 1},
+	{IPPROTO_TCP, TCP_KEEPIDLE, ONL_OPT_KEEPIDLE, 1},
+	{IPPROTO_TCP, TCP_KEEPINTVL, ONL_OPT_KEEPINTVL, 1},
+	{IPPROTO_TCP, TCP_KEEPCNT, ONL_OPT_KEEPCNT, 1},
+	{IPPROTO_TCP, TCP_USER_TIMEOUT, ONL_OPT_USER_TIMEOUT, 1},
+	{IPPROTO_IP, IP_TOS, ONL_OPT_TOS, 1},
+	{IPPROTO_IP, IP_TTL, ONL_OPT_TTL, 1},
+	{SOL_SOCKET, SO_RCVBUF, ONL_OPT_RCVBUF, 0},
+	{SOL_SOCKET, SO_SNDBUF, ONL_OPT_SNDBUF, 0},
+};
+enum { N_STACK_OPTS = sizeof stack_opts / sizeof stack_opts[0] };
+
+/* stack_opt is the stack's option for level and name (SO_LINGER aside),
+ * or 0. */
+static int stack_opt(int level, int name)
+{
+	for (int i = 0; i < N_STACK_OPTS; i++)
+		if (stack_opts[i].level == level && stack_opts[i].name == name)
+			return stack_opts[i].opt;
+	return 0;
+}
+
 /* The options the program set on the kernel socket before the core saw
  * it, for the engine's socket; none to read if defaults (a socket made
- * here that the program set no option on: nine getsockopt calls a
- * connection otherwise). */
-static void copy_options(int fd, int h, int defaults)
+ * here that the program set no option on: eleven getsockopt calls a
+ * connection otherwise), and IP_TOS and IP_TTL only if ip (a connect
+ * gave the core those with its SYN). */
+static void copy_options(int fd, int h, int defaults, int ip)
 {
 	if (defaults)
 		return;
-	static const struct { int level, name, opt; } opts[] = {
-		{IPPROTO_TCP, TCP_NODELAY, ONL_OPT_NODELAY},
-		{IPPROTO_TCP, TCP_CORK, ONL_OPT_CORK},
-		{IPPROTO_TCP, TCP_DEFER_ACCEPT, ONL_OPT_DEFER_ACCEPT},
-		{SOL_SOCKET, SO_KEEPALIVE, ONL_OPT_KEEPALIVE},
-		{IPPROTO_TCP, TCP_KEEPIDLE, ONL_OPT_KEEPIDLE},
-		{IPPROTO_TCP, TCP_KEEPINTVL, ONL_OPT_KEEPINTVL},
-		{IPPROTO_TCP, TCP_KEEPCNT, ONL_OPT_KEEPCNT},
-		{IPPROTO_TCP, TCP_USER_TIMEOUT, ONL_OPT_USER_TIMEOUT},
-		{IPPROTO_IP, IP_TOS, ONL_OPT_TOS},
-		{IPPROTO_IP, IP_TTL, ONL_OPT_TTL},
-	};
-	for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+	for (int i = 0; i < N_STACK_OPTS; i++) {
 		int v = 0;
 		socklen_t l = sizeof v;
-		if (real_getsockopt(fd, opts[i].level, opts[i].name, &v, &l) == 0 && v)
-			CORE(core.setopt(h, opts[i].opt, v));
+		if (!stack_opts[i].copied || (stack_opts[i].level == IPPROTO_IP && !ip))
+			continue;
+		if (real_getsockopt(fd, stack_opts[i].level, stack_opts[i].name, &v, &l) == 0 && v)
+			CORE(core.setopt(h, stack_opts[i].opt, v));
 	}
 	struct linger lg;
 	socklen_t l = sizeof lg;
@@ -179,7 +201,7 @@ void accel_listener(int fd, struct fdent *e)
 			e->v6 = v6;
 			kreg_take(fd, e);
 			if (!twin) /* a twin's options are its group's first's */
-				copy_options(fd, h, defaults);
+				copy_options(fd, h, defaults, 1);
 			stack_known();
 			debugf("fd %d: listening, accelerated", fd);
 		} else {
@@ -352,7 +374,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	e->v6 = v6;
 	kreg_take(fd, e);
 	table_unlock();
-	copy_options(fd, h, defaults);
+	copy_options(fd, h, defaults, 0);
 	stack_known();
 	debugf("fd %d: connecting, accelerated", fd);
 	e->connecting = CONN_PENDING;
@@ -1347,18 +1369,14 @@ EXPORT int getsockopt(int fd, int level, int name, void *v, socklen_t *l)
 
 EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 {
-	struct fdent *e = ours(fd);
+	struct fdent *e = ours(fd), *k = ent(fd);
 	CHILD_TAKES(fd, e);
-	if (!e && (level == IPPROTO_TCP || level == SOL_SOCKET || level == IPPROTO_IP)) {
-		struct fdent *k = ent(fd);
-		if (k && k->kind == K_TCP) {
-			k->opts_set = 1; /* copy_options reads them */
-			k->timeo |= timeo_opt(level, name);
-		}
+	if (!e && k && k->kind == K_TCP && (level == IPPROTO_TCP || level == SOL_SOCKET || level == IPPROTO_IP)) {
+		k->opts_set = 1; /* copy_options reads them */
+		k->timeo |= timeo_opt(level, name);
 	}
 	int r = real_setsockopt(fd, level, name, v, l);
-	struct fdent *any = ent(fd);
-	if (r == 0 && any && any->listening)
+	if (r == 0 && k && k->listening)
 		__atomic_add_fetch(&lopt_gen, 1, __ATOMIC_RELEASE); /* its connections' options change (lopts_of) */
 	if (e && r == 0 && timeo_opt(level, name) && (unsigned)e->h < MAX_HANDLES)
 		htimeo[e->h] = 1; /* a blocking call reads it (sock_deadline) */
@@ -1374,34 +1392,14 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 		val = *(const unsigned char *)v; /* ip(7): IP_TOS and IP_TTL take a byte too */
 	else
 		return r;
-	if (level == IPPROTO_IP) {
-		switch (name) {
-		case IP_TOS: opt = ONL_OPT_TOS; break;
-		case IP_TTL: opt = ONL_OPT_TTL; break;
+	if (level == SOL_SOCKET && name == SO_LINGER) {
+		if (l >= sizeof(struct linger)) {
+			const struct linger *lg = v;
+			opt = ONL_OPT_LINGER;
+			val = lg->l_onoff ? lg->l_linger : -1;
 		}
-	} else if (level == IPPROTO_TCP) {
-		switch (name) {
-		case TCP_NODELAY: opt = ONL_OPT_NODELAY; break;
-		case TCP_CORK: opt = ONL_OPT_CORK; break;
-		case TCP_DEFER_ACCEPT: opt = ONL_OPT_DEFER_ACCEPT; break;
-		case TCP_KEEPIDLE: opt = ONL_OPT_KEEPIDLE; break;
-		case TCP_KEEPINTVL: opt = ONL_OPT_KEEPINTVL; break;
-		case TCP_KEEPCNT: opt = ONL_OPT_KEEPCNT; break;
-		case TCP_USER_TIMEOUT: opt = ONL_OPT_USER_TIMEOUT; break;
-		}
-	} else if (level == SOL_SOCKET) {
-		switch (name) {
-		case SO_KEEPALIVE: opt = ONL_OPT_KEEPALIVE; break;
-		case SO_RCVBUF: opt = ONL_OPT_RCVBUF; break;
-		case SO_SNDBUF: opt = ONL_OPT_SNDBUF; break;
-		case SO_LINGER:
-			if (l >= sizeof(struct linger)) {
-				const struct linger *lg = v;
-				opt = ONL_OPT_LINGER;
-				val = lg->l_onoff ? lg->l_linger : -1;
-			}
-			break;
-		}
+	} else {
+		opt = stack_opt(level, name);
 	}
 	if (opt) {
 		if (opt == ONL_OPT_NODELAY || opt == ONL_OPT_CORK || opt == ONL_OPT_KEEPALIVE)

@@ -46,11 +46,8 @@ int main(int argc, char **argv)
 	echo(t, "bound to ours", "a line");
 	close(t);
 
-	int ls = bound(argv[4]), one = 1;
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[3]))};
-	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	if (bind(ls, (struct sockaddr *)&a, sizeof a) < 0 || listen(ls, 8) < 0)
-		die("listen");
+	int ls = bound(argv[4]);
+	listen_on(ls, atoi(argv[3]));
 	say("listening");
 	char line[16];
 	if (!fgets(line, sizeof line, stdin))

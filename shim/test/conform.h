@@ -57,6 +57,17 @@ static inline void die(const char *what)
 	exit(1);
 }
 
+/* listen_on makes s, a TCP socket, listen on port (any address) with
+ * SO_REUSEADDR, or dies. */
+static inline void listen_on(int s, int port)
+{
+	int one = 1;
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+	setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) < 0 || listen(s, 8) < 0)
+		die("listen");
+}
+
 static inline int dial(void)
 {
 	int s = socket(AF_INET, SOCK_STREAM, 0);

@@ -55,13 +55,9 @@ int main(int argc, char **argv)
 	show("set after connect", t);
 
 	int l = socket(AF_INET, SOCK_STREAM, 0);
-	int one = 1;
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(lport)};
-	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
 	set(l, IP_TOS, 0x48);
 	set(l, IP_TTL, 77);
-	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 8) < 0)
-		die("listen");
+	listen_on(l, lport);
 	say("listening");
 	int c = accept(l, NULL, NULL);
 	if (c < 0)

@@ -53,11 +53,8 @@ int main(int argc, char **argv)
 	io_uring_prep_recv(io_uring_get_sqe(&ring), s, buf, sizeof buf, 0);
 	complete("recv through the ring", 0);
 
-	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[3]))};
-	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 8) < 0)
-		die("listen");
+	int l = socket(AF_INET, SOCK_STREAM, 0);
+	listen_on(l, atoi(argv[3]));
 	struct pollfd p = {.fd = l, .events = POLLIN};
 	poll(&p, 1, 0);
 	say("listening");
