@@ -713,7 +713,8 @@ static ssize_t recv_call(struct ccall *c, void *buf, size_t n, int flags)
 		if (n == 0) {
 			/* The kernel's TCP waits for a byte (its low-water mark)
 			 * and takes none: EAGAIN, or a block, while none is there. */
-			long r = CORE(core.recv(c->h, scratch, 1, 1));
+			int owed = 0;
+			long r = CORE(core.recv(c->h, scratch, 1, 1, &owed));
 			if (r >= 0)
 				return 0;
 			if (r != -EAGAIN) {
@@ -726,7 +727,10 @@ static ssize_t recv_call(struct ccall *c, void *buf, size_t n, int flags)
 				return -1;
 			continue;
 		}
-		long r = CORE(core.recv(c->h, to, want, flags & MSG_PEEK));
+		int owed = 0;
+		long r = CORE(core.recv(c->h, to, want, flags & MSG_PEEK, &owed));
+		if (owed)
+			owe_kick(); /* the ACK the read owes (onl_recv) */
 		if (r > 0) {
 			got += r;
 			if (trunc && r == (long)want && got < n && !(flags & MSG_PEEK))

@@ -162,7 +162,7 @@ struct core_fns {
 	int (*listen)(int, uint32_t, int);
 	int (*connect)(int, uint32_t, uint16_t, int, int); /* the last two: IP_TOS, IP_TTL, -1 for none */
 	int (*accept)(int, int);
-	long (*recv)(int, void *, size_t, int);
+	long (*recv)(int, void *, size_t, int, int *); /* the last: set if the next wait owes a kick */
 	long (*send)(int, const void *, size_t, int);
 	void (*kick)(void);
 	void (*events)(int *, int *, unsigned *, int, int);

@@ -347,6 +347,25 @@ func (d *Desc) Recv(b []byte, peek bool) (int, error) {
 	return n, err
 }
 
+// RecvCorked is Recv from a caller who will wait (or send) in a moment,
+// as SendMore's: the ACK its read owes may wait for that, or go with its
+// answer (stack.Stack.RecvCorked); the stack's Sleeper sends it within
+// heldKickWait should the caller not come back. owed says the caller's
+// next wait owes KickHeld.
+func (d *Desc) RecvCorked(b []byte, peek bool) (n int, owed bool, err error) {
+	if err := d.check(nil); err != nil {
+		return 0, false, err
+	}
+	s := d.stk
+	if !s.enter() {
+		return 0, false, net.ErrClosed
+	}
+	n, err = s.st.RecvCorked(d.id, b, peek)
+	owed = s.boundHeldKick()
+	s.leave()
+	return n, owed, err
+}
+
 // Send queues what of b the send buffer takes.
 func (d *Desc) Send(b []byte) (int, error) {
 	if err := d.check(nil); err != nil {
@@ -495,11 +514,22 @@ func (d *Desc) SendMore(b []byte) (int, error) {
 		return 0, net.ErrClosed
 	}
 	n, err := s.st.SendCorked(d.id, b)
-	if s.sl.Armed() && s.st.KickOwed() {
-		s.sl.TimerSet(s.st.Clock() + int64(heldKickWait))
-	}
+	s.boundHeldKick()
 	s.leave()
 	return n, err
+}
+
+// boundHeldKick has an armed Sleeper kick, within heldKickWait, what a
+// corked call left for its caller's next wait; it reports whether
+// anything was left.
+func (s *Stack) boundHeldKick() bool {
+	if !s.st.KickOwed() {
+		return false
+	}
+	if s.sl.Armed() {
+		s.sl.TimerSet(s.st.Clock() + int64(heldKickWait))
+	}
+	return true
 }
 
 // heldKickWait bounds how long frames SendMore left wait for their kick,

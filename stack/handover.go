@@ -190,6 +190,7 @@ func (s *Stack) beginHandover(id SockID, orphan bool, want netip.AddrPort) (*rep
 	sk.state = tcpHandedOver
 	sk.tflags |= tfOrphan | tfHolding
 	sk.tflags &^= tfAckNow | tfDelAck
+	sk.flags &^= sfAckHeld
 	s.img.hdr.counters.TCPHandovers++
 	s.retirePortLocked(sk)
 	s.touchLocked(sk)

@@ -405,7 +405,7 @@ func (s *Stack) KickHeld() {
 // peek the data stays queued. When nothing is queued it polls the stack
 // first.
 func (s *Stack) Recv(id SockID, buf []byte, peek bool) (int, error) {
-	return s.recv(id, buf, peek, false)
+	return s.recv(id, buf, peek, false, false)
 }
 
 // RecvMore is Recv from a caller who knows other threads of this process
@@ -413,10 +413,18 @@ func (s *Stack) Recv(id SockID, buf []byte, peek bool) (int, error) {
 // another thread queued with SendMore, an acknowledgement) wait for their
 // kick, as SendMore's do.
 func (s *Stack) RecvMore(id SockID, buf []byte, peek bool) (int, error) {
-	return s.recv(id, buf, peek, true)
+	return s.recv(id, buf, peek, true, false)
 }
 
-func (s *Stack) recv(id SockID, buf []byte, peek, more bool) (int, error) {
+// RecvCorked is Recv from a caller that will come back to a wait
+// (KickHeld) or poll the stack itself before long (the LD_PRELOAD
+// shim's), as SendCorked's is: an ACK its read owes may wait for that, or
+// for its answer to carry it (holdAckLocked).
+func (s *Stack) RecvCorked(id SockID, buf []byte, peek bool) (int, error) {
+	return s.recv(id, buf, peek, false, true)
+}
+
+func (s *Stack) recv(id SockID, buf []byte, peek, more, cork bool) (int, error) {
 	if s.nothingToRecv(id) {
 		return 0, ErrWouldBlock
 	}
@@ -438,7 +446,9 @@ func (s *Stack) recv(id SockID, buf []byte, peek, more bool) (int, error) {
 	if sk.kind == kindUDP {
 		n, _, err = s.udpRecvLocked(sk, buf, peek)
 	} else {
+		s.ackHold = cork
 		n, err = s.tcpRecvLocked(sk, buf, peek)
+		s.ackHold = false
 		s.flushLocked()
 	}
 	s.releaseKicksLocked(held)

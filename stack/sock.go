@@ -77,6 +77,9 @@ const (
 	// handle that can give them to the kernel's socket (GiveLate): the
 	// handle that polled them could not (a process of onloadd's stack).
 	sfLateKept = 1 << 12
+	// sfAckHeld: the ACK a read owes waits for the reader's next wait, or
+	// rides on its answer (holdAckLocked). Cleared with tfAckNow.
+	sfAckHeld = 1 << 13
 )
 
 // sock is one slot of the socket table. Fields are plain values: the slot

@@ -114,6 +114,9 @@ type Stack struct {
 	// sockets so held, since corkedAt (nowNs), and corkedN counts them for
 	// KickOwed.
 	autocork bool
+	// ackHold: a RecvCorked is reading: the ACK its read owes may wait
+	// with the held segments (holdAckLocked).
+	ackHold  bool
 	corked   []SockID
 	corkedAt int64
 	corkedN  atomic.Int32

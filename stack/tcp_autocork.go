@@ -42,6 +42,28 @@ func (s *Stack) autoCorkLocked(sk *sock) bool {
 	if !s.autocork {
 		return false
 	}
+	s.listCorkedLocked(sk)
+	return true
+}
+
+// holdAckLocked lets the ACK that a read owes (windowUpdateLocked: the
+// read emptied the queue of a connection not yet known to answer what it
+// reads) wait, as a held segment does, for the reader's next wait: a
+// server that reads a request and answers it at once has the answer carry
+// the ACK. nginx with `Connection: close` sent a pure ACK for each
+// request, and kicked it alone, before its answer. Linux sends that ACK
+// too, but from the client's send (veth delivers it there), which here
+// is the server's own kick.
+func (s *Stack) holdAckLocked(sk *sock) {
+	sk.flags |= sfAckHeld
+	if sk.tflags&tfAutoCork == 0 {
+		s.listCorkedLocked(sk)
+	}
+}
+
+// listCorkedLocked lists sk among the sockets held for their sender's
+// next wait, first sending what has been held past the bounds.
+func (s *Stack) listCorkedLocked(sk *sock) {
 	if len(s.corked) > 0 && (len(s.corked) == maxAutoCorked || s.nowNs-s.corkedAt > maxAutoCorkNs) {
 		s.pushAutoCorkedLocked()
 	}
@@ -51,7 +73,6 @@ func (s *Stack) autoCorkLocked(sk *sock) bool {
 	sk.tflags |= tfAutoCork
 	s.corked = append(s.corked, s.idOf(sk))
 	s.corkedN.Store(int32(len(s.corked)))
-	return true
 }
 
 // pushAutoCorkedLocked sends what autoCorkLocked held, as the windows and
@@ -69,6 +90,10 @@ func (s *Stack) pushAutoCorkedLocked() {
 			continue // closed, or sent since
 		}
 		sk.tflags &^= tfAutoCork
+		if sk.flags&sfAckHeld != 0 {
+			sk.flags &^= sfAckHeld
+			sk.tflags |= tfAckNow
+		}
 		s.tcpOutputLocked(sk)
 	}
 	s.corked = s.corked[:0]

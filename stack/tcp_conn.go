@@ -485,6 +485,7 @@ func (s *Stack) tcpCloseFinalLocked(sk *sock) {
 	}
 	sk.state = tcpClosed
 	sk.tflags &^= tfAckNow | tfDelAck
+	sk.flags &^= sfAckHeld
 	if sk.tflags&tfOrphan != 0 {
 		s.releaseSockLocked(sk)
 	}

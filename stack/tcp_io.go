@@ -183,6 +183,10 @@ func (s *Stack) windowUpdateLocked(sk *sock) {
 		return
 	}
 	if sk.tflags&(tfDelAck|tfPingPong) == tfDelAck && sk.rcvBytes == 0 {
+		if s.ackHold {
+			s.holdAckLocked(sk)
+			return
+		}
 		sk.tflags |= tfAckNow
 		s.tcpOutputLocked(sk)
 		return

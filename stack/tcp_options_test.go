@@ -213,18 +213,23 @@ func TestAutoCork(t *testing.T) {
 		t.Errorf("SendMore of 10 bytes: %d sent, %d held; want them sent", sent, held)
 	}
 	a.KickHeld()
-	// A FIN pushes what waits.
+	// A FIN pushes what waits, and rides on it: one segment.
 	waitFor(t, "the ACK", 5*time.Second, poll, func() bool { sent, _ := sentHeld(t, a, c); return sent == 0 })
 	mustSendMore(20)
+	frames = a.Counters().TxFrames
 	if err := a.Shutdown(c, syscall.SHUT_WR); err != nil {
 		t.Fatal(err)
 	}
 	if sent, _ := sentHeld(t, a, c); sent != 21 {
 		t.Errorf("after shutdown: %d sent; want the 20 bytes and the FIN", sent)
 	}
+	if n := a.Counters().TxFrames - frames; n != 1 {
+		t.Errorf("the held 20 bytes and the FIN left in %d frames, want 1", n)
+	}
 	if got := recvAll(b, srv, mss+50+100+10+10+20, 5*time.Second, poll); got != mss+50+100+10+10+20 {
 		t.Fatalf("%d of %d bytes arrived", got, mss+50+100+10+10+20)
 	}
+	waitFor(t, "the end of the stream", 5*time.Second, poll, func() bool { return eof(b, srv) })
 
 	// A sender that answers many sockets in one turn: what it held
 	// longer than the bound (50 µs) goes at its next SendMore.
@@ -246,6 +251,75 @@ func TestAutoCork(t *testing.T) {
 		t.Errorf("the other socket: %d sent, %d held; want 30 held", sent, held)
 	}
 	a.KickHeld()
+}
+
+// TestReadAckWaits checks that the ACK a read owes (windowUpdateLocked:
+// the read emptied the queue of a connection not yet known to answer)
+// waits, for a RecvCorked, until its reader's answer carries it or its
+// next wait sends it; a plain Recv sends it at once.
+func TestReadAckWaits(t *testing.T) {
+	var a, b *stack.Stack
+	// request connects a client (a) to a server (b), each a stack of its
+	// own, and has the request reach the server.
+	request := func(t *testing.T) (stack.SockID, stack.SockID) {
+		t.Helper()
+		a, b, _, _ = twoStacksNICs(t, vnic.MemConfig{})
+		c, srv := connectPair(t, a, b, pollBoth(a, b))
+		mustSend(t, a, c, []byte("GET /"))
+		waitFor(t, "the request", 5*time.Second, func() { b.Poll() }, func() bool { return b.Events(srv)&stack.Readable != 0 })
+		return c, srv
+	}
+	read := func(t *testing.T, srv stack.SockID, corked bool) {
+		t.Helper()
+		buf := make([]byte, 64)
+		recv := b.Recv
+		if corked {
+			recv = b.RecvCorked
+		}
+		if n, err := recv(srv, buf, false); n != 5 || err != nil {
+			t.Fatalf("read: %d, %v; want the request's 5 bytes", n, err)
+		}
+	}
+	acked := func(t *testing.T, c stack.SockID) {
+		t.Helper()
+		a.Poll()
+		if sent, _ := sentHeld(t, a, c); sent != 0 {
+			t.Errorf("the client's request is unacknowledged (%d bytes)", sent)
+		}
+	}
+
+	for _, tc := range []struct {
+		name           string
+		corked, answer bool
+		atRead, atWait uint64 // frames sent by the read, and by then the wait
+		why            string
+	}{
+		{"answered", true, true, 0, 1, "the answer carries the ACK"},
+		{"unanswered", true, false, 0, 1, "the wait sends the ACK"},
+		{"plain", false, false, 1, 1, "a plain read sends its ACK at once"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, srv := request(t)
+			frames := b.Counters().TxFrames
+			read(t, srv, tc.corked)
+			if n := b.Counters().TxFrames - frames; n != tc.atRead {
+				t.Errorf("the read sent %d frames, want %d (%s)", n, tc.atRead, tc.why)
+			}
+			if tc.corked && !b.KickOwed() {
+				t.Error("KickOwed is false with an ACK waiting for the reader's wait")
+			}
+			if tc.answer {
+				if k, err := b.SendCorked(srv, []byte("200 OK")); k != 6 || err != nil {
+					t.Fatalf("answer: %d, %v", k, err)
+				}
+			}
+			b.KickHeld()
+			if n := b.Counters().TxFrames - frames; n != tc.atWait {
+				t.Errorf("by the wait %d frames, want %d (%s)", n, tc.atWait, tc.why)
+			}
+			acked(t, c)
+		})
+	}
 }
 
 // TestDeferAccept checks TCP_DEFER_ACCEPT as Linux has it: a connection

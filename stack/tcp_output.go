@@ -212,6 +212,7 @@ func (s *Stack) routeLocked(sk *sock) bool {
 // ackSentLocked notes that the peer has been acknowledged up to rcvNxt.
 func (s *Stack) ackSentLocked(sk *sock) {
 	sk.tflags &^= tfAckNow | tfDelAck
+	sk.flags &^= sfAckHeld
 	sk.delAckAt = 0
 }
 
@@ -437,7 +438,14 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 		if sk.sndMax == sk.sndUna {
 			sk.progressAt = s.tsNow() // the user timeout counts from here
 		}
-		s.transmitSegLocked(sk, f, seq, n, 0)
+		// A FIN queued behind the last segment rides on it (Linux's
+		// tcp_send_fin sets it on the tail skb not yet sent): a server
+		// that writes its answer and closes sends one segment, not two.
+		var fin uint8
+		if next == vnic.Null && sk.tflags&(tfFinQueued|tfFinSent) == tfFinQueued {
+			fin = flagFIN
+		}
+		s.transmitSegLocked(sk, f, seq, n, fin)
 		if n < int(sk.mss) {
 			sk.tflags &^= tfPush | tfAutoCork
 			sk.corkAt = 0
@@ -452,6 +460,9 @@ func (s *Stack) tcpOutputLocked(sk *sock) {
 			sk.prrOut += uint32(n)
 		}
 		sent = true
+		if fin != 0 {
+			s.finSentLocked(sk)
+		}
 	}
 	if sent {
 		if s.kickNow {
@@ -502,6 +513,12 @@ func (s *Stack) holdPartialLocked(sk *sock, last bool) bool {
 // LAST-ACK.
 func (s *Stack) sendFinLocked(sk *sock) {
 	s.controlLocked(sk, flagFIN|flagACK, sk.sndNxt)
+	s.finSentLocked(sk)
+}
+
+// finSentLocked accounts for our FIN, sent at sndNxt on a segment of its
+// own or on the last one of data.
+func (s *Stack) finSentLocked(sk *sock) {
 	sk.sndNxt = sk.sndNxt.Add(1)
 	if sk.sndMax.LessThan(sk.sndNxt) {
 		sk.sndMax = sk.sndNxt

@@ -198,8 +198,12 @@ func onl_accept(h, kfd C.int) C.int {
 	return put(c)
 }
 
+// onl_recv reads from handle h; *owed is set when the read left an ACK
+// for the thread's next wait to kick (onl_kick), or its answer to carry
+// (sockets.Desc.RecvCorked).
+//
 //export onl_recv
-func onl_recv(h C.int, buf unsafe.Pointer, n C.size_t, peek C.int) C.long {
+func onl_recv(h C.int, buf unsafe.Pointer, n C.size_t, peek C.int, owed *C.int) C.long {
 	d := get(h)
 	if d == nil {
 		return C.long(errno(errBadHandle))
@@ -211,7 +215,10 @@ func onl_recv(h C.int, buf unsafe.Pointer, n C.size_t, peek C.int) C.long {
 		return C.long(errno(syscall.EFAULT)) // the C layer refuses it first
 	}
 	n = min(n, maxRW)
-	r, err := d.Recv(unsafe.Slice((*byte)(buf), int(n)), peek != 0)
+	r, held, err := d.RecvCorked(unsafe.Slice((*byte)(buf), int(n)), peek != 0)
+	if held {
+		*owed = 1
+	}
 	if err != nil {
 		return C.long(errno(err))
 	}
