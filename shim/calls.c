@@ -32,12 +32,42 @@ static int stack_opt(int level, int name)
 	return 0;
 }
 
+#define CC_NAME_MAX 16
+
+/* TCP_CONGESTION: the stack has CUBIC and NewReno (stack.Congestion*),
+ * by Linux's names, of at most CC_NAME_MAX bytes (the kernel's
+ * TCP_CA_NAME_MAX). cc_algo is the stack's value for the name in v (l
+ * bytes, NUL-terminated or not), or -1. */
+static const char *const cc_names[] = {"cubic", "reno"};
+
+static int cc_algo(const char *v, socklen_t l)
+{
+	for (int i = 0; i < 2; i++) {
+		size_t n = strlen(cc_names[i]);
+		if (l >= n && !memcmp(v, cc_names[i], n) && (l == n || !v[n]))
+			return i;
+	}
+	return -1;
+}
+
+/* cc_of is the stack's value for kernel socket fd's TCP_CONGESTION, or -1
+ * (another algorithm, or unreadable); its name in name. */
+static int cc_of(int fd, char name[CC_NAME_MAX + 1])
+{
+	socklen_t l = CC_NAME_MAX;
+	memset(name, 0, CC_NAME_MAX + 1);
+	if (real_getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &l) < 0)
+		return -1;
+	return cc_algo(name, l);
+}
+
 /* The options the program set on the kernel socket before the core saw
  * it, for the engine's socket; none to read if defaults (a socket made
  * here that the program set no option on: eleven getsockopt calls a
- * connection otherwise), and IP_TOS and IP_TTL only if ip (a connect
- * gave the core those with its SYN). */
-static void copy_options(int fd, int h, int defaults, int ip)
+ * connection otherwise), IP_TOS and IP_TTL only if ip (a connect gave
+ * the core those with its SYN), TCP_CONGESTION only if cc_set (the
+ * program's choice, not the namespace's default). */
+static void copy_options(int fd, int h, int defaults, int ip, int cc_set)
 {
 	if (defaults)
 		return;
@@ -53,6 +83,10 @@ static void copy_options(int fd, int h, int defaults, int ip)
 	socklen_t l = sizeof lg;
 	if (real_getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &l) == 0 && lg.l_onoff)
 		CORE(core.setopt(h, ONL_OPT_LINGER, lg.l_linger));
+	char name[CC_NAME_MAX + 1];
+	int cc;
+	if (cc_set && (cc = cc_of(fd, name)) >= 0)
+		CORE(core.setopt(h, ONL_OPT_CONGESTION, cc));
 }
 
 static int nonblocking(int fd)
@@ -110,6 +144,18 @@ static int v4_of(int fd, const struct fdent *e, const struct sockaddr *a, sockle
 
 /* lopt_gen counts the changes of listeners' options (lopts_of). */
 static uint32_t lopt_gen;
+
+/* other_congestion: the program chose, for fd, a congestion control the
+ * stack does not have (bbr, dctcp): the connection is the kernel's, as it
+ * asked. */
+static int other_congestion(int fd, const struct fdent *e, const char *what)
+{
+	char name[CC_NAME_MAX + 1];
+	if (!e->cc_set || cc_of(fd, name) >= 0)
+		return 0;
+	debugf("fd %d: %s with TCP_CONGESTION %s, which the stack has not (cubic, reno): the kernel's", fd, what, name);
+	return 1;
+}
 
 /* other_device: fd is bound to an interface (SO_BINDTODEVICE) that is
  * not the stack's, so its traffic goes where the kernel sends it, as the
@@ -185,14 +231,14 @@ void accel_listener(int fd, struct fdent *e)
 		uint32_t ip;
 		uint16_t port;
 		int twin = 0;
-		if (other_device(fd, e->fresh && !e->opts_set, "listening"))
+		if (other_device(fd, e->fresh && !e->opts_set, "listening") || other_congestion(fd, e, "listening"))
 			;
 		else if (real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && v4_of(fd, e, (struct sockaddr *)&sa, l, 1, &ip, &port))
 			h = (twin = reuseport_twin(fd, e, ip, port)) ? twin : CORE(core.listen(fd, ip, e->lpid != getpid()));
 		else if (v6)
 			debugf("fd %d: an IPv6 listener on an IPv6 address, or IPV6_V6ONLY: the kernel's", fd);
 		if (h > 0) {
-			int nb = nonblocking(fd), defaults = e->fresh && !e->opts_set, timeo = e->timeo;
+			int nb = nonblocking(fd), defaults = e->fresh && !e->opts_set, timeo = e->timeo, cc_set = e->cc_set;
 			set_ours(fd, h, nb, nb, 1, timeo);
 			/* What an earlier listener on this number left (lopts_of)
 			 * does not stand: its close may not have counted (fdgen),
@@ -201,7 +247,7 @@ void accel_listener(int fd, struct fdent *e)
 			e->v6 = v6;
 			kreg_take(fd, e);
 			if (!twin) /* a twin's options are its group's first's */
-				copy_options(fd, h, defaults, 1);
+				copy_options(fd, h, defaults, 1, cc_set);
 			stack_known();
 			debugf("fd %d: listening, accelerated", fd);
 		} else {
@@ -346,7 +392,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	if (load_core() != 1)
 		return real_connect(fd, a, l);
 	int nb = nonblocking(fd), v6 = e->v6;
-	int defaults = e->fresh && !e->opts_set, timeo = e->timeo;
+	int defaults = e->fresh && !e->opts_set, timeo = e->timeo, cc_set = e->cc_set;
 	/* The SYN carries the TOS and TTL the program set, as the kernel's. */
 	int tos = -1, ttl = -1;
 	if (!defaults) {
@@ -357,7 +403,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 		if (real_getsockopt(fd, IPPROTO_IP, IP_TTL, &ttl, &ol) < 0)
 			ttl = -1;
 	}
-	int h = other_device(fd, defaults, "connecting") ? 0 : CORE(core.connect(fd, ip, port, tos, ttl));
+	int h = other_device(fd, defaults, "connecting") || other_congestion(fd, e, "connecting") ? 0 : CORE(core.connect(fd, ip, port, tos, ttl));
 	if (h == 0) {
 		table_lock();
 		kreg_forget(fd);
@@ -374,7 +420,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	e->v6 = v6;
 	kreg_take(fd, e);
 	table_unlock();
-	copy_options(fd, h, defaults, 0);
+	copy_options(fd, h, defaults, 0, cc_set);
 	stack_known();
 	debugf("fd %d: connecting, accelerated", fd);
 	e->connecting = CONN_PENDING;
@@ -1317,6 +1363,20 @@ EXPORT int getsockopt(int fd, int level, int name, void *v, socklen_t *l)
 {
 	struct fdent *e = ours(fd);
 	CHILD_TAKES(fd, e);
+	if (e && !after_fork && level == IPPROTO_TCP && name == TCP_CONGESTION && v && l) {
+		/* The stack's algorithm, which its kernel socket's need not be
+		 * (the namespace's default, or one the stack has not). As the
+		 * kernel: up to CC_NAME_MAX bytes of the name, NUL-padded. */
+		int cc = CORE(core.getopt(e->h, ONL_OPT_CONGESTION));
+		if (cc >= 0 && cc < 2) {
+			char n[CC_NAME_MAX] = {0};
+			strcpy(n, cc_names[cc]);
+			socklen_t k = *l < CC_NAME_MAX ? *l : CC_NAME_MAX;
+			memcpy(v, n, k);
+			*l = k;
+			return 0;
+		}
+	}
 	if (!e || e->listening || after_fork)
 		return real_getsockopt(fd, level, name, v, l);
 	if (level == SOL_SOCKET && name == SO_ERROR && v && l && *l >= sizeof(int)) {
@@ -1380,12 +1440,23 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 		k->timeo |= timeo_opt(level, name);
 	}
 	int r = real_setsockopt(fd, level, name, v, l);
+	if (r == 0 && !e && k && k->kind == K_TCP && level == IPPROTO_TCP && name == TCP_CONGESTION)
+		k->cc_set = 1; /* other_congestion, copy_options */
 	if (r == 0 && k && k->listening)
 		__atomic_add_fetch(&lopt_gen, 1, __ATOMIC_RELEASE); /* its connections' options change (lopts_of) */
 	if (e && r == 0 && timeo_opt(level, name) && (unsigned)e->h < MAX_HANDLES)
 		htimeo[e->h] = 1; /* a blocking call reads it (sock_deadline) */
 	if (!e || r < 0 || after_fork || !v || l < 1)
 		return r;
+	if (level == IPPROTO_TCP && name == TCP_CONGESTION) {
+		/* The kernel took the name (it knows the algorithm, and the
+		 * program may use it); the stack has two of them. */
+		int cc = cc_algo(v, l), rr = cc < 0 ? -ENOENT : CORE(core.setopt(e->h, ONL_OPT_CONGESTION, cc));
+		if (rr < 0)
+			debugf("fd %d: TCP_CONGESTION %.*s: the stack has cubic and reno; the connection keeps its own", fd,
+			       (int)(l < CC_NAME_MAX ? l : CC_NAME_MAX), (const char *)v);
+		return r;
+	}
 	/* A listener's go to the stack's listener too, whose connections
 	 * take them as they are made (passiveChildLocked), as Linux's child
 	 * takes its listener's at the handshake. */

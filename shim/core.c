@@ -386,7 +386,7 @@ int load_core(void)
 	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send); SYM(kick);
 	SYM(events); SYM(ready); SYM(arm); SYM(arm_ready); SYM(disarm_ready); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(forget_efd); SYM(thread); SYM(thread_gone); SYM(resched); SYM(spin_ns); SYM(try_spin);
 	SYM(end_spin); SYM(close); SYM(shutdown); SYM(retire_listener);
-	SYM(setopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
+	SYM(setopt); SYM(getopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
 	SYM(handover_info); SYM(handover); SYM(handed_over); SYM(exit); SYM(own_stack); SYM(ifindex); SYM(init);
 #undef SYM
 	Dl_info ci;

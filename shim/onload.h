@@ -47,6 +47,7 @@
 #define ONL_OPT_RCVBUF 7
 #define ONL_OPT_SNDBUF 8
 #define ONL_OPT_REUSEADDR 9
+#define ONL_OPT_CONGESTION 10 /* 0 cubic, 1 reno */
 #define ONL_OPT_USER_TIMEOUT 11
 #define ONL_OPT_CORK 12
 #define ONL_OPT_DEFER_ACCEPT 13

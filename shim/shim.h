@@ -185,6 +185,7 @@ struct core_fns {
 	void (*close)(int);
 	int (*shutdown)(int, int);
 	int (*setopt)(int, int, int);
+	int (*getopt)(int, int); /* a value >= 0, or -errno */
 	int (*addrs)(int, uint32_t *, uint16_t *, uint32_t *, uint16_t *);
 	int (*sockerr)(int);
 	int (*unread)(int);
@@ -270,6 +271,9 @@ struct fdent {
 	 * kernel's defaults), and whether the program set an option on it
 	 * since (copy_options). */
 	uint8_t fresh, opts_set;
+	/* K_TCP: the program set TCP_CONGESTION on it (its kernel socket's
+	 * is the program's choice, not the namespace's default). */
+	uint8_t cc_set;
 	/* K_TCP: the program may have set SO_RCVTIMEO or SO_SNDTIMEO on it
 	 * (or it came across exec): htimeo's flag once it is ours. */
 	uint8_t timeo;

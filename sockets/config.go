@@ -141,7 +141,7 @@ var Options = []Option{
 		Doc: "How far a socket's receive buffer grows by itself: it doubles when the peer fills the window while the application keeps up (as Linux's tcp_rmem maximum). A buffer set with SetReadBuffer stays as set.",
 		set: func(c *Config, v int64, _ string) { c.RecvBufferMax = int(v) }},
 	{Env: "ONLOAD_CONGESTION", Default: "cubic", Choices: []string{"cubic", "reno"},
-		Doc: "Congestion control of TCP connections: CUBIC (RFC 9438) or NewReno (RFC 6582).",
+		Doc: "Congestion control of TCP connections: CUBIC (RFC 9438) or NewReno (RFC 6582). A program's TCP_CONGESTION chooses either per connection; a connection set to another before its connect (bbr) is the kernel's.",
 		set: func(c *Config, _ int64, s string) { c.Congestion = s }},
 	{Env: "ONLOAD_DAEMON", Default: "auto", Choices: []string{"auto", "require", "off"},
 		Doc: "Where stacks come from. `auto`: from onloadd when its control socket answers (no privilege needed), else made by the process itself (standalone: root), else the kernel. `require`: from onloadd only; without it sockets use the kernel. `off`: standalone only.",

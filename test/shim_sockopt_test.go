@@ -339,3 +339,79 @@ func TestShimIOURing(t *testing.T) {
 		t.Errorf("the shim's log does not say why the sockets are the kernel's:\n%s", log)
 	}
 }
+
+// TestShimCongestion: TCP_CONGESTION (shim/test/congestion.c). The stack
+// has CUBIC and NewReno: a connection set to either, before its connect
+// or on it, runs it and reads it back, as on the kernel; a name that does
+// not exist is refused as there. A connection set before its connect to
+// an algorithm the kernel has and the stack has not (bbr) is the
+// kernel's, as the program asked; set so on an accelerated connection
+// the set succeeds (the kernel's socket took it) and the connection
+// keeps, and reports, the stack's. One that set nothing reports the
+// stack's default (cubic), not the namespace's. Before, the option went
+// to the kernel socket alone: every connection ran the stack's default,
+// and getsockopt reported the kernel socket's.
+func TestShimCongestion(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "congestion")
+	a, b, ln := echoHosts(t)
+	// An algorithm the kernel has (loading its module, as root may) and
+	// the stack has not; the namespace's default.
+	other, def := "-", ""
+	if err := a.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if def, err = unix.GetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION); err != nil {
+			return err
+		}
+		for _, name := range []string{"bbr", "htcp", "vegas", "westwood"} {
+			if unix.SetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_CONGESTION, name) == nil {
+				other = name
+				break
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if other == "-" {
+		t.Log("the kernel has no congestion control but cubic and reno here (no bbr, htcp, vegas or westwood module): a connection set to another is not tried")
+	}
+	run := func(shim bool) ([]string, string) {
+		name, stdin, next, log := startSide(t, a, shim, prog, b.Iface0().Addr().String(),
+			strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), other)
+		defer stdin.Close()
+		lines := []string{next("reno"), next("reno's echo"), next("cubic"), next("cubic's echo"), next("unknown")}
+		if other != "-" {
+			lines = append(lines, next(other), next(other+"'s echo"), next(other+" on the connection"), next("the echo after it"))
+		}
+		return append(lines, next("set nothing")), name + "'s log:\n" + log.String()
+	}
+	same := []string{"reno before the connect: reno", "reno: echo a line", "cubic on the connection: cubic", "cubic: echo a line",
+		"an algorithm that does not exist: No such file or directory"}
+	if other != "-" {
+		same = append(same, other+" before the connect: "+other, other+": echo a line", "", "after it: echo a line")
+	}
+	want := func(onTheConnection, setNothing string) string {
+		w := append([]string{}, same...)
+		if other != "-" {
+			w[len(same)-2] = other + " on the connection: taken, now " + onTheConnection
+		}
+		return strings.Join(append(w, "set nothing: "+setNothing), "\n")
+	}
+	kernel, _ := run(false)
+	if got, w := strings.Join(kernel, "\n"), want(other, def); got != w {
+		t.Fatalf("on the kernel:\n%s\nwant\n%s", got, w)
+	}
+	shim, log := run(true)
+	if got, w := strings.Join(shim, "\n"), want("cubic", "cubic"); got != w {
+		t.Errorf("under the shim:\n%s\nwant\n%s\n%s", got, w, log)
+	}
+	requireAccelerated(t, log, "connecting")
+	if other != "-" && !strings.Contains(log, "TCP_CONGESTION "+other+", which the stack has not (cubic, reno): the kernel's") {
+		t.Errorf("the shim's log does not say why the connection set to %s is the kernel's:\n%s", other, log)
+	}
+}

@@ -840,6 +840,22 @@ func onl_setopt(h, opt, v C.int) C.int {
 	return errno(d.SetOption(stack.Option(opt), int(v)))
 }
 
+// onl_getopt reads an option the engine keeps (stack.Option opt): its
+// value, or -errno.
+//
+//export onl_getopt
+func onl_getopt(h, opt C.int) C.int {
+	d := get(h)
+	if d == nil {
+		return errno(errBadHandle)
+	}
+	v, err := d.Option(stack.Option(opt))
+	if err != nil {
+		return errno(err)
+	}
+	return C.int(v)
+}
+
 //export onl_addrs
 func onl_addrs(h C.int, lip *C.uint32_t, lport *C.uint16_t, rip *C.uint32_t, rport *C.uint16_t) C.int {
 	d := get(h)
