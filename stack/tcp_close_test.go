@@ -780,3 +780,51 @@ func TestTCPRetireListener(t *testing.T) {
 		t.Errorf("retiring a connection: %v, want ErrInvalid", err)
 	}
 }
+
+// TestTCPFinAckRidesOnFin: the peer's FIN on an open connection is
+// acknowledged with the delayed-ACK timer, as Linux's ping-pong mode
+// after tcp_fin has it, so that the user's close, which most likely
+// follows, sends one segment (our FIN, carrying the ACK) rather than an
+// ACK at once and then the FIN. A user that does not close has the ACK
+// sent on the timer.
+func TestTCPFinAckRidesOnFin(t *testing.T) {
+	t.Run("closed", func(t *testing.T) {
+		a, b := twoStacks(t, vnic.MemConfig{})
+		poll := pollBoth(a, b)
+		c, s := connectPair(t, a, b, poll)
+		if err := a.Shutdown(c, syscall.SHUT_WR); err != nil {
+			t.Fatal(err)
+		}
+		frames := b.Counters().TxFrames
+		waitFor(t, "their FIN", 5*time.Second, func() { b.Poll() }, func() bool { return contains(b.DumpSocket(s), "CLOSE-WAIT") })
+		if n := b.Counters().TxFrames - frames; n != 0 {
+			t.Errorf("the FIN drew %d frames at once, want 0 (its ACK waits for our close)", n)
+		}
+		b.Close(s)
+		if n := b.Counters().TxFrames - frames; n != 1 {
+			t.Errorf("FIN and close sent %d frames, want 1 (our FIN carrying the ACK)", n)
+		}
+		waitFor(t, "the end of the stream", 5*time.Second, poll, func() bool { return eof(a, c) })
+		waitFor(t, "our FIN acknowledged", 5*time.Second, poll, func() bool { return gone(b, s) })
+		a.Close(c)
+	})
+	t.Run("open", func(t *testing.T) {
+		a, b := twoStacks(t, vnic.MemConfig{})
+		poll := pollBoth(a, b)
+		c, s := connectPair(t, a, b, poll)
+		before := a.Counters()
+		if err := a.Shutdown(c, syscall.SHUT_WR); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "their FIN acknowledged on the timer", 5*time.Second, poll, func() bool { return contains(a.DumpSocket(c), "FIN-WAIT-2") })
+		if after := a.Counters(); after.TCPRetransmits != before.TCPRetransmits || after.TCPTLPs != before.TCPTLPs {
+			t.Errorf("the FIN was acknowledged only once sent again (%d retransmissions, %d probes)",
+				after.TCPRetransmits-before.TCPRetransmits, after.TCPTLPs-before.TCPTLPs)
+		}
+		if !contains(b.DumpSocket(s), "CLOSE-WAIT") {
+			t.Errorf("the server is not in CLOSE-WAIT: %s", b.DumpSocket(s))
+		}
+		b.Close(s)
+		a.Close(c)
+	})
+}

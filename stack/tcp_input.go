@@ -697,10 +697,20 @@ func (s *Stack) finLocked(sk *sock) {
 		return
 	}
 	sk.rcvNxt = sk.rcvNxt.Add(1)
-	sk.tflags |= tfRcvFin | tfAckNow
+	sk.tflags |= tfRcvFin
 	switch sk.state {
 	case tcpSynReceived, tcpEstablished:
 		sk.state = tcpCloseWait
+		// The user will most likely close now that the stream has
+		// ended: its FIN carries the ACK, one segment where an ACK at
+		// once and then the FIN were two. Linux enters its ping-pong
+		// mode here (tcp_fin), which delays the ACK so. An ACK this
+		// segment owes for another reason goes as it would have.
+		if sk.tflags&tfOrphan == 0 && sk.tflags&tfAckNow == 0 {
+			sk.tflags |= tfDelAck
+			s.setLazyLocked(sk, timerDelAck, &sk.delAckAt, s.nowTick()+s.delAckTicks())
+			return
+		}
 	case tcpFinWait1:
 		if sk.tflags&tfFinSent != 0 && sk.sndUna == sk.sndMax {
 			s.enterTimeWaitLocked(sk)
@@ -712,4 +722,5 @@ func (s *Stack) finLocked(sk *sock) {
 	case tcpTimeWait:
 		s.enterTimeWaitLocked(sk)
 	}
+	sk.tflags |= tfAckNow
 }
