@@ -52,6 +52,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <sched.h>
 #include <signal.h>
 #include <alloca.h>
@@ -145,6 +146,10 @@
 	X(FILE *, fdopen, int, const char *) \
 	X(int, vdprintf, int, const char *, va_list) \
 	X(int, sigaction, int, const struct sigaction *, struct sigaction *) \
+	X(void, siglongjmp, struct __jmp_buf_tag *, int) \
+	X(void, longjmp, struct __jmp_buf_tag *, int) \
+	X(void, _longjmp, struct __jmp_buf_tag *, int) \
+	X(void, __longjmp_chk, struct __jmp_buf_tag *, int) \
 	X(int, nanosleep, const struct timespec *, struct timespec *) \
 	X(int, clock_nanosleep, clockid_t, int, const struct timespec *, struct timespec *) \
 	X(int, pause, void) \

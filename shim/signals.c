@@ -29,6 +29,14 @@ static void set_default(int sig);
 static int ends_process(int sig);
 static int catching_ends(void);
 
+/* handler_left: the program's handler that call_handler runs was left by
+ * a jump (jump_out) or a cancellation (run_undo), not by its return. */
+static void handler_left(void *unused)
+{
+	(void)unused;
+	in_handler--;
+}
+
 static void call_handler(int sig, siginfo_t *si, void *uc)
 {
 	const struct sigaction *a = &prog_act[sig];
@@ -47,12 +55,101 @@ static void call_handler(int sig, siginfo_t *si, void *uc)
 		sig_norestart = 1;
 	t_handled++;
 	in_handler++;
+	struct undo u;
+	undo_push(&u, handler_left, NULL);
 	if (a->sa_flags & SA_SIGINFO)
 		a->sa_sigaction(sig, si, uc);
 	else if (a->sa_handler != SIG_DFL && a->sa_handler != SIG_IGN)
 		a->sa_handler(sig);
+	undo_pop(&u);
 	in_handler--;
 }
+
+/* ---- a handler that jumps out ------------------------------------------
+ *
+ * A signal handler may leave with siglongjmp (or longjmp), and with it
+ * the call its signal interrupted: a program that times its reads out
+ * with alarm(2) jumps out of a blocked recv. What that call holds (the
+ * socket, the stack's arms, an epoll instance's waiter count; the undo
+ * list, as for a cancellation) would be held for ever: the program's
+ * close of the socket sent no FIN until the process ended. The jump
+ * runs the entries of the frames it discards first, as a cancellation
+ * does: those deeper on the stack than the frame it returns to, whose
+ * stack pointer is in the jmp_buf (glibc mangles it with the thread's
+ * pointer guard). On an alternate signal stack (sigaltstack), the
+ * handler's entries are discarded by a jump to the thread's own stack,
+ * and a jump within the alternate stack discards nothing below it. */
+
+/* jmp_sp is the stack pointer that env returns to, or 0 where unknown
+ * (not x86-64, whose glibc layout this reads: its sixth word, mangled as
+ * PTR_MANGLE does, with the guard at %fs:0x30). */
+static uintptr_t jmp_sp(struct __jmp_buf_tag *env)
+{
+#if defined(__x86_64__) && defined(__GLIBC__)
+	uintptr_t v = (uintptr_t)env->__jmpbuf[6], guard;
+	__asm__("mov %%fs:0x30, %0" : "=r"(guard));
+	v = (v >> 0x11) | (v << (64 - 0x11));
+	return v ^ guard;
+#else
+	(void)env;
+	return 0;
+#endif
+}
+
+/* discarded reports whether undo entry u lies in a frame that a jump to
+ * stack pointer sp discards; alt is the alternate signal stack, if one
+ * is set. */
+static int discarded(const struct undo *u, uintptr_t sp, const stack_t *alt)
+{
+	uintptr_t a = (uintptr_t)u;
+	int u_alt = 0, sp_alt = 0;
+	if (alt) {
+		uintptr_t lo = (uintptr_t)alt->ss_sp, hi = lo + alt->ss_size;
+		u_alt = a >= lo && a < hi;
+		sp_alt = sp >= lo && sp < hi;
+	}
+	if (u_alt != sp_alt)
+		return u_alt; /* to the thread's stack from the alternate one */
+	return a < sp;
+}
+
+/* jump_out runs what the frames a jump to env discards hold. */
+static void jump_out(struct __jmp_buf_tag *env)
+{
+	if (!t_undo)
+		return;
+	uintptr_t sp = jmp_sp(env);
+	if (!sp)
+		return;
+	stack_t ss;
+	const stack_t *alt = sigaltstack(NULL, &ss) == 0 && !(ss.ss_flags & SS_DISABLE) ? &ss : NULL;
+	while (t_undo && discarded(t_undo, sp, alt)) {
+		struct undo *u = t_undo;
+		t_undo = u->next;
+		u->fn(u->arg);
+	}
+	if (!t_undo && !in_handler && t_coff > 0) {
+		/* No call of the shim's is left on the thread: the program's
+		 * cancellation state as its outermost call found it. */
+		t_coff = 0;
+		pthread_setcancelstate(t_cancel_was, NULL);
+	}
+}
+
+/* The C library's jumps (__longjmp_chk: what a program built with
+ * _FORTIFY_SOURCE calls for longjmp), each after jump_out. */
+#define JUMP(name)                                                  \
+	EXPORT void name(struct __jmp_buf_tag *env, int val)       \
+	{                                                           \
+		jump_out(env);                                      \
+		real_##name(env, val);                              \
+		__builtin_unreachable();                            \
+	}
+JUMP(siglongjmp)
+JUMP(longjmp)
+JUMP(_longjmp)
+JUMP(__longjmp_chk)
+#undef JUMP
 
 static void pass_on(int sig, void *uc);
 

@@ -2665,13 +2665,23 @@ func TestShimExecNoStackFds(t *testing.T) {
 // cancelled in its recv. Before, each cancelled call kept its hold on
 // the socket, and the close sent no FIN until the process ended.
 func TestShimCancel(t *testing.T) {
+	asOnKernelNamed(t, "cancel", func(kernel string) bool {
+		return strings.HasSuffix(kernel, "recv with cancellation off: -1 Resource temporarily unavailable\n"+
+			"recv with cancellation off: cancelled yes\nserver: A eof\n")
+	})
+}
+
+// asOnKernelNamed runs shim/test/NAME.c against the name server on the
+// kernel, where ok must accept what it prints, and under the shim, where
+// it must print the same and accelerate its connect.
+func asOnKernelNamed(t *testing.T, name string, ok func(kernel string) bool) {
+	t.Helper()
 	shimOnloadd(t)
-	prog := buildC(t, "cancel")
+	prog := buildC(t, name)
 	a, b := Pair(t, LinkOptions{})
 	addr, port := nameServer(t, b)
 	kernel, _ := runBounded(t, a.Command(prog, addr, port), 30*time.Second)
-	if !strings.HasSuffix(kernel, "recv with cancellation off: -1 Resource temporarily unavailable\n"+
-		"recv with cancellation off: cancelled yes\nserver: A eof\n") {
+	if !ok(kernel) {
 		t.Fatalf("on the kernel it printed\n%s", kernel)
 	}
 	shim, log := runBounded(t, shimCommand(t, a, nil, prog, addr, port), 30*time.Second)
@@ -2679,4 +2689,19 @@ func TestShimCancel(t *testing.T) {
 	if shim != kernel {
 		t.Fatalf("under the shim it printed\n%s\non the kernel\n%s\nshim's log:\n%s", shim, kernel, log)
 	}
+}
+
+// TestShimLongjmp: a signal handler that leaves a call blocked on an
+// accelerated connection with siglongjmp (shim/test/longjmp.c: out of
+// recv, then out of poll, as a program that times its reads out with an
+// alarm does) leaves the program as on the kernel: a later blocking call
+// works, the thread's cancellation state is as it was, and the
+// connection's close ends it at once (the name server reads its end).
+// Before, each jump left its call's hold on the socket, and the close
+// sent no FIN until the process ended.
+func TestShimLongjmp(t *testing.T) {
+	asOnKernelNamed(t, "longjmp", func(kernel string) bool {
+		return kernel == "jumped out of recv\njumped out of poll\nrecv with a timeout: -1 Resource temporarily unavailable\n"+
+			"cancellation enabled\nserver: A eof\n"
+	})
 }

@@ -94,10 +94,7 @@ int main(int argc, char **argv)
 	if (r)
 		return r;
 	a = dial();
-	char name[32];
-	int n = snprintf(name, sizeof name, "A.%d\n", (int)getpid());
-	if (send(a, name, n, 0) != n)
-		die("send");
+	name_conn(a, "A");
 	for (int i = 0; i < 3; i++)
 		cancel_in("recv", in_recv);
 	cancel_in("poll", in_poll);
@@ -117,15 +114,6 @@ int main(int argc, char **argv)
 	cancel_in("recv with cancellation off", off_then_on);
 	close(ep);
 	close(a);
-	/* Whether the server read A's end. */
-	int q = dial();
-	n = snprintf(name, sizeof name, "?A.%d\n", (int)getpid());
-	char line[16];
-	size_t got = 0;
-	if (send(q, name, n, 0) != n)
-		die("send");
-	while (got < sizeof line - 1 && recv(q, line + got, 1, 0) == 1 && line[got] != '\n')
-		got++;
-	say("server: A %.*s", (int)got, line);
+	ask_end("A");
 	return 0;
 }

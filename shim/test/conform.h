@@ -80,6 +80,33 @@ static inline int dial(void)
 	return s;
 }
 
+/* name_conn names connection s to the name server (the tests'
+ * nameServer) as TAG.pid. */
+static inline void name_conn(int s, const char *tag)
+{
+	char name[32];
+	int n = snprintf(name, sizeof name, "%s.%d\n", tag, (int)getpid());
+	if (send(s, name, n, 0) != n)
+		die("send");
+}
+
+/* ask_end asks the name server, on a connection of its own, whether it
+ * read the end of the connection named TAG, and prints its answer
+ * ("server: TAG eof", or "open" after 5 s). */
+static inline void ask_end(const char *tag)
+{
+	int q = dial();
+	char name[32], line[16];
+	int n = snprintf(name, sizeof name, "?%s.%d\n", tag, (int)getpid());
+	size_t got = 0;
+	if (send(q, name, n, 0) != n)
+		die("send");
+	while (got < sizeof line - 1 && recv(q, line + got, 1, 0) == 1 && line[got] != '\n')
+		got++;
+	say("server: %s %.*s", tag, (int)got, line);
+	close(q);
+}
+
 /* read_full reads n bytes from s, blocking: n, or what the recv that
  * stopped it returned (0 or -1). */
 static inline ssize_t read_full(int s, char *buf, size_t n)
