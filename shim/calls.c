@@ -39,10 +39,11 @@ static int stack_opt(int level, int name)
  * TCP_CA_NAME_MAX). cc_algo is the stack's value for the name in v (l
  * bytes, NUL-terminated or not), or -1. */
 static const char *const cc_names[] = {"cubic", "reno"};
+enum { N_CC = sizeof cc_names / sizeof cc_names[0] };
 
 static int cc_algo(const char *v, socklen_t l)
 {
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < N_CC; i++) {
 		size_t n = strlen(cc_names[i]);
 		if (l >= n && !memcmp(v, cc_names[i], n) && (l == n || !v[n]))
 			return i;
@@ -50,12 +51,17 @@ static int cc_algo(const char *v, socklen_t l)
 	return -1;
 }
 
-/* cc_of is the stack's value for kernel socket fd's TCP_CONGESTION, or -1
- * (another algorithm, or unreadable); its name in name. */
-static int cc_of(int fd, char name[CC_NAME_MAX + 1])
+/* chosen_cc is the congestion control the program chose for fd (entry
+ * e) before the core saw it: the stack's value, -1 for another (or one
+ * unreadable; its name in name), CC_NONE if it chose none (cc_set: the
+ * kernel socket's is then the namespace's default). */
+#define CC_NONE (-2)
+static int chosen_cc(int fd, const struct fdent *e, char name[CC_NAME_MAX + 1])
 {
 	socklen_t l = CC_NAME_MAX;
 	memset(name, 0, CC_NAME_MAX + 1);
+	if (!e->cc_set)
+		return CC_NONE;
 	if (real_getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &l) < 0)
 		return -1;
 	return cc_algo(name, l);
@@ -65,9 +71,9 @@ static int cc_of(int fd, char name[CC_NAME_MAX + 1])
  * it, for the engine's socket; none to read if defaults (a socket made
  * here that the program set no option on: eleven getsockopt calls a
  * connection otherwise), IP_TOS and IP_TTL only if ip (a connect gave
- * the core those with its SYN), TCP_CONGESTION only if cc_set (the
- * program's choice, not the namespace's default). */
-static void copy_options(int fd, int h, int defaults, int ip, int cc_set)
+ * the core those with its SYN), and the stack's congestion control cc
+ * (chosen_cc) if the program chose one of the stack's. */
+static void copy_options(int fd, int h, int defaults, int ip, int cc)
 {
 	if (defaults)
 		return;
@@ -83,9 +89,7 @@ static void copy_options(int fd, int h, int defaults, int ip, int cc_set)
 	socklen_t l = sizeof lg;
 	if (real_getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &l) == 0 && lg.l_onoff)
 		CORE(core.setopt(h, ONL_OPT_LINGER, lg.l_linger));
-	char name[CC_NAME_MAX + 1];
-	int cc;
-	if (cc_set && (cc = cc_of(fd, name)) >= 0)
+	if (cc >= 0)
 		CORE(core.setopt(h, ONL_OPT_CONGESTION, cc));
 }
 
@@ -146,12 +150,11 @@ static int v4_of(int fd, const struct fdent *e, const struct sockaddr *a, sockle
 static uint32_t lopt_gen;
 
 /* other_congestion: the program chose, for fd, a congestion control the
- * stack does not have (bbr, dctcp): the connection is the kernel's, as it
- * asked. */
-static int other_congestion(int fd, const struct fdent *e, const char *what)
+ * stack does not have (cc -1 from chosen_cc, named name: bbr, dctcp):
+ * the connection is the kernel's, as it asked. */
+static int other_congestion(int fd, int cc, const char *name, const char *what)
 {
-	char name[CC_NAME_MAX + 1];
-	if (!e->cc_set || cc_of(fd, name) >= 0)
+	if (cc != -1)
 		return 0;
 	debugf("fd %d: %s with TCP_CONGESTION %s, which the stack has not (cubic, reno): the kernel's", fd, what, name);
 	return 1;
@@ -231,14 +234,16 @@ void accel_listener(int fd, struct fdent *e)
 		uint32_t ip;
 		uint16_t port;
 		int twin = 0;
-		if (other_device(fd, e->fresh && !e->opts_set, "listening") || other_congestion(fd, e, "listening"))
+		char ccn[CC_NAME_MAX + 1];
+		int cc = chosen_cc(fd, e, ccn);
+		if (other_device(fd, e->fresh && !e->opts_set, "listening") || other_congestion(fd, cc, ccn, "listening"))
 			;
 		else if (real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && v4_of(fd, e, (struct sockaddr *)&sa, l, 1, &ip, &port))
 			h = (twin = reuseport_twin(fd, e, ip, port)) ? twin : CORE(core.listen(fd, ip, e->lpid != getpid()));
 		else if (v6)
 			debugf("fd %d: an IPv6 listener on an IPv6 address, or IPV6_V6ONLY: the kernel's", fd);
 		if (h > 0) {
-			int nb = nonblocking(fd), defaults = e->fresh && !e->opts_set, timeo = e->timeo, cc_set = e->cc_set;
+			int nb = nonblocking(fd), defaults = e->fresh && !e->opts_set, timeo = e->timeo;
 			set_ours(fd, h, nb, nb, 1, timeo);
 			/* What an earlier listener on this number left (lopts_of)
 			 * does not stand: its close may not have counted (fdgen),
@@ -247,7 +252,7 @@ void accel_listener(int fd, struct fdent *e)
 			e->v6 = v6;
 			kreg_take(fd, e);
 			if (!twin) /* a twin's options are its group's first's */
-				copy_options(fd, h, defaults, 1, cc_set);
+				copy_options(fd, h, defaults, 1, cc);
 			stack_known();
 			debugf("fd %d: listening, accelerated", fd);
 		} else {
@@ -392,7 +397,9 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	if (load_core() != 1)
 		return real_connect(fd, a, l);
 	int nb = nonblocking(fd), v6 = e->v6;
-	int defaults = e->fresh && !e->opts_set, timeo = e->timeo, cc_set = e->cc_set;
+	int defaults = e->fresh && !e->opts_set, timeo = e->timeo;
+	char ccn[CC_NAME_MAX + 1];
+	int cc = chosen_cc(fd, e, ccn);
 	/* The SYN carries the TOS and TTL the program set, as the kernel's. */
 	int tos = -1, ttl = -1;
 	if (!defaults) {
@@ -403,7 +410,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 		if (real_getsockopt(fd, IPPROTO_IP, IP_TTL, &ttl, &ol) < 0)
 			ttl = -1;
 	}
-	int h = other_device(fd, defaults, "connecting") || other_congestion(fd, e, "connecting") ? 0 : CORE(core.connect(fd, ip, port, tos, ttl));
+	int h = other_device(fd, defaults, "connecting") || other_congestion(fd, cc, ccn, "connecting") ? 0 : CORE(core.connect(fd, ip, port, tos, ttl));
 	if (h == 0) {
 		table_lock();
 		kreg_forget(fd);
@@ -420,7 +427,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	e->v6 = v6;
 	kreg_take(fd, e);
 	table_unlock();
-	copy_options(fd, h, defaults, 0, cc_set);
+	copy_options(fd, h, defaults, 0, cc);
 	stack_known();
 	debugf("fd %d: connecting, accelerated", fd);
 	e->connecting = CONN_PENDING;
@@ -1368,7 +1375,7 @@ EXPORT int getsockopt(int fd, int level, int name, void *v, socklen_t *l)
 		 * (the namespace's default, or one the stack has not). As the
 		 * kernel: up to CC_NAME_MAX bytes of the name, NUL-padded. */
 		int cc = CORE(core.getopt(e->h, ONL_OPT_CONGESTION));
-		if (cc >= 0 && cc < 2) {
+		if (cc >= 0 && cc < N_CC) {
 			char n[CC_NAME_MAX] = {0};
 			strcpy(n, cc_names[cc]);
 			socklen_t k = *l < CC_NAME_MAX ? *l : CC_NAME_MAX;
@@ -1441,7 +1448,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 	}
 	int r = real_setsockopt(fd, level, name, v, l);
 	if (r == 0 && !e && k && k->kind == K_TCP && level == IPPROTO_TCP && name == TCP_CONGESTION)
-		k->cc_set = 1; /* other_congestion, copy_options */
+		k->cc_set = 1; /* chosen_cc */
 	if (r == 0 && k && k->listening)
 		__atomic_add_fetch(&lopt_gen, 1, __ATOMIC_RELEASE); /* its connections' options change (lopts_of) */
 	if (e && r == 0 && timeo_opt(level, name) && (unsigned)e->h < MAX_HANDLES)
