@@ -46,23 +46,6 @@ static const char *state(int fd)
 	return fcntl(fd, F_GETFD) < 0 && errno == EBADF ? "closed" : "open";
 }
 
-/* ask asks the server on s about connection name. */
-static void ask(int s, const char *name)
-{
-	char q[32], line[64];
-	int n = snprintf(q, sizeof q, "?%s.%d\n", name, (int)getpid());
-	if (send(s, q, n, 0) != n)
-		die("send");
-	size_t got = 0;
-	while (got < sizeof line - 1) {
-		ssize_t r = recv(s, line + got, 1, 0);
-		if (r <= 0)
-			die("recv");
-		if (line[got++] == '\n')
-			break;
-	}
-	say("server: %s %.*s", name, (int)got - 1, line);
-}
 
 int main(int argc, char **argv)
 {
@@ -73,10 +56,8 @@ int main(int argc, char **argv)
 	if (set_peer(argv[0], argv[1], argv[2]))
 		return 2;
 	int a = dial(), b = dial(), p[2];
-	char na[32], nb[32];
-	int la = snprintf(na, sizeof na, "A.%d\n", (int)getpid()), lb = snprintf(nb, sizeof nb, "B.%d\n", (int)getpid());
-	if (send(a, na, la, 0) != la || send(b, nb, lb, 0) != lb)
-		die("send");
+	name_conn(a, "A");
+	name_conn(b, "B");
 	if (pipe(p) < 0)
 		die("pipe");
 	int f = open("/dev/null", O_RDONLY), ep = epoll_create1(0);
@@ -117,6 +98,7 @@ int main(int argc, char **argv)
 	ev.data.fd = c;
 	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev) < 0)
 		die("epoll");
+	char na[32];
 	int lq = snprintf(na, sizeof na, "?A.%d\n", (int)getpid());
 	if (send(c, na, lq, 0) != lq)
 		die("send");

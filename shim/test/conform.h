@@ -90,20 +90,31 @@ static inline void name_conn(int s, const char *tag)
 		die("send");
 }
 
-/* ask_end asks the name server, on a connection of its own, whether it
- * read the end of the connection named TAG, and prints its answer
- * ("server: TAG eof", or "open" after 5 s). */
+/* ask asks the name server on s whether it read the end of the
+ * connection named TAG, and prints its answer ("server: TAG eof", or
+ * "open" after 5 s). */
+static inline void ask(int s, const char *tag)
+{
+	char q[32], line[64];
+	int n = snprintf(q, sizeof q, "?%s.%d\n", tag, (int)getpid());
+	if (send(s, q, n, 0) != n)
+		die("send");
+	size_t got = 0;
+	while (got < sizeof line - 1) {
+		ssize_t r = recv(s, line + got, 1, 0);
+		if (r <= 0)
+			die("recv");
+		if (line[got++] == '\n')
+			break;
+	}
+	say("server: %s %.*s", tag, (int)got - 1, line);
+}
+
+/* ask_end is ask on a connection of its own. */
 static inline void ask_end(const char *tag)
 {
 	int q = dial();
-	char name[32], line[16];
-	int n = snprintf(name, sizeof name, "?%s.%d\n", tag, (int)getpid());
-	size_t got = 0;
-	if (send(q, name, n, 0) != n)
-		die("send");
-	while (got < sizeof line - 1 && recv(q, line + got, 1, 0) == 1 && line[got] != '\n')
-		got++;
-	say("server: %s %.*s", tag, (int)got, line);
+	ask(q, tag);
 	close(q);
 }
 
