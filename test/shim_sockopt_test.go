@@ -390,15 +390,14 @@ func TestShimCongestion(t *testing.T) {
 		}
 		return append(lines, next("set nothing")), name + "'s log:\n" + log.String()
 	}
-	same := []string{"reno before the connect: reno", "reno: echo a line", "cubic on the connection: cubic", "cubic: echo a line",
-		"an algorithm that does not exist: No such file or directory"}
-	if other != "-" {
-		same = append(same, other+" before the connect: "+other, other+": echo a line", "", "after it: echo a line")
-	}
+	// want is what the program prints where OTHER set on a connection
+	// reads back onTheConnection and one that set nothing setNothing.
 	want := func(onTheConnection, setNothing string) string {
-		w := append([]string{}, same...)
+		w := []string{"reno before the connect: reno", "reno: echo a line", "cubic on the connection: cubic", "cubic: echo a line",
+			"an algorithm that does not exist: No such file or directory"}
 		if other != "-" {
-			w[len(same)-2] = other + " on the connection: taken, now " + onTheConnection
+			w = append(w, other+" before the connect: "+other, other+": echo a line",
+				other+" on the connection: taken, now "+onTheConnection, "after it: echo a line")
 		}
 		return strings.Join(append(w, "set nothing: "+setNothing), "\n")
 	}
