@@ -685,6 +685,11 @@ func (s *Stack) ackPolicyLocked(sk *sock, n int) {
 		sk.tflags |= tfAckNow
 		return
 	}
+	s.delayAckLocked(sk)
+}
+
+// delayAckLocked owes the peer an ACK on the delayed-ACK timer.
+func (s *Stack) delayAckLocked(sk *sock) {
 	sk.tflags |= tfDelAck
 	s.setLazyLocked(sk, timerDelAck, &sk.delAckAt, s.nowTick()+s.delAckTicks())
 }
@@ -707,8 +712,7 @@ func (s *Stack) finLocked(sk *sock) {
 		// mode here (tcp_fin), which delays the ACK so. An ACK this
 		// segment owes for another reason goes as it would have.
 		if sk.tflags&tfOrphan == 0 && sk.tflags&tfAckNow == 0 {
-			sk.tflags |= tfDelAck
-			s.setLazyLocked(sk, timerDelAck, &sk.delAckAt, s.nowTick()+s.delAckTicks())
+			s.delayAckLocked(sk)
 			return
 		}
 	case tcpFinWait1:
