@@ -96,7 +96,7 @@ void drop(int fd)
 static void kernel_now_locked(int h)
 {
 	int nb = -1;
-	for (int fd = 0; fd < nfdt; fd++) {
+	FDT_EACH(fd) {
 		struct fdent *e = &fdt[fd];
 		if (e->kind != K_OURS || e->h != h)
 			continue;
@@ -288,7 +288,7 @@ void prepare_fork(void)
 	forked_after_core = 1;
 	if (!after_fork)
 		ho_parent = getpid();
-	for (int fd = 0; fd < nfdt; fd++) {
+	FDT_EACH(fd) {
 		struct fdent *e = &fdt[fd];
 		if (e->kind != K_OURS || e->listening || e->ho_ok)
 			continue;

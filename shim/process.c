@@ -201,7 +201,7 @@ static void handover_for_exec(void)
 {
 	if (!fdt || core_state != 1 || in_core)
 		return;
-	for (int fd = 0; fd < nfdt; fd++) {
+	FDT_EACH(fd) {
 		struct fdent *e = &fdt[fd];
 		if (e->kind != K_OURS || e->listening)
 			continue;
@@ -237,6 +237,12 @@ void handover_for_close(int fd, struct fdent *e)
 	siginfo_t si;
 	if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0)
 		return; /* no child */
+	/* A server of a process a connection does this at each: after a
+	 * few, its listener's port goes to the kernel (onl_child_served). */
+	if (CORE(core.child_served(e->h)) == 1)
+		debugf("fd %d: a connection served by a forked child, unused here, as were those before it from its "
+		       "listener: the listener's port goes to the kernel, whose connections the children use as they "
+		       "are (ONLOAD_CHILD_SERVED)", fd);
 	int r = hand_over(fd, e, "at close, for a child that may hold it");
 	if (r != 0)
 		debugf("fd %d: its connection could not be handed over to the kernel at close (%s): it ends in the stack",
@@ -295,7 +301,7 @@ void handover_at_exit(void)
 	 * kernel, on the fd the child has too (child_takes finds it there). */
 	siginfo_t si;
 	int child = forked_after_core && waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) == 0;
-	for (int fd = 0; fd < nfdt; fd++) {
+	FDT_EACH(fd) {
 		struct fdent *e = &fdt[fd];
 		struct onl_tcpinfo ti;
 		if (e->kind != K_OURS || e->listening || CORE(core.tcpinfo(e->h, &ti)) < 0 ||
@@ -318,10 +324,10 @@ static int *names_of(int h)
 {
 	table_lock();
 	int n = 0;
-	for (int fd = 0; fd < nfdt; fd++)
+	FDT_EACH(fd)
 		n += fdt[fd].kind == K_OURS && fdt[fd].h == h;
 	int *names = malloc((n + 1) * sizeof(int)), k = 0;
-	for (int fd = 0; names && fd < nfdt; fd++)
+	for (int fd = fdt_next(0); names && fd < nfdt; fd = fdt_next(fd + 1))
 		if (fdt[fd].kind == K_OURS && fdt[fd].h == h)
 			names[k++] = fd;
 	if (names)

@@ -184,6 +184,7 @@ struct core_fns {
 	void (*thread_gone)(void);
 	void (*resched)(void);
 	int (*retire_listener)(int);
+	int (*child_served)(int); /* 1: the connection's listener went to the kernel now */
 	long (*spin_ns)(void);
 	int (*try_spin)(void);
 	void (*end_spin)(void);
@@ -424,6 +425,7 @@ extern __thread int t_alt;
 extern __thread void *t_alt_mem;
 extern int loading;
 extern void *core_base;
+extern uintptr_t core_end;
 void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void exit_close(void);
 int load_core(void);
@@ -700,6 +702,17 @@ static inline int block_used(unsigned fd)
 	unsigned b = fd / FDT_BLOCK;
 	return (__atomic_load_n(&fdt_used[b / 64], __ATOMIC_RELAXED) >> (b % 64)) & 1;
 }
+
+/* FDT_EACH runs fd over the table's entries in the blocks that may have
+ * a kind (fdt_next): a fork, a handover or an exec looks at a few
+ * blocks, where it read the whole table (3 MiB of it at 65,536 fds). */
+static inline int fdt_next(int fd)
+{
+	while (fd < nfdt && !block_used((unsigned)fd))
+		fd = (fd / FDT_BLOCK + 1) * FDT_BLOCK;
+	return fd;
+}
+#define FDT_EACH(fd) for (int fd = fdt_next(0); fd < nfdt; fd = fdt_next(fd + 1))
 
 /* set_kind gives entry e its kind k, and notes its block (fdt_used). */
 static inline void set_kind(struct fdent *e, uint8_t k)

@@ -19,8 +19,8 @@ static int runtime_handler(const struct sigaction *act)
 {
 	if (loading)
 		return 1;
-	Dl_info di;
-	return core_base && dladdr((void *)act->sa_handler, &di) && di.dli_fbase == core_base;
+	uintptr_t h = (uintptr_t)act->sa_handler;
+	return core_base && h >= (uintptr_t)core_base && h < core_end;
 }
 
 static void end_by_signal(int sig);

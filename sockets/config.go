@@ -29,6 +29,7 @@ type Config struct {
 	Profile     Profile
 	Disable     bool          // accelerate nothing: every call goes to the standard library
 	IOURing     string        // under the shim, "kernel" or "accelerate" (ONLOAD_IO_URING; the interposer reads it)
+	ChildServed int           // under the shim, connections in a row a listener's process hands to forked children, unused, before the listener's port goes to the kernel (0: never)
 	Interface   string        // "" picks the interface of the default route, or the only one
 	Spin        time.Duration // how long a goroutine polls before it sleeps
 	SpinThreads int           // how many waiters spin at once
@@ -90,6 +91,9 @@ var Options = []Option{
 	{Env: "ONLOAD_IO_URING", Default: "kernel", Choices: []string{"kernel", "accelerate"},
 		Doc: "Under the shim, what a process that has an io_uring instance when its stack would load does. `kernel`: its sockets use the kernel, since what a ring does on a socket's fd (an accept, a send, a poll) passes the interposer by and would reach the accelerated socket's kernel half, which has no connection. `accelerate`: accelerate them anyway, for a program whose rings do file I/O only. A ring made after the stack loaded is not seen.",
 		set: func(c *Config, _ int64, s string) { c.IOURing = s }},
+	{Env: "ONLOAD_CHILD_SERVED", Default: "2", Min: 0, Max: 1_000_000, Unit: "connections",
+		Doc: "Under the shim, a server of a process a connection (PostgreSQL's postmaster, sshd, inetd: it accepts, forks a child for the connection and closes its own copy without using it) has each connection handed over to the kernel for its child, about 2 ms more a connection. After this many connections of one listener in a row went so, the listener's port goes to the kernel, whose connections its children use as they are; a connection the process read or wrote itself starts the count again. 0: never.",
+		set: func(c *Config, v int64, _ string) { c.ChildServed = int(v) }},
 	{Env: "ONLOAD_INTERFACE", Default: "",
 		Doc: "The interface to accelerate. Empty: the interface of the default route, else the only interface that is up with an IPv4 address. Traffic through other interfaces goes to the kernel.",
 		set: func(c *Config, _ int64, s string) { c.Interface = s }},

@@ -23,7 +23,10 @@ import (
 // an eventfd (Stack.ArmAll) and blocks in the kernel on it, beside its
 // other descriptors; the next poll that changes a socket writes the
 // eventfd.
-type Desc struct{ sock }
+type Desc struct {
+	sock
+	from *Desc // the listener an accepted connection came from
+}
 
 // DefaultStack returns the process's default stack (made on first use
 // from the ONLOAD_* variables, as Dial and Listen do), held: the caller
@@ -39,6 +42,9 @@ func DefaultStack() (*Stack, error) {
 
 // Release gives back a stack that DefaultStack returned.
 func (s *Stack) Release() { s.release() }
+
+// Config is the configuration the stack was made with.
+func (s *Stack) Config() Config { return s.cfg }
 
 // SpinTime is how long a caller with nothing to do polls the stack before
 // it blocks (the profile's ONLOAD_SPIN).
@@ -329,8 +335,15 @@ func (d *Desc) Accept(kfd int) (*Desc, error) {
 		return nil, err
 	}
 	s.recordKernelFD(id, kfd)
-	return s.newDesc(id)
+	c, err := s.newDesc(id)
+	if c != nil {
+		c.from = d
+	}
+	return c, err
 }
+
+// AcceptedFrom is the listener whose Accept returned d, or nil.
+func (d *Desc) AcceptedFrom() *Desc { return d.from }
 
 // Recv reads into b (peek: without taking it off the queue); 0 and nil at
 // the end of the stream.

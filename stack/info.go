@@ -36,6 +36,11 @@ type TCPInfo struct {
 	// scaling).
 	Timestamps, SACK     bool
 	SndWScale, RcvWScale int
+
+	// Read and Written count the bytes the application has read from
+	// the connection and written to it (modulo 2^32): both 0 for one it
+	// never used (appBytesLocked).
+	Read, Written uint32
 }
 
 // TCPInfo reports the state of TCP connection id.
@@ -112,6 +117,7 @@ func (s *Stack) socketsLocked() []SocketRow {
 }
 
 func tcpInfoLocked(sk *sock) TCPInfo {
+	read, written := appBytesLocked(sk)
 	return TCPInfo{
 		State:      stateName(sk.state),
 		RTT:        time.Duration(sk.srtt) * time.Microsecond,
@@ -133,7 +139,32 @@ func tcpInfoLocked(sk *sock) TCPInfo {
 		RcvBuf:     sk.rcvBuf, SndBuf: sk.sndBuf,
 		Timestamps: sk.tflags&tfTSOK != 0, SACK: sk.tflags&tfSackOK != 0,
 		SndWScale: wscale(sk, sk.sndWS), RcvWScale: wscale(sk, sk.rcvWS),
+		Read: read, Written: written,
 	}
+}
+
+// appBytesLocked is what the application has read from sk and written
+// to it, from the sequence space: the peer's bytes acknowledged past its
+// SYN (and FIN) less those still queued for reading; ours acknowledged
+// past our SYN (and FIN) plus those queued. Outside the synchronized
+// states (before the handshake, after a handover), 0.
+func appBytesLocked(sk *sock) (read, written uint32) {
+	if !synchronized(sk.state) {
+		return 0, 0
+	}
+	got := uint32(sk.irs.Add(1).Size(sk.rcvNxt))
+	if sk.tflags&tfRcvFin != 0 && got > 0 {
+		got-- // the peer's FIN takes a sequence number and no byte
+	}
+	read = got - min(got, sk.rcvBytes)
+	acked := uint32(0)
+	if sk.sndUna != sk.iss {
+		acked = uint32(sk.iss.Add(1).Size(sk.sndUna))
+		if sk.tflags&tfFinSent != 0 && sk.sndUna == sk.sndMax && acked > 0 {
+			acked-- // our FIN, acknowledged
+		}
+	}
+	return read, acked + sk.sndBytes
 }
 
 // wscale is a window scale shift as TCPInfo reports it: -1 when the

@@ -2340,7 +2340,9 @@ func TestShimForkServerFirstRequest(t *testing.T) {
 				sock, _ := startDaemon(t, b, dir)
 				env = []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + b.Iface0().Name}
 			}
-			cmd = shimCommand(t, b, env, prog, port)
+			// Every connection handed over, as a listener that gives
+			// its port to the kernel would not (TestShimForkServerToKernel).
+			cmd = shimCommand(t, b, append(env, "ONLOAD_CHILD_SERVED=0"), prog, port)
 		}
 		resets := noResets(t, a)
 		stdin, stdout, log := startPiped(t, cmd)
@@ -2383,6 +2385,98 @@ func TestShimForkServerFirstRequest(t *testing.T) {
 		if retrans > 0 {
 			t.Errorf("%s: %d of 100 clients retransmitted (the slowest connection took %v): a request the handover dropped waited for the client's retransmission",
 				tc.name, retrans, worst.Round(time.Millisecond))
+		}
+	}
+}
+
+// TestShimForkServerToKernel runs shim/test/forkserve.c, a server of a
+// process a connection, and connects to it 12 times one after another:
+// its first connections are handed over to the kernel at the parent's
+// close, for the child (TestShimForkServerFirstRequest), and after
+// ONLOAD_CHILD_SERVED (2) of them the listener's port goes to the
+// kernel, whose connections its children use as they are, with no
+// handover (PostgreSQL's connections each took 2 ms more than on the
+// kernel before). A server that writes on each connection before it
+// forks ("greet") uses its connections itself, and its listener stays
+// accelerated: each connection is handed over. On a stack of the
+// server's own and on one from onloadd; every connection answered.
+func TestShimForkServerToKernel(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "forkserve")
+	a, b := Pair(t, LinkOptions{})
+	const conns = 12
+	for _, tc := range []struct {
+		name          string
+		port          int
+		greet, daemon bool
+	}{{"greeted first", 7550, true, false}, {"forked children", 7540, false, false},
+		{"forked children, onloadd's stack", 7560, false, true}} { // onloadd's last: it keeps the interface
+		port := strconv.Itoa(tc.port)
+		args := []string{port}
+		if tc.greet {
+			args = append(args, "greet")
+		}
+		var env []string
+		if tc.daemon {
+			dir, _ := daemonDir(t)
+			sock, _ := startDaemon(t, b, dir)
+			env = []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + b.Iface0().Name}
+		}
+		cmd := shimCommand(t, b, env, prog, args...)
+		stdin, stdout, log := startPiped(t, cmd)
+		next := lineReader(t, stdout, "forkserve", log, 10*time.Second)
+		if l := next("listening"); l != "listening" {
+			t.Fatalf("%s: forkserve said %q, want listening:\n%s", tc.name, l, log.String())
+		}
+		addr := netip.AddrPortFrom(b.Iface0().Addr(), uint16(tc.port)).String()
+		for i := range conns {
+			var c net.Conn
+			if err := a.Do(func() (err error) { c, err = net.DialTimeout("tcp", addr, 5*time.Second); return }); err != nil {
+				t.Fatalf("%s: connection %d: %v\n%s", tc.name, i, err, log.String())
+			}
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			var err error
+			if tc.greet {
+				hello := make([]byte, 6)
+				if _, err = io.ReadFull(c, hello); err == nil && string(hello) != "hello\n" {
+					err = fmt.Errorf("greeted with %q", hello)
+				}
+			}
+			req := []byte(fmt.Sprintf("req%05d", i))
+			reply := make([]byte, len(req))
+			if err == nil {
+				_, err = c.Write(req)
+			}
+			if err == nil {
+				_, err = io.ReadFull(c, reply)
+			}
+			c.Close()
+			if err != nil || !bytes.Equal(reply, req) {
+				t.Fatalf("%s: connection %d: reply %q, %v\n%s", tc.name, i, reply, err, log.String())
+			}
+		}
+		stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("%s: forkserve: %v\n%s", tc.name, err, log.String())
+		}
+		out := log.String()
+		requireAccelerated(t, out, "listening")
+		handedOver := strings.Count(out, "to the kernel at close")
+		kernels := strings.Count(out, "a connection from the listener's kernel socket")
+		retired := strings.Count(out, "the listener's port goes to the kernel")
+		t.Logf("%s: %d connections handed over at the parent's close, %d the kernel's from their accept", tc.name, handedOver, kernels)
+		switch {
+		case tc.greet && (handedOver < conns-1 || handedOver+kernels != conns || retired != 0):
+			// The first of the host pair's connections is at times
+			// the listener's kernel half's (a kernel connection,
+			// served as one).
+			t.Errorf("%s: %d connections handed over, %d the kernel's, the listener retired %d times; want %d (or one fewer), the rest and 0:\n%s",
+				tc.name, handedOver, kernels, retired, conns, out)
+		case !tc.greet && (handedOver < 2 || handedOver > 3 || kernels < conns-3 || handedOver+kernels != conns || retired != 1):
+			// The third may come before the parent's close of the
+			// second retired the port.
+			t.Errorf("%s: %d connections handed over, %d the kernel's, the listener retired %d times; want 2 (or 3), the rest, and 1:\n%s",
+				tc.name, handedOver, kernels, retired, out)
 		}
 	}
 }

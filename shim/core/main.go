@@ -724,6 +724,7 @@ func onl_close(h C.int) {
 	d.Close()
 	mu.Lock()
 	free = append(free, int32(h))
+	delete(childServed, d)
 	mu.Unlock()
 }
 
@@ -829,6 +830,63 @@ func onl_retire_listener(h C.int) C.int {
 		return errno(errBadHandle)
 	}
 	return errno(d.RetireListener())
+}
+
+// childServed counts, by listener, the connections in a row it gave
+// that a forked child served (onl_child_served); -1 once its port went
+// to the kernel. Under mu.
+var childServed = map[*sockets.Desc]int{}
+
+// onl_child_served is told of connection h as the interposer hands it to
+// the kernel at its close for a child forked since it was accepted
+// (handover_for_close). A server of a process a connection (PostgreSQL's
+// postmaster, sshd, inetd) accepts, forks a child, and closes its copy
+// without reading or writing it, and each of its connections costs a
+// handover (about 2 ms). Once ONLOAD_CHILD_SERVED connections of one
+// listener in a row went so, the listener's port goes to the kernel
+// (RetireListener): its later connections are the kernel's from their
+// accept on, which is what the children need. A connection this process
+// read or wrote (redis's, closed while its BGSAVE child lives) starts
+// the count again. It returns 1 if it retired the listener now (the
+// interposer logs it), 0 if not, or a negated errno.
+//
+//export onl_child_served
+func onl_child_served(h C.int) C.int {
+	d := get(h)
+	if d == nil {
+		return errno(errBadHandle)
+	}
+	l := d.AcceptedFrom()
+	limit := stk.Config().ChildServed
+	if l == nil || limit <= 0 {
+		return 0
+	}
+	// A connection the child took already is the stack's no more: the
+	// child used it, and its parent had not (or it would not be here
+	// with a child alive).
+	ti, err := d.TCPInfo()
+	unused := err != nil || ti.State == "HANDED-OVER" || ti.Read == 0 && ti.Written == 0
+	mu.Lock()
+	n := childServed[l]
+	switch {
+	case n < 0:
+	case !unused:
+		delete(childServed, l)
+	default:
+		n++
+		childServed[l] = n
+	}
+	mu.Unlock()
+	if n < limit {
+		return 0
+	}
+	if err := l.RetireListener(); err != nil {
+		return errno(err)
+	}
+	mu.Lock()
+	childServed[l] = -1
+	mu.Unlock()
+	return 1
 }
 
 //export onl_setopt

@@ -4,9 +4,11 @@
  * connection and closes its own copy at once (under the shim the
  * connection goes to the kernel for the child); the child reads a
  * request of 8 bytes, writes it back and exits. It prints "listening"
- * once it listens, and serves until its standard input ends.
+ * once it listens, and serves until its standard input ends. With
+ * "greet", the parent writes "hello\n" on each connection before it
+ * forks, as a server that uses its connections itself does.
  *
- *	forkserve PORT
+ *	forkserve PORT [greet]
  */
 #define _GNU_SOURCE
 #include <netinet/in.h>
@@ -20,10 +22,11 @@
 
 int main(int argc, char **argv)
 {
-	if (argc != 2) {
-		fprintf(stderr, "usage: forkserve PORT\n");
+	if (argc != 2 && (argc != 3 || strcmp(argv[2], "greet") != 0)) {
+		fprintf(stderr, "usage: forkserve PORT [greet]\n");
 		return 2;
 	}
+	int greet = argc == 3;
 	signal(SIGCHLD, SIG_IGN); /* children reaped as they end */
 	int one = 1, l = socket(AF_INET, SOCK_STREAM, 0);
 	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -43,6 +46,10 @@ int main(int argc, char **argv)
 		int c = accept(l, NULL, NULL);
 		if (c < 0)
 			continue;
+		if (greet && send(c, "hello\n", 6, MSG_NOSIGNAL) != 6) {
+			close(c);
+			continue;
+		}
 		pid_t pid = fork();
 		if (pid == 0) {
 			close(l);
