@@ -352,3 +352,59 @@ func TestStackExit(t *testing.T) {
 	}
 	nb.Impair(vnic.Impairment{})
 }
+
+// TestReadAckRidesOnAnswer: a server that reads a request and answers at
+// once sends one frame, its answer carrying the ACK its read owed
+// (TCPConn.Read holds it: stack.RecvCorked), where it sent a pure ACK
+// of the request first: a Go server of a connection a request sent four
+// frames where three do. A read left unanswered still has its ACK sent,
+// by the reader's next wait (or the Sleeper), long before the peer's
+// retransmission timer.
+func TestReadAckRidesOnAnswer(t *testing.T) {
+	a, b := memStacks(t, vnic.MemConfig{}, sockets.Config{})
+	c1, c2 := connPair(t, a, b)
+	buf := make([]byte, 64)
+	c1.SetDeadline(time.Now().Add(5 * time.Second))
+	c2.SetDeadline(time.Now().Add(5 * time.Second))
+	before := b.Engine().Counters().TxFrames
+	if _, err := c1.Write([]byte("GET /")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c2.Read(buf); n != 5 || err != nil {
+		t.Fatalf("the server's read: %d, %v; want the request's 5 bytes", n, err)
+	}
+	if _, err := c2.Write([]byte("200 OK")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := io.ReadFull(c1, buf[:6]); n != 6 || err != nil {
+		t.Fatalf("the client's read: %d, %v", n, err)
+	}
+	if n := b.Engine().Counters().TxFrames - before; n != 1 {
+		t.Errorf("the server sent %d frames for a request it answered at once, want 1 (the answer carrying the ACK)", n)
+	}
+
+	// Unanswered: the server reads, then waits for more.
+	if _, err := c1.Write([]byte("more")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c2.Read(buf); n != 4 || err != nil {
+		t.Fatalf("the server's read: %d, %v", n, err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c2.Read(buf)
+		done <- err
+	}()
+	acked := false
+	for end := time.Now().Add(time.Second); !acked && time.Now().Before(end); time.Sleep(time.Millisecond) {
+		info, _ := c1.(*sockets.TCPConn).Info()
+		acked = info.Unacked == 0
+	}
+	if !acked {
+		t.Error("a read left unanswered: its ACK not sent within a second")
+	}
+	c1.Write([]byte("end"))
+	if err := <-done; err != nil {
+		t.Errorf("the server's second read: %v", err)
+	}
+}

@@ -91,14 +91,22 @@ func (c *TCPConn) Read(b []byte) (int, error) {
 			return 0, c.opErr("read", net.ErrClosed)
 		}
 		// As in Write: what this poll sends waits for the goroutines
-		// the stack woke, whose sends kick it.
-		recv, more := s.st.Recv, s.wakes.busy()
+		// the stack woke, whose sends kick it. Otherwise the ACK the
+		// read owes waits for this goroutine's answer to carry it, or
+		// its next wait to send it (awaitUnless), as the shim's reads'
+		// do: a server of a connection a request sent a pure ACK of
+		// each request before its answer. Should the goroutine go
+		// elsewhere, the Sleeper sends it (boundHeldKick), or the
+		// delayed-ACK timer.
+		recv, more := s.st.RecvCorked, s.wakes.busy()
 		if more {
 			recv = s.st.RecvMore
 		}
 		n, err := recv(c.id, b, false)
 		if more {
 			s.kickIfLast()
+		} else if s.st.CorkedOwed() {
+			s.boundHeldKick()
 		}
 		s.leave()
 		switch {

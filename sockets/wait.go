@@ -308,6 +308,11 @@ func (c *sock) awaitUnless(sp *spin, want stack.Events, dl *deadline, retry time
 		return
 	}
 	ev := s.st.WaitFor(c.id, want)
+	if ev == 0 && s.st.CorkedOwed() && !s.wakes.busy() {
+		// An ACK a read held (TCPConn.Read). With woken goroutines
+		// still to run, the last of them kicks (kickIfLast).
+		s.st.KickHeld()
+	}
 	s.leave()
 	if ev != 0 || !c.wq.sleep(ch, want) {
 		return

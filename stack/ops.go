@@ -369,6 +369,12 @@ func (s *Stack) KickOwed() bool {
 	return s.kicks != nil && s.kicks.KickOwed() || s.corkedN.Load() != 0
 }
 
+// CorkedOwed reports, without the lock, whether sockets wait in the
+// process's corked list for their holder's next wait (a segment
+// SendCorked held, an ACK RecvCorked held): KickHeld or any poll sends
+// them. Unlike KickOwed, a kick the NIC holds does not count.
+func (s *Stack) CorkedOwed() bool { return s.corkedN.Load() != 0 }
+
 // DrainNIC waits, for at most timeout and without the stack lock, until
 // the NIC has taken every frame the stack handed it (vnic.Drainer); true
 // at once for a NIC that cannot say. For a process about to end.

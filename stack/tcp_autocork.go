@@ -53,7 +53,8 @@ func (s *Stack) autoCorkLocked(sk *sock) bool {
 // the ACK. nginx with `Connection: close` sent a pure ACK for each
 // request, and kicked it alone, before its answer. Linux sends that ACK
 // too, but from the client's send (veth delivers it there), which here
-// is the server's own kick.
+// is the server's own kick. The Go library's reads hold it too
+// (sockets.TCPConn.Read), though its sends are not held.
 func (s *Stack) holdAckLocked(sk *sock) {
 	sk.flags |= sfAckHeld
 	if sk.tflags&tfAutoCork == 0 {
