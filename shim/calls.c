@@ -19,6 +19,7 @@ static const struct { int level, name, opt, copied; } stack_opts[] = {
 	{IPPROTO_IP, IP_TTL, ONL_OPT_TTL, 1},
 	{SOL_SOCKET, SO_RCVBUF, ONL_OPT_RCVBUF, 0},
 	{SOL_SOCKET, SO_SNDBUF, ONL_OPT_SNDBUF, 0},
+	{IPPROTO_TCP, TCP_QUICKACK, ONL_OPT_QUICKACK, 0}, /* a moment's state, not a setting */
 };
 enum { N_STACK_OPTS = sizeof stack_opts / sizeof stack_opts[0] };
 
@@ -1390,6 +1391,16 @@ EXPORT int getsockopt(int fd, int level, int name, void *v, socklen_t *l)
 		*(int *)v = CORE(core.sockerr(e->h));
 		*l = sizeof(int);
 		return 0;
+	}
+	if (level == IPPROTO_TCP && name == TCP_QUICKACK && v && l && *l >= sizeof(int)) {
+		/* The stack's ACK mode, which moves by itself (its kernel
+		 * socket's stays as last set). */
+		int q = CORE(core.getopt(e->h, ONL_OPT_QUICKACK));
+		if (q >= 0) {
+			*(int *)v = q;
+			*l = sizeof(int);
+			return 0;
+		}
 	}
 	if (level == IPPROTO_TCP && name == TCP_MAXSEG && v && l && *l >= sizeof(int)) {
 		/* The kernel's is the send MSS in use (its TCP_INFO's

@@ -53,6 +53,7 @@
 #define ONL_OPT_DEFER_ACCEPT 13
 #define ONL_OPT_TOS 14
 #define ONL_OPT_TTL 15
+#define ONL_OPT_QUICKACK 16 /* read back from the stack: its ping-pong mode */
 
 /* What TCP_INFO reports, from the engine. */
 struct onl_tcpinfo {

@@ -19,6 +19,7 @@ const (
 	DeferAccept                   // TCP_DEFER_ACCEPT on a listener, seconds: 0 (off) up; more than maxDeferAccept counts as that
 	TOS                           // IP_TOS: 0 to 255; on TCP the two ECN bits are TCP's (RFC 3168 5): 0, as it does not negotiate ECN
 	TTL                           // IP_TTL: 1 to 255, or -1 for the default (defaultTTL)
+	QuickAck                      // TCP_QUICKACK: 0 delays ACKs for the answer; another value sends an owed ACK now and stops delaying (an even one delays again if it sent one)
 )
 
 // defaultTTL is the IPv4 time to live of a socket that set none: Linux's
@@ -123,6 +124,8 @@ func (s *Stack) SetOption(id SockID, opt Option, v int) error {
 		}
 	case ReuseAddr:
 		return flag(tfReuseAddr)
+	case QuickAck:
+		s.quickAckLocked(sk, v)
 	case TOS, TTL:
 		// Linux's do_ip_setsockopt: a TCP socket's TOS leaves the ECN
 		// bits to TCP; a TTL of -1 is the default.
@@ -200,6 +203,32 @@ func (s *Stack) Option(id SockID, opt Option) (int, error) {
 		return int(sk.tos), nil
 	case TTL:
 		return int(sk.ipTTL()), nil
+	case QuickAck:
+		return 1 - b(tfPingPong), nil
 	}
 	return 0, ErrInvalid
+}
+
+// quickAckLocked is TCP_QUICKACK, as Linux's __tcp_sock_set_quickack:
+// 0 enters ping-pong mode, where a read leaves its ACK to the answer or
+// the delayed-ACK timer (tfPingPong; the first answer sets it anyway);
+// any other value leaves it, and sends at once an ACK the connection
+// owes (on its delayed-ACK timer, or held for a corked reader's wait),
+// after which an even one enters it again. The mode moves by itself after,
+// as Linux's does: programs that want every ACK at once set it after
+// each read.
+func (s *Stack) quickAckLocked(sk *sock, v int) {
+	if v == 0 {
+		sk.tflags |= tfPingPong
+		return
+	}
+	sk.tflags &^= tfPingPong
+	if (sk.state == tcpEstablished || sk.state == tcpCloseWait) &&
+		(sk.tflags&tfDelAck != 0 || sk.flags&sfAckHeld != 0) {
+		sk.tflags |= tfAckNow
+		s.pushLocked(sk)
+		if v&1 == 0 {
+			sk.tflags |= tfPingPong
+		}
+	}
 }

@@ -396,3 +396,48 @@ func TestDeferAccept(t *testing.T) {
 		t.Errorf("the silent connection, accepted, got %d of 4 bytes", got)
 	}
 }
+
+// TestQuickAck: TCP_QUICKACK as Linux has it. 1 sends at once the ACK a
+// connection owes on its delayed-ACK timer, and reads back 1; 0 reads
+// back 0 (ping-pong mode: reads leave their ACK to the answer).
+func TestQuickAck(t *testing.T) {
+	a, b, _, _ := twoStacksNICs(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, srv := connectPair(t, a, b, poll)
+	waitAcked(t, a, c, poll, 2*time.Second)
+	mustSend(t, a, c, []byte("abc"))
+	waitFor(t, "the data", 2*time.Second, func() { a.Poll(); b.Poll() }, func() bool { return b.Events(srv)&stack.Readable != 0 })
+	if sent, _ := sentHeld(t, a, c); sent != 3 {
+		t.Fatalf("the client's 3 bytes acknowledged before the delayed-ACK timer (%d unacknowledged): nothing to test", sent)
+	}
+	frames, dump := b.Counters().TxFrames, b.DumpSocket(srv)
+	if err := b.SetOption(srv, stack.QuickAck, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.Counters().TxFrames - frames; n != 1 {
+		t.Errorf("TCP_QUICKACK 1 sent %d frames, want 1: the ACK owed (before: %s)", n, dump)
+	}
+	waitAcked(t, a, c, func() { a.Poll() }, time.Second) // the wire's delay
+	for _, v := range []int{1, 0, 1, 2} {
+		if err := b.SetOption(srv, stack.QuickAck, v); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := b.Option(srv, stack.QuickAck); got != min(v, 1) || err != nil {
+			t.Errorf("TCP_QUICKACK set to %d reads back %d, %v; want %d", v, got, err, min(v, 1))
+		}
+	}
+	// An even value with an ACK owed sends it, then delays again.
+	mustSend(t, a, c, []byte("def"))
+	waitFor(t, "more data", 2*time.Second, func() { a.Poll(); b.Poll() }, func() bool {
+		ti, _ := b.TCPInfo(srv)
+		return ti.Unread == 6
+	})
+	frames = b.Counters().TxFrames
+	b.SetOption(srv, stack.QuickAck, 2)
+	if n := b.Counters().TxFrames - frames; n != 1 {
+		t.Errorf("TCP_QUICKACK 2 with an ACK owed sent %d frames, want 1", n)
+	}
+	if got, _ := b.Option(srv, stack.QuickAck); got != 0 {
+		t.Errorf("TCP_QUICKACK 2 with an ACK owed reads back %d, want 0 (delaying again)", got)
+	}
+}

@@ -482,7 +482,12 @@ static void test_options(int s)
 		{IPPROTO_IP, IP_TTL, "IP_TTL", 33},
 		{IPPROTO_TCP, TCP_USER_TIMEOUT, "TCP_USER_TIMEOUT", 5000},
 		{IPPROTO_TCP, TCP_QUICKACK, "TCP_QUICKACK", 1},
+		{IPPROTO_TCP, TCP_QUICKACK, "TCP_QUICKACK", 0},
 	};
+	/* After the echoes before, which answer what they read: 0 on the
+	 * kernel, the ACK mode of a connection that answers (ping-pong);
+	 * an unconnected socket reads 1. */
+	getint(s, IPPROTO_TCP, TCP_QUICKACK, "TCP_QUICKACK");
 	for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++)
 		setint(s, sets[k].level, sets[k].opt, sets[k].name, sets[k].v);
 	getint(s, IPPROTO_TCP, TCP_MAXSEG, "TCP_MAXSEG");
