@@ -357,30 +357,43 @@ func TestStackExit(t *testing.T) {
 // once sends one frame, its answer carrying the ACK its read owed
 // (TCPConn.Read holds it: stack.RecvCorked), where it sent a pure ACK
 // of the request first: a Go server of a connection a request sent four
-// frames where three do. A read left unanswered still has its ACK sent,
-// by the reader's next wait (or the Sleeper), long before the peer's
-// retransmission timer.
+// frames where three do. The first request of each of 16 new
+// connections (a later one's ACK waits for the answer anyway): a poll
+// of the stack between the read and the answer (its Sleeper's, on a
+// loaded machine) sends the ACK first, as it should, so a quarter is
+// asked for; with the ACK sent at the read, none. A read left
+// unanswered still has its ACK sent, by the reader's next wait (or the
+// Sleeper), long before the peer's retransmission timer.
 func TestReadAckRidesOnAnswer(t *testing.T) {
 	a, b := memStacks(t, vnic.MemConfig{}, sockets.Config{})
-	c1, c2 := connPair(t, a, b)
 	buf := make([]byte, 64)
-	c1.SetDeadline(time.Now().Add(5 * time.Second))
-	c2.SetDeadline(time.Now().Add(5 * time.Second))
-	before := b.Engine().Counters().TxFrames
-	if _, err := c1.Write([]byte("GET /")); err != nil {
-		t.Fatal(err)
+	const conns = 16
+	carried := 0
+	var c1, c2 net.Conn
+	for range conns {
+		c1, c2 = connPair(t, a, b)
+		c1.SetDeadline(time.Now().Add(5 * time.Second))
+		c2.SetDeadline(time.Now().Add(5 * time.Second))
+		before := b.Engine().Counters().TxFrames
+		if _, err := c1.Write([]byte("GET /")); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := c2.Read(buf); n != 5 || err != nil {
+			t.Fatalf("the server's read: %d, %v; want the request's 5 bytes", n, err)
+		}
+		if _, err := c2.Write([]byte("200 OK")); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := io.ReadFull(c1, buf[:6]); n != 6 || err != nil {
+			t.Fatalf("the client's read: %d, %v", n, err)
+		}
+		if b.Engine().Counters().TxFrames-before == 1 {
+			carried++
+		}
 	}
-	if n, err := c2.Read(buf); n != 5 || err != nil {
-		t.Fatalf("the server's read: %d, %v; want the request's 5 bytes", n, err)
-	}
-	if _, err := c2.Write([]byte("200 OK")); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := io.ReadFull(c1, buf[:6]); n != 6 || err != nil {
-		t.Fatalf("the client's read: %d, %v", n, err)
-	}
-	if n := b.Engine().Counters().TxFrames - before; n != 1 {
-		t.Errorf("the server sent %d frames for a request it answered at once, want 1 (the answer carrying the ACK)", n)
+	t.Logf("%d of %d answers carried the ACK of their request", carried, conns)
+	if carried < conns/4 {
+		t.Errorf("%d of %d answers carried the ACK of their request (the rest sent a pure ACK first), want at least %d", carried, conns, conns/4)
 	}
 
 	// Unanswered: the server reads, then waits for more.
