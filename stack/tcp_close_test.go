@@ -751,8 +751,11 @@ func TestTCPResetBeforeAccept(t *testing.T) {
 
 // TestTCPRetireListener: a listener whose port goes to the kernel (its
 // socket passed to another process) reads LISTEN-RETIRED, keeps the
-// connection its queue holds for its accept, and a socket that does not
-// listen cannot be retired.
+// connection its queue holds for its accept, drops a SYN that still
+// reaches it (its retransmission finds the kernel's socket once the
+// filter is gone; taken, the handshake's ACK could reach the kernel,
+// which resets it), and a socket that does not listen cannot be
+// retired.
 func TestTCPRetireListener(t *testing.T) {
 	a, b, lst, poll := listening80(t)
 	c, _ := a.Open(stack.TCP)
@@ -775,6 +778,15 @@ func TestTCPRetireListener(t *testing.T) {
 	srv, err := b.Accept(lst)
 	if err != nil {
 		t.Fatalf("accept of the queued connection after the retirement: %v", err)
+	}
+	c2, _ := a.Open(stack.TCP)
+	if err := a.Connect(c2, netip.AddrPortFrom(b.Addr(), 80)); !errors.Is(err, syscall.EINPROGRESS) {
+		t.Fatalf("connect: %v", err)
+	}
+	drops := b.Counters().TCPListenDrops
+	waitFor(t, "the SYN dropped", 5*time.Second, poll, func() bool { return b.Counters().TCPListenDrops > drops })
+	if ev := a.Events(c2); ev&(stack.Writable|stack.Error) != 0 {
+		t.Errorf("a connect to the retired listener was answered (events %v), want its SYN dropped", ev)
 	}
 	if err := b.RetireListener(srv); !errors.Is(err, stack.ErrInvalid) {
 		t.Errorf("retiring a connection: %v, want ErrInvalid", err)

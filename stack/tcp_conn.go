@@ -207,6 +207,16 @@ func (s *Stack) listenInputLocked(l *sock, h vnic.Handle, p *ipPacket, g *segmen
 	if g.flags&flagSYN == 0 {
 		return
 	}
+	if l.flags&sfListenRetired != 0 {
+		// The port is the kernel's now (RetireListener), and a SYN that
+		// reaches the stack before the filter is gone is dropped: its
+		// retransmission finds the kernel's socket. Taken here, the
+		// handshake's ACK could come after the filter went, to the
+		// kernel, which answers it with a reset (a forked server's
+		// client, TestShimForkServerToKernel, once).
+		c.TCPListenDrops++
+		return
+	}
 	if l.acceptLen >= l.backlog || s.img.hdr.overflow != 0 {
 		// A full accept queue; or a socket table nearly full of live
 		// connections, whose new ones go to the listener's kernel half:
