@@ -327,9 +327,10 @@ static int *names_of(int h)
 	FDT_EACH(fd)
 		n += fdt[fd].kind == K_OURS && fdt[fd].h == h;
 	int *names = malloc((n + 1) * sizeof(int)), k = 0;
-	for (int fd = fdt_next(0); names && fd < nfdt; fd = fdt_next(fd + 1))
-		if (fdt[fd].kind == K_OURS && fdt[fd].h == h)
-			names[k++] = fd;
+	if (names)
+		FDT_EACH(fd)
+			if (fdt[fd].kind == K_OURS && fdt[fd].h == h)
+				names[k++] = fd;
 	if (names)
 		names[k] = -1;
 	table_unlock();

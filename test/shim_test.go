@@ -27,6 +27,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/xdp-onload/onload/sockets"
 )
 
@@ -2345,31 +2347,15 @@ func TestShimForkServerFirstRequest(t *testing.T) {
 			cmd = shimCommand(t, b, append(env, "ONLOAD_CHILD_SERVED=0"), prog, port)
 		}
 		resets := noResets(t, a)
-		stdin, stdout, log := startPiped(t, cmd)
-		next := lineReader(t, stdout, "forkserve", log, 10*time.Second)
-		if l := next("listening"); l != "listening" {
-			t.Fatalf("%s: forkserve said %q, want listening:\n%s", tc.name, l, log.String())
-		}
+		stdin, log := startForkserve(t, tc.name, cmd)
 		addr := netip.AddrPortFrom(b.Iface0().Addr(), uint16(tc.port)).String()
 		var worst time.Duration
 		retrans := 0
 		for i := range 100 {
 			start := time.Now()
-			var c net.Conn
-			if err := a.Do(func() (err error) { c, err = net.DialTimeout("tcp", addr, 5*time.Second); return }); err != nil {
+			info, err := askForkserve(t, a, addr, i, false)
+			if err != nil {
 				t.Fatalf("%s: connection %d: %v\n%s", tc.name, i, err, log.String())
-			}
-			req := []byte(fmt.Sprintf("req%05d", i))
-			reply := make([]byte, len(req))
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			_, err := c.Write(req)
-			if err == nil {
-				_, err = io.ReadFull(c, reply)
-			}
-			info := tcpInfo(t, c.(*net.TCPConn))
-			c.Close()
-			if err != nil || !bytes.Equal(reply, req) {
-				t.Fatalf("%s: connection %d: reply %q, %v\n%s", tc.name, i, reply, err, log.String())
 			}
 			worst = max(worst, time.Since(start))
 			if info.Total_retrans > 0 {
@@ -2423,36 +2409,11 @@ func TestShimForkServerToKernel(t *testing.T) {
 			env = []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + b.Iface0().Name}
 		}
 		cmd := shimCommand(t, b, env, prog, args...)
-		stdin, stdout, log := startPiped(t, cmd)
-		next := lineReader(t, stdout, "forkserve", log, 10*time.Second)
-		if l := next("listening"); l != "listening" {
-			t.Fatalf("%s: forkserve said %q, want listening:\n%s", tc.name, l, log.String())
-		}
+		stdin, log := startForkserve(t, tc.name, cmd)
 		addr := netip.AddrPortFrom(b.Iface0().Addr(), uint16(tc.port)).String()
 		for i := range conns {
-			var c net.Conn
-			if err := a.Do(func() (err error) { c, err = net.DialTimeout("tcp", addr, 5*time.Second); return }); err != nil {
+			if _, err := askForkserve(t, a, addr, i, tc.greet); err != nil {
 				t.Fatalf("%s: connection %d: %v\n%s", tc.name, i, err, log.String())
-			}
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			var err error
-			if tc.greet {
-				hello := make([]byte, 6)
-				if _, err = io.ReadFull(c, hello); err == nil && string(hello) != "hello\n" {
-					err = fmt.Errorf("greeted with %q", hello)
-				}
-			}
-			req := []byte(fmt.Sprintf("req%05d", i))
-			reply := make([]byte, len(req))
-			if err == nil {
-				_, err = c.Write(req)
-			}
-			if err == nil {
-				_, err = io.ReadFull(c, reply)
-			}
-			c.Close()
-			if err != nil || !bytes.Equal(reply, req) {
-				t.Fatalf("%s: connection %d: reply %q, %v\n%s", tc.name, i, reply, err, log.String())
 			}
 		}
 		stdin.Close()
@@ -2480,6 +2441,48 @@ func TestShimForkServerToKernel(t *testing.T) {
 				tc.name, handedOver, kernels, retired, out)
 		}
 	}
+}
+
+// startForkserve starts shim/test/forkserve.c (cmd) and waits for it to
+// listen: its standard input, which ends it, and its log.
+func startForkserve(t *testing.T, name string, cmd *exec.Cmd) (io.WriteCloser, *SyncBuffer) {
+	t.Helper()
+	stdin, stdout, log := startPiped(t, cmd)
+	next := lineReader(t, stdout, "forkserve", log, 10*time.Second)
+	if l := next("listening"); l != "listening" {
+		t.Fatalf("%s: forkserve said %q, want listening:\n%s", name, l, log.String())
+	}
+	return stdin, log
+}
+
+// askForkserve connects from host a to forkserve at addr and has the
+// child it forks echo request i (after the parent's greeting, if greet):
+// the connection's TCP_INFO as it closes, or what went wrong.
+func askForkserve(t *testing.T, a *Host, addr string, i int, greet bool) (*unix.TCPInfo, error) {
+	t.Helper()
+	var c net.Conn
+	if err := a.Do(func() (err error) { c, err = net.DialTimeout("tcp", addr, 5*time.Second); return }); err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if greet {
+		hello := make([]byte, 6)
+		if _, err := io.ReadFull(c, hello); err != nil || string(hello) != "hello\n" {
+			return nil, fmt.Errorf("greeted with %q, %v", hello, err)
+		}
+	}
+	req := []byte(fmt.Sprintf("req%05d", i))
+	reply := make([]byte, len(req))
+	_, err := c.Write(req)
+	if err == nil {
+		_, err = io.ReadFull(c, reply)
+	}
+	info := tcpInfo(t, c.(*net.TCPConn))
+	if err != nil || !bytes.Equal(reply, req) {
+		return nil, fmt.Errorf("reply %q, %v", reply, err)
+	}
+	return info, nil
 }
 
 // TestShimVethChecksumOffload: on a veth whose peer leaves its checksums

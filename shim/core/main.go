@@ -861,11 +861,12 @@ func onl_child_served(h C.int) C.int {
 	if l == nil || limit <= 0 {
 		return 0
 	}
-	// A connection the child took already is the stack's no more: the
-	// child used it, and its parent had not (or it would not be here
-	// with a child alive).
+	// A connection the child took already is the stack's no more (an
+	// error, or HANDED-OVER, which reads 0 and 0): the child used it,
+	// and its parent had not (or it would not be here with a child
+	// alive).
 	ti, err := d.TCPInfo()
-	unused := err != nil || ti.State == "HANDED-OVER" || ti.Read == 0 && ti.Written == 0
+	unused := err != nil || ti.Read == 0 && ti.Written == 0
 	mu.Lock()
 	n := childServed[l]
 	switch {
