@@ -20,6 +20,8 @@ static const struct { int level, name, opt, copied; } stack_opts[] = {
 	{SOL_SOCKET, SO_RCVBUF, ONL_OPT_RCVBUF, 0},
 	{SOL_SOCKET, SO_SNDBUF, ONL_OPT_SNDBUF, 0},
 	{IPPROTO_TCP, TCP_QUICKACK, ONL_OPT_QUICKACK, 0}, /* a moment's state, not a setting */
+	{SOL_SOCKET, SO_RCVLOWAT, ONL_OPT_RCVLOWAT, 1},
+	{IPPROTO_TCP, TCP_NOTSENT_LOWAT, ONL_OPT_NOTSENT_LOWAT, 1},
 };
 enum { N_STACK_OPTS = sizeof stack_opts / sizeof stack_opts[0] };
 
@@ -85,6 +87,8 @@ static void copy_options(int fd, int h, int defaults, int ip, int cc)
 			continue;
 		if (real_getsockopt(fd, stack_opts[i].level, stack_opts[i].name, &v, &l) == 0 && v)
 			CORE(core.setopt(h, stack_opts[i].opt, v));
+		if (stack_opts[i].opt == ONL_OPT_RCVLOWAT && (unsigned)h < MAX_HANDLES)
+			hlowat[h] = v > 1 ? (uint32_t)v : 0;
 	}
 	struct linger lg;
 	socklen_t l = sizeof lg;
@@ -447,7 +451,10 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
  * gives a new connection its listener's options. */
 static void inherit_timeo(const struct fdent *l, int fd, int kfd, int h)
 {
-	if ((unsigned)l->h >= MAX_HANDLES || !htimeo[l->h] || (unsigned)h >= MAX_HANDLES)
+	if ((unsigned)l->h >= MAX_HANDLES || (unsigned)h >= MAX_HANDLES)
+		return;
+	hlowat[h] = hlowat[l->h]; /* SO_RCVLOWAT, which the stack's child took */
+	if (!htimeo[l->h])
 		return;
 	for (int i = 0; i < 2; i++) {
 		int name = i ? SO_SNDTIMEO : SO_RCVTIMEO;
@@ -481,7 +488,7 @@ static const struct { int level, name; } inherited[] = {
 	{SOL_SOCKET, SO_KEEPALIVE}, {SOL_SOCKET, SO_RCVLOWAT}, {SOL_SOCKET, SO_PRIORITY},
 	{IPPROTO_TCP, TCP_NODELAY}, {IPPROTO_TCP, TCP_CORK}, {IPPROTO_TCP, TCP_KEEPIDLE},
 	{IPPROTO_TCP, TCP_KEEPINTVL}, {IPPROTO_TCP, TCP_KEEPCNT}, {IPPROTO_TCP, TCP_USER_TIMEOUT},
-	{IPPROTO_IP, IP_TOS}, {IPPROTO_IP, IP_TTL},
+	{IPPROTO_IP, IP_TOS}, {IPPROTO_IP, IP_TTL}, {IPPROTO_TCP, TCP_NOTSENT_LOWAT},
 	{SOL_SOCKET, SO_RCVBUF}, {SOL_SOCKET, SO_SNDBUF}, /* last: they read back doubled */
 };
 enum { N_INHERITED = sizeof inherited / sizeof inherited[0] };
@@ -750,6 +757,17 @@ static ssize_t recv_call(struct ccall *c, void *buf, size_t n, int flags)
 	/* MSG_TRUNC: TCP's discards what it takes, buf untouched (tcp(7)). */
 	char scratch[4096];
 	int trunc = flags & MSG_TRUNC;
+	/* A blocking read returns once it has target bytes: all of them
+	 * with MSG_WAITALL, else up to SO_RCVLOWAT (tcp_recvmsg's
+	 * sock_rcvlowat), else any. It waits, as the kernel's, for the
+	 * socket to be readable: the mark's bytes queued (the stack's
+	 * readiness), an end, an error or its timeout, and returns what it
+	 * has then. */
+	size_t target = 1;
+	if (flags & MSG_WAITALL)
+		target = n;
+	else if ((unsigned)c->h < MAX_HANDLES && hlowat[c->h] > 1)
+		target = hlowat[c->h] < n ? hlowat[c->h] : n;
 	for (;;) {
 		switch (ccall_check(c)) {
 		case CC_CLOSED:
@@ -789,11 +807,11 @@ static ssize_t recv_call(struct ccall *c, void *buf, size_t n, int flags)
 			got += r;
 			if (trunc && r == (long)want && got < n && !(flags & MSG_PEEK))
 				continue; /* there may be more to discard */
-			if (!(flags & MSG_WAITALL) || got == n || (flags & MSG_PEEK))
+			if (got >= target || (flags & MSG_PEEK))
 				return got;
 			continue;
 		}
-		if (r == -EAGAIN && got && !(flags & MSG_WAITALL))
+		if (r == -EAGAIN && got >= target)
 			return got;
 		if (r == 0)
 			return got;
@@ -1485,6 +1503,16 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 		val = *(const unsigned char *)v; /* ip(7): IP_TOS and IP_TTL take a byte too */
 	else
 		return r;
+	if (level == SOL_SOCKET && name == SO_RCVLOWAT) {
+		/* As the kernel took it (capped at half its buffer's limit):
+		 * the stack's readiness, and a blocking read's target
+		 * (recv_call), follow it. */
+		socklen_t vl = sizeof val;
+		if (real_getsockopt(fd, level, name, &val, &vl) < 0)
+			return r;
+		if ((unsigned)e->h < MAX_HANDLES)
+			hlowat[e->h] = val > 1 ? (uint32_t)val : 0;
+	}
 	if (level == SOL_SOCKET && name == SO_LINGER) {
 		if (l >= sizeof(struct linger)) {
 			const struct linger *lg = v;

@@ -9,6 +9,7 @@ int nfdt;
 int *hrefs;		/* by handle: descriptors naming it (dup), and calls holding it (ccall_hold) */
 int *hfds;		/* by handle: descriptors naming it, under mu */
 uint8_t *htimeo;	/* by handle: its kernel socket may have SO_RCVTIMEO or SO_SNDTIMEO */
+uint32_t *hlowat;	/* by handle: its SO_RCVLOWAT if more than 1, else 0 (recv_call) */
 uint32_t *fdgen;	/* by fd: how many times it was dropped (closed), for a call that waited */
 
 int refuse_after_fork(void)
@@ -40,7 +41,10 @@ void set_ours(int fd, int h, int nonblock, int knb, int listening, int timeo)
 	e->nonblock = nonblock;
 	e->listening = listening;
 	if ((unsigned)h < MAX_HANDLES && __atomic_add_fetch(&hrefs[h], 1, __ATOMIC_RELAXED) == 1)
+	{
 		htimeo[h] = timeo; /* a new socket */
+		hlowat[h] = 0;
+	}
 	if ((unsigned)h < MAX_HANDLES)
 		hfds[h]++;
 	if (knb)

@@ -54,6 +54,8 @@
 #define ONL_OPT_TOS 14
 #define ONL_OPT_TTL 15
 #define ONL_OPT_QUICKACK 16 /* read back from the stack: its ping-pong mode */
+#define ONL_OPT_RCVLOWAT 17
+#define ONL_OPT_NOTSENT_LOWAT 18
 
 /* What TCP_INFO reports, from the engine. */
 struct onl_tcpinfo {

@@ -144,16 +144,19 @@ __attribute__((constructor)) static void init(void)
 	hrefs = calloc(MAX_HANDLES, sizeof *hrefs);
 	hfds = calloc(MAX_HANDLES, sizeof *hfds);
 	htimeo = calloc(MAX_HANDLES, sizeof *htimeo);
+	hlowat = calloc(MAX_HANDLES, sizeof *hlowat);
 	fdgen = calloc(nfdt, sizeof *fdgen);
-	if (!fdt || !hrefs || !hfds || !htimeo || !fdgen) {
+	if (!fdt || !hrefs || !hfds || !htimeo || !hlowat || !fdgen) {
 		free(fdt);
 		free(hrefs);
 		free(hfds);
 		free(htimeo);
+		free(hlowat);
 		free(fdgen);
 		hrefs = NULL;
 		hfds = NULL;
 		htimeo = NULL;
+		hlowat = NULL;
 		fdgen = NULL;
 		fdt = NULL;
 		nfdt = 0;

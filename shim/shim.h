@@ -440,6 +440,7 @@ extern int nfdt;
 extern int *hrefs;
 extern int *hfds;
 extern uint8_t *htimeo;
+extern uint32_t *hlowat;
 extern uint32_t *fdgen;
 int refuse_after_fork(void);
 int core_fd_refused(int fd, const char *call);

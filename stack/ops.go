@@ -617,6 +617,25 @@ func (s *Stack) eventsLocked(sk *sock) Events {
 	return ev
 }
 
+// rcvReady reports that a connection with data queued is readable under
+// its SO_RCVLOWAT (Linux's tcp_epollin_ready): with the mark's bytes, or
+// with any once the window left open to the peer is no more than a
+// segment (the buffer, or the connection's share of the NIC, cannot take
+// what the mark asks, and the reader would wait for ever).
+func (sk *sock) rcvReady() bool {
+	if sk.rcvBytes >= sk.rcvLowat {
+		return true
+	}
+	return !sk.rcvNxt.LessThan(sk.rcvAdv) || uint32(sk.rcvNxt.Size(sk.rcvAdv)) <= uint32(sk.mss)
+}
+
+// notSent is how many queued bytes were never sent (Linux's
+// write_seq - snd_nxt).
+func (sk *sock) notSent() uint32 {
+	inFlight := uint32(sk.sndUna.Size(sk.sndMax))
+	return sk.sndBytes - min(sk.sndBytes, inFlight)
+}
+
 func (s *Stack) tcpEventsLocked(sk *sock) Events {
 	var ev Events
 	if sk.state == tcpListen {
@@ -625,7 +644,7 @@ func (s *Stack) tcpEventsLocked(sk *sock) Events {
 		}
 		return ev
 	}
-	if sk.rcvHead != 0 || sk.tflags&(tfRcvFin|tfShutRd) != 0 || sk.err != 0 {
+	if sk.rcvHead != 0 && sk.rcvReady() || sk.tflags&(tfRcvFin|tfShutRd) != 0 || sk.err != 0 {
 		ev |= Readable
 	}
 	if sk.tflags&tfRcvFin != 0 {
@@ -633,7 +652,8 @@ func (s *Stack) tcpEventsLocked(sk *sock) Events {
 	}
 	switch sk.state {
 	case tcpEstablished, tcpCloseWait:
-		if sk.tflags&tfFinQueued == 0 && sk.sndBytes < sk.sndBuf && s.pool.Available() > 0 {
+		if sk.tflags&tfFinQueued == 0 && sk.sndBytes < sk.sndBuf && s.pool.Available() > 0 &&
+			(sk.notsentLowat == 0 || 2*uint64(sk.notSent()) < uint64(sk.notsentLowat)) {
 			ev |= Writable
 		}
 	case tcpClosed:

@@ -4,22 +4,24 @@ package stack
 type Option int
 
 const (
-	NoDelay     Option = iota + 1 // TCP_NODELAY: 0 or 1
-	KeepAlive                     // SO_KEEPALIVE: 0 or 1
-	KeepIdle                      // TCP_KEEPIDLE, seconds: 1 to 32767
-	KeepIntvl                     // TCP_KEEPINTVL, seconds: 1 to 32767
-	KeepCount                     // TCP_KEEPCNT: 1 to 127
-	Linger                        // SO_LINGER: -1 off, 0 reset on close, >0 seconds
-	RecvBuffer                    // SO_RCVBUF, bytes
-	SendBuffer                    // SO_SNDBUF, bytes
-	ReuseAddr                     // SO_REUSEADDR: 0 or 1
-	Congestion                    // TCP_CONGESTION: CongestionCubic or CongestionReno
-	UserTimeout                   // TCP_USER_TIMEOUT (RFC 5482), milliseconds: 0 (off) to 2^31-1
-	Cork                          // TCP_CORK: 0 or 1
-	DeferAccept                   // TCP_DEFER_ACCEPT on a listener, seconds: 0 (off) up; more than maxDeferAccept counts as that
-	TOS                           // IP_TOS: 0 to 255; on TCP the two ECN bits are TCP's (RFC 3168 5): 0, as it does not negotiate ECN
-	TTL                           // IP_TTL: 1 to 255, or -1 for the default (defaultTTL)
-	QuickAck                      // TCP_QUICKACK: 0 delays ACKs for the answer; another value sends an owed ACK now and stops delaying (an even one delays again if it sent one)
+	NoDelay      Option = iota + 1 // TCP_NODELAY: 0 or 1
+	KeepAlive                      // SO_KEEPALIVE: 0 or 1
+	KeepIdle                       // TCP_KEEPIDLE, seconds: 1 to 32767
+	KeepIntvl                      // TCP_KEEPINTVL, seconds: 1 to 32767
+	KeepCount                      // TCP_KEEPCNT: 1 to 127
+	Linger                         // SO_LINGER: -1 off, 0 reset on close, >0 seconds
+	RecvBuffer                     // SO_RCVBUF, bytes
+	SendBuffer                     // SO_SNDBUF, bytes
+	ReuseAddr                      // SO_REUSEADDR: 0 or 1
+	Congestion                     // TCP_CONGESTION: CongestionCubic or CongestionReno
+	UserTimeout                    // TCP_USER_TIMEOUT (RFC 5482), milliseconds: 0 (off) to 2^31-1
+	Cork                           // TCP_CORK: 0 or 1
+	DeferAccept                    // TCP_DEFER_ACCEPT on a listener, seconds: 0 (off) up; more than maxDeferAccept counts as that
+	TOS                            // IP_TOS: 0 to 255; on TCP the two ECN bits are TCP's (RFC 3168 5): 0, as it does not negotiate ECN
+	TTL                            // IP_TTL: 1 to 255, or -1 for the default (defaultTTL)
+	QuickAck                       // TCP_QUICKACK: 0 delays ACKs for the answer; another value sends an owed ACK now and stops delaying (an even one delays again if it sent one)
+	RcvLowat                       // SO_RCVLOWAT, bytes: readable from this many (1 if 0; a negative value is the most); at most half the receive buffer, which grows to twice it unless SO_RCVBUF was set
+	NotSentLowat                   // TCP_NOTSENT_LOWAT, bytes (0: no limit): writable while less than half this is unsent, and a send queues while less than this is
 )
 
 // defaultTTL is the IPv4 time to live of a socket that set none: Linux's
@@ -126,6 +128,12 @@ func (s *Stack) SetOption(id SockID, opt Option, v int) error {
 		return flag(tfReuseAddr)
 	case QuickAck:
 		s.quickAckLocked(sk, v)
+	case RcvLowat:
+		s.setRcvLowatLocked(sk, v)
+	case NotSentLowat:
+		// Linux takes any value (a negative one as unsigned).
+		sk.notsentLowat = uint32(v)
+		s.touchLocked(sk) // a writer may be ready now
 	case TOS, TTL:
 		// Linux's do_ip_setsockopt: a TCP socket's TOS leaves the ECN
 		// bits to TCP; a TTL of -1 is the default.
@@ -205,6 +213,10 @@ func (s *Stack) Option(id SockID, opt Option) (int, error) {
 		return int(sk.ipTTL()), nil
 	case QuickAck:
 		return 1 - b(tfPingPong), nil
+	case RcvLowat:
+		return int(max(sk.rcvLowat, 1)), nil
+	case NotSentLowat:
+		return int(int32(sk.notsentLowat)), nil
 	}
 	return 0, ErrInvalid
 }
@@ -231,4 +243,25 @@ func (s *Stack) quickAckLocked(sk *sock, v int) {
 			sk.tflags |= tfPingPong
 		}
 	}
+}
+
+// setRcvLowatLocked is SO_RCVLOWAT, as Linux's tcp_set_rcvlowat: a
+// negative value is the most, the mark is at most half the receive
+// buffer (the buffer SO_RCVBUF set, else the largest), and a buffer the
+// program did not size grows to twice the mark, so that the mark can be
+// met. A reader the new mark satisfies is woken.
+func (s *Stack) setRcvLowatLocked(sk *sock, v int) {
+	limit := uint32(maxBuffer / 2)
+	if sk.flags&sfRcvBufSet != 0 {
+		limit = sk.rcvBuf / 2
+	}
+	m := limit
+	if v >= 0 {
+		m = uint32(min(int64(v), int64(limit)))
+	}
+	sk.rcvLowat = m
+	if sk.flags&sfRcvBufSet == 0 && 2*m > sk.rcvBuf {
+		sk.rcvBuf = 2 * m
+	}
+	s.touchLocked(sk)
 }

@@ -199,6 +199,11 @@ type tcb struct {
 	// SYN-RECEIVED, the ms clock (tsNow) until which a bare ACK does not
 	// complete its handshake; 0 once it has (and none).
 	deferAccept uint32
+	// SO_RCVLOWAT and TCP_NOTSENT_LOWAT, bytes (0: unset, Linux's 1 and
+	// no limit): the socket is readable with rcvLowat bytes queued
+	// (rcvReady), writable with less than half notsentLowat unsent, and
+	// a send queues while less than notsentLowat is unsent.
+	rcvLowat, notsentLowat uint32
 }
 
 // Congestion-avoidance states (Linux's names).

@@ -280,6 +280,7 @@ func (s *Stack) passiveChildLocked(l *sock, h vnic.Handle, p *ipPacket, g *segme
 	child.flags |= l.flags & (sfRcvBufSet | sfSndBufSet)
 	child.ccAlgo = l.ccAlgo
 	child.userTimeout = l.userTimeout
+	child.rcvLowat, child.notsentLowat = l.rcvLowat, l.notsentLowat
 	child.tos, child.ttl = l.tos, l.ttl
 	child.keepIdle, child.keepIntvl, child.keepCnt = l.keepIdle, l.keepIntvl, l.keepCnt
 	child.parent = s.slotOf(l)

@@ -34,6 +34,8 @@ func (s *Stack) tcpSendLocked(sk *sock, buf []byte) (int, error) {
 	mss := min(int(sk.mss), capacity)
 	done := 0
 	lowFrames := false
+	// TCP_NOTSENT_LOWAT: more goes in while less than the mark is
+	// unsent (a frame can take it past, as Linux's skb can).
 	for done < len(buf) && sk.sndBytes < sk.sndBuf {
 		room := int(sk.sndBuf - sk.sndBytes)
 		// Top up the last frame if it has not been sent (Nagle's small
@@ -46,6 +48,12 @@ func (s *Stack) tcpSendLocked(sk *sock, buf []byte) (int, error) {
 			sk.sndBytes += uint32(n)
 			done += n
 			continue
+		}
+		// TCP_NOTSENT_LOWAT: a new frame only while less than the mark
+		// is unsent (Linux's sk_stream_memory_free at each new skb: the
+		// last one's room is filled regardless).
+		if sk.notsentLowat != 0 && sk.notSent() >= sk.notsentLowat {
+			break
 		}
 		if s.lowFramesLocked() || s.sendFramesFullLocked() {
 			s.img.hdr.counters.TxNoFrames++

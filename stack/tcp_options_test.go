@@ -441,3 +441,93 @@ func TestQuickAck(t *testing.T) {
 		t.Errorf("TCP_QUICKACK 2 with an ACK owed reads back %d, want 0 (delaying again)", got)
 	}
 }
+
+// TestLowWaterMarks: SO_RCVLOWAT and TCP_NOTSENT_LOWAT as Linux has
+// them. A connection is readable with the mark's bytes queued, not with
+// fewer; the mark is at most half the receive buffer SO_RCVBUF set. With
+// TCP_NOTSENT_LOWAT, it is writable while less than half the mark is
+// unsent, and a send fills the last frame's room but takes no new frame
+// once the mark is unsent.
+func TestLowWaterMarks(t *testing.T) {
+	a, b, _, _ := twoStacksNICs(t, vnic.MemConfig{})
+	poll := pollBoth(a, b)
+	c, srv := connectPair(t, a, b, poll)
+	waitAcked(t, a, c, poll, 2*time.Second)
+	if err := b.SetOption(srv, stack.RcvLowat, 100); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := b.Option(srv, stack.RcvLowat); got != 100 {
+		t.Errorf("SO_RCVLOWAT reads back %d, want 100", got)
+	}
+	unread := func(n uint32) func() bool {
+		return func() bool { ti, _ := b.TCPInfo(srv); return ti.Unread == n }
+	}
+	mustSend(t, a, c, make([]byte, 40))
+	waitFor(t, "40 bytes", 2*time.Second, poll, unread(40))
+	if ev := b.Events(srv); ev&stack.Readable != 0 {
+		t.Errorf("40 bytes queued under a mark of 100: events %v, want not readable", ev)
+	}
+	mustSend(t, a, c, make([]byte, 70))
+	waitFor(t, "110 bytes", 2*time.Second, poll, unread(110))
+	if ev := b.Events(srv); ev&stack.Readable == 0 {
+		t.Errorf("110 bytes queued under a mark of 100: events %v, want readable", ev)
+	}
+	// The mark lowered to what is queued makes it readable; 0 is 1.
+	for _, v := range []int{0, -1} {
+		b.SetOption(srv, stack.RcvLowat, v)
+		if got, _ := b.Option(srv, stack.RcvLowat); v == 0 && got != 1 || v < 0 && got < 1<<20 {
+			t.Errorf("SO_RCVLOWAT %d reads back %d", v, got)
+		}
+	}
+	if err := b.SetOption(srv, stack.RecvBuffer, 8192); err != nil {
+		t.Fatal(err)
+	}
+	b.SetOption(srv, stack.RcvLowat, 100000)
+	if got, _ := b.Option(srv, stack.RcvLowat); got != 4096 {
+		t.Errorf("SO_RCVLOWAT 100000 with SO_RCVBUF 8192 reads back %d, want 4096", got)
+	}
+
+	if err := a.SetOption(c, stack.NotSentLowat, 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetOption(c, stack.Cork, 1); err != nil {
+		t.Fatal(err)
+	}
+	if ev := a.Events(c); ev&stack.Writable == 0 {
+		t.Errorf("nothing unsent under TCP_NOTSENT_LOWAT 100: events %v, want writable", ev)
+	}
+	mustSend(t, a, c, make([]byte, 60))
+	if ev := a.Events(c); ev&stack.Writable != 0 {
+		t.Errorf("60 bytes unsent (corked) under TCP_NOTSENT_LOWAT 100: events %v, want not writable", ev)
+	}
+	if n, err := a.Send(c, make([]byte, 30)); n != 30 || err != nil {
+		t.Errorf("a send into the last frame's room with 60 bytes unsent took %d, %v; want 30", n, err)
+	}
+	a.SetOption(c, stack.Cork, 0)
+	waitFor(t, "writable", 2*time.Second, poll, func() bool { return a.Events(c)&stack.Writable != 0 })
+
+	// The peer's window closed (its 8 KiB buffer unread): sends stop at
+	// the mark, a frame past it at most, with the send buffer's room.
+	unsent := func() int { ti, _ := a.TCPInfo(c); return int(ti.Queued - ti.Unacked) }
+	blocked := false
+	for i := 0; i < 100 && !blocked; i++ {
+		_, err := a.Send(c, make([]byte, 4096))
+		blocked = err == stack.ErrWouldBlock
+		poll()
+	}
+	ti, _ := a.TCPInfo(c)
+	if !blocked || ti.Queued >= ti.SndBuf/2 {
+		t.Fatalf("sends into a closed window: blocked %v with %d bytes queued of a send buffer of %d", blocked, ti.Queued, ti.SndBuf)
+	}
+	if n := unsent(); n < 100 || n >= 100+ti.MSS {
+		t.Errorf("sends stopped with %d bytes unsent, want from the mark (100) to a frame past it", n)
+	}
+	if ev := a.Events(c); ev&stack.Writable != 0 {
+		t.Errorf("%d bytes unsent under TCP_NOTSENT_LOWAT 100: events %v, want not writable", unsent(), ev)
+	}
+	buf := make([]byte, 1<<16)
+	waitFor(t, "all sent", 5*time.Second, func() { poll(); b.Recv(srv, buf, false) }, func() bool { return unsent() == 0 })
+	if ev := a.Events(c); ev&stack.Writable == 0 {
+		t.Errorf("nothing unsent under TCP_NOTSENT_LOWAT 100: events %v, want writable", ev)
+	}
+}

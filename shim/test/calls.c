@@ -4,7 +4,8 @@
  * host) with writev/readv, sendmmsg/recvmmsg, sendfile and splice; waits in
  * ppoll, pselect, epoll_pwait and epoll_pwait2 with signal masks and
  * timeouts; makes an epoll instance with epoll_create; dup3s a socket;
- * sets and reads the socket options servers use; runs a helper by vfork
+ * sets and reads the socket options servers use, and what the low-water
+ * marks do (SO_RCVLOWAT, TCP_NOTSENT_LOWAT); runs a helper by vfork
  * and exec; hands a connection across exec to a program of its own (as
  * inetd does, and by posix_spawn and system()) and over a Unix socket
  * (SCM_RIGHTS); asks for SIGIO (O_ASYNC); sends with MSG_ZEROCOPY and
@@ -525,6 +526,83 @@ static void test_options(int s)
 	echo(s, "after the options", "opts");
 }
 
+/* unread waits (up to 2 s) for at least n bytes to be queued on s,
+ * unread: FIONREAD. */
+static int unread(int s, int n)
+{
+	int q = 0;
+	for (int i = 0; i < 2000 && (ioctl(s, FIONREAD, &q) < 0 || q < n); i++)
+		usleep(1000);
+	return q;
+}
+
+static void *send_12_later(void *arg)
+{
+	usleep(50000);
+	send(*(int *)arg, "efghijklmnop", 12, 0);
+	return NULL;
+}
+
+/* SO_RCVLOWAT: readable with the mark's bytes queued, not with fewer; a
+ * blocking read waits for the mark (and returns what it has then), a
+ * non-blocking one takes what there is. TCP_NOTSENT_LOWAT: writable
+ * while less than half the mark is unsent (here held by TCP_CORK), and
+ * a send fills the last segment's room past the mark. */
+static void test_lowat(void)
+{
+	int s = dial(), lw = 10;
+	setint(s, SOL_SOCKET, SO_RCVLOWAT, "SO_RCVLOWAT", lw);
+	send(s, "abcd", 4, 0);
+	say("lowat: 4 queued: %d", unread(s, 4));
+	struct pollfd p = {.fd = s, .events = POLLIN};
+	check("lowat: poll, 4 of 10", poll(&p, 1, 50));
+	int ep = epoll_create1(0);
+	struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, got;
+	epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+	check("lowat: epoll_wait, 4 of 10", epoll_wait(ep, &got, 1, 50));
+	send(s, "efghijkl", 8, 0);
+	say("lowat: 12 queued: %d", unread(s, 12));
+	p.revents = 0;
+	check("lowat: poll, 12 of 10", poll(&p, 1, 1000));
+	say("lowat: its events: %#x", p.revents);
+	check("lowat: epoll_wait, 12 of 10", epoll_wait(ep, &got, 1, 1000));
+	char buf[64];
+	check("lowat: recv", recv(s, buf, sizeof buf, 0));
+	send(s, "abcd", 4, 0);
+	unread(s, 4);
+	check("lowat: recv MSG_DONTWAIT, 4 of 10", recv(s, buf, sizeof buf, MSG_DONTWAIT));
+	/* A blocking read takes the 4 there, and waits for the mark. */
+	send(s, "abcd", 4, 0);
+	unread(s, 4);
+	pthread_t t;
+	pthread_create(&t, NULL, send_12_later, &s);
+	ssize_t r = recv(s, buf, sizeof buf, 0);
+	pthread_join(t, NULL);
+	say("lowat: blocking recv: %zd %.16s", r, r == 16 ? buf : "");
+	send(s, "abcd", 4, 0);
+	unread(s, 4);
+	check("lowat: blocking recv of 3, 4 of 10", recv(s, buf, 3, 0));
+	check("lowat: the one left", recv(s, buf, sizeof buf, MSG_DONTWAIT));
+	close(ep);
+
+	int one = 1, zero = 0;
+	setint(s, IPPROTO_TCP, TCP_NOTSENT_LOWAT, "TCP_NOTSENT_LOWAT", 100);
+	setsockopt(s, IPPROTO_TCP, TCP_CORK, &one, sizeof one);
+	struct pollfd o = {.fd = s, .events = POLLOUT};
+	check("notsent: poll, none unsent", poll(&o, 1, 0));
+	static const char sixty[61] = "0123456789012345678901234567890123456789012345678901234567890";
+	check("notsent: send 60, corked", send(s, sixty, 60, MSG_DONTWAIT));
+	o.revents = 0;
+	check("notsent: poll, 60 unsent", poll(&o, 1, 0));
+	check("notsent: send 30 more", send(s, sixty, 30, MSG_DONTWAIT));
+	setsockopt(s, IPPROTO_TCP, TCP_CORK, &zero, sizeof zero);
+	char back[90];
+	say("notsent: uncorked, back: %zd", read_full(s, back, 90));
+	o.revents = 0;
+	check("notsent: poll, all sent", poll(&o, 1, 1000));
+	close(s);
+}
+
 static void test_vfork(int s)
 {
 	pid_t p = vfork();
@@ -669,6 +747,7 @@ int main(int argc, char **argv)
 	test_epoll_create(s);
 	test_dup3(s);
 	test_options(s);
+	test_lowat();
 	test_vfork(s);
 	test_exec(argv[0]);
 	test_spawn(argv[0]);
