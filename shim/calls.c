@@ -988,6 +988,18 @@ static ssize_t ours_sendv(struct fdent *e, int fd, const struct iovec *iov, size
 	return done;
 }
 
+/* PEEK_MAX bounds what a peek into several vectors looks at (through
+ * one buffer): a short read, as a peek may be. */
+#define PEEK_MAX (4 << 20)
+
+/* ours_recvv fills the vectors in order, as the kernel's tcp_recvmsg
+ * does: a blocking call returns once it has its target counted over all
+ * of them (all with MSG_WAITALL, else the socket's SO_RCVLOWAT, else a
+ * byte), waiting as recv_call does, then takes what else is queued
+ * without waiting. Before, the first vector alone counted (a readv whose
+ * first vector was shorter than the mark returned without it). A peek
+ * into several vectors looks through one buffer: each vector's own
+ * peek saw the same first bytes. */
 static ssize_t ours_recvv(struct fdent *e, int fd, const struct iovec *iov, size_t n, int flags)
 {
 	if (flags & (MSG_ERRQUEUE | MSG_OOB))
@@ -995,15 +1007,60 @@ static ssize_t ours_recvv(struct fdent *e, int fd, const struct iovec *iov, size
 	int cnt = iov_usable(iov, n);
 	if (cnt < 0)
 		return -1;
-	ssize_t done = 0;
+	size_t total = 0;
+	int used = 0, one = -1;
 	for (int i = 0; i < cnt; i++) {
-		if (iov[i].iov_len == 0)
+		if (iov[i].iov_len) {
+			total += iov[i].iov_len;
+			used++;
+			one = i;
+		}
+	}
+	if (used == 0)
+		return 0;
+	if (used == 1)
+		return ours_recv(e, fd, iov[one].iov_base, iov[one].iov_len, flags);
+	if (flags & MSG_PEEK) {
+		size_t m = total < PEEK_MAX ? total : PEEK_MAX;
+		char *b = malloc(m);
+		if (!b) {
+			errno = ENOMEM;
+			return -1;
+		}
+		ssize_t r = ours_recv(e, fd, b, m, flags);
+		for (int i = 0, at = 0; r > 0 && i < cnt && at < r; i++) {
+			size_t k = iov[i].iov_len < (size_t)(r - at) ? iov[i].iov_len : (size_t)(r - at);
+			memcpy(iov[i].iov_base, b + at, k);
+			at += (int)k;
+		}
+		int saved = errno;
+		free(b);
+		errno = saved;
+		return r;
+	}
+	size_t target = 1;
+	unsigned h = (unsigned)e->h;
+	if (flags & MSG_WAITALL)
+		target = total;
+	else if (h < MAX_HANDLES && hlowat[h] > 1)
+		target = hlowat[h] < total ? hlowat[h] : total;
+	ssize_t done = 0;
+	size_t off = 0;
+	for (int i = 0; i < cnt;) {
+		size_t len = iov[i].iov_len - off;
+		if (len == 0) {
+			i++;
+			off = 0;
 			continue;
-		ssize_t r = ours_recv(e, fd, iov[i].iov_base, iov[i].iov_len, done ? flags | MSG_DONTWAIT : flags);
-		if (r < 0)
-			return done ? done : -1;
+		}
+		int wait = (size_t)done < target;
+		ssize_t r = ours_recv(e, fd, (char *)iov[i].iov_base + off, len,
+				      wait ? flags & ~MSG_WAITALL : flags | MSG_DONTWAIT);
+		if (r <= 0)
+			return done ? done : r; /* an end (0), an error, or nothing more there */
 		done += r;
-		if ((size_t)r < iov[i].iov_len)
+		off += (size_t)r;
+		if ((size_t)r < len && !wait)
 			break;
 	}
 	return done;

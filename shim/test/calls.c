@@ -579,6 +579,24 @@ static void test_lowat(void)
 	ssize_t r = recv(s, buf, sizeof buf, 0);
 	pthread_join(t, NULL);
 	say("lowat: blocking recv: %zd %.16s", r, r == 16 ? buf : "");
+	/* readv: the mark counts over all the vectors. */
+	send(s, "abcd", 4, 0);
+	unread(s, 4);
+	pthread_create(&t, NULL, send_12_later, &s);
+	char v1[3], v2[64];
+	struct iovec iv[2] = {{v1, sizeof v1}, {v2, sizeof v2}};
+	r = readv(s, iv, 2);
+	pthread_join(t, NULL);
+	say("lowat: blocking readv: %zd %.3s %.13s", r, v1, r == 16 ? v2 : "");
+	/* A peek into two vectors sees the stream once. */
+	send(s, "abcdefgh", 8, 0);
+	unread(s, 8);
+	char p1[2], p2[10];
+	struct iovec pv[2] = {{p1, sizeof p1}, {p2, sizeof p2}};
+	struct msghdr pm = {.msg_iov = pv, .msg_iovlen = 2};
+	r = recvmsg(s, &pm, MSG_PEEK | MSG_DONTWAIT);
+	say("peek into two vectors: %zd %.2s %.6s", r, p1, r == 8 ? p2 : "");
+	check("then a read", recv(s, buf, sizeof buf, MSG_DONTWAIT));
 	send(s, "abcd", 4, 0);
 	unread(s, 4);
 	check("lowat: blocking recv of 3, 4 of 10", recv(s, buf, 3, 0));
