@@ -61,9 +61,12 @@ func (q *QueueSteer) Port(port uint16, queue int) error {
 }
 
 // Spread spreads the host's TCP and UDP frames to destination port over
-// transmit queues 0 to queues-1 by their source port, so that each
-// connection keeps to one queue, as a NIC's RSS hash keeps it (the test
-// hosts' stand-in for RSS, for a cluster's port).
+// transmit queues 0 to queues-1 by a hash of their source port, so that
+// each connection keeps to one queue and a client's connections spread
+// evenly, as a NIC's RSS hash spreads them (the test hosts' stand-in for
+// RSS, for a cluster's port). Before, the queue was a bit of the port's
+// high byte: a client's connections, whose ports come 2 apart, went to
+// one queue, or split unevenly where they crossed a multiple of 256.
 func (q *QueueSteer) Spread(port uint16, queues int) error {
 	if queues < 1 || queues > 255 {
 		return fmt.Errorf("spread over %d queues: from 1 to 255", queues)
@@ -123,6 +126,11 @@ func queueSteerInsns(mapFD int) asm.Instructions {
 		asm.StoreMem(asm.R6, skbQueueMapping, asm.R5, asm.Word),
 		asm.Ja.Label("pass"),
 		asm.And.Imm(asm.R5, 0xff).WithSymbol("spread"), // queues, at least 1
+		// A multiplicative hash of the source port (Knuth's 2654435761,
+		// its top 16 bits): a connect's ports come 2 apart, and the port
+		// itself (read byte-swapped) put them on the same queue.
+		asm.Mul.Imm32(asm.R7, -1640531535),
+		asm.RSh.Imm32(asm.R7, 16),
 		asm.Mod.Reg(asm.R7, asm.R5),
 		asm.Add.Imm(asm.R7, 1),
 		asm.StoreMem(asm.R6, skbQueueMapping, asm.R7, asm.Word),
