@@ -650,6 +650,10 @@ http {
 }
 `
 
+// nginxSettle is how long an nginx round waits, after the server's first
+// answer, before its load (nginxRound).
+const nginxSettle = 500 * time.Millisecond
+
 // nginxRound serves wrk (2 threads, 50 connections, 3 s) in host a from
 // nginx in host b (startNginx, as mode says), or the floor in its place.
 // Requests per second.
@@ -665,6 +669,18 @@ func nginxRound(ctx context.Context, a, b *test.Host, sv server, mode string) (f
 		return 0, fmt.Errorf("nginx: %w", err)
 	}
 	defer stop()
+	// The load starts once every worker is serving, as on a server that
+	// has run a while: under the shim a worker accelerates its listener
+	// at its first wait, and wrk's connections made before the last
+	// worker's stack came up (the first answer is enough for
+	// startNginx) stayed on the kernel for the whole round, 23-26 of
+	// 50 as a cluster (docs/SHIM-PERFORMANCE.md). Every side waits
+	// alike.
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(nginxSettle):
+	}
 	out, err := a.RunFor(time.Minute, "wrk", "-t", "2", "-c", "50", "-d", "3s", url)
 	if err != nil {
 		return 0, fmt.Errorf("wrk: %w\n%s", err, out)
