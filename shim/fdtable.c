@@ -40,8 +40,7 @@ void set_ours(int fd, int h, int nonblock, int knb, int listening, int timeo)
 	e->h = h;
 	e->nonblock = nonblock;
 	e->listening = listening;
-	if ((unsigned)h < MAX_HANDLES && __atomic_add_fetch(&hrefs[h], 1, __ATOMIC_RELAXED) == 1)
-	{
+	if ((unsigned)h < MAX_HANDLES && __atomic_add_fetch(&hrefs[h], 1, __ATOMIC_RELAXED) == 1) {
 		htimeo[h] = timeo; /* a new socket */
 		hlowat[h] = 0;
 	}

@@ -34,8 +34,6 @@ func (s *Stack) tcpSendLocked(sk *sock, buf []byte) (int, error) {
 	mss := min(int(sk.mss), capacity)
 	done := 0
 	lowFrames := false
-	// TCP_NOTSENT_LOWAT: more goes in while less than the mark is
-	// unsent (a frame can take it past, as Linux's skb can).
 	for done < len(buf) && sk.sndBytes < sk.sndBuf {
 		room := int(sk.sndBuf - sk.sndBytes)
 		// Top up the last frame if it has not been sent (Nagle's small
