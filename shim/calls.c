@@ -446,14 +446,16 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	return r;
 }
 
-/* inherit_timeo gives kfd, accepted (handle h) on listener fd (entry l),
- * the listener's SO_RCVTIMEO and SO_SNDTIMEO, as the kernel's accept
- * gives a new connection its listener's options. */
-static void inherit_timeo(const struct fdent *l, int fd, int kfd, int h)
+/* inherit_waits gives kfd, accepted (handle h) on listener fd (entry
+ * l), what its blocking calls read of the listener's, as the kernel's
+ * accept gives a new connection its listener's options: SO_RCVLOWAT
+ * (hlowat; the stack's child took it) and SO_RCVTIMEO and SO_SNDTIMEO
+ * (on its kernel socket). */
+static void inherit_waits(const struct fdent *l, int fd, int kfd, int h)
 {
 	if ((unsigned)l->h >= MAX_HANDLES || (unsigned)h >= MAX_HANDLES)
 		return;
-	hlowat[h] = hlowat[l->h]; /* SO_RCVLOWAT, which the stack's child took */
+	hlowat[h] = hlowat[l->h];
 	if (!htimeo[l->h])
 		return;
 	for (int i = 0; i < 2; i++) {
@@ -643,7 +645,7 @@ static int accept_call(struct ccall *c, int v6, struct sockaddr *a, socklen_t *l
 					ent(kfd)->v6 = v6;
 				table_unlock();
 				if (!gone) {
-					inherit_timeo(c->e, fd, kfd, h);
+					inherit_waits(c->e, fd, kfd, h);
 					inherit_options(fd, kfd, v6);
 				}
 				uint32_t lip, rip;
@@ -749,6 +751,18 @@ static ssize_t ours_recv(struct fdent *e, int fd, void *buf, size_t n, int flags
 	return r;
 }
 
+/* read_target is how many of n bytes a blocking read on handle h
+ * returns with: all of them with MSG_WAITALL, else up to SO_RCVLOWAT
+ * (tcp_recvmsg's sock_rcvlowat), else any. */
+static size_t read_target(int h, int flags, size_t n)
+{
+	if (flags & MSG_WAITALL)
+		return n;
+	if ((unsigned)h < MAX_HANDLES && hlowat[h] > 1)
+		return hlowat[h] < n ? hlowat[h] : n;
+	return 1;
+}
+
 static ssize_t recv_call(struct ccall *c, void *buf, size_t n, int flags)
 {
 	int fd = c->fd;
@@ -757,17 +771,10 @@ static ssize_t recv_call(struct ccall *c, void *buf, size_t n, int flags)
 	/* MSG_TRUNC: TCP's discards what it takes, buf untouched (tcp(7)). */
 	char scratch[4096];
 	int trunc = flags & MSG_TRUNC;
-	/* A blocking read returns once it has target bytes: all of them
-	 * with MSG_WAITALL, else up to SO_RCVLOWAT (tcp_recvmsg's
-	 * sock_rcvlowat), else any. It waits, as the kernel's, for the
-	 * socket to be readable: the mark's bytes queued (the stack's
-	 * readiness), an end, an error or its timeout, and returns what it
-	 * has then. */
-	size_t target = 1;
-	if (flags & MSG_WAITALL)
-		target = n;
-	else if ((unsigned)c->h < MAX_HANDLES && hlowat[c->h] > 1)
-		target = hlowat[c->h] < n ? hlowat[c->h] : n;
+	/* It waits, as the kernel's, for the socket to be readable: the
+	 * mark's bytes queued (the stack's readiness), an end, an error or
+	 * its timeout, and returns what it has then. */
+	size_t target = read_target(c->h, flags, n);
 	for (;;) {
 		switch (ccall_check(c)) {
 		case CC_CLOSED:
@@ -1038,12 +1045,7 @@ static ssize_t ours_recvv(struct fdent *e, int fd, const struct iovec *iov, size
 		errno = saved;
 		return r;
 	}
-	size_t target = 1;
-	unsigned h = (unsigned)e->h;
-	if (flags & MSG_WAITALL)
-		target = total;
-	else if (h < MAX_HANDLES && hlowat[h] > 1)
-		target = hlowat[h] < total ? hlowat[h] : total;
+	size_t target = read_target(e->h, flags, total);
 	ssize_t done = 0;
 	size_t off = 0;
 	for (int i = 0; i < cnt;) {
@@ -1563,7 +1565,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 	if (level == SOL_SOCKET && name == SO_RCVLOWAT) {
 		/* As the kernel took it (capped at half its buffer's limit):
 		 * the stack's readiness, and a blocking read's target
-		 * (recv_call), follow it. */
+		 * (read_target), follow it. */
 		socklen_t vl = sizeof val;
 		if (real_getsockopt(fd, level, name, &val, &vl) < 0)
 			return r;

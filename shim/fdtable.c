@@ -9,7 +9,7 @@ int nfdt;
 int *hrefs;		/* by handle: descriptors naming it (dup), and calls holding it (ccall_hold) */
 int *hfds;		/* by handle: descriptors naming it, under mu */
 uint8_t *htimeo;	/* by handle: its kernel socket may have SO_RCVTIMEO or SO_SNDTIMEO */
-uint32_t *hlowat;	/* by handle: its SO_RCVLOWAT if more than 1, else 0 (recv_call) */
+uint32_t *hlowat;	/* by handle: its SO_RCVLOWAT if more than 1, else 0 (read_target) */
 uint32_t *fdgen;	/* by fd: how many times it was dropped (closed), for a call that waited */
 
 int refuse_after_fork(void)
