@@ -55,6 +55,12 @@ type Config struct {
 	// TimeWait is how long a closed connection stays in TIME-WAIT (default
 	// 60s: 2MSL; from 1ms to 240s).
 	TimeWait time.Duration
+	// NotSentLowat is the TCP_NOTSENT_LOWAT of the connections that do not
+	// set their own (or set 0), in bytes: the namespace's
+	// net.ipv4.tcp_notsent_lowat, as KernelConfig reads it when the stack
+	// is made. 0, the default, is no limit (the sysctl's default, the
+	// most it holds).
+	NotSentLowat uint32
 }
 
 // Bounds and defaults.

@@ -38,7 +38,7 @@ import (
 // TIME-WAIT list, which the layout hash sees, came with it). 5: a
 // HANDED-OVER socket's out-of-order list holds, after the catch-up,
 // whole IP packets for EndHandover (tfLate).
-const imageVersion = 6
+const imageVersion = 7
 
 const imageMagic = 0x474d494f // "OIMG"
 
@@ -71,6 +71,10 @@ type header struct {
 	minRTO     uint32 // µs
 	delAck     uint64 // ns
 	timeWait   uint64 // ns
+	// notsentLowat: Config.NotSentLowat, the TCP_NOTSENT_LOWAT of the
+	// sockets that set none.
+	notsentLowat uint32
+	_            uint32
 
 	// Offsets of the regions.
 	offSockets, offBuckets, offNeigh, offTimers uint64
@@ -254,7 +258,7 @@ func newImage(c *Config, now Mono) (*Image, error) {
 		recvMax: uint32(c.RecvBufferMax), sendMax: uint32(c.SendBufferMax), ccAlgo: uint32(congestionAlgo(c.Congestion)),
 		minRTO: uint32(c.MinRTO / time.Microsecond), delAck: uint64(c.DelayedAck), timeWait: uint64(c.TimeWait),
 		offSockets: l.offSockets, offBuckets: l.offBuckets, offNeigh: l.offNeigh, offTimers: l.offTimers,
-		ephemeral: ephemeralLow, twHead: noSlot, twTail: noSlot,
+		ephemeral: ephemeralLow, twHead: noSlot, twTail: noSlot, notsentLowat: c.NotSentLowat,
 	}
 	copy(h.mac[:], c.MAC)
 	if c.Gateway.IsValid() {

@@ -3,8 +3,12 @@ package stack
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,7 +21,8 @@ const netlinkTimeout = time.Second
 
 // KernelConfig reads what the kernel knows about interface ifname into a
 // Config: its IPv4 address and prefix, Ethernet address and MTU, and the
-// gateway of the kernel's default route through it. It must run in the
+// gateway of the kernel's default route through it, and the namespace's
+// net.ipv4.tcp_notsent_lowat (NotSentLowat). It must run in the
 // interface's network namespace. Sizes and protocol parameters are left
 // at their defaults.
 func KernelConfig(ifname string) (Config, error) {
@@ -48,7 +53,29 @@ func KernelConfig(ifname string) (Config, error) {
 	if gw.IsValid() && cfg.Addr.Contains(gw) {
 		cfg.Gateway = gw
 	}
+	if b, err := os.ReadFile(notsentLowatSysctl); err == nil {
+		cfg.NotSentLowat = notsentLowatOfSysctl(strings.TrimSpace(string(b)))
+	}
 	return cfg, nil
+}
+
+// notsentLowatSysctl is the namespace's TCP_NOTSENT_LOWAT for sockets that
+// set none (Linux's tcp_notsent_lowat).
+const notsentLowatSysctl = "/proc/sys/net/ipv4/tcp_notsent_lowat"
+
+// notsentLowatOfSysctl is Config.NotSentLowat for the sysctl's value v: 0
+// (no limit) for its default, UINT_MAX, or for anything that is not a
+// number; its 0, with which Linux writes only once nothing is unsent, is
+// 1 (a send takes no new frame while a byte is unsent).
+func notsentLowatOfSysctl(v string) uint32 {
+	n, err := strconv.ParseUint(v, 10, 32)
+	switch {
+	case err != nil || n == math.MaxUint32:
+		return 0
+	case n == 0:
+		return 1
+	}
+	return uint32(n)
 }
 
 // DefaultGateway is the gateway of the main table's IPv4 default route

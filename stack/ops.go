@@ -636,6 +636,24 @@ func (sk *sock) notSent() uint32 {
 	return sk.sndBytes - min(sk.sndBytes, inFlight)
 }
 
+// notsentLowatOf is sk's TCP_NOTSENT_LOWAT: its own, or where it set none
+// the stack's (net.ipv4.tcp_notsent_lowat, Config.NotSentLowat), as
+// Linux's tcp_notsent_lowat; 0 is no limit.
+func (s *Stack) notsentLowatOf(sk *sock) uint32 {
+	if sk.notsentLowat != 0 {
+		return sk.notsentLowat
+	}
+	return s.img.hdr.notsentLowat
+}
+
+// notsentFreeLocked says whether sk's unsent bytes leave it writable:
+// twice them under its TCP_NOTSENT_LOWAT (tcp_stream_memory_free with
+// wake set), or it has none.
+func (s *Stack) notsentFreeLocked(sk *sock) bool {
+	m := s.notsentLowatOf(sk)
+	return m == 0 || 2*uint64(sk.notSent()) < uint64(m)
+}
+
 func (s *Stack) tcpEventsLocked(sk *sock) Events {
 	var ev Events
 	if sk.state == tcpListen {
@@ -653,7 +671,7 @@ func (s *Stack) tcpEventsLocked(sk *sock) Events {
 	switch sk.state {
 	case tcpEstablished, tcpCloseWait:
 		if sk.tflags&tfFinQueued == 0 && sk.sndBytes < sk.sndBuf && s.pool.Available() > 0 &&
-			(sk.notsentLowat == 0 || 2*uint64(sk.notSent()) < uint64(sk.notsentLowat)) {
+			s.notsentFreeLocked(sk) {
 			ev |= Writable
 		}
 	case tcpClosed:

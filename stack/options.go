@@ -21,7 +21,7 @@ const (
 	TTL                            // IP_TTL: 1 to 255, or -1 for the default (defaultTTL)
 	QuickAck                       // TCP_QUICKACK: 0 delays ACKs for the answer; another value sends an owed ACK now and stops delaying (an even one delays again if it sent one)
 	RcvLowat                       // SO_RCVLOWAT, bytes: readable from this many (1 if 0; a negative value is the most); at most half the receive buffer, which grows to twice it unless SO_RCVBUF was set
-	NotSentLowat                   // TCP_NOTSENT_LOWAT, bytes (0: no limit): writable while less than half this is unsent, and a send queues while less than this is
+	NotSentLowat                   // TCP_NOTSENT_LOWAT, bytes (0, the default: the stack's, net.ipv4.tcp_notsent_lowat, which reads back as 0; it is no limit unless set): writable while less than half this is unsent, and a send queues while less than this is
 )
 
 // defaultTTL is the IPv4 time to live of a socket that set none: Linux's

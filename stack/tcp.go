@@ -200,9 +200,10 @@ type tcb struct {
 	// complete its handshake; 0 once it has (and none).
 	deferAccept uint32
 	// SO_RCVLOWAT and TCP_NOTSENT_LOWAT, bytes (0: unset, Linux's 1 and
-	// no limit): the socket is readable with rcvLowat bytes queued
-	// (rcvReady), writable with less than half notsentLowat unsent, and
-	// a send queues while less than notsentLowat is unsent.
+	// the stack's net.ipv4.tcp_notsent_lowat, notsentLowatOf): the socket
+	// is readable with rcvLowat bytes queued (rcvReady), writable with
+	// less than half its TCP_NOTSENT_LOWAT unsent, and a send queues
+	// while less than it is unsent.
 	rcvLowat, notsentLowat uint32
 }
 

@@ -50,7 +50,7 @@ func (s *Stack) tcpSendLocked(sk *sock, buf []byte) (int, error) {
 		// TCP_NOTSENT_LOWAT: a new frame only while less than the mark
 		// is unsent (Linux's sk_stream_memory_free at each new skb: the
 		// last one's room is filled regardless).
-		if sk.notsentLowat != 0 && sk.notSent() >= sk.notsentLowat {
+		if m := s.notsentLowatOf(sk); m != 0 && sk.notSent() >= m {
 			break
 		}
 		if s.lowFramesLocked() || s.sendFramesFullLocked() {

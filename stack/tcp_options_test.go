@@ -531,3 +531,46 @@ func TestLowWaterMarks(t *testing.T) {
 		t.Errorf("nothing unsent under TCP_NOTSENT_LOWAT 100: events %v, want writable", ev)
 	}
 }
+
+// TestNotSentLowatDefault: a connection that sets no TCP_NOTSENT_LOWAT
+// (or sets 0) has its stack's (net.ipv4.tcp_notsent_lowat,
+// Config.NotSentLowat), as Linux's tcp_notsent_lowat, and reads back 0;
+// its own mark, set, stands instead.
+func TestNotSentLowatDefault(t *testing.T) {
+	a, wa, wb := memPair(t, vnic.MemConfig{})
+	b := peerStack(t, wa, wb, stack.Config{NotSentLowat: 100}, stack.Options{})
+	poll := pollBoth(a, b)
+	c, srv := connectPair(t, a, b, poll)
+	if got, _ := b.Option(srv, stack.NotSentLowat); got != 0 {
+		t.Errorf("TCP_NOTSENT_LOWAT of an accepted connection that set none reads %d, want 0", got)
+	}
+	if err := b.SetOption(srv, stack.Cork, 1); err != nil {
+		t.Fatal(err)
+	}
+	writable := func() bool { return b.Events(srv)&stack.Writable != 0 }
+	if !writable() {
+		t.Errorf("nothing unsent under the stack's TCP_NOTSENT_LOWAT 100: not writable")
+	}
+	mustSend(t, b, srv, make([]byte, 60))
+	if writable() {
+		t.Errorf("60 bytes unsent (corked) under the stack's TCP_NOTSENT_LOWAT 100: writable")
+	}
+	b.SetOption(srv, stack.NotSentLowat, 1000)
+	if !writable() {
+		t.Errorf("60 bytes unsent under its own TCP_NOTSENT_LOWAT 1000: not writable")
+	}
+	b.SetOption(srv, stack.NotSentLowat, 0)
+	if writable() {
+		t.Errorf("60 bytes unsent with TCP_NOTSENT_LOWAT set to 0 (the stack's 100): writable")
+	}
+	// The other stack's default is no limit.
+	if err := a.SetOption(c, stack.Cork, 1); err != nil {
+		t.Fatal(err)
+	}
+	mustSend(t, a, c, make([]byte, 60))
+	if a.Events(c)&stack.Writable == 0 {
+		t.Errorf("60 bytes unsent on a stack with no TCP_NOTSENT_LOWAT: not writable")
+	}
+	b.SetOption(srv, stack.Cork, 0)
+	waitFor(t, "writable", 2*time.Second, poll, writable)
+}

@@ -193,7 +193,7 @@ poll:
 }
 
 // TestKernelConfig reads an interface's address, MTU and default gateway
-// from the kernel.
+// from the kernel, and the namespace's net.ipv4.tcp_notsent_lowat.
 func TestKernelConfig(t *testing.T) {
 	a, b := Pair(t, LinkOptions{MTU: 1400})
 	if _, err := b.Run("ip", "route", "add", "default", "via", a.Iface0().Addr().String()); err != nil {
@@ -205,6 +205,20 @@ func TestKernelConfig(t *testing.T) {
 	}
 	if cfg.Addr != b.Iface0().Prefix || cfg.MTU != 1400 || cfg.Gateway != a.Iface0().Addr() {
 		t.Errorf("KernelConfig = addr %v mtu %d gateway %v; want %v 1400 %v", cfg.Addr, cfg.MTU, cfg.Gateway, b.Iface0().Prefix, a.Iface0().Addr())
+	}
+	if cfg.NotSentLowat != 0 {
+		t.Errorf("KernelConfig's NotSentLowat %d under the sysctl's default (no limit), want 0", cfg.NotSentLowat)
+	}
+	for _, c := range []struct{ sysctl, want uint32 }{{16384, 16384}, {0, 1}} {
+		if _, err := b.Run("sysctl", "-qw", fmt.Sprintf("net.ipv4.tcp_notsent_lowat=%d", c.sysctl)); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Do(func() (err error) { cfg, err = stack.KernelConfig("eth0"); return }); err != nil {
+			t.Fatal(err)
+		}
+		if cfg.NotSentLowat != c.want {
+			t.Errorf("KernelConfig's NotSentLowat %d under net.ipv4.tcp_notsent_lowat %d, want %d", cfg.NotSentLowat, c.sysctl, c.want)
+		}
 	}
 	err := b.Do(func() error { _, err := stack.KernelConfig("lo"); return err })
 	if err != nil {
