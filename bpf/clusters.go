@@ -8,7 +8,9 @@ import (
 // as Onload's clusters serve SO_REUSEPORT. The port's listener entry names
 // the cluster; cluster_members names the stack for each of its queues, and
 // a frame goes to the member for the queue it arrived on, or to the
-// kernel if that queue has none (CounterPassNoMember).
+// kernel if that queue has none (CounterPassNoMember). A queue may be
+// held for a member that does not listen yet (SetClusterHeld): its SYNs
+// are dropped (CounterDropHeld), to come again once the member listens.
 
 // ClusterID names a cluster in the steering maps: 0 to MaxStacks-1.
 type ClusterID uint32
@@ -64,6 +66,27 @@ func (s *Steering) SetClusterMember(c ClusterID, queue int, id StackID) error {
 	return nil
 }
 
+// HeldMember is what ClusterMembers reads for a queue held for its member
+// (SetClusterHeld).
+const HeldMember StackID = memberHeld
+
+const memberHeld = 0xffffffff // MEMBER_HELD in steer.c
+
+// SetClusterHeld holds cluster c's queue for a member that is coming: a
+// SYN arriving there is dropped, so that the client's next one goes to
+// the member once it listens (SetClusterMember); the rest go to the
+// kernel, as with no member (ClearClusterMember).
+func (s *Steering) SetClusterHeld(c ClusterID, queue int) error {
+	k, err := memberSlot(c, queue)
+	if err != nil {
+		return err
+	}
+	if err := s.objs.ClusterMembers.Put(k, uint32(memberHeld)); err != nil {
+		return fmt.Errorf("cluster %d queue %d: hold it: %w", c, queue, err)
+	}
+	return nil
+}
+
 // ClearClusterMember leaves cluster c without a member for queue: its
 // frames arriving there go to the kernel.
 func (s *Steering) ClearClusterMember(c ClusterID, queue int) error {
@@ -78,7 +101,8 @@ func (s *Steering) ClearClusterMember(c ClusterID, queue int) error {
 }
 
 // ClusterMembers reads cluster c's member slots from the steering
-// program's map: the member stack of each queue that has one.
+// program's map: the member stack of each queue that has one, HeldMember
+// for a queue held (SetClusterHeld).
 func (s *Steering) ClusterMembers(c ClusterID) (map[int]StackID, error) {
 	out := map[int]StackID{}
 	for q := range MaxQueues {
@@ -90,7 +114,11 @@ func (s *Steering) ClusterMembers(c ClusterID) (map[int]StackID, error) {
 		if err := s.objs.ClusterMembers.Lookup(k, &v); err != nil {
 			return nil, fmt.Errorf("cluster %d queue %d: %w", c, q, err)
 		}
-		if v != 0 {
+		switch v {
+		case 0:
+		case memberHeld:
+			out[q] = HeldMember
+		default:
 			out[q] = StackID(v - 1)
 		}
 	}

@@ -25,6 +25,7 @@ const (
 	CounterRedirectLane            // of the redirected frames, those that went to a lane
 	CounterPassFull                // a SYN for a listener of a stack whose socket table is full
 	CounterPassNoMember            // a cluster's port, on a queue no member stack has
+	CounterDropHeld                // a SYN for a cluster's port, on a queue held for its member (SetClusterHeld)
 	NumCounters
 )
 
@@ -33,7 +34,7 @@ var counterNames = [NumCounters]string{
 	"pass_not_ipv4", "pass_vlan", "pass_not_unicast", "pass_other_proto",
 	"pass_fragment", "pass_malformed", "pass_no_match", "pass_bad_entry",
 	"drop_no_xsk", "wakeup", "wakeup_lost", "pass_kernel_flow", "redirect_lane",
-	"pass_full", "pass_no_member",
+	"pass_full", "pass_no_member", "drop_held",
 }
 
 // CounterName is the snake_case name of counter i, as shown in metrics.

@@ -93,6 +93,7 @@ enum counter {
 	CTR_REDIRECT_LANE,     // redirected (by a flow or listener entry) to a lane
 	CTR_PASS_FULL,         // a SYN for a listener of a stack whose socket table is full
 	CTR_PASS_NO_MEMBER,    // a cluster's port, on a queue no member stack has
+	CTR_DROP_HELD,         // a SYN for a cluster's port, on a queue held for its member
 	CTR_MAX,
 };
 
@@ -181,7 +182,12 @@ struct {
 	XSKMAP_SIZES;
 } lane_xsks SEC(".maps");
 
-// cluster * MAX_QUEUES + queue: 0 for none, or the member stack + 1.
+// cluster * MAX_QUEUES + queue: 0 for none, the member stack + 1, or
+// MEMBER_HELD: the queue's member stack is made but does not listen on the
+// port yet (onloadd holds the queue for it, a second at most): a SYN is
+// dropped (its client sends it again, by then to the member), the rest
+// go to the kernel, as with no member.
+#define MEMBER_HELD 0xffffffffu
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_STACKS * MAX_QUEUES);
@@ -398,7 +404,11 @@ int steer(struct xdp_md *ctx)
 			return pass(CTR_PASS_BAD_ENTRY);
 		__u32 mk = (id & ~CLUSTER_BIT) * MAX_QUEUES + queue;
 		__u32 *member = queue < MAX_QUEUES ? bpf_map_lookup_elem(&cluster_members, &mk) : 0;
-		if (!member || !*member) {
+		if (member && *member == MEMBER_HELD && l4proto == IPPROTO_TCP && (l4[13] & (TCP_SYN | TCP_ACK)) == TCP_SYN) {
+			count(CTR_DROP_HELD);
+			return XDP_DROP;
+		}
+		if (!member || !*member || *member == MEMBER_HELD) {
 			if (l4proto == IPPROTO_TCP)
 				kernel_flows_set();
 			return pass(CTR_PASS_NO_MEMBER);

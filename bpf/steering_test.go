@@ -815,6 +815,21 @@ func TestSteeringClusters(t *testing.T) {
 	if marked, err := r.s.KernelFlowsMarked(); err != nil || !marked {
 		t.Errorf("a SYN passed to the kernel for want of a member did not mark the kernel's flows: %v, %v", marked, err)
 	}
+	// A queue held for its member: a SYN is dropped (it comes again), the
+	// rest go to the kernel; a member's arrival ends the hold.
+	if err := r.s.SetClusterHeld(cl, 1); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := r.s.ClusterMembers(cl); err != nil || m[1] != bpf.HeldMember {
+		t.Errorf("queue 1, held, reads back as %v, %v; want bpf.HeldMember", m[1], err)
+	}
+	r.expect("syn on queue 1, held", syn, 1, xdpDrop, bpf.CounterDropHeld)
+	r.expect("an ACK on queue 1, held", tcpFrame(t, port, header.TCPFlagAck), 1, xdpPass, bpf.CounterPassNoMember)
+	r.expect("a SYN-ACK on queue 1, held", tcpFrame(t, port, header.TCPFlagSyn|header.TCPFlagAck), 1, xdpPass, bpf.CounterPassNoMember)
+	if err := r.s.SetClusterMember(cl, 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	r.expect("syn on queue 1 once its member came", syn, 1, xdpRedirect, bpf.CounterRedirectListener)
 	if err := r.s.ClearClusterMember(cl, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -830,6 +845,7 @@ func TestSteeringClusters(t *testing.T) {
 		r.s.SetClusterMember(cl, bpf.MaxQueues, 2),
 		r.s.SetClusterMember(cl, 0, bpf.MaxStacks),
 		r.s.ClearClusterMember(bpf.MaxStacks, 0),
+		r.s.SetClusterHeld(cl, bpf.MaxQueues),
 	} {
 		if err == nil {
 			t.Error("an out-of-range cluster, queue or stack was accepted")

@@ -80,6 +80,13 @@ func portKey(port uint16) uint32 { return uint32(port>>8) | uint32(port&0xff)<<8
 
 const spreadBit = 0x80000000 // a map value that spreads: the number of queues below it
 
+// SpreadQueue is the transmit queue Spread over queues puts a frame from
+// source port port on (the program's hash).
+func SpreadQueue(port uint16, queues int) int {
+	le := uint32(port>>8 | port<<8) // the port as the program reads it
+	return int((le * 2654435761 >> 16) % uint32(queues))
+}
+
 // Close detaches the program.
 func (q *QueueSteer) Close() error {
 	var errs []error
