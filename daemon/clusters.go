@@ -45,73 +45,12 @@ type cluster struct {
 }
 
 // clusterPort is one port of a cluster: its id in the steering program,
-// the filter of each member that listens on it, and the members whose
-// queue is held for them (holdLocked).
+// the filter of each member that listens on it, and the queues held for
+// members to come (clusterhold.go).
 type clusterPort struct {
 	id      bpf.ClusterID
 	filters map[*dstack]*filter
-	held    map[*dstack]*time.Timer
-}
-
-// memberHold bounds how long a cluster port's SYNs arriving on a member's
-// queue are dropped while the member does not listen on the port
-// (holdLocked): a client sends its SYN again a second later (Linux's
-// first SYN timeout), to the member if it listens by then, to the kernel
-// if the hold has ended.
-const memberHold = time.Second
-
-// A pre-fork server's workers each make their stack at their first wait
-// and listen on the socket they inherited at once; onloadd makes their
-// stacks one after another. A connection that came on a member's queue
-// before it listened went to the kernel's listener and stayed the
-// kernel's for its life (23-26 of wrk's 50 in a start at nginx's first
-// answer). So a cluster port holds the queue of each member that does not
-// listen on it yet, memberHold at most: its SYNs are dropped, and the
-// client's next one finds the member. A member that never listens on the
-// port delays the port's first connections on its queue by a second
-// once; those that come after the hold go to the kernel, as before.
-
-// holdLocked holds queue q of cluster port cp (key) for member s, which
-// does not listen on the port: memberHold at most.
-func (d *Daemon) holdLocked(cl *cluster, key bpf.Listener, cp *clusterPort, s *dstack) {
-	if cp.held[s] != nil || cp.filters[s] != nil || !s.orphanSince.IsZero() || s.quarantined != "" {
-		return
-	}
-	for m := range cp.filters {
-		if m.queue == s.queue {
-			return
-		}
-	}
-	if err := cl.ifc.steer.SetClusterHeld(cp.id, s.queue); err != nil {
-		d.log.Warn("holding a cluster's queue for its member", "cluster", cl.name, "stack", s.id, "err", err)
-		return
-	}
-	cp.held[s] = time.AfterFunc(memberHold, func() {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		if !d.closed && cl.ports[key] == cp && cp.held[s] != nil {
-			d.unholdLocked(cl, cp, s, true)
-			d.log.Info("a cluster member did not listen on the port within the hold: the port's connections on its queue go to the kernel",
-				"cluster", cl.name, "stack", s.id, "queue", s.queue, "port", key.Port, "hold", memberHold.String())
-		}
-	})
-	d.log.Debug("queue held for a cluster member", "cluster", cl.name, "stack", s.id, "queue", s.queue, "port", key.Port)
-}
-
-// unholdLocked ends the hold of cp for s; clear: its queue has no member
-// on the port from now on (the member did not come, or left).
-func (d *Daemon) unholdLocked(cl *cluster, cp *clusterPort, s *dstack, clear bool) {
-	t := cp.held[s]
-	if t == nil {
-		return
-	}
-	t.Stop()
-	delete(cp.held, s)
-	if clear {
-		if err := cl.ifc.steer.ClearClusterMember(cp.id, s.queue); err != nil {
-			d.log.Warn("ending a cluster queue's hold", "cluster", cl.name, "stack", s.id, "err", err)
-		}
-	}
+	held    map[int]*time.Timer
 }
 
 // clusterForLocked finds or makes cluster req.Name for client c.
@@ -154,7 +93,7 @@ func (d *Daemon) addMemberLocked(cl *cluster, s *dstack) {
 	cl.members[s] = struct{}{}
 	d.clusters[cl.name] = cl
 	for key, cp := range cl.ports {
-		d.holdLocked(cl, key, cp, s)
+		d.holdLocked(cl, key, cp, s.queue)
 	}
 }
 
@@ -166,7 +105,7 @@ func (d *Daemon) leaveClusterLocked(s *dstack) {
 		return
 	}
 	for _, cp := range cl.ports {
-		d.unholdLocked(cl, cp, s, true)
+		d.unholdLocked(cl, cp, s.queue, true)
 	}
 	delete(cl.members, s)
 	s.cluster = nil
@@ -242,7 +181,7 @@ func (d *Daemon) addClusterFilterLocked(s *dstack, key bpf.Listener, f *filter) 
 			return fmt.Errorf("filter %s %s:%d: %w", key.Proto, key.Addr, key.Port, err)
 		}
 		checkKernelFlows(s.ifc.steer, key, f.proof)
-		cp = &clusterPort{id: id, filters: map[*dstack]*filter{}, held: map[*dstack]*time.Timer{}}
+		cp = &clusterPort{id: id, filters: map[*dstack]*filter{}, held: map[int]*time.Timer{}}
 		cl.ports[key] = cp
 		s.ifc.filters[key] = f
 	}
@@ -252,14 +191,10 @@ func (d *Daemon) addClusterFilterLocked(s *dstack, key bpf.Listener, f *filter) 
 		}
 		return fmt.Errorf("filter %s %s:%d: %w", key.Proto, key.Addr, key.Port, err)
 	}
-	d.unholdLocked(cl, cp, s, false) // its member is here
+	d.unholdLocked(cl, cp, s.queue, false) // its member is here
 	cp.filters[s] = f
 	if fresh {
-		// The other members listen on it soon, or never; a member that
-		// closes its listener later is not held for again.
-		for m := range cl.members {
-			d.holdLocked(cl, key, cp, m)
-		}
+		d.holdForComingLocked(cl, key, cp, f.proof)
 	}
 	return nil
 }
@@ -291,8 +226,8 @@ func (d *Daemon) removeClusterFilterLocked(s *dstack, key bpf.Listener, f *filte
 // dropClusterPortLocked removes cluster cl's port key from the steering.
 func (d *Daemon) dropClusterPortLocked(cl *cluster, key bpf.Listener) {
 	if cp := cl.ports[key]; cp != nil {
-		for s := range cp.held {
-			d.unholdLocked(cl, cp, s, true)
+		for q := range cp.held {
+			d.unholdLocked(cl, cp, q, true)
 		}
 	}
 	delete(cl.ports, key)

@@ -22,7 +22,9 @@ import (
 // are dropped and sent again): each is the late worker's stack's, where
 // it was the kernel's for its life. A worker that listens after the hold
 // has ended gets no connection of the kernel's either way: those that
-// came on its queue after the hold are the kernel's, served.
+// came on its queue after the hold are the kernel's, served. A worker
+// that has come to onloadd and has no stack yet as the port is made is
+// held for too (its stack, made later, has the first free queue).
 func TestShimPreforkLateWorker(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "prefork")
@@ -37,34 +39,48 @@ func TestShimPreforkLateWorker(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		port   int
-		delay  time.Duration // the late worker's, after its stack is made
+		delay  time.Duration // the late worker's, after its stack is made (or its hello)
 		inHold bool          // it listens within the hold
-	}{{"within the hold", 7610, 400 * time.Millisecond, true}, {"after the hold", 7620, 2500 * time.Millisecond, false}} {
+		early  bool          // it has said hello to onloadd, and has no stack yet, as worker 0 listens
+	}{
+		{"within the hold", 7610, 400 * time.Millisecond, true, false},
+		{"after the hold", 7620, 2500 * time.Millisecond, false, false},
+		{"hello, no stack yet", 7630, 400 * time.Millisecond, true, true},
+	} {
 		if err := qs.Spread(uint16(tc.port), 2); err != nil {
 			t.Fatal(err)
 		}
 		env := []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + a.Iface0().Name,
 			"ONLOAD_STACK_NAME=pf" + tc.name[:1], "ONLOAD_CLUSTER=1"}
-		cmd := shimCommand(t, a, env, prog, fmt.Sprint(tc.port), fmt.Sprint(tc.delay.Milliseconds()))
+		args := []string{fmt.Sprint(tc.port), fmt.Sprint(tc.delay.Milliseconds())}
+		said := "stack 1"
+		if tc.early {
+			args, said = append(args, "early"), "hello 1"
+		}
+		cmd := shimCommand(t, a, env, prog, args...)
 		stdin, stdout, log := startPiped(t, cmd)
 		next := lineReader(t, stdout, "prefork", log, 10*time.Second)
 		seen := map[string]bool{}
 		for len(seen) < 3 {
-			l := next("listening, worker 0 ready and worker 1's stack")
+			l := next("listening, worker 0 ready and worker 1's " + said)
 			seen[l] = true
-			if l != "listening" && l != "ready 0" && l != "stack 1" {
+			if l != "listening" && l != "ready 0" && l != said {
 				t.Fatalf("%s: prefork said %q:\n%s", tc.name, l, log.String())
 			}
 		}
 		start := time.Now()
-		// Worker 1's stack is the one that listens on PORT+1: whichever
-		// asked first has queue 0.
+		// Worker 1's stack is the one that listens on PORT+1 (whichever
+		// asked first has queue 0), or the queue worker 0's is not.
 		d := dumpDaemon(t, sock)
 		late := -1
 		for _, st := range d.Stacks {
-			if strings.Contains(strings.Join(st.Filters, " "), fmt.Sprintf(":%d", tc.port+1)) {
+			f := strings.Join(st.Filters, " ")
+			if !tc.early && strings.Contains(f, fmt.Sprintf(":%d", tc.port+1)) || tc.early && strings.Contains(f, fmt.Sprintf(":%d", tc.port)) {
 				late = st.Queue
 			}
+		}
+		if tc.early && late >= 0 {
+			late = 1 - late
 		}
 		if late < 0 {
 			t.Fatalf("%s: no stack listens on worker 1's own port %d: %+v", tc.name, tc.port+1, d.Stacks)

@@ -3,14 +3,19 @@
  * listens on PORT and forks two workers, which inherit the socket. Worker
  * 0 waits on it at once (under the shim its stack's listener takes its
  * queue's connections). Worker 1 first makes its stack, by waiting on a
- * listener of its own on PORT+1, says "stack", and only DELAY_MS later
- * waits on the socket it inherited, as a worker slow to start would. Each
+ * listener of its own on PORT+1, says "stack 1", and only DELAY_MS later
+ * waits on the socket it inherited, as a worker slow to start would.
+ * With "early", worker 1 makes no stack first: it comes to onloadd
+ * ($ONLOAD_DAEMON_SOCKET) as a process whose core has loaded and not yet
+ * asked for its stack would (a hello, no more), says "hello 1", and
+ * DELAY_MS later waits on the socket (its stack is made then); worker 0
+ * waits for its hello before its first wait. Each
  * worker answers each connection's 8-byte request with its own number
- * and the request, and closes it once the client has. The master prints "listening" once it
- * listens, each worker "ready" once its first wait on the socket
- * returned; all end when the master's standard input ends.
+ * and the request, and closes it once the client has. The master prints
+ * "listening" once it listens, each worker "ready N" once its first wait
+ * on the socket returned; all end when the master's standard input ends.
  *
- *	prefork PORT DELAY_MS
+ *	prefork PORT DELAY_MS [early]
  */
 #define _GNU_SOURCE
 #include <netinet/in.h>
@@ -21,6 +26,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -69,28 +75,64 @@ static void serve(int l, int me)
 	}
 }
 
+/* hello comes to onloadd as the shim's core does, and keeps the
+ * connection: a process with no stack yet. */
+static void hello(void)
+{
+	const char *path = getenv("ONLOAD_DAEMON_SOCKET");
+	struct sockaddr_un sun = {.sun_family = AF_UNIX};
+	int u = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	if (!path || strlen(path) >= sizeof sun.sun_path || u < 0) {
+		fprintf(stderr, "prefork: no ONLOAD_DAEMON_SOCKET\n");
+		exit(1);
+	}
+	strcpy(sun.sun_path, path);
+	const char msg[] = "{\"v\":1,\"seq\":1,\"op\":\"hello\",\"hello\":{\"program\":\"prefork\"}}";
+	char rep[4096];
+	if (connect(u, (struct sockaddr *)&sun, sizeof sun) < 0 || send(u, msg, sizeof msg - 1, 0) < 0 ||
+	    recv(u, rep, sizeof rep, 0) <= 0) {
+		perror("prefork: hello to onloadd");
+		exit(1);
+	}
+}
+
 int main(int argc, char **argv)
 {
-	if (argc != 3) {
-		fprintf(stderr, "usage: prefork PORT DELAY_MS\n");
+	if (argc != 3 && (argc != 4 || strcmp(argv[3], "early") != 0)) {
+		fprintf(stderr, "usage: prefork PORT DELAY_MS [early]\n");
 		return 2;
 	}
-	int port = atoi(argv[1]), delay = atoi(argv[2]);
+	int port = atoi(argv[1]), delay = atoi(argv[2]), early = argc == 4;
 	int l = listener(port);
 	printf("listening\n");
 	fflush(stdout);
+	int said[2]; /* early: worker 1 has said hello, worker 0 may listen */
+	if (pipe(said) < 0) {
+		perror("prefork: pipe");
+		return 1;
+	}
 	pid_t w[2];
 	for (int i = 0; i < 2; i++) {
 		if ((w[i] = fork()) == 0) {
 			prctl(PR_SET_PDEATHSIG, SIGKILL);
 			if (i == 1) {
-				struct pollfd p = {.fd = listener(port + 1), .events = POLLIN};
-				poll(&p, 1, 0); /* makes this worker's stack */
-				printf("stack 1\n");
+				if (early) {
+					hello();
+					printf("hello 1\n");
+					if (write(said[1], "h", 1) != 1)
+						exit(1);
+				} else {
+					struct pollfd p = {.fd = listener(port + 1), .events = POLLIN};
+					poll(&p, 1, 0); /* makes this worker's stack */
+					printf("stack 1\n");
+				}
 				fflush(stdout);
 				struct timespec ts = {.tv_sec = delay / 1000, .tv_nsec = (long)(delay % 1000) * 1000000};
 				nanosleep(&ts, NULL);
 			}
+			char h;
+			if (i == 0 && early && read(said[0], &h, 1) != 1)
+				exit(1);
 			serve(l, i);
 		}
 	}
