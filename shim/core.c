@@ -381,7 +381,7 @@ int load_core(void)
 	struct low_hold low;
 	hold_low(&low);
 	uint8_t *before = open_fds();
-	if (uring_keeps_kernel(before)) {
+	if (uring_keeps_kernel(before) || !as_room()) {
 		free(before);
 		release_low(&low);
 		core_state = -1;

@@ -356,19 +356,28 @@ static void release_at_exit(const int *names)
 EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 {
 	handover_for_exec();
-	return real_execve(path, argv, envp);
+	as_for_exec();
+	int r = real_execve(path, argv, envp);
+	as_exec_failed();
+	return r;
 }
 
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 {
 	handover_for_exec();
-	return real_execvpe(file, argv, envp);
+	as_for_exec();
+	int r = real_execvpe(file, argv, envp);
+	as_exec_failed();
+	return r;
 }
 
 EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 {
 	handover_for_exec();
-	return real_fexecve(fd, argv, envp);
+	as_for_exec();
+	int r = real_fexecve(fd, argv, envp);
+	as_exec_failed();
+	return r;
 }
 
 EXPORT int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }

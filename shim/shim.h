@@ -156,7 +156,10 @@
 	X(int, sigsuspend, const sigset_t *) \
 	X(int, sigtimedwait, const sigset_t *, siginfo_t *, const struct timespec *) \
 	X(void, _exit, int) \
-	X(int, pthread_create, pthread_t *, const pthread_attr_t *, void *(*)(void *), void *)
+	X(int, pthread_create, pthread_t *, const pthread_attr_t *, void *(*)(void *), void *) \
+	X(int, setrlimit, __rlimit_resource_t, const struct rlimit *) \
+	X(int, getrlimit, __rlimit_resource_t, struct rlimit *) \
+	X(int, prlimit, pid_t, __rlimit_resource_t, const struct rlimit *, struct rlimit *)
 #define REAL_DECL(ret, name, ...) extern ret (*real_##name)(__VA_ARGS__);
 LIBC(REAL_DECL)
 void resolve_libc(void);
@@ -429,6 +432,13 @@ extern uintptr_t core_end;
 void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void exit_close(void);
 int load_core(void);
+
+/* RLIMIT_AS beside the core (limits.c): as_room says whether the core may
+ * load under the limit (load_core asks); as_for_exec and as_exec_failed
+ * give the program's own limit to the program it execs. */
+int as_room(void);
+void as_for_exec(void);
+void as_exec_failed(void);
 int fd_high(int fd);
 extern __thread int t_sigstack;
 extern __thread sigset_t t_sigstack_mask;

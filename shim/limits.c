@@ -1,0 +1,185 @@
+/* limits.c: RLIMIT_AS beside the Go core (see shim.h).
+ *
+ * The core takes about 1.7 GiB of address space as it loads (the Go
+ * runtime's reservations, the stack's memory), none of it the program's.
+ * A program that limits its own address space (vsftpd's session
+ * processes set RLIMIT_AS to 200 MiB, to bound what a client can make
+ * them allocate) would then have no room left: on the kernel vsftpd
+ * works, under the shim its forked session's next mmap failed (ENOMEM,
+ * "500 OOPS: mmap" at every login). So once the core is in the address
+ * space, a limit the program sets is raised by what the core added
+ * (as_core: the address space since the core began to load, with room
+ * for the Go runtime to grow where it runs), and getrlimit gives the
+ * program its own value back. A limit set before the core would load
+ * that leaves it no room keeps the sockets in the kernel (as_room): the
+ * Go runtime cannot start without its reservations, and would end the
+ * process. */
+#include "shim.h"
+
+/* CORE_AS_NEED is the address space the core's load needs free under a
+ * limit; CORE_AS_GROW, the room left for the Go runtime to grow in a
+ * process where it runs. */
+#define CORE_AS_NEED (3UL << 30)
+#define CORE_AS_GROW (256UL << 20)
+
+static unsigned long as_base; /* the address space as the core began to load; 0 before */
+static int prog_set;	      /* the program set RLIMIT_AS since: prog_as is its */
+static struct rlimit prog_as;
+static pthread_mutex_t as_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* vm_size is the process's address space in bytes (/proc/self/statm), or
+ * 0. */
+static unsigned long vm_size(void)
+{
+	int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	char b[64];
+	ssize_t n = real_read(fd, b, sizeof b - 1);
+	real_close(fd);
+	if (n <= 0)
+		return 0;
+	b[n] = 0;
+	return strtoul(b, NULL, 10) * (unsigned long)sysconf(_SC_PAGESIZE);
+}
+
+static rlim_t add_sat(rlim_t v, unsigned long d)
+{
+	if (v == RLIM_INFINITY || v + d < v || v + d == RLIM_INFINITY)
+		return RLIM_INFINITY;
+	return v + d;
+}
+
+/* as_core is what the core added to the address space, and may still
+ * add: 0 before it loaded. */
+static unsigned long as_core(void)
+{
+	if (core_state != 1 || !as_base)
+		return 0;
+	unsigned long now = vm_size(), d = now > as_base ? now - as_base : 0;
+	return after_fork ? d : d + CORE_AS_GROW; /* Go never runs after a fork */
+}
+
+/* as_room says whether the core may load under the process's RLIMIT_AS:
+ * 1, with as_base set; or 0, said once, and the sockets stay the
+ * kernel's. Called by load_core before it loads. */
+int as_room(void)
+{
+	struct rlimit r;
+	unsigned long vm = vm_size();
+	as_base = vm;
+	if (real_getrlimit(RLIMIT_AS, &r) < 0 || r.rlim_cur == RLIM_INFINITY || r.rlim_cur >= vm + CORE_AS_NEED)
+		return 1;
+	logf_("RLIMIT_AS of %lu MiB (ulimit -v) leaves the stack's core no room: it takes about 1.7 GiB of address "
+	      "space, none of it the program's; sockets use the kernel; raise the limit by 3 GiB to accelerate them",
+	      (unsigned long)(r.rlim_cur >> 20));
+	as_base = 0;
+	return 0;
+}
+
+/* set_as sets RLIMIT_AS to r for the program, raised by what the core
+ * added; the program's value is what getrlimit gives it after. */
+static int set_as(const struct rlimit *r)
+{
+	unsigned long extra = as_core();
+	if (!extra || !r)
+		return real_setrlimit(RLIMIT_AS, r);
+	struct rlimit adj = {add_sat(r->rlim_cur, extra), add_sat(r->rlim_max, extra)}, cur;
+	if (r->rlim_cur > r->rlim_max) {
+		errno = EINVAL;
+		return -1;
+	}
+	pthread_mutex_lock(&as_mu);
+	/* Raising the hard limit takes a privilege the program may not have:
+	 * the raise stops at the hard limit it has, where its own value
+	 * (which the kernel would refuse above that) stays. */
+	if (real_getrlimit(RLIMIT_AS, &cur) == 0 && adj.rlim_max > cur.rlim_max && r->rlim_max <= cur.rlim_max) {
+		adj.rlim_max = cur.rlim_max;
+		if (adj.rlim_cur > adj.rlim_max)
+			adj.rlim_cur = adj.rlim_max;
+	}
+	int ret = real_setrlimit(RLIMIT_AS, &adj);
+	if (ret == 0) {
+		prog_as = *r;
+		prog_set = 1;
+		debugf("RLIMIT_AS %lu MiB set as %lu MiB: the stack's core takes %lu MiB of address space, none of it the program's",
+		       (unsigned long)(r->rlim_cur >> 20), (unsigned long)(adj.rlim_cur >> 20), extra >> 20);
+	}
+	pthread_mutex_unlock(&as_mu);
+	return ret;
+}
+
+/* get_as is the program's RLIMIT_AS: the value it set, where set_as
+ * raised it. */
+static int get_as(struct rlimit *r)
+{
+	pthread_mutex_lock(&as_mu);
+	int set = prog_set;
+	if (set && r)
+		*r = prog_as;
+	pthread_mutex_unlock(&as_mu);
+	return set ? 0 : real_getrlimit(RLIMIT_AS, r);
+}
+
+EXPORT int setrlimit(__rlimit_resource_t res, const struct rlimit *r)
+{
+	if ((int)res == RLIMIT_AS)
+		return set_as(r);
+	return real_setrlimit(res, r);
+}
+
+EXPORT int setrlimit64(__rlimit_resource_t res, const struct rlimit64 *r)
+{
+	return setrlimit(res, (const struct rlimit *)r); /* one layout on 64-bit systems */
+}
+
+EXPORT int getrlimit(__rlimit_resource_t res, struct rlimit *r)
+{
+	if ((int)res == RLIMIT_AS)
+		return get_as(r);
+	return real_getrlimit(res, r);
+}
+
+EXPORT int getrlimit64(__rlimit_resource_t res, struct rlimit64 *r)
+{
+	return getrlimit(res, (struct rlimit *)r);
+}
+
+EXPORT int prlimit(pid_t pid, __rlimit_resource_t res, const struct rlimit *nr, struct rlimit *old)
+{
+	if ((int)res != RLIMIT_AS || (pid != 0 && pid != getpid()))
+		return real_prlimit(pid, res, nr, old);
+	struct rlimit o;
+	if (old && get_as(&o) < 0)
+		return -1;
+	if (nr && set_as(nr) < 0)
+		return -1;
+	if (old)
+		*old = o;
+	return 0;
+}
+
+EXPORT int prlimit64(pid_t pid, __rlimit_resource_t res, const struct rlimit64 *nr, struct rlimit64 *old)
+{
+	return prlimit(pid, res, (const struct rlimit *)nr, (struct rlimit *)old);
+}
+
+/* as_for_exec gives the program its own soft RLIMIT_AS back for the
+ * program it execs, which starts without the core; as_exec_failed raises
+ * it again if the exec failed. */
+void as_for_exec(void)
+{
+	struct rlimit r;
+	if (prog_set && real_getrlimit(RLIMIT_AS, &r) == 0 && prog_as.rlim_cur < r.rlim_cur) {
+		r.rlim_cur = prog_as.rlim_cur;
+		real_setrlimit(RLIMIT_AS, &r);
+	}
+}
+
+void as_exec_failed(void)
+{
+	int e = errno; /* the exec's */
+	if (prog_set)
+		set_as(&prog_as);
+	errno = e;
+}

@@ -1,0 +1,71 @@
+/*
+ * aslimit: a program that limits its own address space (RLIMIT_AS), as
+ * vsftpd's session processes do, with a connection open. It connects to
+ * the echo server at ADDR:PORT (under the shim, through the stack), then
+ * forks a child that sets a limit of 200 MiB and maps 12 KiB, sets a
+ * limit of 1 GiB itself and maps 12 KiB, echoes a line through the
+ * connection under it, and prints what each step gave: the same under
+ * the shim as on the kernel. With "exec", the child execs
+ * /bin/sh -c 'ulimit -v' instead, which prints the limit it inherited.
+ *
+ *	aslimit ADDR PORT [exec]
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void limit(const char *who, rlim_t bytes)
+{
+	struct rlimit r = {bytes, bytes}, back;
+	int set = setrlimit(RLIMIT_AS, &r);
+	getrlimit(RLIMIT_AS, &back);
+	void *m = mmap(NULL, 12288, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	printf("%s: setrlimit %d, getrlimit %lu MiB / %lu MiB, mmap %s\n", who, set, (unsigned long)(back.rlim_cur >> 20),
+	       (unsigned long)(back.rlim_max >> 20), m == MAP_FAILED ? strerror(errno) : "ok");
+	fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 3 && (argc != 4 || strcmp(argv[3], "exec") != 0)) {
+		fprintf(stderr, "usage: aslimit ADDR PORT [exec]\n");
+		return 2;
+	}
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
+	inet_pton(AF_INET, argv[1], &sin.sin_addr);
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	if (s < 0 || connect(s, (struct sockaddr *)&sin, sizeof sin) < 0) {
+		perror("aslimit: connect");
+		return 1;
+	}
+	pid_t pid = fork();
+	if (pid == 0) {
+		if (argc == 4) {
+			struct rlimit r = {200UL << 20, RLIM_INFINITY};
+			setrlimit(RLIMIT_AS, &r);
+			execl("/bin/sh", "sh", "-c", "echo child exec: ulimit -v $(ulimit -v)", (char *)NULL);
+			_exit(127);
+		}
+		limit("child", 200UL << 20);
+		_exit(0);
+	}
+	waitpid(pid, NULL, 0);
+	limit("parent", 1UL << 30);
+	char buf[64];
+	const char line[] = "through the connection\n";
+	ssize_t n = -1;
+	if (send(s, line, sizeof line - 1, 0) == sizeof line - 1)
+		n = recv(s, buf, sizeof line - 1, MSG_WAITALL);
+	printf("parent: echo %zd bytes\n", n);
+	close(s);
+	return 0;
+}
