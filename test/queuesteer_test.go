@@ -55,29 +55,19 @@ func TestQueueSteerSpread(t *testing.T) {
 	}
 	defer ln.Close()
 	before := queueFrames(t, b)
-	err = a.Do(func() error {
-		for i := range 64 {
-			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: a.Iface0().Addr().AsSlice(), Port: 40192 + 2*i},
-				Control: func(_, _ string, c syscall.RawConn) error {
-					return c.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
-				}}
-			c, err := d.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				return err
-			}
-			c.Write([]byte("x"))
-			buf := make([]byte, 1)
-			c.SetReadDeadline(time.Now().Add(2 * time.Second))
-			_, err = c.Read(buf)
-			c.Close()
-			if err != nil {
-				return err
-			}
+	for i := range 64 {
+		c, err := dialFromPort(a, 40192+2*i, ln.Addr().String(), 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
+		c.Write([]byte("x"))
+		buf := make([]byte, 1)
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err = c.Read(buf)
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	after := queueFrames(t, b)
 	q0, q1 := after[0]-before[0], after[1]-before[1]
@@ -85,6 +75,20 @@ func TestQueueSteerSpread(t *testing.T) {
 		t.Errorf("frames of 64 connections by receive queue: %d and %d; want each from a quarter to three quarters", q0, q1)
 	}
 	t.Logf("frames of 64 connections by receive queue: %d and %d", q0, q1)
+}
+
+// dialFromPort connects from host h's address and port (SO_REUSEADDR: a
+// port a test chose, which Spread puts on a queue it knows) to addr.
+func dialFromPort(h *Host, port int, addr string, timeout time.Duration) (c net.Conn, err error) {
+	err = h.Do(func() error {
+		d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{IP: h.Iface0().Addr().AsSlice(), Port: port},
+			Control: func(_, _ string, rc syscall.RawConn) error {
+				return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
+			}}
+		c, err = d.Dial("tcp", addr)
+		return err
+	})
+	return c, err
 }
 
 var xdpQueueStat = regexp.MustCompile(`rx_queue_([01])_xdp_packets: (\d+)`)

@@ -2,15 +2,11 @@ package test
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // TestShimPreforkLateWorker runs shim/test/prefork.c as a cluster (a stack
@@ -148,15 +144,7 @@ func TestShimPreforkLateWorker(t *testing.T) {
 // askPrefork connects from host h's port to prefork at addr with request
 // i: the answer (the worker's number, then the request).
 func askPrefork(h *Host, addr string, port, i int) (string, error) {
-	var c net.Conn
-	err := h.Do(func() (err error) {
-		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: h.Iface0().Addr().AsSlice(), Port: port},
-			Control: func(_, _ string, c syscall.RawConn) error {
-				return c.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
-			}}
-		c, err = d.Dial("tcp", addr)
-		return err
-	})
+	c, err := dialFromPort(h, port, addr, 5*time.Second)
 	if err != nil {
 		return "", err
 	}
