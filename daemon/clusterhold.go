@@ -39,8 +39,8 @@ const memberHold = time.Second
 // and of the processes without a stack that hold the socket.
 func (d *Daemon) holdForComingLocked(cl *cluster, key bpf.Listener, cp *clusterPort, proof int) {
 	for m := range cl.members {
-		if m.orphanSince.IsZero() && m.quarantined == "" && cp.filters[m] == nil {
-			d.holdLocked(cl, key, cp, m.queue)
+		if m.orphanSince.IsZero() && m.quarantined == "" {
+			d.holdLocked(cl, key, cp, m.queue) // not for one that listens: holdLocked
 		}
 	}
 	coming := 0

@@ -82,13 +82,9 @@ int as_room(void)
 static int set_as(const struct rlimit *r)
 {
 	unsigned long extra = as_core();
-	if (!extra || !r)
+	if (!extra || !r || r->rlim_cur > r->rlim_max) /* the kernel's EINVAL for the last */
 		return real_setrlimit(RLIMIT_AS, r);
 	struct rlimit adj = {add_sat(r->rlim_cur, extra), add_sat(r->rlim_max, extra)}, cur;
-	if (r->rlim_cur > r->rlim_max) {
-		errno = EINVAL;
-		return -1;
-	}
 	pthread_mutex_lock(&as_mu);
 	/* Raising the hard limit takes a privilege the program may not have:
 	 * the raise stops at the hard limit it has, where its own value
