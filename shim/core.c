@@ -243,42 +243,6 @@ static int core_made(int fd)
 	       !strncmp(link, "/memfd:onload-", 14);
 }
 
-/* uring_in finds an io_uring instance among the fds in open (open_fds):
- * its number, or -1. */
-static int uring_in(const uint8_t *open)
-{
-	for (int fd = 0; open && fd < nfdt; fd++) {
-		if (!(open[fd / 8] & (1 << (fd % 8))))
-			continue;
-		char path[64], link[32];
-		snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-		ssize_t n = readlink(path, link, sizeof link - 1);
-		if (n > 0 && (link[n] = 0, !strcmp(link, "anon_inode:[io_uring]")))
-			return fd;
-	}
-	return -1;
-}
-
-/* uring_keeps_kernel: the process has an io_uring instance as its stack
- * would load, and ONLOAD_IO_URING is not "accelerate". What a ring does
- * (an accept, a send, a poll submitted on a socket's fd) passes the
- * interposer by and reaches the socket's kernel half: the port's
- * reservation, which has no connection (a send failed with EPIPE, an
- * accept waited for ever). liburing makes its system calls itself, so
- * a ring made after the load is not seen. */
-static int uring_keeps_kernel(const uint8_t *open)
-{
-	const char *v = getenv("ONLOAD_IO_URING");
-	if (v && !strcmp(v, "accelerate"))
-		return 0;
-	int fd = uring_in(open);
-	if (fd < 0)
-		return 0;
-	logf_("fd %d is an io_uring instance, whose operations the interposer cannot see: this process's sockets "
-	      "use the kernel (ONLOAD_IO_URING=accelerate accelerates them, for rings that do file I/O only)", fd);
-	return 1;
-}
-
 /* mark_core_fds marks K_CORE the fds open now and not in before
  * (open_fds), that the table does not know and the core may have made. */
 static void mark_core_fds(const uint8_t *before)

@@ -439,6 +439,14 @@ int load_core(void);
 int as_room(void);
 void as_for_exec(void);
 void as_exec_failed(void);
+
+/* io_uring instances (uring.c): uring_keeps_kernel says whether a ring
+ * among the open fds (a bit an fd) keeps the process's sockets in the
+ * kernel (load_core asks); uring_late, that the program made one since
+ * the core loaded: its sockets went to the kernel, and new ones stay
+ * there. */
+int uring_keeps_kernel(const uint8_t *open);
+extern int uring_late;
 int fd_high(int fd);
 extern __thread int t_sigstack;
 extern __thread sigset_t t_sigstack_mask;

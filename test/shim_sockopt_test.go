@@ -114,10 +114,19 @@ func htons(v uint16) uint16 {
 // askOnce connects from host h to addr, sends ask and reads the
 // answer, which must be want, within 5 s.
 func askOnce(h *Host, addr netip.AddrPort, ask, want string) error {
+	return askConnected(h, addr, ask, want, nil)
+}
+
+// askConnected is askOnce, closing connected (unless nil) once its
+// connection is made, before it asks.
+func askConnected(h *Host, addr netip.AddrPort, ask, want string, connected chan<- struct{}) error {
 	return h.Do(func() error {
 		c, err := net.DialTimeout("tcp", addr.String(), 5*time.Second)
 		if err != nil {
 			return err
+		}
+		if connected != nil {
+			close(connected)
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(5 * time.Second))
@@ -305,6 +314,40 @@ func TestShimBindToDevice(t *testing.T) {
 // operations reached the accelerated sockets' kernel halves: the send
 // failed with EPIPE and the accept waited for ever.
 func TestShimIOURing(t *testing.T) {
+	const want = "send through the ring: 5\nrecv through the ring: 5\nlistening\naccept through the ring: an fd\nrecv through the ring: 4\nsend through the ring: 4"
+	log := uringRun(t, false, want)
+	if !strings.Contains(log, "is an io_uring instance, whose operations the interposer cannot see") {
+		t.Errorf("the shim's log does not say why the sockets are the kernel's:\n%s", log)
+	}
+}
+
+// TestShimIOURingLate: the same program making its ring only after its
+// connection has echoed and its listener has been polled, both
+// accelerated by then, and then connecting again: each works through the
+// ring as on the kernel. The ring's call (io_uring_queue_init) hands the
+// connection over to the kernel and gives the listener's port to its
+// kernel socket, and the connection made after stays the kernel's.
+// Before, the ring's send on the accelerated connection failed with
+// EPIPE, and its accept waited for ever.
+func TestShimIOURingLate(t *testing.T) {
+	const want = "send: 5\nrecv: 5\npolled\nring made\nsend through the ring: 5\nrecv through the ring: 5\n" +
+		"accepted the queued connection\nrecv through the ring: 5\nsend through the ring: 5\nlistening\n" +
+		"accept through the ring: an fd\nrecv through the ring: 4\nsend through the ring: 4\n" +
+		"connected after the ring\nsend through the ring: 5\nrecv through the ring: 5"
+	log := uringRun(t, true, want)
+	requireAccelerated(t, log, "connecting")
+	requireAccelerated(t, log, "listening")
+	if !strings.Contains(log, "(connections handed over: 1; listeners whose ports went to their kernel sockets: 1; left accelerated: 0)") {
+		t.Errorf("the shim's log does not say that the ring sent the sockets to the kernel:\n%s", log)
+	}
+}
+
+// uringRun runs shim/test/uring.c (late: its ring made after its first
+// sockets) on the kernel and under the shim, against an echo server and
+// a client in the other host, and requires the lines want of both. It
+// returns the shim's log.
+func uringRun(t *testing.T, late bool, want string) string {
+	t.Helper()
 	if _, err := os.Stat("/usr/include/liburing.h"); err != nil {
 		t.Skip("liburing's header is not installed (apt-get install liburing-dev): cannot build the io_uring program")
 	}
@@ -313,21 +356,50 @@ func TestShimIOURing(t *testing.T) {
 	a, b, ln := echoHosts(t)
 	const lport = 7350
 	run := func(shim bool) (string, string) {
-		name, stdin, next, log := startSide(t, a, shim, prog, b.Iface0().Addr().String(),
-			strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), strconv.Itoa(lport))
+		args := []string{b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), strconv.Itoa(lport)}
+		if late {
+			args = append(args, "late")
+		}
+		name, stdin, next, log := startSide(t, a, shim, prog, args...)
 		defer stdin.Close()
-		lines := []string{next("the send"), next("the recv"), next("listening")}
-		if lines[2] != "listening" {
+		var lines []string
+		if late {
+			lines = append(lines, next("the send"), next("the recv"), next("polled"))
+			// A connection queued on the listener as the ring is made.
+			connected, queued := make(chan struct{}), make(chan error, 1)
+			go func() {
+				queued <- askConnected(b, netip.AddrPortFrom(a.Iface0().Addr(), lport), "early", "early", connected)
+			}()
+			select {
+			case <-connected:
+			case err := <-queued:
+				t.Fatalf("%s: %v\n%s", name, err, log.String())
+			}
+			if _, err := io.WriteString(stdin, "go\n"); err != nil {
+				t.Fatal(err)
+			}
+			lines = append(lines, next("the ring"), next("the send through the ring"), next("the recv through the ring"),
+				next("the accept of the queued connection"), next("its recv"), next("its send"))
+			if err := <-queued; err != nil {
+				t.Fatalf("%s: %v\n%s", name, err, log.String())
+			}
+		} else {
+			lines = append(lines, next("the send through the ring"), next("the recv through the ring"))
+		}
+		lines = append(lines, next("listening"))
+		if lines[len(lines)-1] != "listening" {
 			t.Fatalf("%s: uring printed %q:\n%s", name, lines, log.String())
 		}
 		if err := askOnce(b, netip.AddrPortFrom(a.Iface0().Addr(), lport), "ring", "ring"); err != nil {
 			t.Fatalf("%s: %v\n%s", name, err, log.String())
 		}
 		lines = append(lines, next("the accept"), next("the recv"), next("the send"))
+		if late {
+			lines = append(lines, next("the second connect"), next("its send"), next("its recv"))
+		}
 		return strings.Join(lines, "\n"), name + "'s log:\n" + log.String()
 	}
 	kernel, _ := run(false)
-	want := "send through the ring: 5\nrecv through the ring: 5\nlistening\naccept through the ring: an fd\nrecv through the ring: 4\nsend through the ring: 4"
 	if kernel != want {
 		t.Fatalf("on the kernel:\n%s\nwant\n%s", kernel, want)
 	}
@@ -335,9 +407,7 @@ func TestShimIOURing(t *testing.T) {
 	if shim != kernel {
 		t.Errorf("under the shim:\n%s\non the kernel:\n%s\n%s", shim, kernel, log)
 	}
-	if !strings.Contains(log, "is an io_uring instance, whose operations the interposer cannot see") {
-		t.Errorf("the shim's log does not say why the sockets are the kernel's:\n%s", log)
-	}
+	return log
 }
 
 // TestShimCongestion: TCP_CONGESTION (shim/test/congestion.c). The stack
