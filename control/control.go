@@ -69,7 +69,10 @@ const (
 	// becomes (its own, so that every holder of it holds the kernel's
 	// connection after). Root, or the stack's user, may ask: a child
 	// forked after the stack loaded, which cannot run the stack, asks
-	// on its first use of an inherited connection.
+	// on its first use of an inherited connection. Of a listener, sent
+	// with the listener's own kernel socket (the port's proof), the
+	// port goes to that socket (the listener is retired), which the
+	// child shares with its parent.
 	OpHandover Op = "handover"
 	// OpDrain hands every connection of a stack over to the kernel, on
 	// the kernel socket that names it in its process (as onloadd does

@@ -84,6 +84,9 @@ func (d *Daemon) handover(c *client, req *control.HandoverRequest, fd int) (*con
 		return nil, err
 	}
 	id := stack.SockID(req.Sock)
+	if rep, ok, err := d.retireForChild(c, s, id, fd); ok {
+		return rep, err
+	}
 	var st stack.HandoverStats
 	var taken bool
 	may := func(local netip.AddrPort) error { return d.mayRepair(s, local, fd) }
@@ -140,6 +143,62 @@ func (d *Daemon) handover(c *client, req *control.HandoverRequest, fd int) (*con
 	d.log.Info("connection handed over to the kernel", "stack", s.id, "local", st.Local.String(), "remote", st.Remote.String(),
 		"client", c.String(), "unread", st.Unread+st.CaughtUp, "unacked", st.Sent, "unsent", st.Unsent, "took", st.Took.String())
 	return handoverReply(st), nil
+}
+
+// retireForChild: a child forked after the stack loaded cannot run the
+// stack, and uses the listener it inherited (an accept, a poll): it
+// asks for the listener's "handover", sending the listener's own kernel
+// socket, whose inode is the port's filter's proof. The listener is
+// retired (stack.RetireListener) and its port settled as a retiring
+// unfilter's (ports.go): new connections go to that kernel socket, which
+// the child and its parent share, as two processes share a listener on
+// the kernel; those the stack's listener holds stay for its process's
+// accepts, and its connections keep their frames by flow entries. ok
+// false: fd is not a listening socket that is the proof of one of s's
+// ports (a connection's, handed over as such).
+func (d *Daemon) retireForChild(c *client, s *dstack, id stack.SockID, fd int) (rep *control.HandoverReply, ok bool, err error) {
+	// A listening socket: a connection's kernel socket may be its port's
+	// proof too (a connection's own port, in a Go program).
+	var fst unix.Stat_t
+	if on, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || on != 1 || unix.Fstat(fd, &fst) != nil {
+		return nil, false, nil
+	}
+	var local netip.AddrPort
+	if gerr := guard(func() { local, err = s.st.LocalAddr(id) }); gerr != nil || err != nil {
+		return nil, false, nil
+	}
+	d.mu.Lock()
+	var key bpf.Listener
+	var f *filter
+	for k, g := range s.filters {
+		var pst unix.Stat_t
+		if k.Proto == bpf.TCP && k.Port == local.Port() && unix.Fstat(g.proof, &pst) == nil && pst.Ino == fst.Ino && pst.Dev == fst.Dev {
+			key, f = k, g
+			break
+		}
+	}
+	d.mu.Unlock()
+	if f == nil {
+		return nil, false, nil
+	}
+	if gerr := guard(func() { err = s.st.RetireListener(id) }); gerr != nil {
+		d.mu.Lock()
+		d.quarantineLocked(s, "retiring a listener: "+gerr.Error())
+		d.mu.Unlock()
+		return nil, true, gerr
+	}
+	if err != nil {
+		return nil, true, refuse(codeInvalid, "stack %d socket %#x on port %d: %v", s.id, uint32(id), local.Port(), err)
+	}
+	d.mu.Lock()
+	if s.filters[key] == f && !f.gone {
+		f.gone, f.retired = true, true
+		d.settleRetiredLocked(s, key, f)
+	}
+	d.mu.Unlock()
+	d.log.Info("listener's port given to its kernel socket, for a child forked after the stack loaded", "stack", s.id,
+		"local", local.String(), "client", c.String())
+	return &control.HandoverReply{}, true, nil
 }
 
 // handoverReply says what a handover moved.

@@ -205,17 +205,18 @@ static pid_t ho_parent;	  /* the process that forked (prepare_fork) */
 
 /* child_takes: a child forked after the core loaded (which cannot run
  * it) uses inherited connection fd: onloadd hands it over to the kernel,
- * and fd is the kernel's (0). -1 if that cannot be done: the call is
- * refused (refuse_after_fork). */
+ * and fd is the kernel's (0). For a listener, the listener's port goes
+ * to its kernel socket, which the child shares with its parent (onloadd's
+ * retireForChild), and fd is that socket. -1 if that cannot be done: the
+ * call is refused (refuse_after_fork). */
 int child_takes(int fd, struct fdent *e)
 {
 	/* The kernel may have it already: the parent handed it over as it
 	 * exited (handover_at_exit), or onloadd did. */
 	if (!e->listening && kernel_took(fd))
 		return 0;
-	if (!e->ho_ok || !ho_path[0] || e->listening) {
-		debugf("fd %d: a child cannot hand it over: %s", fd,
-		       e->listening ? "a listener" : "its parent found nowhere to ask (ONLOAD_LOG=debug in the parent says why)");
+	if (!e->ho_ok || !ho_path[0]) {
+		debugf("fd %d: a child cannot hand it over: its parent found nowhere to ask (ONLOAD_LOG=debug in the parent says why)", fd);
 		return -1;
 	}
 	if (ho_path[0] == '@' && getppid() != ho_parent) {
@@ -262,17 +263,19 @@ int child_takes(int fd, struct fdent *e)
 		return 0;
 	}
 	if (!ok) {
-		logf_("fd %d: a child forked after the stack loaded could not have its inherited connection handed over to the kernel: %s", fd, rep);
+		logf_("fd %d: a child forked after the stack loaded could not have its inherited %s to the kernel: %s", fd,
+		      e->listening ? "listener's port given" : "connection handed over", rep);
 		return -1;
 	}
-	debugf("fd %d: handed over to the kernel, for a child forked after the stack loaded", fd);
+	debugf("fd %d: %s, for a child forked after the stack loaded", fd,
+	       e->listening ? "a listener whose port went to its kernel socket" : "handed over to the kernel");
 	kernel_now(e);
 	return 0;
 }
 
 /* prepare_fork runs in the parent before a fork: a child forked after
- * the core loaded hands an inherited connection over at its first use
- * (child_takes), and needs its names at onloadd, which only the core
+ * the core loaded hands an inherited connection (or listener) over at
+ * its first use (child_takes), and needs its names at onloadd, which only the core
  * knows. It holds the table's lock across the fork (parent_after_fork
  * and child_after_fork let it go): a child forked while another thread
  * held it started with it held for ever, and hung at its first socket
@@ -293,7 +296,7 @@ void prepare_fork(void)
 		ho_parent = getpid();
 	FDT_EACH(fd) {
 		struct fdent *e = &fdt[fd];
-		if (e->kind != K_OURS || e->listening || e->ho_ok)
+		if (e->kind != K_OURS || e->ho_ok)
 			continue;
 		char path[sizeof ho_path];
 		if (CORE(core.handover_info(e->h, &e->ho_stack, &e->ho_sock, path, sizeof path)) == 0) {

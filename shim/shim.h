@@ -307,10 +307,10 @@ _Static_assert(sizeof(struct fdent) == 48, "a table entry grew");
 #define CONN_FAILED 2
 
 /* In a child forked after the core loaded, a connection is handed over
- * to the kernel at its first use: e becomes NULL, and the call goes to
- * the kernel. */
+ * to the kernel at its first use, and a listener's port goes to its
+ * kernel socket: e becomes NULL, and the call goes to the kernel. */
 #define CHILD_TAKES(fd, e) do { \
-	if ((e) && after_fork && !(e)->listening && child_takes((fd), (e)) == 0) (e) = NULL; \
+	if ((e) && after_fork && child_takes((fd), (e)) == 0) (e) = NULL; \
 } while (0)
 
 /* A call on an accelerated socket: the core must be usable from here. */

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -338,6 +339,79 @@ func TestShimHandoverFork(t *testing.T) {
 			}
 			resets()
 			t.Logf("%s", strings.TrimSpace(out))
+		})
+	}
+}
+
+// TestShimForkListener runs shim/test/forklisten.c, a server that forks
+// a worker after its stack loaded, the worker accepting on the listener
+// it inherited (which it cannot do on the stack: it cannot run Go), on
+// the kernel and under the shim, with a client in the other host for
+// each of its accepts: every line as on the kernel. The child's first
+// use of the listener gives the listener's port to its kernel socket,
+// which parent and child share, as two processes share a listener on
+// the kernel: the child's accept takes the next client there, the
+// parent's after it too, and the parent's connection stays accelerated.
+// On a stack the process made (the parent serves its child's request)
+// and on one from onloadd. Before, the child's accept failed with
+// EOPNOTSUPP.
+func TestShimForkListener(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "forklisten")
+	for _, daemon := range []bool{false, true} {
+		name := "standalone"
+		if daemon {
+			name = "onloadd"
+		}
+		t.Run(name, func(t *testing.T) {
+			a, b, ln := echoHosts(t)
+			const lport = 7351
+			args := []string{b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), strconv.Itoa(lport)}
+			var env []string
+			if daemon {
+				dir, _ := daemonDir(t)
+				sock, _ := startDaemon(t, a, dir)
+				env = []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + a.Iface0().Name}
+			}
+			addr := netip.AddrPortFrom(a.Iface0().Addr(), lport)
+			run := func(shim bool) (string, string) {
+				side, cmd := "the kernel", a.Command(prog, args...)
+				if shim {
+					side, cmd = "the shim", shimCommand(t, a, env, prog, args...)
+				} else {
+					cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+				}
+				stdin, stdout, log := startPiped(t, cmd)
+				defer stdin.Close()
+				next := lineReader(t, stdout, "forklisten on "+side, log, 15*time.Second)
+				lines := []string{next("the parent's echo"), next("listening")}
+				ask := func(msg string) {
+					if err := askOnce(b, addr, msg, msg); err != nil {
+						t.Fatalf("%s: %v\n%s", side, err, log.String())
+					}
+				}
+				ask("one")
+				lines = append(lines, next("the parent's accept"), next("the child's poll"))
+				ask("two")
+				lines = append(lines, next("the child's accept"), next("the child's exit"))
+				ask("three")
+				lines = append(lines, next("the parent's second accept"), next("the parent's second echo"))
+				return strings.Join(lines, "\n"), log.String()
+			}
+			want := "parent: echo hello\nlistening\nparent accepted: one\nchild ready: poll 0\nchild accepted: two\n" +
+				"parent: child exited 0\nparent accepted: three\nparent: echo again"
+			if kernel, _ := run(false); kernel != want {
+				t.Fatalf("on the kernel:\n%s\nwant\n%s", kernel, want)
+			}
+			got, log := run(true)
+			if got != want {
+				t.Errorf("under the shim:\n%s\nwant, as on the kernel:\n%s\nshim log:\n%s", got, want, log)
+			}
+			requireAccelerated(t, log, "connecting")
+			requireAccelerated(t, log, "listening")
+			if !strings.Contains(log, "a listener whose port went to its kernel socket, for a child forked after the stack loaded") {
+				t.Errorf("the shim's log does not say that the child's listener went to the kernel:\n%s", log)
+			}
 		})
 	}
 }

@@ -16,7 +16,9 @@ import (
 
 // Handovers for children. A child forked after the core loaded cannot
 // run Go; on its first use of an inherited connection it asks for the
-// connection's handover to the kernel (fdtable.c, child_takes), in
+// connection's handover to the kernel (fdtable.c, child_takes), or, of
+// an inherited listener, for its port to go to the listener's kernel
+// socket, which the two share (RetireListener), in
 // onloadd's protocol (hello, then handover with the connection's kernel
 // socket beside it). On a stack from onloadd it asks onloadd. On a stack
 // this process made, only this process can: it serves those requests on
@@ -114,7 +116,18 @@ func answer(msg []byte, fds []int) *control.Reply {
 	default:
 		d := byID(req.Handover.Sock)
 		if d == nil {
-			rep.Error, rep.Code = fmt.Sprintf("no accelerated connection %#x here", req.Handover.Sock), control.CodeInvalid
+			rep.Error, rep.Code = fmt.Sprintf("no accelerated socket %#x here", req.Handover.Sock), control.CodeInvalid
+			break
+		}
+		if on, err := unix.GetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err == nil && on == 1 {
+			// A listener the child inherited: its port goes to this
+			// kernel socket, which the two share (the daemon's
+			// retireForChild).
+			if err := d.RetireListener(); err != nil {
+				rep.Error, rep.Code = err.Error(), control.CodeInvalid
+				break
+			}
+			rep.Handover = &control.HandoverReply{}
 			break
 		}
 		if err := d.Handover(fds[0]); err != nil {
