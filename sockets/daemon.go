@@ -39,7 +39,7 @@ func openDaemon(cfg Config) (*Stack, error) {
 			return nil, err
 		}
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ECONNREFUSED) {
-			return nil, fmt.Errorf("%w (no control socket at %s)", errNoDaemon, path)
+			return nil, fmt.Errorf("%w (no control socket at %s: start it with onloadd serve, or set ONLOAD_DAEMON_SOCKET to its socket)", errNoDaemon, path)
 		}
 		if errors.Is(err, unix.EACCES) {
 			return nil, fmt.Errorf("onloadd's control socket %s refuses this user (uid %d): ask for its group, or run onloadd with -group", path, os.Getuid())

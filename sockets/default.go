@@ -12,8 +12,9 @@ import (
 var def struct {
 	mu    sync.Mutex
 	s     *Stack
-	err   string    // why the last attempt failed
-	errAt time.Time // when; the attempt is not repeated for retryAfter
+	err   string          // why the last attempt failed
+	errAt time.Time       // when; the attempt is not repeated for retryAfter
+	told  map[string]bool // reasons said as errors (noStack)
 }
 
 // retryAfter is how long a failure to make the default stack is
@@ -51,7 +52,7 @@ func acquire(explicit *Stack) (*Stack, string) {
 	}
 	s, err := Open(cfg)
 	if err != nil {
-		return nil, noStack(err.Error(), levelInfo)
+		return nil, noStack(err.Error(), openFailLevel(cfg))
 	}
 	s.onIdle = func() { time.AfterFunc(reapAfter, func() { reap(s) }) }
 	s.hold()
@@ -61,8 +62,34 @@ func acquire(explicit *Stack) (*Stack, string) {
 
 func noStack(why string, level slog.Level) string {
 	def.err, def.errAt = why, time.Now()
+	if level >= levelError {
+		// Said as an error once a reason: the retries after retryAfter
+		// find the same, and the user has been told.
+		if def.told[why] {
+			level = levelInfo
+		} else {
+			if def.told == nil {
+				def.told = map[string]bool{}
+			}
+			def.told[why] = true
+		}
+	}
 	logf(level, "no accelerated stack: %s; sockets use the kernel", why)
 	return why
+}
+
+// openFailLevel is how loudly a failed Open of the default stack is
+// said. Where the user asked for acceleration in so many words (an
+// interface named in ONLOAD_INTERFACE, or ONLOAD_DAEMON=require, which
+// `onloadd run -n` sets), the program going on the kernel is a
+// configuration to mend: an error, which the default ONLOAD_LOG shows.
+// Otherwise (auto: no onloadd, and no privilege for a stack of its own)
+// it is the designed fallback, said at info.
+func openFailLevel(cfg Config) slog.Level {
+	if cfg.Interface != "" || cfg.Daemon == DaemonRequire {
+		return levelError
+	}
+	return levelInfo
 }
 
 // reap closes the default stack s if it is still unused.
