@@ -80,7 +80,9 @@ static void uring_made(const char *how)
 				kept++;
 			continue;
 		}
-		int r = after_fork ? -ENOTSUP : CORE(core.retire_listener(e->h));
+		/* In a child forked after the core loaded, onloadd or the
+		 * parent retires it (child_takes). */
+		int r = after_fork ? (child_takes(fd, e) == 0 ? 0 : -ENOTSUP) : CORE(core.retire_listener(e->h));
 		if (r == 0) {
 			listeners++;
 		} else {
