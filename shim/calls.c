@@ -602,7 +602,7 @@ static int accept_call(struct ccall *c, int v6, struct sockaddr *a, socklen_t *l
 EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 {
 	struct fdent *e = ours_or_listener(fd);
-	CHILD_TAKES(fd, e);
+	CHILD_TAKES_ANY(fd, e);
 	if (!e || !e->listening)
 		return real_accept4(fd, a, l, flags);
 	CHECK_USABLE();

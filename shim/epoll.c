@@ -614,7 +614,7 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
 	struct fdent *fe = ours_or_listener(fd);
 	struct fdent *ee = ent(epfd);
-	CHILD_TAKES(fd, fe);
+	CHILD_TAKES_ANY(fd, fe);
 	if (!fe && ee && !after_fork) {
 		int r = kreg_ctl(epfd, op, fd, ev);
 		if (r == 0)
@@ -1184,7 +1184,7 @@ static int ep_has_ours(int epfd)
 		for (int i = e->ep->n - 1; i >= 0; i--) {
 			int fd = e->ep->items[i].fd;
 			struct fdent *m = ours(fd);
-			CHILD_TAKES(fd, m);
+			CHILD_TAKES_ANY(fd, m);
 		}
 		return 0;
 	}

@@ -65,7 +65,7 @@ static int any_ours(struct pollfd *fds, nfds_t n)
 	int any = 0;
 	for (nfds_t i = 0; i < n; i++) {
 		struct fdent *e = ours_or_listener(fds[i].fd);
-		CHILD_TAKES(fds[i].fd, e);
+		CHILD_TAKES_ANY(fds[i].fd, e);
 		if (e || ((fds[i].events & (POLLIN | POLLRDNORM)) && ep_has_members(fds[i].fd)))
 			any = 1;
 	}
@@ -106,7 +106,7 @@ static int select_ours(int n, fd_set *r, fd_set *w, fd_set *x)
 	for (int fd = 0; fd < n && fd < nfdt; fd++)
 		if ((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (x && FD_ISSET(fd, x))) {
 			struct fdent *e = ours_or_listener(fd);
-			CHILD_TAKES(fd, e);
+			CHILD_TAKES_ANY(fd, e);
 			any |= e != NULL || (r && FD_ISSET(fd, r) && ep_has_members(fd));
 		}
 	return any && !after_fork;

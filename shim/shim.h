@@ -307,9 +307,18 @@ _Static_assert(sizeof(struct fdent) == 48, "a table entry grew");
 #define CONN_FAILED 2
 
 /* In a child forked after the core loaded, a connection is handed over
- * to the kernel at its first use, and a listener's port goes to its
- * kernel socket: e becomes NULL, and the call goes to the kernel. */
+ * to the kernel at its first use: e becomes NULL, and the call goes to
+ * the kernel. */
 #define CHILD_TAKES(fd, e) do { \
+	if ((e) && after_fork && !(e)->listening && child_takes((fd), (e)) == 0) (e) = NULL; \
+} while (0)
+
+/* CHILD_TAKES, and a listener's port goes to its kernel socket, at a use
+ * that takes or waits for its connections (accept, poll, select, epoll).
+ * A listener's names and options the child reads from its kernel socket
+ * as it is: a child that only looks at it (getsockname) leaves the port
+ * on the stack. */
+#define CHILD_TAKES_ANY(fd, e) do { \
 	if ((e) && after_fork && child_takes((fd), (e)) == 0) (e) = NULL; \
 } while (0)
 

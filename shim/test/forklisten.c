@@ -5,7 +5,8 @@
  * that connects somewhere as it loads). The parent connects to the echo
  * server at ADDR:PORT and echoes once (the stack loads), listens on
  * LPORT and answers one client ("listening", then the client's line);
- * then it forks: the child polls the listener ("child ready"), accepts
+ * a first child only reads the listener's name ("looker"); then it
+ * forks again: the child polls the listener ("child ready"), accepts
  * a client and answers it, and exits; the parent reaps it, accepts and
  * answers one more client, and echoes once more on its connection. An
  * answer is the client's bytes back. Every line says who did what.
@@ -42,6 +43,21 @@ int main(int argc, char **argv)
 	poll(&p, 1, 0);
 	say("listening");
 	answer(l, "parent");
+	/* A child that only looks at the listener, and exits. */
+	pid_t looker = fork();
+	if (looker < 0)
+		die("fork");
+	if (looker == 0) {
+		struct sockaddr_in a;
+		socklen_t al = sizeof a;
+		if (getsockname(l, (struct sockaddr *)&a, &al) < 0)
+			die("getsockname");
+		say("looker: port %d", ntohs(a.sin_port));
+		_exit(0);
+	}
+	int st;
+	if (waitpid(looker, &st, 0) != looker)
+		die("waitpid");
 	pid_t pid = fork();
 	if (pid < 0)
 		die("fork");
@@ -52,7 +68,6 @@ int main(int argc, char **argv)
 		answer(l, "child");
 		_exit(0);
 	}
-	int st;
 	if (waitpid(pid, &st, 0) != pid)
 		die("waitpid");
 	say("parent: child exited %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
