@@ -26,7 +26,9 @@
  * inherited connection is handed over to the kernel at its first use
  * (onloadd, or the parent for a stack it made, re-creates it on its
  * kernel socket with TCP_REPAIR), and is the kernel's from then on, in
- * the child and in the parent; close() closes only the child's fd. A
+ * the child and in the parent; close() closes only the child's fd. An
+ * inherited listener's port goes to its kernel socket, which the two
+ * share, at the child's first accept or wait on it. A
  * connection passed across exec is handed over before it.
  *
  * The program's signal handlers run through on_signal, which holds a
