@@ -1,9 +1,6 @@
 package daemon
 
 import (
-	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -47,8 +44,12 @@ func (d *Daemon) holdForComingLocked(cl *cluster, key bpf.Listener, cp *clusterP
 	var st unix.Stat_t
 	if unix.Fstat(proof, &st) == nil {
 		for c := range d.clients {
-			if c.hello && len(c.stacks) == 0 && c.netnsErr == nil && (c.cred.Uid == 0 || int(c.cred.Uid) == cl.uid) && holdsSocket(int(c.cred.Pid), st.Ino) {
-				coming++
+			if !c.hello || len(c.stacks) != 0 || c.netnsErr != nil || (c.cred.Uid != 0 && int(c.cred.Uid) != cl.uid) {
+				continue
+			}
+			held := map[uint64]bool{}
+			if socketInodes(int(c.cred.Pid), held) == nil && held[st.Ino] {
+				coming++ // it holds the port's socket
 			}
 		}
 	}
@@ -61,22 +62,6 @@ func (d *Daemon) holdForComingLocked(cl *cluster, key bpf.Listener, cp *clusterP
 			coming--
 		}
 	}
-}
-
-// holdsSocket says whether process pid has socket inode ino open.
-func holdsSocket(pid int, ino uint64) bool {
-	dir := fmt.Sprintf("/proc/%d/fd", pid)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return false
-	}
-	want := fmt.Sprintf("socket:[%d]", ino)
-	for _, e := range ents {
-		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && l == want {
-			return true
-		}
-	}
-	return false
 }
 
 // holdLocked holds queue q of cluster port cp (key) for a member that does

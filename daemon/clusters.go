@@ -142,11 +142,14 @@ func listening(fd int) bool {
 // port: one user's group), or they are one socket, which both processes
 // hold.
 func joins(f *filter, proof int) bool {
-	if reusePort(f.proof) && reusePort(proof) {
-		return true
-	}
-	var a, b unix.Stat_t
-	return unix.Fstat(f.proof, &a) == nil && unix.Fstat(proof, &b) == nil && a.Dev == b.Dev && a.Ino == b.Ino
+	return reusePort(f.proof) && reusePort(proof) || sameSocket(f.proof, proof)
+}
+
+// sameSocket says whether descriptors a and b are one socket (one file:
+// its device and inode).
+func sameSocket(a, b int) bool {
+	var sa, sb unix.Stat_t
+	return unix.Fstat(a, &sa) == nil && unix.Fstat(b, &sb) == nil && sa.Dev == sb.Dev && sa.Ino == sb.Ino
 }
 
 // freeClusterIDLocked is a steering id no cluster's port has.

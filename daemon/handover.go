@@ -159,8 +159,7 @@ func (d *Daemon) handover(c *client, req *control.HandoverRequest, fd int) (*con
 func (d *Daemon) retireForChild(c *client, s *dstack, id stack.SockID, fd int) (rep *control.HandoverReply, ok bool, err error) {
 	// A listening socket: a connection's kernel socket may be its port's
 	// proof too (a connection's own port, in a Go program).
-	var fst unix.Stat_t
-	if on, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || on != 1 || unix.Fstat(fd, &fst) != nil {
+	if !listening(fd) {
 		return nil, false, nil
 	}
 	var local netip.AddrPort
@@ -171,8 +170,7 @@ func (d *Daemon) retireForChild(c *client, s *dstack, id stack.SockID, fd int) (
 	var key bpf.Listener
 	var f *filter
 	for k, g := range s.filters {
-		var pst unix.Stat_t
-		if k.Proto == bpf.TCP && k.Port == local.Port() && unix.Fstat(g.proof, &pst) == nil && pst.Ino == fst.Ino && pst.Dev == fst.Dev {
+		if k.Proto == bpf.TCP && k.Port == local.Port() && sameSocket(g.proof, fd) {
 			key, f = k, g
 			break
 		}

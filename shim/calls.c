@@ -1124,7 +1124,7 @@ static void pass_listener(int fd, struct fdent *e)
 		table_unlock();
 		return;
 	}
-	int r = after_fork ? (child_takes(fd, e) == 0 ? 0 : -ENOTSUP) : CORE(core.retire_listener(e->h));
+	int r = listener_to_kernel(fd, e);
 	if (r < 0)
 		logf_("fd %d: a listener passed to another process (SCM_RIGHTS) keeps its port on the stack (%s): "
 		      "connections to it come to this process only", fd, strerror(-r));

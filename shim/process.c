@@ -275,6 +275,17 @@ int to_kernel(int fd, struct fdent *e, const char *why)
 	return 0;
 }
 
+/* listener_to_kernel gives listener fd's port (entry e) to its kernel
+ * socket, which every process holding it shares (onl_retire_listener; in
+ * a child forked after the core loaded, asked of onloadd or the parent:
+ * child_takes): 0, or a negated errno, the port still the stack's. */
+int listener_to_kernel(int fd, struct fdent *e)
+{
+	if (after_fork)
+		return child_takes(fd, e) == 0 ? 0 : -ENOTSUP;
+	return CORE(core.retire_listener(e->h));
+}
+
 static int *names_of(int h);
 static void release_at_exit(const int *names);
 

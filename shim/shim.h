@@ -596,6 +596,7 @@ int timeo_opt(int level, int name);
 void handover_at_exit(void);
 void handover_for_close(int fd, struct fdent *e);
 int to_kernel(int fd, struct fdent *e, const char *why);
+int listener_to_kernel(int fd, struct fdent *e);
 void adopt_received(const struct msghdr *m);
 void each_passed_fd(const struct msghdr *m, void (*fn)(int fd));
 

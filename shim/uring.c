@@ -80,9 +80,7 @@ static void uring_made(const char *how)
 				kept++;
 			continue;
 		}
-		/* In a child forked after the core loaded, onloadd or the
-		 * parent retires it (child_takes). */
-		int r = after_fork ? (child_takes(fd, e) == 0 ? 0 : -ENOTSUP) : CORE(core.retire_listener(e->h));
+		int r = listener_to_kernel(fd, e);
 		if (r == 0) {
 			listeners++;
 		} else {
