@@ -11,17 +11,10 @@
  *	aslimit ADDR PORT [exec]
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
-#include <unistd.h>
+#include "conform.h"
 
 static void limit(const char *who, rlim_t bytes)
 {
@@ -36,20 +29,14 @@ static void limit(const char *who, rlim_t bytes)
 
 int main(int argc, char **argv)
 {
-	if (argc != 3 && (argc != 4 || strcmp(argv[3], "exec") != 0)) {
-		fprintf(stderr, "usage: aslimit ADDR PORT [exec]\n");
-		return 2;
-	}
-	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[2]))};
-	inet_pton(AF_INET, argv[1], &sin.sin_addr);
-	int s = socket(AF_INET, SOCK_STREAM, 0);
-	if (s < 0 || connect(s, (struct sockaddr *)&sin, sizeof sin) < 0) {
-		perror("aslimit: connect");
-		return 1;
-	}
+	int ex = argc == 4 && !strcmp(argv[3], "exec");
+	int r = peer_args_more(argc - ex, argv, 0, "[exec]");
+	if (r)
+		return r;
+	int s = dial();
 	pid_t pid = fork();
 	if (pid == 0) {
-		if (argc == 4) {
+		if (ex) {
 			struct rlimit r = {200UL << 20, RLIM_INFINITY};
 			setrlimit(RLIMIT_AS, &r);
 			execl("/bin/sh", "sh", "-c", "echo child exec: ulimit -v $(ulimit -v)", (char *)NULL);

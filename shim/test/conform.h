@@ -38,7 +38,7 @@ static inline int set_peer(const char *prog, const char *addr, const char *port)
 static inline int peer_args_more(int argc, char **argv, int more, const char *usage)
 {
 	if (argc != 3 + more) {
-		fprintf(stderr, "usage: %s ADDR PORT%s%s\n", argv[0], more ? " " : "", usage);
+		fprintf(stderr, "usage: %s ADDR PORT%s%s\n", argv[0], *usage ? " " : "", usage);
 		return 2;
 	}
 	return set_peer(argv[0], argv[1], argv[2]);
