@@ -276,10 +276,10 @@ int child_takes(int fd, struct fdent *e)
 /* prepare_fork runs in the parent before a fork: a child forked after
  * the core loaded hands an inherited connection (or listener) over at
  * its first use (child_takes), and needs its names at onloadd, which
- * only the core knows. It holds the table's lock across the fork (parent_after_fork
- * and child_after_fork let it go): a child forked while another thread
- * held it started with it held for ever, and hung at its first socket
- * call. */
+ * only the core knows. It holds the table's lock across the fork
+ * (parent_after_fork and child_after_fork let it go): a child forked
+ * while another thread held it started with it held for ever, and hung
+ * at its first socket call. */
 int forked_after_core; /* prepare_fork ran with the core loaded */
 static __thread int t_fork_locked; /* prepare_fork holds the table's lock */
 
