@@ -364,10 +364,65 @@ static void release_at_exit(const int *names)
 		real_dup2(null_fd, names[i]);
 }
 
-EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+/* An exec in the dynamic loader's secure mode (the new program's real
+ * and effective user or group differ: squid's master, root in effect and
+ * its user in name, execs its worker so; or a set-user-ID file) ignores
+ * an LD_PRELOAD entry with a path, as `onloadd run` writes ours: the new
+ * program runs without the shim, its sockets the kernel's. say_secure_exec
+ * says so, as the run command says it of a set-user-ID program: an error
+ * where the configuration asks for acceleration in so many words
+ * (ONLOAD_DAEMON=require, ONLOAD_INTERFACE), else at debug. path is the
+ * file (NULL, or without a slash: a search of PATH, whose file we do not
+ * look at), or fd for fexecve (-1: none). */
+static void say_secure_exec(const char *path, int fd, char *const envp[])
+{
+	uid_t ru, eu, su;
+	gid_t rg, eg, sg;
+	if (getresuid(&ru, &eu, &su) || getresgid(&rg, &eg, &sg))
+		return;
+	struct stat st;
+	int file = fd >= 0 ? fstat(fd, &st) == 0 : path && strchr(path, '/') && stat(path, &st) == 0;
+	if (file && (st.st_mode & S_ISUID))
+		eu = st.st_uid;
+	if (file && (st.st_mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP))
+		eg = st.st_gid;
+	if (eu == ru && eg == rg)
+		return;
+	Dl_info di;
+	const char *pre = NULL;
+	for (int i = 0; envp && envp[i]; i++)
+		if (!strncmp(envp[i], "LD_PRELOAD=", 11))
+			pre = envp[i] + 11;
+	if (!pre || !dladdr((void *)say_secure_exec, &di) || !di.dli_fname || !strchr(di.dli_fname, '/') ||
+	    !strstr(pre, di.dli_fname))
+		return; /* the shim is not preloaded by path there */
+	const char *d = getenv("ONLOAD_DAEMON"), *itf = getenv("ONLOAD_INTERFACE");
+	int asked = (d && !strcmp(d, "require")) || (itf && *itf);
+	if (!asked && !log_debug)
+		return;
+	char name[32];
+	if (!path)
+		snprintf(name, sizeof name, "fd %d", fd);
+	logf_("exec %s: the new program runs in the dynamic loader's secure mode (real uid %u, effective %u; real gid %u, "
+	      "effective %u), which ignores LD_PRELOAD=%s: it runs without the shim, its sockets the kernel's (a program "
+	      "whose user and effective user differ is not accelerated)",
+	      path ? path : name, (unsigned)ru, (unsigned)eu, (unsigned)rg, (unsigned)eg, di.dli_fname);
+}
+
+/* before_exec readies the process for an exec (see the section's
+ * comment, limits.c's as_for_exec and say_secure_exec): path or fd as
+ * say_secure_exec takes them. as_exec_failed undoes it if the exec
+ * fails. */
+static void before_exec(const char *path, int fd, char *const envp[])
 {
 	handover_for_exec();
 	as_for_exec();
+	say_secure_exec(path, fd, envp);
+}
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+	before_exec(path, -1, envp);
 	int r = real_execve(path, argv, envp);
 	as_exec_failed();
 	return r;
@@ -375,8 +430,7 @@ EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 {
-	handover_for_exec();
-	as_for_exec();
+	before_exec(file, -1, envp);
 	int r = real_execvpe(file, argv, envp);
 	as_exec_failed();
 	return r;
@@ -384,8 +438,7 @@ EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 
 EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 {
-	handover_for_exec();
-	as_for_exec();
+	before_exec(NULL, fd, envp);
 	int r = real_fexecve(fd, argv, envp);
 	as_exec_failed();
 	return r;
@@ -446,6 +499,7 @@ EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_acti
 		       const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
 	handover_for_exec();
+	say_secure_exec(path, -1, envp);
 	return real_posix_spawn(pid, path, fa, attr, argv, envp);
 }
 
@@ -453,18 +507,21 @@ EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_act
 			const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
 	handover_for_exec();
+	say_secure_exec(file, -1, envp);
 	return real_posix_spawnp(pid, file, fa, attr, argv, envp);
 }
 
 EXPORT int system(const char *cmd)
 {
 	handover_for_exec();
+	say_secure_exec("/bin/sh", -1, environ);
 	return real_system(cmd);
 }
 
 EXPORT FILE *popen(const char *cmd, const char *mode)
 {
 	handover_for_exec();
+	say_secure_exec("/bin/sh", -1, environ);
 	return real_popen(cmd, mode);
 }
 
