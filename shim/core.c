@@ -47,6 +47,7 @@ struct core_fns core;
 int core_state;		/* 0 not loaded, 1 loaded, -1 failed */
 int after_fork;		/* a child forked after the core loaded */
 int log_debug;		/* ONLOAD_LOG=debug */
+const char *log_file;	/* ONLOAD_LOG_FILE, or NULL: standard error */
 long spin_ns;		/* the profile's spin time */
 int irq_fd = -1;	/* the stack's interrupt fd (onl_irq_fd) */
 int remote_fd = -1;	/* the stack's wake socket (onl_remote_fd) */
@@ -93,6 +94,12 @@ static int core_span(struct dl_phdr_info *info, size_t size, void *unused)
 	return 1;
 }
 
+/* logf_ writes a line to standard error, or appends it to the file
+ * ONLOAD_LOG_FILE names (log_file), opened for the line: no fd of ours
+ * for a daemon that closes every fd to take away, and whole lines in
+ * order from each of the program's processes (O_APPEND), as the core's
+ * own log writes it (sockets/log.go). A line the file refuses goes to
+ * standard error, the first with why. */
 void logf_(const char *fmt, ...)
 {
 	char buf[512];
@@ -104,6 +111,24 @@ void logf_(const char *fmt, ...)
 	if (n > (int)sizeof buf - 2)
 		n = sizeof buf - 2;
 	buf[n++] = '\n';
+	if (log_file) {
+		int fd = open(log_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+		if (fd >= 0) {
+			ssize_t w = real_write(fd, buf, n);
+			int e = errno;
+			real_close(fd);
+			if (w == n)
+				return;
+			errno = w < 0 ? e : EIO;
+		}
+		static int told;
+		if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED)) {
+			char why[320];
+			int m = snprintf(why, sizeof why, "onload[%d]: ONLOAD_LOG_FILE=%s: %s; the log goes to standard error\n",
+					 getpid(), log_file, strerror(errno));
+			real_write(2, why, m < (int)sizeof why ? m : (int)sizeof why - 1);
+		}
+	}
 	real_write(2, buf, n);
 }
 

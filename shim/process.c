@@ -133,6 +133,9 @@ __attribute__((constructor)) static void init(void)
 	}
 	const char *lv = getenv("ONLOAD_LOG");
 	log_debug = lv && strcmp(lv, "debug") == 0;
+	const char *lf = getenv("ONLOAD_LOG_FILE");
+	if (lf && *lf)
+		log_file = strdup(lf);
 	const char *dis = getenv("ONLOAD_DISABLE");
 	if (dis && strcmp(dis, "1") == 0)
 		return; /* an empty table: everything goes to libc */

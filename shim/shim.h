@@ -423,6 +423,7 @@ extern uint64_t fdt_used[(1 << 20) / FDT_BLOCK / 64];
 extern int core_state;
 extern int after_fork;
 extern int log_debug;
+extern const char *log_file;
 extern long spin_ns;
 extern int irq_fd;
 extern int remote_fd;

@@ -46,6 +46,7 @@ type Config struct {
 	SendBufferMax, RecvBufferMax int
 	Congestion                   string // "cubic" or "reno"
 	Log                          slog.Level
+	LogFile                      string // the log's file ("": standard error)
 	// Daemon says whether stacks come from onloadd: DaemonAuto (when it
 	// runs), DaemonRequire or DaemonOff (standalone only).
 	Daemon       string
@@ -169,8 +170,11 @@ var Options = []Option{
 		Doc: "onloadd's (`onloadd serve`): the real-time priority (SCHED_FIFO) of the threads that watch stacks and poll them for their processes, so that a takeover runs when it is due, ahead of the applications on the same processors, as the kernel's interrupt handling does for its own TCP. A watcher sleeps between polls and each poll's work is bounded. 0: normal scheduling. Needs CAP_SYS_NICE; without it onloadd says so once and runs them at normal priority.",
 		set: func(c *Config, v int64, _ string) { c.TakeoverPrio = int(v) }},
 	{Env: "ONLOAD_LOG", Default: "error", Choices: []string{"debug", "info", "warn", "error"},
-		Doc: "Log level, to standard error. `debug` says which sockets are not accelerated and why; `info` reports stacks created and closed.",
+		Doc: "Log level, to standard error (or ONLOAD_LOG_FILE). `debug` says which sockets are not accelerated and why; `info` reports stacks created and closed.",
 		set: func(c *Config, _ int64, s string) { c.Log = logLevel(s) }},
+	{Env: "ONLOAD_LOG_FILE", Default: "",
+		Doc: "The log's file, in place of standard error: appended to, opened for each message, so that a daemon that closes or redirects its standard error (squid, a program that calls daemon(3)) still says what was not accelerated and why; the processes of a program share it, each line naming its process. Empty: standard error.",
+		set: func(c *Config, _ int64, s string) { c.LogFile = s }},
 }
 
 func logLevel(s string) slog.Level {

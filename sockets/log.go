@@ -2,17 +2,50 @@ package sockets
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
 )
 
-// The log goes to standard error at the level ONLOAD_LOG sets (error by
-// default): debug says what was not accelerated and why.
+// The log goes to standard error, or the file ONLOAD_LOG_FILE names, at
+// the level ONLOAD_LOG sets (error by default): debug says what was not
+// accelerated and why.
 var (
 	logLevelVar = new(slog.LevelVar)
-	logger      = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevelVar}))
+	logger      = newLogger(os.Stderr)
 )
+
+func newLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: logLevelVar}))
+}
+
+// logFile is the log's writer when ONLOAD_LOG_FILE names a file: each
+// line is appended with a file opened for it (O_APPEND: whole lines, in
+// the order written, whichever process of the program writes them; no
+// descriptor kept that a daemon closing every fd would take away, as the
+// LD_PRELOAD shim's own lines are written). A line the file refuses goes
+// to standard error, the first with why.
+type logFile struct {
+	path string
+	told atomic.Bool
+}
+
+func (f *logFile) Write(b []byte) (int, error) {
+	w, err := os.OpenFile(f.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err == nil {
+		_, err = w.Write(b)
+		w.Close()
+		if err == nil {
+			return len(b), nil
+		}
+	}
+	if !f.told.Swap(true) {
+		fmt.Fprintf(os.Stderr, "onload: ONLOAD_LOG_FILE=%s: %v; the log goes to standard error\n", f.path, err)
+	}
+	return os.Stderr.Write(b)
+}
 
 const (
 	levelDebug = slog.LevelDebug
@@ -22,6 +55,9 @@ const (
 
 func init() {
 	logLevelVar.Set(logLevel(strings.TrimSpace(os.Getenv("ONLOAD_LOG"))))
+	if p := strings.TrimSpace(os.Getenv("ONLOAD_LOG_FILE")); p != "" {
+		logger = newLogger(&logFile{path: p}).With("pid", os.Getpid())
+	}
 }
 
 func logf(level slog.Level, format string, args ...any) {

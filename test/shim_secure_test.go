@@ -18,13 +18,7 @@ import (
 // on the kernel, and the shim says why, once. Before, squid under
 // `onloadd run` ran wholly on the kernel and nothing said so.
 func TestShimSecureExec(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the program sets its real user apart from its effective one")
-	}
-	shimOnloadd(t)
-	prog := buildC(t, "secure")
-	a, b, ln := echoHosts(t)
-	addr, port := b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	prog, a, addr, port := secureProgram(t)
 	kernel, _ := runBounded(t, a.Command(prog, addr, port), 30*time.Second)
 	shim, log := runBounded(t, shimCommand(t, a, nil, prog, addr, port), 30*time.Second)
 	requireAccelerated(t, log, "connecting")
@@ -38,4 +32,17 @@ func TestShimSecureExec(t *testing.T) {
 		t.Fatalf("under the shim it printed:\n%s\non the kernel:\n%s\nshim's log (want %q once):\n%s", shim, kernel, said, log)
 	}
 	t.Logf("%s\nshim's log:\n%s", shim, log)
+}
+
+// secureProgram builds shim/test/secure.c, and the echo server it talks
+// to from host a at addr:port.
+func secureProgram(t *testing.T) (prog string, a *Host, addr, port string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the program sets its real user apart from its effective one")
+	}
+	shimOnloadd(t)
+	prog = buildC(t, "secure")
+	a, b, ln := echoHosts(t)
+	return prog, a, b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
