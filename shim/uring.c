@@ -18,10 +18,14 @@
  *   before is taken by the C library's accept, not the ring's, and goes
  *   to the kernel as it is accepted.
  *
- * liburing makes its system calls itself: a ring made with the raw
- * system call, or by a liburing linked into the program, is not seen
- * until the next load, and its operations on accelerated sockets fail as
- * above. */
+ * - a ring made after the core loaded with the system call through the
+ *   C library's syscall(2), as a program that makes its own system calls
+ *   does (Rust's io-uring crate), the same.
+ *
+ * liburing makes its system calls itself: a ring made by a liburing
+ * linked into the program, or with the system call's own instruction,
+ * is not seen until the next load, and its operations on accelerated
+ * sockets fail as above. */
 #include "shim.h"
 
 int uring_late;
@@ -146,5 +150,32 @@ EXPORT int io_uring_setup(unsigned entries, struct io_uring_params *p)
 	int r = real_(entries, p);
 	if (r >= 0)
 		uring_made("io_uring_setup");
+	return r;
+}
+
+/* The C library's syscall(2): a ring made through it is seen as
+ * liburing's are. Every other call passes on as it came (six words: the
+ * most a system call takes, as the C library's own reads them), errno
+ * as the call left it. */
+EXPORT long syscall(long nr, ...)
+{
+	static long (*real_)(long, ...);
+	if (!real_)
+		*(void **)&real_ = dlsym(RTLD_NEXT, "syscall");
+	if (!real_) {
+		errno = ENOSYS;
+		return -1;
+	}
+	va_list ap;
+	va_start(ap, nr);
+	long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
+	long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
+	va_end(ap);
+	long r = real_(nr, a, b, c, d, e, f);
+	if (nr == SYS_io_uring_setup && r >= 0) {
+		int saved = errno;
+		uring_made("syscall(SYS_io_uring_setup)");
+		errno = saved;
+	}
 	return r;
 }

@@ -315,7 +315,7 @@ func TestShimBindToDevice(t *testing.T) {
 // failed with EPIPE and the accept waited for ever.
 func TestShimIOURing(t *testing.T) {
 	const want = "send through the ring: 5\nrecv through the ring: 5\nlistening\naccept through the ring: an fd\nrecv through the ring: 4\nsend through the ring: 4"
-	log := uringRun(t, false, want)
+	log := uringRun(t, "", want)
 	if !strings.Contains(log, "is an io_uring instance, whose operations the interposer cannot see") {
 		t.Errorf("the shim's log does not say why the sockets are the kernel's:\n%s", log)
 	}
@@ -334,20 +334,28 @@ func TestShimIOURingLate(t *testing.T) {
 		"accepted the queued connection\nrecv through the ring: 5\nsend through the ring: 5\nlistening\n" +
 		"accept through the ring: an fd\nrecv through the ring: 4\nsend through the ring: 4\n" +
 		"connected after the ring\nsend through the ring: 5\nrecv through the ring: 5"
-	log := uringRun(t, true, want)
-	requireAccelerated(t, log, "connecting")
-	requireAccelerated(t, log, "listening")
-	if !strings.Contains(log, "(connections handed over: 1; listeners whose ports went to their kernel sockets: 1; left accelerated: 0)") {
-		t.Errorf("the shim's log does not say that the ring sent the sockets to the kernel:\n%s", log)
+	// The ring made through liburing, and with the system call through
+	// the C library's syscall(2), as a program that makes its own system
+	// calls does (Rust's io-uring crate).
+	for _, mode := range []string{"late", "late-raw"} {
+		t.Run(mode, func(t *testing.T) {
+			log := uringRun(t, mode, want)
+			requireAccelerated(t, log, "connecting")
+			requireAccelerated(t, log, "listening")
+			if !strings.Contains(log, "(connections handed over: 1; listeners whose ports went to their kernel sockets: 1; left accelerated: 0)") {
+				t.Errorf("the shim's log does not say that the ring sent the sockets to the kernel:\n%s", log)
+			}
+		})
 	}
 }
 
-// uringRun runs shim/test/uring.c (late: its ring made after its first
-// sockets) on the kernel and under the shim, against an echo server and
-// a client in the other host, and requires the lines want of both. It
-// returns the shim's log.
-func uringRun(t *testing.T, late bool, want string) string {
+// uringRun runs shim/test/uring.c (mode: "", or "late" or "late-raw",
+// its ring made after its first sockets) on the kernel and under the
+// shim, against an echo server and a client in the other host, and
+// requires the lines want of both. It returns the shim's log.
+func uringRun(t *testing.T, mode, want string) string {
 	t.Helper()
+	late := mode != ""
 	if _, err := os.Stat("/usr/include/liburing.h"); err != nil {
 		t.Skip("liburing's header is not installed (apt-get install liburing-dev): cannot build the io_uring program")
 	}
@@ -357,8 +365,8 @@ func uringRun(t *testing.T, late bool, want string) string {
 	const lport = 7350
 	run := func(shim bool) (string, string) {
 		args := []string{b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), strconv.Itoa(lport)}
-		if late {
-			args = append(args, "late")
+		if mode != "" {
+			args = append(args, mode)
 		}
 		name, stdin, next, log := startSide(t, a, shim, prog, args...)
 		defer stdin.Close()

@@ -11,11 +11,15 @@
  * standard input): the connection echoes through the ring, the queued
  * one is taken with accept(2) and answered through the ring, and after
  * the ring's accept a second connection, made after the ring, echoes
- * through it too.
+ * through it too. With "late-raw", as "late" with the ring made by the
+ * system call through the C library's syscall(2) and mapped by liburing
+ * (io_uring_queue_mmap), as a program that makes its own system calls
+ * does (Rust's io-uring crate).
  *
- * usage: uring ADDR PORT LPORT [late]
+ * usage: uring ADDR PORT LPORT [late|late-raw]
  */
 #include <liburing.h>
+#include <sys/syscall.h>
 #include "conform.h"
 
 static struct io_uring ring;
@@ -42,11 +46,25 @@ static int complete(const char *what, int fd)
 	return r;
 }
 
-static void make_ring(void)
+static void make_ring(int raw)
 {
-	int r = io_uring_queue_init(8, &ring, 0);
+	int r;
+	if (raw) {
+		struct io_uring_params p = {0};
+		int fd = syscall(SYS_io_uring_setup, 8, &p);
+		if (fd < 0)
+			die("io_uring_setup");
+		r = io_uring_queue_mmap(fd, &p, &ring);
+		/* What io_uring_queue_init does beside: the features, and each
+		 * submission slot naming its own entry. */
+		ring.features = p.features;
+		for (unsigned i = 0; !r && i < p.sq_entries; i++)
+			ring.sq.array[i] = i;
+	} else {
+		r = io_uring_queue_init(8, &ring, 0);
+	}
 	if (r < 0) {
-		fprintf(stderr, "uring: io_uring_queue_init: %s\n", strerror(-r));
+		fprintf(stderr, "uring: making the ring: %s\n", strerror(-r));
 		exit(1);
 	}
 }
@@ -76,12 +94,13 @@ static void answer_ring(int c)
 
 int main(int argc, char **argv)
 {
-	int late = argc == 5 && !strcmp(argv[4], "late");
-	int r = peer_args_more(argc - late, argv, 1, "LPORT [late]");
+	int raw = argc == 5 && !strcmp(argv[4], "late-raw");
+	int late = raw || (argc == 5 && !strcmp(argv[4], "late"));
+	int r = peer_args_more(argc - late, argv, 1, "LPORT [late|late-raw]");
 	if (r)
 		return r;
 	if (!late)
-		make_ring();
+		make_ring(0);
 	char buf[64];
 	int s = socket(AF_INET, SOCK_STREAM, 0);
 	if (s < 0 || connect(s, (struct sockaddr *)&peer, sizeof peer) < 0)
@@ -103,7 +122,7 @@ int main(int argc, char **argv)
 		say("polled");
 		if (!fgets(buf, sizeof buf, stdin))
 			die("stdin");
-		make_ring();
+		make_ring(raw);
 		say("ring made");
 		echo_ring(s);
 		int q = accept(l, NULL, NULL);
