@@ -151,6 +151,25 @@ static int v4_of(int fd, const struct fdent *e, const struct sockaddr *a, sockle
 	return 1;
 }
 
+/* loopback: ip (network order) is in 127.0.0.0/8, which no interface's
+ * stack serves: a socket there is the kernel's, and needs no core. A
+ * process whose only sockets are on loopback (varnish's manager, whose
+ * command line listens on 127.0.0.1) loaded the core and took a stack
+ * for them from onloadd (a queue, and the named stack its workers, of
+ * another user, could then not join) to hear it did not serve them. */
+static int loopback(uint32_t ip) { return (ntohl(ip) >> 24) == 127; }
+
+/* bound_loopback: fd (entry e) is bound to a loopback address. */
+static int bound_loopback(int fd, const struct fdent *e)
+{
+	struct sockaddr_storage sa;
+	socklen_t l = sizeof sa;
+	uint32_t ip;
+	uint16_t port;
+	return real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && v4_of(fd, e, (struct sockaddr *)&sa, l, 1, &ip, &port) &&
+	       loopback(ip);
+}
+
 /* lopt_gen counts the changes of listeners' options (lopts_of). */
 static uint32_t lopt_gen;
 
@@ -232,6 +251,10 @@ void accel_listener(int fd, struct fdent *e)
 	if (e->kind != K_TCP || !e->listening || after_fork || uring_late)
 		return;
 	table_lock();
+	if (e->kind == K_TCP && !e->tried && bound_loopback(fd, e)) {
+		e->tried = 1;
+		debugf("fd %d: listening in the kernel (a loopback address)", fd);
+	}
 	if (e->kind == K_TCP && !e->tried && load_core() == 1) {
 		struct sockaddr_storage sa;
 		socklen_t l = sizeof sa;
@@ -397,6 +420,10 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	if (!ours || !v4_of(fd, e, a, l, 0, &ip, &port)) {
 		if (ours && e->v6 && a && a->sa_family == AF_INET6)
 			debugf("fd %d: an IPv6 connect that does not reach IPv4 (an IPv6 address, IPV6_V6ONLY, or bound to an IPv6 address): the kernel's", fd);
+		return real_connect(fd, a, l);
+	}
+	if (loopback(ip)) {
+		debugf("fd %d: connecting in the kernel (a loopback address)", fd);
 		return real_connect(fd, a, l);
 	}
 	if (load_core() != 1)

@@ -94,24 +94,56 @@ static int core_span(struct dl_phdr_info *info, size_t size, void *unused)
 	return 1;
 }
 
-/* logf_ writes a line to standard error, or appends it to the file
- * ONLOAD_LOG_FILE names (log_file), opened for the line: no fd of ours
- * for a daemon that closes every fd to take away, and whole lines in
- * order from each of the program's processes (O_APPEND), as the core's
- * own log writes it (sockets/log.go). A line the file refuses goes to
- * standard error, the first with why. */
-void logf_(const char *fmt, ...)
+/* ---- the log ----------------------------------------------------------
+ *
+ * Lines go to standard error, or to the file ONLOAD_LOG_FILE names
+ * (log_file), appended to (O_APPEND: whole lines, in order, from each of
+ * the program's processes), the interposer's and the core's alike (the
+ * core writes through log_write, onl_thread). The file is opened as the
+ * process starts (log_keep_open), above the base and marked the shim's
+ * own (K_CORE), so that a daemon closing every fd goes round it and a
+ * process that has taken another user since (varnish's manager, nginx's
+ * workers, squid's) still writes where root opened; a process that has
+ * lost it (a child that closed it) opens the file for each line. A line
+ * that neither takes goes to standard error, the first with why. */
+
+static int base_fd(void);
+
+static int log_keep = -1; /* the file, opened as the process started */
+static dev_t log_dev;
+static ino_t log_ino;
+
+void log_keep_open(void)
 {
-	char buf[512];
-	int n = snprintf(buf, sizeof buf, "onload[%d]: ", getpid());
-	va_list ap;
-	va_start(ap, fmt);
-	n += vsnprintf(buf + n, sizeof buf - n, fmt, ap);
-	va_end(ap);
-	if (n > (int)sizeof buf - 2)
-		n = sizeof buf - 2;
-	buf[n++] = '\n';
+	if (!log_file)
+		return;
+	int fd = open(log_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return; /* log_write says why, at the first line */
+	int b = base_fd(), hi = b > 0 ? real_fcntl(fd, F_DUPFD_CLOEXEC, b) : -1;
+	if (hi >= 0) {
+		real_close(fd);
+		fd = hi;
+	}
+	struct stat st;
+	if (fstat(fd, &st) < 0) {
+		real_close(fd);
+		return;
+	}
+	log_dev = st.st_dev;
+	log_ino = st.st_ino;
+	log_keep = fd;
+	if (fdt && fd < nfdt)
+		set_kind(&fdt[fd], K_CORE);
+}
+
+void log_write(const char *buf, int n)
+{
 	if (log_file) {
+		struct stat st;
+		if (log_keep >= 0 && fstat(log_keep, &st) == 0 && st.st_dev == log_dev && st.st_ino == log_ino &&
+		    real_write(log_keep, buf, n) == n)
+			return;
 		int fd = open(log_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
 		if (fd >= 0) {
 			ssize_t w = real_write(fd, buf, n);
@@ -130,6 +162,20 @@ void logf_(const char *fmt, ...)
 		}
 	}
 	real_write(2, buf, n);
+}
+
+void logf_(const char *fmt, ...)
+{
+	char buf[512];
+	int n = snprintf(buf, sizeof buf, "onload[%d]: ", getpid());
+	va_list ap;
+	va_start(ap, fmt);
+	n += vsnprintf(buf + n, sizeof buf - n, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof buf - 2)
+		n = sizeof buf - 2;
+	buf[n++] = '\n';
+	log_write(buf, n);
 }
 
 /* ---- the core's own fds ----------------------------------------------- */

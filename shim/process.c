@@ -168,6 +168,7 @@ __attribute__((constructor)) static void init(void)
 	pthread_key_create(&thread_key, thread_exit);
 	pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
 	adopt_inherited();
+	log_keep_open();
 }
 
 static void child_after_fork(void)

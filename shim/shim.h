@@ -185,7 +185,7 @@ struct core_fns {
 	int (*remote_fd)(void);
 	void (*take_remote)(void);
 	void (*forget_efd)(int);
-	void (*thread)(void);
+	void (*thread)(void (*)(const char *, int)); /* the log's writer, or NULL */
 	void (*thread_gone)(void);
 	void (*resched)(void);
 	int (*retire_listener)(int);
@@ -221,8 +221,10 @@ extern struct core_fns core;
  * each page an interposed call touches costs a page walk. */
 #define NFAST 8192
 
-/* A thread that calls the core gets a signal stack (unless it has one):
- * the Go runtime takes it as the thread's, and the program's handlers
+/* A thread that calls the core gets a signal stack, in place of any the
+ * program gave it (which may be small, or shared between threads, as
+ * varnish's is: wait.c's install_altstack): the Go runtime takes it as
+ * the thread's, and the program's handlers
  * run on it (SA_ONSTACK). A handler's socket call enters Go from there,
  * and Go assumes 32 KiB of it are free below: Go's own stack for a
  * thread that has none is 32 KiB in all. */
@@ -442,6 +444,10 @@ extern int loading;
 extern void *core_base;
 extern uintptr_t core_end;
 void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* log_write writes a whole line (with its newline) where the log goes;
+ * log_keep_open opens ONLOAD_LOG_FILE as the process starts (core.c). */
+void log_write(const char *buf, int n);
+void log_keep_open(void);
 void exit_close(void);
 int load_core(void);
 

@@ -78,9 +78,10 @@ void thread_exit(void *p)
 		t_alt = 0;
 	}
 	stack_t ss;
-	if (t_alt_mem && sigaltstack(NULL, &ss) == 0 && ss.ss_sp == t_alt_mem && !(ss.ss_flags & SS_ONSTACK)) {
-		ss.ss_flags = SS_DISABLE;
-		if (sigaltstack(&ss, NULL) == 0)
+	if (t_alt_mem && sigaltstack(NULL, &ss) == 0 && !(ss.ss_sp == t_alt_mem && (ss.ss_flags & SS_ONSTACK))) {
+		/* Ours, or one the program put in its place since (its own
+		 * again, as varnish's thread does as it ends). */
+		if (ss.ss_sp != t_alt_mem || (ss.ss_flags = SS_DISABLE, sigaltstack(&ss, NULL) == 0))
 			munmap(t_alt_mem, ALTSTACK);
 	}
 	t_alt_mem = NULL;
@@ -92,8 +93,25 @@ void thread_exit(void *p)
 static void install_altstack(void)
 {
 	stack_t ss;
-	if (sigaltstack(NULL, &ss) < 0 || !(ss.ss_flags & SS_DISABLE))
-		return; /* the program's */
+	if (sigaltstack(NULL, &ss) < 0)
+		return;
+	if (!(ss.ss_flags & SS_DISABLE)) {
+		if (ss.ss_flags & SS_ONSTACK)
+			return; /* the program's, in use now */
+		/* The program's own stands aside: the Go runtime's handlers
+		 * (its preemption signal, 2,000 a second under load) run on
+		 * it too, and need room and a stack of the thread's own.
+		 * varnish gives every worker thread the same 80 KiB, for its
+		 * SIGSEGV handler: two threads' preemption signals at once
+		 * there ended its worker process. The program's handlers run
+		 * on ours. */
+		static int said;
+		if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+			debugf("the program's own signal stacks (%zu KiB on the first thread found with one) stand aside on "
+			       "its threads that call the stack: the shim's (%d KiB a thread) stand in, for the Go "
+			       "runtime's handlers and the program's",
+			       ss.ss_size >> 10, ALTSTACK >> 10);
+	}
 	void *m = mmap(NULL, ALTSTACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
 	if (m == MAP_FAILED)
 		return;
@@ -115,7 +133,7 @@ void thread_altstack(void)
 	 * this one was then never installed. */
 	install_altstack();
 	in_core = 1;
-	core.thread();
+	core.thread(log_file ? log_write : NULL);
 	in_core = 0;
 }
 
@@ -129,14 +147,15 @@ static int thread_efd(void)
 }
 
 /* thread_ep is the thread's epoll set with the program's epoll fd epfd
- * in it, or -1 (the caller blocks with ppoll). The stack's interrupt fd
- * joins it for each block (wait_block). The program's epoll fd is
- * registered again when the thread waits on another one, or on a new
- * instance under the same number (epgen). */
+ * in it (epfd -1: a wait on the stack alone, the program's out of it),
+ * or -1 (the caller blocks with ppoll). The stack's interrupt fd joins
+ * it for each block (wait_block). The program's epoll fd is registered
+ * again when the thread waits on another one, or on a new instance under
+ * the same number (epgen). */
 static int thread_ep(int epfd)
 {
-	struct fdent *ee = ent(epfd);
-	if (!ee || ee->kind != K_EPOLL)
+	struct fdent *ee = NULL;
+	if (epfd >= 0 && (!(ee = ent(epfd)) || ee->kind != K_EPOLL))
 		return -1;
 	if (t_ep < 0) {
 		int efd = thread_efd();
@@ -149,6 +168,12 @@ static int thread_ep(int epfd)
 			real_close(t_ep);
 			return t_ep = -1;
 		}
+	}
+	if (!ee) {
+		if (t_ep_prog >= 0)
+			real_epoll_ctl(t_ep, EPOLL_CTL_DEL, t_ep_prog, NULL);
+		t_ep_prog = -1;
+		return t_ep;
 	}
 	if (t_ep_prog != epfd || t_ep_gen != ee->epgen) {
 		if (t_ep_prog >= 0)
@@ -348,7 +373,15 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 	int direct = irq_fd >= 0 && (conns || (remote_fd < 0 && __atomic_load_n(&waiter_threads, __ATOMIC_RELAXED) <= 1));
 	/* epoll_pwait2 (glibc 2.35) takes the deadline to the nanosecond;
 	 * without it, ppoll. */
-	int tep = direct && epfd >= 0 && real_epoll_pwait2 ? thread_ep(epfd) : -1;
+	/* A wait on the stack alone (no kernel fd in p: a blocking read, or
+	 * a poll of accelerated sockets only, as each of varnish's threads
+	 * makes on its connection) takes the thread's set too, for
+	 * EPOLLEXCLUSIVE (below): with ppoll, every frame woke each of
+	 * varnish's 50 threads blocked so. */
+	int kfds = 0;
+	for (int i = 0; i < np; i++)
+		kfds += p[i].fd >= 0;
+	int tep = direct && (epfd >= 0 || kfds == 0) && real_epoll_pwait2 ? thread_ep(epfd) : -1;
 	int park = direct ? ONL_PARK_DIRECT : ONL_PARK;
 	keep_p(now ? now : now_ns(), RESCHED_IDLE_NS); /* now is 0 without a deadline */
 	if (logseq) {

@@ -18,14 +18,14 @@ import (
 // kernel. The designed fallback (auto) stays at info.
 func TestNoStackSaidOnce(t *testing.T) {
 	var buf bytes.Buffer
-	old := logger
-	logger = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	old := logger.Load()
+	logger.Store(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	def.mu.Lock()
 	saved := def.told
 	def.err, def.told = "", nil
 	def.mu.Unlock()
 	t.Cleanup(func() {
-		logger = old
+		logger.Store(old)
 		def.mu.Lock()
 		def.err, def.told = "", saved
 		def.mu.Unlock()

@@ -14,7 +14,7 @@ import (
 // accelerated and why.
 var (
 	logLevelVar = new(slog.LevelVar)
-	logger      = newLogger(os.Stderr)
+	logger      atomic.Pointer[slog.Logger]
 )
 
 func newLogger(w io.Writer) *slog.Logger {
@@ -55,14 +55,23 @@ const (
 
 func init() {
 	logLevelVar.Set(logLevel(strings.TrimSpace(os.Getenv("ONLOAD_LOG"))))
+	logger.Store(newLogger(os.Stderr))
 	if p := strings.TrimSpace(os.Getenv("ONLOAD_LOG_FILE")); p != "" {
-		logger = newLogger(&logFile{path: p}).With("pid", os.Getpid())
+		SetLogOutput(&logFile{path: p})
 	}
 }
 
+// SetLogOutput sends the log to w, in place of standard error or
+// ONLOAD_LOG_FILE's file, each line naming the process (pid=): the
+// LD_PRELOAD shim's core gives it the interposer's writer, which holds
+// the log file open from the process's start.
+func SetLogOutput(w io.Writer) {
+	logger.Store(newLogger(w).With("pid", os.Getpid()))
+}
+
 func logf(level slog.Level, format string, args ...any) {
-	if logger.Enabled(nil, level) {
-		logger.Log(nil, level, "onload: "+fmt.Sprintf(format, args...))
+	if l := logger.Load(); l.Enabled(nil, level) {
+		l.Log(nil, level, "onload: "+fmt.Sprintf(format, args...))
 	}
 }
 

@@ -14,6 +14,10 @@ package main
 // The interposer's note of the stack's own descriptors (fdbase.Notify).
 typedef void (*onl_fd_note)(int fd, int open);
 static void call_fd_note(onl_fd_note f, int fd, int open) { f(fd, open); }
+
+// The interposer's log writer, where ONLOAD_LOG_FILE names a file.
+typedef void (*onl_log_write)(const char *line, int n);
+static void call_log_write(onl_log_write f, const char *line, int n) { f(line, n); }
 */
 import "C"
 
@@ -628,9 +632,14 @@ func setThreadProcsLocked() {
 }
 
 // onl_thread counts a program thread at its first call into the core.
+// logw, where ONLOAD_LOG_FILE names a file, is the interposer's writer
+// of the log: the core's lines go through it from the first (cLog).
 //
 //export onl_thread
-func onl_thread() {
+func onl_thread(logw C.onl_log_write) {
+	if logw != nil {
+		logOnce.Do(func() { sockets.SetLogOutput(cLog{logw}) })
+	}
 	threadsMu.Lock()
 	defer threadsMu.Unlock()
 	threads++
@@ -778,6 +787,19 @@ func onl_init(base C.int, note C.onl_fd_note) {
 			sockets.LogDebug("%v", err)
 		}
 	}
+}
+
+// cLog writes the core's log lines through the interposer (onl_thread's
+// logw), which keeps the log file open from the process's start.
+type cLog struct{ w C.onl_log_write }
+
+var logOnce sync.Once
+
+func (l cLog) Write(b []byte) (int, error) {
+	if len(b) > 0 {
+		C.call_log_write(l.w, (*C.char)(unsafe.Pointer(&b[0])), C.int(len(b)))
+	}
+	return len(b), nil
 }
 
 // onl_own_stack is 1 when the stack is the process's own (not onloadd's):

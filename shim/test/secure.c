@@ -6,7 +6,11 @@
  * second after setresuid(65534, 0, 0). Each worker prints whether it
  * runs in secure mode and echoes a line through the echo server at
  * ADDR:PORT: the same under the shim as on the kernel (the first worker
- * accelerated, the second on the kernel, the shim saying why). Run as
+ * accelerated, the second on the kernel, the shim saying why). Then a
+ * third child, forked, takes user 65534 in full, as a daemon's worker
+ * does, makes a UDP socket and echoes through a connection of its own
+ * (under the shim a standalone stack needs root: the kernel's), its
+ * shim's lines going to a log file it could no longer open. Run as
  * root.
  *
  *	secure ADDR PORT
@@ -58,5 +62,20 @@ int main(int argc, char **argv)
 		return r;
 	spawn(argv, "same users", 0);
 	spawn(argv, "users apart", 1);
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid == 0) {
+		if (setresuid(65534, 65534, 65534) < 0)
+			die("setresuid");
+		int u = socket(AF_INET, SOCK_DGRAM, 0);
+		if (u < 0)
+			die("socket");
+		close(u);
+		worker("another user");
+		exit(0);
+	}
+	int st;
+	waitpid(pid, &st, 0);
+	printf("another user: exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 	return 0;
 }
