@@ -159,17 +159,6 @@ static int v4_of(int fd, const struct fdent *e, const struct sockaddr *a, sockle
  * another user, could then not join) to hear it did not serve them. */
 static int loopback(uint32_t ip) { return (ntohl(ip) >> 24) == 127; }
 
-/* bound_loopback: fd (entry e) is bound to a loopback address. */
-static int bound_loopback(int fd, const struct fdent *e)
-{
-	struct sockaddr_storage sa;
-	socklen_t l = sizeof sa;
-	uint32_t ip;
-	uint16_t port;
-	return real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && v4_of(fd, e, (struct sockaddr *)&sa, l, 1, &ip, &port) &&
-	       loopback(ip);
-}
-
 /* lopt_gen counts the changes of listeners' options (lopts_of). */
 static uint32_t lopt_gen;
 
@@ -251,22 +240,25 @@ void accel_listener(int fd, struct fdent *e)
 	if (e->kind != K_TCP || !e->listening || after_fork || uring_late)
 		return;
 	table_lock();
-	if (e->kind == K_TCP && !e->tried && bound_loopback(fd, e)) {
+	/* Its name before the core: a loopback listener needs none. */
+	struct sockaddr_storage sa;
+	socklen_t l = sizeof sa;
+	uint32_t ip;
+	uint16_t port;
+	int named = e->kind == K_TCP && !e->tried && real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 &&
+		    v4_of(fd, e, (struct sockaddr *)&sa, l, 1, &ip, &port);
+	if (named && loopback(ip)) {
 		e->tried = 1;
 		debugf("fd %d: listening in the kernel (a loopback address)", fd);
 	}
 	if (e->kind == K_TCP && !e->tried && load_core() == 1) {
-		struct sockaddr_storage sa;
-		socklen_t l = sizeof sa;
 		int h = 0, v6 = e->v6;
-		uint32_t ip;
-		uint16_t port;
 		int twin = 0;
 		char ccn[CC_NAME_MAX + 1];
 		int cc = chosen_cc(fd, e, ccn);
 		if (other_device(fd, e->fresh && !e->opts_set, "listening") || other_congestion(fd, cc, ccn, "listening"))
 			;
-		else if (real_getsockname(fd, (struct sockaddr *)&sa, &l) == 0 && v4_of(fd, e, (struct sockaddr *)&sa, l, 1, &ip, &port))
+		else if (named)
 			h = (twin = reuseport_twin(fd, e, ip, port)) ? twin : CORE(core.listen(fd, ip, e->lpid != getpid()));
 		else if (v6)
 			debugf("fd %d: an IPv6 listener on an IPv6 address, or IPV6_V6ONLY: the kernel's", fd);

@@ -113,11 +113,13 @@ static int log_keep = -1; /* the file, opened as the process started */
 static dev_t log_dev;
 static ino_t log_ino;
 
+static int open_log(void) { return open(log_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644); }
+
 void log_keep_open(void)
 {
 	if (!log_file)
 		return;
-	int fd = open(log_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	int fd = open_log();
 	if (fd < 0)
 		return; /* log_write says why, at the first line */
 	int b = base_fd(), hi = b > 0 ? real_fcntl(fd, F_DUPFD_CLOEXEC, b) : -1;
@@ -144,7 +146,7 @@ void log_write(const char *buf, int n)
 		if (log_keep >= 0 && fstat(log_keep, &st) == 0 && st.st_dev == log_dev && st.st_ino == log_ino &&
 		    real_write(log_keep, buf, n) == n)
 			return;
-		int fd = open(log_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+		int fd = open_log();
 		if (fd >= 0) {
 			ssize_t w = real_write(fd, buf, n);
 			int e = errno;

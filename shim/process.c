@@ -416,10 +416,18 @@ static void say_secure_exec(const char *path, int fd, char *const envp[])
 /* before_exec readies the process for an exec (see the section's
  * comment, limits.c's as_for_exec and say_secure_exec): path or fd as
  * say_secure_exec takes them. as_exec_failed undoes it if the exec
- * fails. */
-static void before_exec(const char *path, int fd, char *const envp[])
+ * fails. before_spawn does the same for a child the C library makes
+ * and execs past the shim's execve (posix_spawn, system, popen), but
+ * for RLIMIT_AS, which the parent keeps (the child's stays raised). */
+static void before_spawn(const char *path, char *const envp[])
 {
 	handover_for_exec();
+	say_secure_exec(path, -1, envp);
+}
+
+static void before_exec(const char *path, int fd, char *const envp[])
+{
+	handover_for_exec(); /* under the raised limit: it runs the core */
 	as_for_exec();
 	say_secure_exec(path, fd, envp);
 }
@@ -502,30 +510,26 @@ EXPORT int execle(const char *path, const char *arg, ...)
 EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
 		       const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
-	handover_for_exec();
-	say_secure_exec(path, -1, envp);
+	before_spawn(path, envp);
 	return real_posix_spawn(pid, path, fa, attr, argv, envp);
 }
 
 EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
 			const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
-	handover_for_exec();
-	say_secure_exec(file, -1, envp);
+	before_spawn(file, envp);
 	return real_posix_spawnp(pid, file, fa, attr, argv, envp);
 }
 
 EXPORT int system(const char *cmd)
 {
-	handover_for_exec();
-	say_secure_exec("/bin/sh", -1, environ);
+	before_spawn("/bin/sh", environ);
 	return real_system(cmd);
 }
 
 EXPORT FILE *popen(const char *cmd, const char *mode)
 {
-	handover_for_exec();
-	say_secure_exec("/bin/sh", -1, environ);
+	before_spawn("/bin/sh", environ);
 	return real_popen(cmd, mode);
 }
 

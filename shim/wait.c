@@ -78,10 +78,17 @@ void thread_exit(void *p)
 		t_alt = 0;
 	}
 	stack_t ss;
-	if (t_alt_mem && sigaltstack(NULL, &ss) == 0 && !(ss.ss_sp == t_alt_mem && (ss.ss_flags & SS_ONSTACK))) {
-		/* Ours, or one the program put in its place since (its own
-		 * again, as varnish's thread does as it ends). */
-		if (ss.ss_sp != t_alt_mem || (ss.ss_flags = SS_DISABLE, sigaltstack(&ss, NULL) == 0))
+	if (t_alt_mem && sigaltstack(NULL, &ss) == 0) {
+		/* Ours goes, taken down first if it is installed (the program
+		 * may have put another in its place since: its own again, as
+		 * varnish's thread does as it ends), and kept if a handler
+		 * runs on it now. */
+		int installed = ss.ss_sp == t_alt_mem;
+		if (installed && !(ss.ss_flags & SS_ONSTACK)) {
+			ss.ss_flags = SS_DISABLE;
+			installed = sigaltstack(&ss, NULL) != 0;
+		}
+		if (!installed)
 			munmap(t_alt_mem, ALTSTACK);
 	}
 	t_alt_mem = NULL;
@@ -329,6 +336,16 @@ static void block_unarm(void *arg)
 		CORE_VOID(core.disarm(b->hs, b->k, b->efd, b->park));
 }
 
+/* no_kernel_fds: none of p[0..np-1] is a kernel fd to wait on (the
+ * callers leave an accelerated socket's place at -1). */
+static int no_kernel_fds(const struct pollfd *p, int np)
+{
+	for (int i = 0; i < np; i++)
+		if (p[i].fd >= 0)
+			return 0;
+	return 1;
+}
+
 /* log_wait_off: the stack cannot wake a thread at its ready log's next
  * entry (it is shared with other processes): epoll arms each member. */
 int log_wait_off;
@@ -378,10 +395,7 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 	 * makes on its connection) takes the thread's set too, for
 	 * EPOLLEXCLUSIVE (below): with ppoll, every frame woke each of
 	 * varnish's 50 threads blocked so. */
-	int kfds = 0;
-	for (int i = 0; i < np; i++)
-		kfds += p[i].fd >= 0;
-	int tep = direct && (epfd >= 0 || kfds == 0) && real_epoll_pwait2 ? thread_ep(epfd) : -1;
+	int tep = direct && (epfd >= 0 || no_kernel_fds(p, np)) && real_epoll_pwait2 ? thread_ep(epfd) : -1;
 	int park = direct ? ONL_PARK_DIRECT : ONL_PARK;
 	keep_p(now ? now : now_ns(), RESCHED_IDLE_NS); /* now is 0 without a deadline */
 	if (logseq) {

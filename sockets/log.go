@@ -21,12 +21,13 @@ func newLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: logLevelVar}))
 }
 
-// logFile is the log's writer when ONLOAD_LOG_FILE names a file: each
-// line is appended with a file opened for it (O_APPEND: whole lines, in
-// the order written, whichever process of the program writes them; no
-// descriptor kept that a daemon closing every fd would take away, as the
-// LD_PRELOAD shim's own lines are written). A line the file refuses goes
-// to standard error, the first with why.
+// logFile is the log's writer when ONLOAD_LOG_FILE names a file, in a Go
+// program (the LD_PRELOAD shim's core writes through the interposer,
+// which keeps the file open: SetLogOutput): each line is appended with a
+// file opened for it (O_APPEND: whole lines, in the order written,
+// whichever process of the program writes them; no descriptor kept for
+// the program to close). A line the file refuses goes to standard error,
+// the first with why.
 type logFile struct {
 	path string
 	told atomic.Bool
