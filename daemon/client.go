@@ -157,7 +157,7 @@ func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) 
 		if err == nil {
 			s.clients[c] = struct{}{}
 			c.stacks[s.id] = s
-			rfds = []int{s.nic.Umem().FD(), s.nic.FD(), s.st.Image().FD()}
+			rfds = []int{s.nic.Umem().FD(), s.nic.FD(), s.st.Image().FD(), s.nic.RxFD()}
 			rep.Stack = s.reply(joined)
 			if joined {
 				d.log.Info("stack joined", "stack", s.id, "name", s.name, "client", c.String())

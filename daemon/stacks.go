@@ -142,7 +142,7 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 	sc.MinRTO = time.Duration(im.MinRTOMs) * time.Millisecond
 	sc.DelayedAck = time.Duration(im.DelayedAckMs) * time.Millisecond
 	sc.TimeWait = time.Duration(im.TimeWaitMs) * time.Millisecond
-	nc := vnic.XDPConfig{Interface: ifname, Queue: q, FrameCount: req.Frames, RingSize: req.RingSize, FillDepth: req.FillDepth}
+	nc := vnic.XDPConfig{Interface: ifname, Queue: q, FrameCount: req.Frames, RingSize: req.RingSize, FillDepth: req.FillDepth, RxLane: true}
 	nic, err := vnic.OpenXDP(nc)
 	if err != nil {
 		return nil, false, fmt.Errorf("stack on %s queue %d: %w", ifname, q, err)
@@ -159,7 +159,7 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 		}
 	}
 	if err == nil {
-		err = ifc.steer.SetSocket(id, q, nic.FD())
+		err = ifc.steer.SetSocket(id, q, nic.RxFD())
 	}
 	if err != nil {
 		st.Image().Close()

@@ -308,7 +308,7 @@ func (w *watcher) park(d time.Duration, ready bool) bool {
 	}
 	// The AF_XDP socket is in the set only while the watcher waits:
 	// there, every frame that came would wake the runtime's poller.
-	xsk := w.s.nic.FD()
+	xsk := w.s.nic.RxFD()
 	var ctlErr error
 	rc.Control(func(fd uintptr) {
 		ctlErr = unix.EpollCtl(int(fd), unix.EPOLL_CTL_ADD, xsk, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(xsk)})

@@ -72,12 +72,12 @@ func openDaemon(cfg Config) (*Stack, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if len(fds) != 3 || rep.Stack == nil {
+	if len(fds) != 4 || rep.Stack == nil {
 		control.CloseFDs(fds)
-		return fail(fmt.Errorf("onloadd's stack reply has %d descriptors, not 3", len(fds)))
+		return fail(fmt.Errorf("onloadd's stack reply has %d descriptors, not 4 (an onloadd of another version? run the onloadd beside this library)", len(fds)))
 	}
 	sr := rep.Stack
-	umemFD, xskFD, imgFD := fds[0], fds[1], fds[2]
+	umemFD, xskFD, imgFD, rxFD := fds[0], fds[1], fds[2], fds[3]
 	addr, err := netip.ParsePrefix(sr.Addr)
 	if err != nil {
 		control.CloseFDs(fds)
@@ -89,9 +89,14 @@ func openDaemon(cfg Config) (*Stack, error) {
 	})
 	if err != nil {
 		unix.Close(imgFD)
+		unix.Close(rxFD)
 		return fail(fmt.Errorf("map onloadd's stack %d: %w", sr.ID, err))
 	}
 	undo = append(undo, nic.Close)
+	if err := nic.AttachRxLane(rxFD); err != nil {
+		unix.Close(imgFD)
+		return fail(fmt.Errorf("map onloadd's stack %d: %w", sr.ID, err))
+	}
 	img, err := stack.AttachImage(imgFD)
 	if err != nil {
 		unix.Close(imgFD)
@@ -109,7 +114,7 @@ func openDaemon(cfg Config) (*Stack, error) {
 		return nil
 	}
 	undo = append(undo, kn.Close)
-	irq, err := interrupts.Readiness(xskFD)
+	irq, err := interrupts.Readiness(nic.RxFD())
 	if err != nil {
 		return fail(err)
 	}

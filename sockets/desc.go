@@ -113,14 +113,15 @@ func (s *Stack) Park()   { s.sl.Park(false) }
 func (s *Stack) Unpark() { s.sl.Unpark() }
 
 // InterruptFD is the file descriptor that turns readable when a frame is
-// in the stack's RX ring (its AF_XDP socket), for a caller that blocks
+// in the stack's RX ring (its AF_XDP socket's receive lane,
+// vnic.XDPConfig.RxLane, where it has one), for a caller that blocks
 // in the kernel on it beside its own descriptors (ParkDirect); -1 if the
 // NIC has none (an in-memory one). It is level-triggered: readable while
 // a frame waits, so a frame that came before the caller blocked is not
 // missed. The stack owns it: never close it.
 func (s *Stack) InterruptFD() int {
-	if x, ok := s.nic.(interface{ FD() int }); ok {
-		return x.FD()
+	if x, ok := s.nic.(interface{ RxFD() int }); ok {
+		return x.RxFD()
 	}
 	return -1
 }

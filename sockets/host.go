@@ -86,13 +86,13 @@ func Open(cfg Config) (*Stack, error) {
 	}
 	undo = append(undo, att.Close)
 	nic, err := vnic.OpenXDP(vnic.XDPConfig{
-		Interface: ifname, FrameCount: cfg.UmemFrames, RingSize: cfg.RingSize, FillDepth: cfg.FillDepth,
+		Interface: ifname, FrameCount: cfg.UmemFrames, RingSize: cfg.RingSize, FillDepth: cfg.FillDepth, RxLane: true,
 	})
 	if err != nil {
 		return fail(err)
 	}
 	undo = append(undo, nic.Close)
-	if err := steer.SetSocket(standaloneStack, 0, nic.FD()); err != nil {
+	if err := steer.SetSocket(standaloneStack, 0, nic.RxFD()); err != nil {
 		return fail(err)
 	}
 	kn, err := stack.NewKernelNeighbours(ifname)
@@ -108,7 +108,7 @@ func Open(cfg Config) (*Stack, error) {
 	if err != nil {
 		return fail(err)
 	}
-	irq, err := interrupts.Steering(ev, ctl, standaloneStack, nic.FD())
+	irq, err := interrupts.Steering(ev, ctl, standaloneStack, nic.RxFD())
 	if err != nil {
 		ev.Close()
 		return fail(err)

@@ -392,7 +392,7 @@ func (s *Stack) nicLine() string {
 			if st, err := x.Socket().Stats(); err == nil {
 				sk := x.Socket()
 				ks = fmt.Sprintf("xsk %+v rings: rx %d fill %d tx %d completion %d kick owed %v\n", st,
-					sk.RX.Pending(), sk.Fill.Pending(), sk.TX.Pending(), sk.Completion.Pending(), x.KickOwed())
+					x.RxPending(), sk.Fill.Pending(), sk.TX.Pending(), sk.Completion.Pending(), x.KickOwed())
 			}
 		}
 	})

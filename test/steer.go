@@ -46,7 +46,7 @@ func Steer(iface *Iface, cfg SteerConfig) (*Steered, error) {
 		if s.NIC, err = vnic.OpenXDP(cfg.NIC); err != nil {
 			return err
 		}
-		if err = s.Steering.SetSocket(cfg.Stack, cfg.NIC.Queue, s.NIC.FD()); err != nil {
+		if err = s.Steering.SetSocket(cfg.Stack, cfg.NIC.Queue, s.NIC.RxFD()); err != nil {
 			return err
 		}
 		for _, l := range cfg.Listeners {

@@ -28,6 +28,15 @@ type XDPConfig struct {
 	// deeper ring absorbs longer bursts while nobody polls.
 	FillDepth int
 	Mode      xdp.BindMode
+	// RxLane receives through a lane (AddLane) opened with the socket:
+	// an RX ring of its own and no TX ring, whose descriptor (RxFD) the
+	// steering program sends the queue's frames to and waiters block on.
+	// In copy mode every poll of an AF_XDP socket with a TX ring drives
+	// its transmit under the socket's mutex (xsk_poll), where a kick may
+	// be running veth's whole receive path: each thread of a
+	// thread-a-connection server that blocked on the socket queued
+	// behind the kicks. A poll of the lane touches its RX ring alone.
+	RxLane bool
 }
 
 // withDefaults fills in the zero fields and checks the counts the pool
@@ -97,6 +106,9 @@ type XDP struct {
 	// Receive drains after the socket's own. Replaced, never changed in
 	// place: Idle and RxPending read it without the stack lock.
 	lanes atomic.Pointer[[]*xdp.Socket]
+	// rx is the lane the queue's frames come to (XDPConfig.RxLane), or
+	// nil: the socket's own RX ring.
+	rx    *xdp.Socket
 	stats Stats
 }
 
@@ -138,8 +150,35 @@ func OpenXDP(cfg XDPConfig) (*XDP, error) {
 		fillTarget: cfg.fillTarget(),
 		zeroCopy:   sock.ZeroCopy(),
 	}
+	if cfg.RxLane {
+		if _, _, err := x.AddLane(); err != nil {
+			x.Close()
+			return nil, fmt.Errorf("open xdp nic: receive lane: %w", err)
+		}
+		x.rx = x.laneList()[0]
+	}
 	x.refill()
 	return x, nil
+}
+
+// AttachRxLane drives the receive lane (XDPConfig.RxLane) of a NIC that
+// another process opened, fd its descriptor there (RxFD), as AttachXDP
+// drives the socket: the XDP owns fd from the call on.
+func (x *XDP) AttachRxLane(fd int) error {
+	if x.rx != nil || len(x.laneList()) > 0 {
+		unix.Close(fd)
+		return errors.New("attach receive lane: the NIC has lanes already")
+	}
+	l, err := xdp.AttachLane(x.sock, fd, int(x.sock.RX.Size()))
+	if err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("attach receive lane: %w", err)
+	}
+	lanes := []*xdp.Socket{l}
+	x.lanes.Store(&lanes)
+	x.rx = l
+	x.Resync()
+	return nil
 }
 
 // AttachXDP drives an AF_XDP socket another process opened with OpenXDP:
@@ -423,8 +462,19 @@ func (x *XDP) Info() Info { return x.info }
 // under the stack lock, as Transmit does.
 func (x *XDP) SetMTU(mtu int) { x.info.MTU = mtu }
 
-// FD is the AF_XDP socket, for the steering program's XSKMAP.
+// FD is the AF_XDP socket: its TX ring, and the kicks.
 func (x *XDP) FD() int { return x.sock.FD() }
+
+// RxFD is the descriptor the queue's frames arrive on, for the steering
+// program's XSKMAP (bpf.Steering.SetSocket) and for a waiter to block on
+// (readable while a frame waits): the receive lane's (XDPConfig.RxLane),
+// or the socket's.
+func (x *XDP) RxFD() int {
+	if x.rx != nil {
+		return x.rx.FD()
+	}
+	return x.sock.FD()
+}
 
 // Socket is the underlying AF_XDP socket.
 func (x *XDP) Socket() *xdp.Socket { return x.sock }
@@ -604,10 +654,16 @@ func takeFront(hs []Handle, n, i uint32) {
 // Stats returns the NIC's counters with the kernel's drops folded in.
 func (x *XDP) Stats() Stats {
 	s := x.stats
-	if ks, err := x.sock.Stats(); err == nil {
-		s.RxDropped += ks.RxDropped + ks.RxRingFull
-		s.RxInvalid += ks.RxInvalidDescs
-		s.TxErrors += ks.TxInvalidDescs
+	fold := func(sk *xdp.Socket) {
+		if ks, err := sk.Stats(); err == nil {
+			s.RxDropped += ks.RxDropped + ks.RxRingFull
+			s.RxInvalid += ks.RxInvalidDescs
+			s.TxErrors += ks.TxInvalidDescs
+		}
+	}
+	fold(x.sock)
+	for _, l := range x.laneList() {
+		fold(l)
 	}
 	return s
 }
@@ -622,6 +678,7 @@ func (x *XDP) Close() error {
 		errs = append(errs, l.Close())
 	}
 	x.lanes.Store(nil)
+	x.rx = nil
 	err := errors.Join(append(errs, x.sock.Close(), x.umem.Close())...)
 	x.sock, x.umem = nil, nil
 	return err

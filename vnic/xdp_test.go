@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/xdp-onload/onload/bpf"
 	"github.com/xdp-onload/onload/internal/pkt"
 	"github.com/xdp-onload/onload/test"
@@ -27,6 +29,11 @@ func xdpPair(t *testing.T, frames int) vnictest.Pair {
 
 // xdpPairSteered is xdpPair with each host's data path, and the hosts.
 func xdpPairSteered(t *testing.T, frames int) (vnictest.Pair, [2]*test.Steered, [2]*test.Host) {
+	return xdpPairWith(t, vnic.XDPConfig{FrameCount: frames, RingSize: 256, FillDepth: 256})
+}
+
+// xdpPairWith is xdpPairSteered with each NIC opened as cfg says.
+func xdpPairWith(t *testing.T, cfg vnic.XDPConfig) (vnictest.Pair, [2]*test.Steered, [2]*test.Host) {
 	a, b := test.Pair(t, test.LinkOptions{})
 	var steered [2]*test.Steered
 	var ends [2]pkt.Endpoint
@@ -35,7 +42,7 @@ func xdpPairSteered(t *testing.T, frames int) (vnictest.Pair, [2]*test.Steered, 
 		ifc := h.Iface0()
 		s, err := test.Steer(ifc, test.SteerConfig{
 			Listeners: []bpf.Listener{{Proto: bpf.UDP, Addr: ifc.Addr(), Port: port}},
-			NIC:       vnic.XDPConfig{FrameCount: frames, RingSize: 256, FillDepth: 256},
+			NIC:       cfg,
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -303,4 +310,83 @@ func TestXDPLanes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestXDPRxLane checks a NIC that receives through its lane
+// (XDPConfig.RxLane): the steering program's frames come to RxFD, not the
+// socket, and Receive takes them; a poll of RxFD leaves a frame waiting
+// on the TX ring where it is (a poll of the socket, in copy mode, sends
+// it: what the lane is for); and a second mapping of the NIC
+// (AttachXDP, AttachRxLane, as a process of onloadd's stack has) receives
+// through the same lane.
+func TestXDPRxLane(t *testing.T) {
+	test.RequireRoot(t)
+	p, _, _ := xdpPairWith(t, vnic.XDPConfig{FrameCount: 256, RingSize: 256, FillDepth: 128, RxLane: true})
+	a, b := p.A.(*vnic.XDP), p.B.(*vnic.XDP)
+	if a.RxFD() == a.FD() || a.RxFD() <= 0 {
+		t.Fatalf("RxFD %d, FD %d: want a lane of its own", a.RxFD(), a.FD())
+	}
+	send := func(from vnic.NIC, src, dst pkt.Endpoint, payload string) {
+		t.Helper()
+		pl := from.Pool()
+		h := pl.Alloc()
+		n, err := pkt.UDP(pl.Buf(h), src, dst, []byte(payload))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pl.SetLen(h, n)
+		if sent, err := from.Transmit([]vnic.Handle{h}); sent != 1 || err != nil {
+			t.Fatalf("transmit = %d, %v", sent, err)
+		}
+	}
+	// B to A: through A's lane, which turns readable.
+	send(b, p.BEnd, p.AEnd, "to the lane")
+	pfd := []unix.PollFd{{Fd: int32(a.RxFD()), Events: unix.POLLIN}}
+	if n, err := unix.Poll(pfd, 2000); n != 1 || err != nil {
+		t.Fatalf("poll of RxFD = %d, %v: not readable with a frame sent to it", n, err)
+	}
+	if a.Socket().RX.Pending() != 0 {
+		t.Error("the frame came to the socket's own RX ring, not the lane's")
+	}
+	awaitPayload(t, a, "to the lane", "a frame to A")
+
+	// A to B, left on A's TX ring: a poll of the lane does not send it.
+	transmitLate(t, p, "polled")
+	pfd = []unix.PollFd{{Fd: int32(a.RxFD()), Events: unix.POLLIN | unix.POLLOUT}}
+	unix.Poll(pfd, 0)
+	hs := make([]vnic.Handle, 8)
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if n := b.Receive(hs); n > 0 {
+			t.Fatalf("B received %q after a poll of A's lane: the poll drove A's transmit", b.Pool().Data(hs[0])[42:])
+		}
+	}
+	// The socket's own poll does (copy mode; a zero-copy driver's
+	// wake-up would too): the frame was there to send.
+	pfd[0].Fd = int32(a.FD())
+	unix.Poll(pfd, 0)
+	awaitPayload(t, b, "polled", "a poll of A's socket")
+
+	// A second mapping, as onloadd's process has: its own descriptors,
+	// the same rings.
+	dup := func(fd int) int {
+		t.Helper()
+		d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	a2, err := vnic.AttachXDP(dup(a.Umem().FD()), dup(a.FD()), vnic.XDPConfig{Interface: "eth0", FrameCount: 256, RingSize: 256, FillDepth: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a2.Close()
+	if err := a2.AttachRxLane(dup(a.RxFD())); err != nil {
+		t.Fatal(err)
+	}
+	if err := a2.AttachRxLane(dup(a.RxFD())); err == nil {
+		t.Error("a second receive lane was attached")
+	}
+	send(b, p.BEnd, p.AEnd, "to the attached lane")
+	awaitPayload(t, a2, "to the attached lane", "a frame to A's second mapping")
 }

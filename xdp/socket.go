@@ -177,6 +177,27 @@ func OpenLane(primary *Socket, rxSize int) (*Socket, error) {
 	return s, nil
 }
 
+// AttachLane maps the RX ring of a lane that another process opened on
+// primary's socket (OpenLane; its fd received over a unix socket), as
+// AttachSocket maps a socket's rings: rxSize must be the opener's.
+func AttachLane(primary *Socket, fd int, rxSize int) (*Socket, error) {
+	if err := checkRingSize("rx", rxSize); err != nil {
+		return nil, fmt.Errorf("attach xdp lane: %w", err)
+	}
+	off, err := ringOffsets(fd)
+	if err != nil {
+		return nil, fmt.Errorf("attach xdp lane fd %d: %w", fd, err)
+	}
+	mem, err := mapRing(fd, unix.XDP_PGOFF_RX_RING, off.Rx, rxSize, uint64(unsafe.Sizeof(Desc{})))
+	if err != nil {
+		return nil, fmt.Errorf("attach xdp lane fd %d: %w", fd, err)
+	}
+	s := &Socket{fd: fd, umem: primary.umem, iface: primary.iface, queue: primary.queue, zeroCopy: primary.zeroCopy, lane: true, maps: [][]byte{mem}}
+	s.RX.setup(mem, off.Rx, uint32(rxSize), false)
+	primary.umem.socks = append(primary.umem.socks, fd)
+	return s, nil
+}
+
 // Lane reports that the socket is a lane (OpenLane): an RX ring only.
 func (s *Socket) Lane() bool { return s.lane }
 
