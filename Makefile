@@ -32,6 +32,7 @@ build:
 	$(CC) $(SHIM_CFLAGS) -o bin/libonload.so shim/*.c -ldl -lpthread
 	$(CC) -O2 -Wall -o bin/shim-mixed shim/test/mixed.c -lpthread
 	$(CC) -O2 -Wall -o bin/mcping test/bench/mcping/mcping.c -lpthread
+	$(CC) -O2 -Wall -o bin/threadsrv test/bench/threadsrv/threadsrv.c -lpthread
 	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o bin/onload-bench ./test/bench
 	$(GO) build -o bin/onload-demo ./test/demo
 

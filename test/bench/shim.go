@@ -51,6 +51,11 @@ import (
 //     connections, each one get at a time, a client that costs little a
 //     request): what a server's second thread costs on each stack, in
 //     gets a second and in a get's 99th percentile.
+//   - threadsrv (threadsrv/threadsrv.c: a thread a connection, each
+//     blocked in read(), as apache's workers, varnish's and MariaDB's
+//     serve) under the shim and on the kernel, loaded by wrk (2 threads,
+//     50 connections, a 1 KiB body): what a server of many threads
+//     pays on each stack. No target; the README says where it stands.
 //   - the server floor (respond.go) in each server's place, the same
 //     clients, in the same round: raw AF_XDP with canned replies and no
 //     TCP, one thread that spins 50 µs and then blocks, as the shim's
@@ -98,7 +103,7 @@ type ThroughputResult struct {
 // build puts them all in bin/).
 func shimTools(self string) (onloadd, mixed string, err error) {
 	dir := filepath.Dir(self)
-	for _, f := range []string{"onloadd", "libonload.so", "libonload-core.so", "shim-mixed", "mcping"} {
+	for _, f := range []string{"onloadd", "libonload.so", "libonload-core.so", "shim-mixed", "mcping", "threadsrv"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			return "", "", fmt.Errorf("%s: run make build", err)
 		}
@@ -167,7 +172,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 			if side == "kernel-busy" {
 				continue
 			}
-			for _, tool := range []string{"iperf3", "gobulk", "memcslap", "memcaslap", "memcaslap-t2", "nginx", "nginx-cluster", "nginx-reuseport"} {
+			for _, tool := range []string{"iperf3", "gobulk", "memcslap", "memcaslap", "memcaslap-t2", "nginx", "nginx-cluster", "nginx-reuseport", "threadsrv"} {
 				var v float64
 				var err error
 				done := machine.start(tool + "-" + side)
@@ -178,6 +183,8 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 					v, err = goBulkRound(ctx, self, a, b, side == "shim")
 				case "nginx-cluster", "nginx-reuseport":
 					v, err = serverRound(ctx, c, d, tool, server{side: side, onloadd: run})
+				case "threadsrv":
+					v, err = threadsrvRound(ctx, self, a, b, run)
 				default:
 					v, err = serverRound(ctx, a, b, tool, server{side: side, onloadd: run})
 				}
@@ -264,7 +271,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 		rep.CPU[fmt.Sprintf("redis_p%d_shim_others_vs_main", pipe)] = round3(median(others[fmt.Sprintf("redis-shim-p%d", pipe)]))
 		rep.Ratios[fmt.Sprintf("redis_p%d_cpu_per_get_shim_vs_kernel", pipe)] = round3(medianRatio(cpuUs[fmt.Sprintf("redis-shim-p%d", pipe)], cpuUs[fmt.Sprintf("redis-kernel-p%d", pipe)]))
 	}
-	for _, tool := range []string{"iperf3", "gobulk", "memcslap", "memcaslap", "memcaslap-t2", "nginx", "nginx-cluster", "nginx-reuseport"} {
+	for _, tool := range []string{"iperf3", "gobulk", "memcslap", "memcaslap", "memcaslap-t2", "nginx", "nginx-cluster", "nginx-reuseport", "threadsrv"} {
 		key := strings.ReplaceAll(tool, "-", "_")
 		for _, side := range []string{"shim", "kernel"} {
 			id := tool + "-" + side
@@ -285,6 +292,8 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				"nginx-cluster-kernel":   "nginx (2 workers, the listening socket they inherit) on the kernel, the same two-queue veth, wrk -t 2 -c 50, 1 KiB file, requests/s",
 				"nginx-reuseport-shim":   "nginx (2 workers, listen reuseport, a cluster: a stack each from onloadd, on a queue each) under the shim, a two-queue veth, wrk -t 2 -c 50, 1 KiB file, requests/s",
 				"nginx-reuseport-kernel": "nginx (2 workers, listen reuseport) on the kernel, the same two-queue veth, wrk -t 2 -c 50, 1 KiB file, requests/s",
+				"threadsrv-shim":         "threadsrv (a thread a connection, each blocked in read(): as apache's workers, varnish's, MariaDB's) under the shim, wrk -t 2 -c 50, 1 KiB body, requests/s",
+				"threadsrv-kernel":       "threadsrv (a thread a connection, each blocked in read()) on the kernel, wrk -t 2 -c 50, 1 KiB body, requests/s",
 			}[id]
 			rep.Redis = append(rep.Redis, ThroughputResult{ID: id, Name: name, PerSec: median(redis[id]), RoundsPerSec: redis[id]})
 		}
@@ -692,6 +701,33 @@ func nginxRound(ctx context.Context, a, b *test.Host, sv server, mode string) (f
 	return strconv.ParseFloat(m[1], 64)
 }
 
+// threadsrvRound serves wrk (2 threads, 50 connections, 3 s) in host a
+// from threadsrv (threadsrv/threadsrv.c: a thread a connection) in host
+// b, under the shim (standalone) when onloadd is set: requests a second.
+func threadsrvRound(ctx context.Context, self string, a, b *test.Host, onloadd string) (float64, error) {
+	const port = 8092
+	url := "http://" + b.Iface0().Addr().String() + ":" + strconv.Itoa(port) + "/"
+	argv := shimmed(onloadd, filepath.Join(filepath.Dir(self), "threadsrv"), strconv.Itoa(port))
+	srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
+	stop, err := startServer(srv, func() bool {
+		out, err := a.RunFor(5*time.Second, "curl", "-sS", "--fail", "-o", "/dev/null", url)
+		return err == nil && out == ""
+	})
+	if err != nil {
+		return 0, fmt.Errorf("threadsrv: %w", err)
+	}
+	defer stop()
+	out, err := a.RunFor(time.Minute, "wrk", "-t", "2", "-c", "50", "-d", "3s", url)
+	if err != nil {
+		return 0, fmt.Errorf("wrk: %w\n%s", err, out)
+	}
+	m := wrkRate.FindStringSubmatch(out)
+	if m == nil || strings.Contains(out, "Socket errors") || strings.Contains(out, "Non-2xx") {
+		return 0, fmt.Errorf("wrk:\n%s", out)
+	}
+	return strconv.ParseFloat(m[1], 64)
+}
+
 // startNginx starts nginx in host b from dir, a master and two workers:
 // under the shim when onloadd is set, with onloadd run in host b for the
 // round. By mode: "" its workers share the listening socket they inherit
@@ -779,6 +815,7 @@ func printShim(w io.Writer, rep *Report) {
 		s.Ratios["iperf3_shim_vs_kernel"], s.Ratios["gobulk_shim_vs_kernel"], s.Ratios["iperf3_vs_gobulk"], s.Ratios["memcslap_shim_vs_kernel"], s.Ratios["nginx_shim_vs_kernel"], s.Ratios["nginx_cluster_shim_vs_kernel"], s.Ratios["nginx_reuseport_shim_vs_kernel"])
 	fmt.Fprintf(w, "memcached under memcaslap, shim / kernel: one client thread %.3f (target > 1), two %.3f\n",
 		s.Ratios["memcaslap_shim_vs_kernel"], s.Ratios["memcaslap_t2_shim_vs_kernel"])
+	fmt.Fprintf(w, "a thread a connection (threadsrv), shim / kernel: %.3f (no target)\n", s.Ratios["threadsrv_shim_vs_kernel"])
 	fmt.Fprintf(w, "memcached under mcping, shim / kernel: one worker (-t 1) %.3f (p99 %.3f), two (-t 2) %.3f (p99 %.3f)\n",
 		s.Ratios["memcached_t1_mcping_shim_vs_kernel"], s.Ratios["memcached_t1_mcping_shim_vs_kernel_p99"],
 		s.Ratios["memcached_t2_mcping_shim_vs_kernel"], s.Ratios["memcached_t2_mcping_shim_vs_kernel_p99"])
