@@ -690,6 +690,12 @@ func nginxRound(ctx context.Context, a, b *test.Host, sv server, mode string) (f
 		return 0, ctx.Err()
 	case <-time.After(nginxSettle):
 	}
+	return wrkLoad(a, url)
+}
+
+// wrkLoad runs wrk (2 threads, 50 connections, 3 s) in host a on url:
+// requests a second, an error if any request failed.
+func wrkLoad(a *test.Host, url string) (float64, error) {
 	out, err := a.RunFor(time.Minute, "wrk", "-t", "2", "-c", "50", "-d", "3s", url)
 	if err != nil {
 		return 0, fmt.Errorf("wrk: %w\n%s", err, out)
@@ -701,6 +707,14 @@ func nginxRound(ctx context.Context, a, b *test.Host, sv server, mode string) (f
 	return strconv.ParseFloat(m[1], 64)
 }
 
+// answers reports whether url answers host a's curl with a success.
+func answers(a *test.Host, url string) func() bool {
+	return func() bool {
+		out, err := a.RunFor(5*time.Second, "curl", "-sS", "--fail", "-o", "/dev/null", url)
+		return err == nil && out == ""
+	}
+}
+
 // threadsrvRound serves wrk (2 threads, 50 connections, 3 s) in host a
 // from threadsrv (threadsrv/threadsrv.c: a thread a connection) in host
 // b, under the shim (standalone) when onloadd is set: requests a second.
@@ -709,23 +723,12 @@ func threadsrvRound(ctx context.Context, self string, a, b *test.Host, onloadd s
 	url := "http://" + b.Iface0().Addr().String() + ":" + strconv.Itoa(port) + "/"
 	argv := shimmed(onloadd, filepath.Join(filepath.Dir(self), "threadsrv"), strconv.Itoa(port))
 	srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
-	stop, err := startServer(srv, func() bool {
-		out, err := a.RunFor(5*time.Second, "curl", "-sS", "--fail", "-o", "/dev/null", url)
-		return err == nil && out == ""
-	})
+	stop, err := startServer(srv, answers(a, url))
 	if err != nil {
 		return 0, fmt.Errorf("threadsrv: %w", err)
 	}
 	defer stop()
-	out, err := a.RunFor(time.Minute, "wrk", "-t", "2", "-c", "50", "-d", "3s", url)
-	if err != nil {
-		return 0, fmt.Errorf("wrk: %w\n%s", err, out)
-	}
-	m := wrkRate.FindStringSubmatch(out)
-	if m == nil || strings.Contains(out, "Socket errors") || strings.Contains(out, "Non-2xx") {
-		return 0, fmt.Errorf("wrk:\n%s", out)
-	}
-	return strconv.ParseFloat(m[1], 64)
+	return wrkLoad(a, url)
 }
 
 // startNginx starts nginx in host b from dir, a master and two workers:
@@ -765,10 +768,7 @@ func startNginx(ctx context.Context, a, b *test.Host, onloadd, dir, url, mode st
 		argv = append(append(run, "--"), argv...)
 	}
 	srv := inHost(ctx, b, nil, argv[0], argv[1:]...)
-	stopN, err := startServer(srv, func() bool {
-		out, err := a.RunFor(5*time.Second, "curl", "-sS", "--fail", "-o", "/dev/null", url)
-		return err == nil && out == ""
-	})
+	stopN, err := startServer(srv, answers(a, url))
 	if err != nil {
 		stopD()
 		return nil, err
