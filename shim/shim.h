@@ -148,6 +148,7 @@
 	X(FILE *, fdopen, int, const char *) \
 	X(int, vdprintf, int, const char *, va_list) \
 	X(int, sigaction, int, const struct sigaction *, struct sigaction *) \
+	X(int, sigaltstack, const stack_t *, stack_t *) \
 	X(void, siglongjmp, struct __jmp_buf_tag *, int) \
 	X(void, longjmp, struct __jmp_buf_tag *, int) \
 	X(void, _longjmp, struct __jmp_buf_tag *, int) \

@@ -122,7 +122,7 @@ static void jump_out(struct __jmp_buf_tag *env)
 	if (!sp)
 		return;
 	stack_t ss;
-	const stack_t *alt = sigaltstack(NULL, &ss) == 0 && !(ss.ss_flags & SS_DISABLE) ? &ss : NULL;
+	const stack_t *alt = real_sigaltstack(NULL, &ss) == 0 && !(ss.ss_flags & SS_DISABLE) ? &ss : NULL;
 	while (t_undo && discarded(t_undo, sp, alt)) {
 		struct undo *u = t_undo;
 		t_undo = u->next;
@@ -171,7 +171,7 @@ static void on_signal(int sig, siginfo_t *si, void *uc)
 		return;
 	}
 	stack_t ss;
-	int onstack = sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK);
+	int onstack = real_sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK);
 	t_sigstack += onstack;
 	call_handler(sig, si, uc);
 	t_sigstack -= onstack;

@@ -78,7 +78,7 @@ void thread_exit(void *p)
 		t_alt = 0;
 	}
 	stack_t ss;
-	if (t_alt_mem && sigaltstack(NULL, &ss) == 0) {
+	if (t_alt_mem && real_sigaltstack(NULL, &ss) == 0) {
 		/* Ours goes, taken down first if it is installed (the program
 		 * may have put another in its place since: its own again, as
 		 * varnish's thread does as it ends), and kept if a handler
@@ -86,7 +86,7 @@ void thread_exit(void *p)
 		int installed = ss.ss_sp == t_alt_mem;
 		if (installed && !(ss.ss_flags & SS_ONSTACK)) {
 			ss.ss_flags = SS_DISABLE;
-			installed = sigaltstack(&ss, NULL) != 0;
+			installed = real_sigaltstack(&ss, NULL) != 0;
 		}
 		if (!installed)
 			munmap(t_alt_mem, ALTSTACK);
@@ -94,13 +94,21 @@ void thread_exit(void *p)
 	t_alt_mem = NULL;
 }
 
+/* The kernel's SS_AUTODISARM (Linux 4.7), which the C library's headers
+ * may not name. */
+#define SS_AUTODISARM_FLAG (1u << 31)
+
+/* t_prog_ss is the signal stack the program last set (or had) on a
+ * thread whose own is the shim's: what sigaltstack reports to it. */
+static __thread stack_t t_prog_ss = {.ss_flags = SS_DISABLE};
+
 /* thread_altstack runs at a thread's first call into the core: the core
  * counts the thread (onl_thread, until thread_exit's onl_thread_gone)
  * and the thread gets a signal stack. */
 static void install_altstack(void)
 {
 	stack_t ss;
-	if (sigaltstack(NULL, &ss) < 0)
+	if (real_sigaltstack(NULL, &ss) < 0)
 		return;
 	if (!(ss.ss_flags & SS_DISABLE)) {
 		if (ss.ss_flags & SS_ONSTACK)
@@ -122,13 +130,52 @@ static void install_altstack(void)
 	void *m = mmap(NULL, ALTSTACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
 	if (m == MAP_FAILED)
 		return;
+	stack_t prog = ss;
 	ss = (stack_t){.ss_sp = m, .ss_size = ALTSTACK};
-	if (sigaltstack(&ss, NULL) < 0) {
+	if (real_sigaltstack(&ss, NULL) < 0) {
 		munmap(m, ALTSTACK);
 		return;
 	}
+	t_prog_ss = prog;
 	t_alt_mem = m;
 	thread_ends();
+}
+
+/* sigaltstack: on a thread whose signal stack is the shim's (t_alt_mem),
+ * the program's own stays aside: a stack it sets is recorded and
+ * reported back (t_prog_ss), and the shim's stays installed, with the
+ * program's handlers running on it. varnish's threads each set the one
+ * stack they share as they start and again as they end; one that set it
+ * after its first call into the stack put the Go runtime's handlers back
+ * on it, on many threads at once. While a handler runs on the shim's
+ * stack, the stack reported is the one in use, as the kernel reports
+ * it. Elsewhere the call is the C library's. */
+EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
+{
+	stack_t cur;
+	if (!t_alt_mem || real_sigaltstack(NULL, &cur) < 0 || cur.ss_sp != t_alt_mem)
+		return real_sigaltstack(ss, old);
+	int onstack = cur.ss_flags & SS_ONSTACK;
+	if (ss) {
+		if (onstack) {
+			errno = EPERM;
+			return -1;
+		}
+		if ((unsigned)ss->ss_flags & ~(SS_DISABLE | SS_AUTODISARM_FLAG)) {
+			errno = EINVAL;
+			return -1;
+		}
+		if (!(ss->ss_flags & SS_DISABLE) && ss->ss_size < (size_t)MINSIGSTKSZ) {
+			errno = ENOMEM;
+			return -1;
+		}
+	}
+	stack_t was = onstack ? cur : t_prog_ss;
+	if (ss)
+		t_prog_ss = *ss;
+	if (old)
+		*old = was;
+	return 0;
 }
 
 void thread_altstack(void)

@@ -11,7 +11,14 @@
  * preemption signal; GOGC=1 makes the collector send it often): on the
  * program's shared stack they ended the process.
  *
- *	altstack ADDR PORT THREADS ROUNDS
+ * WHEN says when each thread sets the shared stack: "first", before its
+ * first socket call (as varnish's threads do as they start), or "later",
+ * after its first echo (its first call into the stack under the shim, as
+ * a thread that sets it again does: varnish's, as they end). Each thread
+ * reads the stack back (sigaltstack) and reports whether it is the one it
+ * set.
+ *
+ *	altstack ADDR PORT THREADS ROUNDS first|later
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -19,8 +26,8 @@
 #include "conform.h"
 
 static char shared[80 << 10];
-static int rounds;
-static volatile sig_atomic_t on_alt[64], done[64];
+static int rounds, later;
+static volatile sig_atomic_t on_alt[64], done[64], saw[64];
 
 static void usr1(int sig, siginfo_t *si, void *uc)
 {
@@ -40,8 +47,8 @@ struct arg {
 static void *run(void *p)
 {
 	struct arg *a = p;
-	stack_t ss = {.ss_sp = shared, .ss_size = sizeof shared};
-	if (sigaltstack(&ss, NULL) < 0)
+	stack_t ss = {.ss_sp = shared, .ss_size = sizeof shared}, q;
+	if (!later && sigaltstack(&ss, NULL) < 0)
 		die("sigaltstack");
 	int s = dial();
 	char line[32], back[32];
@@ -49,7 +56,10 @@ static void *run(void *p)
 	for (int r = 0; r < rounds && a->ok; r++) {
 		int n = snprintf(line, sizeof line, "thread %d round %d\n", a->i, r);
 		a->ok = send(s, line, n, 0) == n && read_full(s, back, n) == n && !memcmp(line, back, n);
+		if (later && r == 0 && sigaltstack(&ss, NULL) < 0)
+			die("sigaltstack");
 	}
+	saw[a->i] = sigaltstack(NULL, &q) == 0 && q.ss_sp == shared && q.ss_size == sizeof shared && !(q.ss_flags & SS_DISABLE);
 	close(s);
 	done[a->i] = 1;
 	/* Wait for the handler's signal before the thread ends. */
@@ -60,12 +70,13 @@ static void *run(void *p)
 
 int main(int argc, char **argv)
 {
-	int r = peer_args_more(argc, argv, 2, "THREADS ROUNDS");
+	int r = peer_args_more(argc, argv, 3, "THREADS ROUNDS first|later");
 	if (r)
 		return r;
 	int n = atoi(argv[3]);
 	rounds = atoi(argv[4]);
-	if (n < 1 || n > 64)
+	later = !strcmp(argv[5], "later");
+	if (n < 1 || n > 64 || rounds < 1 || (!later && strcmp(argv[5], "first")))
 		return 2;
 	struct sigaction sa = {.sa_sigaction = usr1, .sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART};
 	sigaction(SIGUSR1, &sa, NULL);
@@ -75,7 +86,7 @@ int main(int argc, char **argv)
 		if (pthread_create(&a[i].t, NULL, run, &a[i]) != 0)
 			die("pthread_create");
 	}
-	int bad = 0, onalt = 0;
+	int bad = 0, onalt = 0, sawn = 0;
 	for (int i = 0; i < n; i++) {
 		/* One at a time: the program's own handlers never share it. */
 		union sigval v = {.sival_int = i};
@@ -89,7 +100,9 @@ int main(int argc, char **argv)
 		pthread_join(a[i].t, NULL);
 		bad += !a[i].ok;
 		onalt += on_alt[i] == 1;
+		sawn += saw[i];
 	}
-	say("%d threads: %d echoed every line, %d ran their handler on an alternate stack", n, n - bad, onalt);
+	say("%d threads: %d echoed every line, %d ran their handler on an alternate stack, %d read back the stack they set", n, n - bad,
+	    onalt, sawn);
 	return 0;
 }
