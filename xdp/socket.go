@@ -147,23 +147,15 @@ func OpenLane(primary *Socket, rxSize int) (*Socket, error) {
 	if err != nil {
 		return nil, socketError(err)
 	}
-	s := &Socket{fd: fd, umem: primary.umem, iface: primary.iface, queue: primary.queue, zeroCopy: primary.zeroCopy}
+	s := laneOf(primary, fd)
 	if err := unix.SetsockoptInt(fd, unix.SOL_XDP, unix.XDP_RX_RING, rxSize); err != nil {
 		s.release()
 		return nil, fmt.Errorf("open xdp lane: size its rx ring to %d entries: %w", rxSize, err)
 	}
-	off, err := ringOffsets(fd)
-	if err != nil {
+	if err := s.mapLaneRing(rxSize); err != nil {
 		s.release()
 		return nil, fmt.Errorf("open xdp lane: %w", err)
 	}
-	mem, err := mapRing(fd, unix.XDP_PGOFF_RX_RING, off.Rx, rxSize, uint64(unsafe.Sizeof(Desc{})))
-	if err != nil {
-		s.release()
-		return nil, fmt.Errorf("open xdp lane: %w", err)
-	}
-	s.maps = append(s.maps, mem)
-	s.RX.setup(mem, off.Rx, uint32(rxSize), false)
 	// The flags are the primary's (copy or zero-copy, need-wakeup): the
 	// kernel refuses any beside XDP_SHARED_UMEM.
 	sa := &unix.SockaddrXDP{Flags: unix.XDP_SHARED_UMEM, Ifindex: uint32(s.iface.Index), QueueID: uint32(s.queue),
@@ -172,7 +164,6 @@ func OpenLane(primary *Socket, rxSize int) (*Socket, error) {
 		s.release()
 		return nil, fmt.Errorf("open xdp lane on %s queue %d: %w", s.iface.Name, s.queue, err)
 	}
-	s.lane = true
 	primary.umem.socks = append(primary.umem.socks, fd)
 	return s, nil
 }
@@ -184,18 +175,32 @@ func AttachLane(primary *Socket, fd int, rxSize int) (*Socket, error) {
 	if err := checkRingSize("rx", rxSize); err != nil {
 		return nil, fmt.Errorf("attach xdp lane: %w", err)
 	}
-	off, err := ringOffsets(fd)
-	if err != nil {
+	s := laneOf(primary, fd)
+	if err := s.mapLaneRing(rxSize); err != nil {
 		return nil, fmt.Errorf("attach xdp lane fd %d: %w", fd, err)
 	}
-	mem, err := mapRing(fd, unix.XDP_PGOFF_RX_RING, off.Rx, rxSize, uint64(unsafe.Sizeof(Desc{})))
-	if err != nil {
-		return nil, fmt.Errorf("attach xdp lane fd %d: %w", fd, err)
-	}
-	s := &Socket{fd: fd, umem: primary.umem, iface: primary.iface, queue: primary.queue, zeroCopy: primary.zeroCopy, lane: true, maps: [][]byte{mem}}
-	s.RX.setup(mem, off.Rx, uint32(rxSize), false)
 	primary.umem.socks = append(primary.umem.socks, fd)
 	return s, nil
+}
+
+// laneOf is socket fd as a lane of primary: its UMEM, device and queue.
+func laneOf(primary *Socket, fd int) *Socket {
+	return &Socket{fd: fd, umem: primary.umem, iface: primary.iface, queue: primary.queue, zeroCopy: primary.zeroCopy, lane: true}
+}
+
+// mapLaneRing maps a lane's one ring, its RX ring of rxSize entries.
+func (s *Socket) mapLaneRing(rxSize int) error {
+	off, err := ringOffsets(s.fd)
+	if err != nil {
+		return err
+	}
+	mem, err := mapRing(s.fd, unix.XDP_PGOFF_RX_RING, off.Rx, rxSize, uint64(unsafe.Sizeof(Desc{})))
+	if err != nil {
+		return err
+	}
+	s.maps = append(s.maps, mem)
+	s.RX.setup(mem, off.Rx, uint32(rxSize), false)
+	return nil
 }
 
 // Lane reports that the socket is a lane (OpenLane): an RX ring only.
