@@ -115,6 +115,14 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 			// its connections finish beside the new process's (a
 			// server restarted at once on a NIC with one queue).
 			s.orphanSince = time.Time{}
+			if s.cluster == nil && s.name != req.Name {
+				// Adopted under the new command's name (see
+				// control.SameRunKind): its other processes join it so.
+				if d.named[s.name] == s {
+					delete(d.named, s.name)
+				}
+				s.name = req.Name
+			}
 			if s.name != "" && s.cluster == nil {
 				d.named[s.name] = s
 			}
@@ -126,7 +134,7 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 				return s, true, nil
 			}
 		}
-		return nil, false, refuse(codeExhausted, "every queue of %s has a stack (%s): share one (onloadd run -n NAME, ONLOAD_STACK_NAME; a pre-fork server's workers: onloadd run -n NAME -cluster, a stack each while queues last), or give the interface more queues (ethtool -L)", ifc.name, ifc.holders())
+		return nil, false, refuse(codeExhausted, "every queue of %s has a stack (%s): share one (the processes of one onloadd run command share theirs; another command's: onloadd run -n NAME, ONLOAD_STACK_NAME; a pre-fork server's workers a stack each while queues last: onloadd run -n NAME -cluster), or give the interface more queues (ethtool -L)", ifc.name, ifc.holders())
 	}
 	id, ok := d.freeIDLocked()
 	if !ok {

@@ -155,7 +155,7 @@ var Options = []Option{
 		Doc: "onloadd's control socket.",
 		set: func(c *Config, _ int64, s string) { c.DaemonSocket = s }},
 	{Env: "ONLOAD_STACK_NAME", Default: "",
-		Doc: "Through onloadd: processes that give the same name share one stack (one image, one queue), as Onload's EF_NAME. Empty: the process has a stack of its own.",
+		Doc: "Through onloadd: processes that give the same name share one stack (one image, one queue), as Onload's EF_NAME. Empty: the process has a stack of its own. `onloadd run` without -n gives the processes of its command a name of their own (run-PID-NONCE), so that they share one stack, as Onload's forked children share their parent's.",
 		set: func(c *Config, _ int64, s string) { c.StackName = s }},
 	{Env: "ONLOAD_CLUSTER", Default: "0", Min: 0, Max: 1,
 		Doc: "1: ONLOAD_STACK_NAME names a cluster, as Onload's EF_CLUSTER_NAME: each process gets a stack of its own, on a queue of its own while the interface has one free (then it shares the stack with the fewest processes), and the stacks share the ports their listeners bind with SO_REUSEPORT, and the listening sockets their processes inherited, each taking the connections that arrive on its queue. For pre-fork servers (nginx, with `listen ... reuseport` or without); a port bound without SO_REUSEPORT by the process that listens on it is one stack's, as without a cluster.",

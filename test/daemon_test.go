@@ -1461,13 +1461,24 @@ func dialAndEcho(addr string) error {
 // it, steered by a flow entry of its own (the port's filter went with
 // the listener). The old client reads what the dead server had written,
 // byte-exact, and then the end of the stream; then the flow entry goes.
+// The same with the stack names two runs of `onloadd run` give the two
+// servers (control.RunStackName): the new server's command is another.
 func TestDaemonOrphanRestart(t *testing.T) {
 	RequireTool(t, "setpriv")
+	for _, tc := range []struct{ name, old, new string }{
+		{"unnamed", "", ""},
+		{"onloadd run", control.RunStackName(1001, 1), control.RunStackName(1002, 2)},
+	} {
+		t.Run(tc.name, func(t *testing.T) { orphanRestart(t, tc.old, tc.new) })
+	}
+}
+
+func orphanRestart(t *testing.T, oldName, newName string) {
 	a, b := Pair(t, LinkOptions{})
 	dir, bin := daemonDir(t)
 	sock, _ := startDaemon(t, b, dir)
 	const port = 7730
-	srv1, _ := daemonServer(t, b, dir, bin, sock, fmt.Sprintf("ONLOAD_TEST_PORT=%d", port), "ONLOAD_TIME_WAIT_MS=500")
+	srv1, _ := daemonServer(t, b, dir, bin, sock, fmt.Sprintf("ONLOAD_TEST_PORT=%d", port), "ONLOAD_TIME_WAIT_MS=500", "ONLOAD_STACK_NAME="+oldName)
 	addr := netip.AddrPortFrom(b.Iface0().Addr(), port).String()
 	// A slow download: the server is in the middle of writing 64 MiB.
 	// The client's buffer is small (16 KiB), so that what the dead
@@ -1508,11 +1519,11 @@ func TestDaemonOrphanRestart(t *testing.T) {
 	}
 	srv1.cmd.Process.Kill()
 	killed := time.Now()
-	srv2, _ := daemonServer(t, b, dir, bin, sock, fmt.Sprintf("ONLOAD_TEST_PORT=%d", port))
+	srv2, _ := daemonServer(t, b, dir, bin, sock, fmt.Sprintf("ONLOAD_TEST_PORT=%d", port), "ONLOAD_STACK_NAME="+newName)
 	defer srv2.In.Close()
 	t.Logf("the new server listened on port %d %v after the old one was killed", port, time.Since(killed).Round(time.Millisecond))
 	d := dumpDaemon(t, sock)
-	if len(d.Stacks) != 1 || d.Stacks[0].Orphan || len(d.Stacks[0].Clients) != 1 || len(d.Interfaces) != 1 || d.Interfaces[0].Flows != 1 {
+	if len(d.Stacks) != 1 || d.Stacks[0].Orphan || len(d.Stacks[0].Clients) != 1 || d.Stacks[0].Name != newName || len(d.Interfaces) != 1 || d.Interfaces[0].Flows != 1 {
 		t.Errorf("onloadd after the restart: stacks %+v, interfaces %+v; want the orphan adopted by the new server, and the old connection's flow entry", d.Stacks, d.Interfaces)
 	}
 	resp, err := rawGet(a, addr, "/big?n=1048576", nil)

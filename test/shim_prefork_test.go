@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/xdp-onload/onload/control"
 )
 
 // TestShimPreforkLateWorker runs shim/test/prefork.c as a cluster (a stack
@@ -167,4 +169,57 @@ func askPrefork(h *Host, addr string, port, i int) (string, error) {
 		return "", fmt.Errorf("answer %q to %q", buf, req)
 	}
 	return string(buf), nil
+}
+
+// TestShimPreforkOneStack runs shim/test/prefork.c through onloadd run
+// without -n, on a one-queue veth: the master's two workers share one
+// stack from onloadd, the command's own (control.RunStackName), each of
+// them accelerated, and every connection is answered. Until 2026-12-07
+// each worker asked for a stack of its own: the first took the queue and
+// with it every connection, the second stayed on the kernel with none
+// (apache's event MPM, its one accelerated process overloaded, then
+// closed kept-alive connections: thousands of wrk's read errors).
+func TestShimPreforkOneStack(t *testing.T) {
+	shimOnloadd(t)
+	prog := buildC(t, "prefork")
+	a, b := Pair(t, LinkOptions{})
+	dir, _ := daemonDir(t)
+	sock, _ := startDaemon(t, a, dir)
+	const port = 7640
+	env := []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock, "ONLOAD_INTERFACE=" + a.Iface0().Name}
+	cmd := shimCommand(t, a, env, prog, fmt.Sprint(port), "0")
+	stdin, stdout, log := startPiped(t, cmd)
+	next := lineReader(t, stdout, "prefork", log, 10*time.Second)
+	for seen := map[string]bool{}; len(seen) < 4; {
+		l := next("listening, worker 1's stack and both workers ready")
+		if l != "listening" && l != "stack 1" && l != "ready 0" && l != "ready 1" {
+			t.Fatalf("prefork said %q:\n%s", l, log.String())
+		}
+		seen[l] = true
+	}
+	addr := netip.AddrPortFrom(a.Iface0().Addr(), port).String()
+	by := map[byte]int{}
+	for i := range 16 {
+		ans, err := askPrefork(b, addr, 42000+2*i, i)
+		if err != nil {
+			t.Fatalf("connection %d: %v\n%s", i, err, log.String())
+		}
+		by[ans[0]]++
+	}
+	d := dumpDaemon(t, sock)
+	if len(d.Stacks) != 1 {
+		t.Fatalf("%d stacks; want the workers' one:\n%+v\n%s", len(d.Stacks), d.Stacks, log.String())
+	}
+	st := d.Stacks[0]
+	if !control.IsRunStackName(st.Name) || len(st.Clients) != 2 {
+		t.Errorf("stack %q has processes %+v; want both workers, on a stack named by onloadd run", st.Name, st.Clients)
+	}
+	if strings.Contains(log.String(), "every queue of") {
+		t.Errorf("a worker was refused a stack:\n%s", log.String())
+	}
+	t.Logf("stack %q, processes %+v; answers by worker %v", st.Name, st.Clients, by)
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("prefork: %v\n%s", err, log.String())
+	}
 }

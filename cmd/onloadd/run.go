@@ -1,8 +1,10 @@
 package main
 
 import (
+	"crypto/rand"
 	"debug/buildinfo"
 	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/xdp-onload/onload/control"
 	"github.com/xdp-onload/onload/sockets"
 )
 
@@ -27,7 +30,7 @@ const (
 func run(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	profile := fs.String("p", "", "profile: latency, balanced or throughput (ONLOAD_PROFILE)")
-	name := fs.String("n", "", "the stack's name, shared by every process of CMD: a pre-fork server's workers (ONLOAD_STACK_NAME; only onloadd shares stacks, so ONLOAD_DAEMON=require unless set)")
+	name := fs.String("n", "", "the stack's name, to share it with processes of other commands (ONLOAD_STACK_NAME; only onloadd shares stacks, so ONLOAD_DAEMON=require unless set). Without it the processes of CMD share a stack of their own (a pre-fork server's workers), named run-PID-NONCE")
 	cluster := fs.Bool("cluster", false, "with -n: the name is a cluster's, a stack for each process of CMD on a queue of its own, its SO_REUSEPORT ports and inherited listening sockets shared (ONLOAD_CLUSTER=1; for pre-fork servers: nginx)")
 	lib := fs.String("lib", "", "the directory of "+shimLib+" and "+coreLib+" (default: onloadd's own)")
 	fs.Usage = func() {
@@ -56,6 +59,19 @@ func run(args []string) error {
 			return errors.New("run: -cluster needs -n NAME, the cluster's name")
 		}
 		env = setEnv(env, "ONLOAD_CLUSTER", "1")
+	}
+	if *name == "" && os.Getenv("ONLOAD_STACK_NAME") == "" {
+		// The processes of CMD share one stack, as Onload's forked
+		// children share their parent's: a pre-fork server's workers
+		// each asked for a stack of their own, the first took the queue
+		// and with it every connection, and the others stayed on the
+		// kernel with none (apache's event MPM then closed kept-alive
+		// connections: thousands of wrk's read errors, a third of the
+		// kernel's requests a second). Without onloadd the name is
+		// nothing: each process makes its own stack, as before.
+		var nonce [4]byte
+		rand.Read(nonce[:])
+		env = setEnv(env, "ONLOAD_STACK_NAME", control.RunStackName(os.Getpid(), binary.LittleEndian.Uint32(nonce[:])))
 	}
 	if *name != "" {
 		env = setEnv(env, "ONLOAD_STACK_NAME", *name)
