@@ -373,8 +373,8 @@ func (s *Stack) Dump() string {
 }
 
 // NICDump describes the stack's NIC: its counters and, for AF_XDP, the
-// kernel's counters of the socket (frames it dropped for want of a fill
-// ring entry or room in the RX ring) and its rings.
+// kernel's counters of the socket and of each lane (frames it dropped
+// for want of a fill ring entry or room in the RX ring) and its rings.
 func (s *Stack) NICDump() string {
 	if !s.enter() {
 		return "stack closed"
@@ -393,6 +393,9 @@ func (s *Stack) nicLine() string {
 				sk := x.Socket()
 				ks = fmt.Sprintf("xsk %+v rings: rx %d fill %d tx %d completion %d kick owed %v\n", st,
 					x.RxPending(), sk.Fill.Pending(), sk.TX.Pending(), sk.Completion.Pending(), x.KickOwed())
+			}
+			for i, st := range x.LaneStats() {
+				ks += fmt.Sprintf("lane %d xsk %+v\n", i+1, st)
 			}
 		}
 	})

@@ -668,6 +668,19 @@ func (x *XDP) Stats() Stats {
 	return s
 }
 
+// LaneStats is the kernel's counters of each lane's socket (AddLane,
+// the receive lane first), in lane order: a lane's dropped frames are
+// counted there, not in the socket's. An entry is zero where the
+// kernel did not answer. For dumps: it allocates.
+func (x *XDP) LaneStats() []xdp.Stats {
+	lanes := x.laneList()
+	st := make([]xdp.Stats, len(lanes))
+	for i, l := range lanes {
+		st[i], _ = l.Stats()
+	}
+	return st
+}
+
 // Close closes the socket and unmaps the UMEM; every handle dies.
 func (x *XDP) Close() error {
 	if x.sock == nil {

@@ -390,3 +390,54 @@ func TestXDPRxLane(t *testing.T) {
 	send(b, p.BEnd, p.AEnd, "to the attached lane")
 	awaitPayload(t, a2, "to the attached lane", "a frame to A's second mapping")
 }
+
+// TestXDPLaneStats checks that LaneStats reads the kernel's counters of
+// the receive lane's socket, where the frames sent to a stack that does
+// not take them are dropped: the socket's own counters see none of it
+// (the stack dump printed those alone until 2026-12-07).
+func TestXDPLaneStats(t *testing.T) {
+	test.RequireRoot(t)
+	p, _, _ := xdpPairWith(t, vnic.XDPConfig{FrameCount: 256, RingSize: 256, FillDepth: 64, RxLane: true})
+	a, b := p.A.(*vnic.XDP), p.B.(*vnic.XDP)
+	if st := a.LaneStats(); len(st) != 1 || st[0].RxDropped != 0 {
+		t.Fatalf("LaneStats before = %+v; want the receive lane's, nothing dropped", st)
+	}
+	// More frames than A's fill ring has room for, none taken.
+	const n = 160
+	for i := range n {
+		pl := b.Pool()
+		h := pl.Alloc()
+		if h == vnic.Null {
+			b.Receive(nil) // takes back sent frames
+			if h = pl.Alloc(); h == vnic.Null {
+				t.Fatalf("frame %d: B's pool is empty", i)
+			}
+		}
+		m, err := pkt.UDP(pl.Buf(h), p.BEnd, p.AEnd, []byte("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pl.SetLen(h, m)
+		if sent, err := b.Transmit([]vnic.Handle{h}); sent != 1 || err != nil {
+			t.Fatalf("frame %d: transmit = %d, %v", i, sent, err)
+		}
+	}
+	var lane uint64
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if st := a.LaneStats(); len(st) == 1 {
+			if lane = st[0].RxDropped + st[0].RxRingFull; lane > 0 {
+				break
+			}
+		}
+	}
+	own, err := a.Socket().Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lane == 0 || own.RxDropped+own.RxRingFull != 0 {
+		t.Fatalf("after %d frames to a fill ring of 64: the lane's socket dropped %d, the socket's own %d; want the lane's", n, lane, own.RxDropped+own.RxRingFull)
+	}
+	if s := a.Stats(); s.RxDropped < lane {
+		t.Errorf("Stats().RxDropped = %d; want the lane's %d folded in", s.RxDropped, lane)
+	}
+}
