@@ -1502,8 +1502,15 @@ func orphanRestart(t *testing.T, oldName, newName string) {
 		t.Fatal(err)
 	}
 	head := make([]byte, 256<<10)
-	if _, err := io.ReadFull(old, head); err != nil {
-		t.Fatal(err)
+	if n, err := io.ReadFull(old, head); err != nil {
+		// The download stalled (once in CI, 2026-12-07, at its start):
+		// what each side holds, for whoever looks next.
+		ss, _ := a.RunFor(5*time.Second, "ss", "-tnie")
+		var eng strings.Builder
+		for _, st := range dumpDaemon(t, sock).Stacks {
+			fmt.Fprintf(&eng, "stack %d %+v\n%s\n", st.ID, st.Sockets, st.Engine)
+		}
+		t.Fatalf("the download's first %d KiB: %v after %d bytes\nclient's sockets:\n%s\nserver's stack:\n%s", len(head)>>10, err, n, ss, eng.String())
 	}
 	// Kill the server once its stack holds at least queued bytes of the
 	// connection's (the client reads no more until the end): a server
