@@ -144,19 +144,32 @@ func transmitLate(t *testing.T, p vnictest.Pair, payload string) *vnic.XDP {
 	t.Helper()
 	x := p.A.(*vnic.XDP)
 	x.SetLateKicks(true)
-	p0 := p.A.Pool()
-	h := p0.Alloc()
-	n, err := pkt.UDP(p0.Buf(h), p.AEnd, p.BEnd, []byte(payload))
+	sendUDP(t, x, p.AEnd, p.BEnd, payload)
+	return x
+}
+
+// sendUDP transmits one UDP frame carrying payload from src to dst on
+// from, taking back sent frames first if its pool has none free.
+func sendUDP(t *testing.T, from vnic.NIC, src, dst pkt.Endpoint, payload string) {
+	t.Helper()
+	pl := from.Pool()
+	h := pl.Alloc()
+	if h == vnic.Null {
+		from.Receive(nil) // takes back sent frames
+		if h = pl.Alloc(); h == vnic.Null {
+			t.Fatal("transmit: the pool has no free frame")
+		}
+	}
+	n, err := pkt.UDP(pl.Buf(h), src, dst, []byte(payload))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p0.SetLen(h, n); err != nil {
+	if err := pl.SetLen(h, n); err != nil {
 		t.Fatal(err)
 	}
-	if sent, err := x.Transmit([]vnic.Handle{h}); sent != 1 || err != nil {
+	if sent, err := from.Transmit([]vnic.Handle{h}); sent != 1 || err != nil {
 		t.Fatalf("transmit = %d, %v", sent, err)
 	}
-	return x
 }
 
 // awaitPayload waits up to 2 s for B to receive a frame carrying payload
@@ -326,21 +339,8 @@ func TestXDPRxLane(t *testing.T) {
 	if a.RxFD() == a.FD() || a.RxFD() <= 0 {
 		t.Fatalf("RxFD %d, FD %d: want a lane of its own", a.RxFD(), a.FD())
 	}
-	send := func(from vnic.NIC, src, dst pkt.Endpoint, payload string) {
-		t.Helper()
-		pl := from.Pool()
-		h := pl.Alloc()
-		n, err := pkt.UDP(pl.Buf(h), src, dst, []byte(payload))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pl.SetLen(h, n)
-		if sent, err := from.Transmit([]vnic.Handle{h}); sent != 1 || err != nil {
-			t.Fatalf("transmit = %d, %v", sent, err)
-		}
-	}
 	// B to A: through A's lane, which turns readable.
-	send(b, p.BEnd, p.AEnd, "to the lane")
+	sendUDP(t, b, p.BEnd, p.AEnd, "to the lane")
 	pfd := []unix.PollFd{{Fd: int32(a.RxFD()), Events: unix.POLLIN}}
 	if n, err := unix.Poll(pfd, 2000); n != 1 || err != nil {
 		t.Fatalf("poll of RxFD = %d, %v: not readable with a frame sent to it", n, err)
@@ -387,7 +387,7 @@ func TestXDPRxLane(t *testing.T) {
 	if err := a2.AttachRxLane(dup(a.RxFD())); err == nil {
 		t.Error("a second receive lane was attached")
 	}
-	send(b, p.BEnd, p.AEnd, "to the attached lane")
+	sendUDP(t, b, p.BEnd, p.AEnd, "to the attached lane")
 	awaitPayload(t, a2, "to the attached lane", "a frame to A's second mapping")
 }
 
@@ -404,23 +404,8 @@ func TestXDPLaneStats(t *testing.T) {
 	}
 	// More frames than A's fill ring has room for, none taken.
 	const n = 160
-	for i := range n {
-		pl := b.Pool()
-		h := pl.Alloc()
-		if h == vnic.Null {
-			b.Receive(nil) // takes back sent frames
-			if h = pl.Alloc(); h == vnic.Null {
-				t.Fatalf("frame %d: B's pool is empty", i)
-			}
-		}
-		m, err := pkt.UDP(pl.Buf(h), p.BEnd, p.AEnd, []byte("x"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pl.SetLen(h, m)
-		if sent, err := b.Transmit([]vnic.Handle{h}); sent != 1 || err != nil {
-			t.Fatalf("frame %d: transmit = %d, %v", i, sent, err)
-		}
+	for range n {
+		sendUDP(t, b, p.BEnd, p.AEnd, "x")
 	}
 	var lane uint64
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
