@@ -18,7 +18,7 @@ ifneq ($(COMMIT),)
 COMMIT := $(COMMIT)$(shell git diff --quiet HEAD -- 2>/dev/null || echo +dirty)
 endif
 
-.PHONY: all build generate docs test bench demo deps clean
+.PHONY: all build generate docs test bench demo deps clean install-shim uninstall-shim
 
 all: build
 
@@ -35,6 +35,24 @@ build:
 	$(CC) -O2 -Wall -o bin/threadsrv test/bench/threadsrv/threadsrv.c -lpthread
 	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o bin/onload-bench ./test/bench
 	$(GO) build -o bin/onload-demo ./test/demo
+
+# The shim for programs the dynamic loader runs in its secure mode (a
+# set-user-ID program, or one exec'd with its users apart: squid's
+# workers): set-user-ID root in a system library directory, where that
+# mode takes a preloaded library from (ld.so(8)), and its core beside it.
+# onloadd run then preloads it by name. Any user can then preload it into
+# any set-user-ID program, as Onload's setuid install allows: there it
+# reads no file name from the environment (ONLOAD_CORE, ONLOAD_LOG_FILE)
+# and takes stacks only from root's onloadd (README, "Set-user-ID
+# programs"). Run as root, after make build.
+SHIM_LIBDIR ?= /usr/lib/$(shell $(CC) -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+install-shim:
+	test -f bin/libonload.so -a -f bin/libonload-core.so || { echo "make build first" >&2; exit 1; }
+	install -o root -g root -m 0755 bin/libonload-core.so $(SHIM_LIBDIR)/libonload-core.so
+	install -o root -g root -m 4755 bin/libonload.so $(SHIM_LIBDIR)/libonload.so
+
+uninstall-shim:
+	rm -f $(SHIM_LIBDIR)/libonload.so $(SHIM_LIBDIR)/libonload-core.so
 
 # Rebuild the XDP program and its Go bindings with clang (bpf2go). The
 # result is committed; on a clean tree this changes nothing.

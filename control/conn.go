@@ -247,5 +247,8 @@ func (c *Client) Call(req Request, fds ...int) (*Reply, []int, error) {
 	return rep, rfds, nil
 }
 
+// Peer is onloadd's process credentials (SO_PEERCRED).
+func (c *Client) Peer() (*unix.Ucred, error) { return c.conn.Peer() }
+
 // Close ends the connection; onloadd then releases what the client held.
 func (c *Client) Close() error { return c.conn.Close() }

@@ -47,6 +47,7 @@ struct core_fns core;
 int core_state;		/* 0 not loaded, 1 loaded, -1 failed */
 int after_fork;		/* a child forked after the core loaded */
 int log_debug;		/* ONLOAD_LOG=debug */
+int secure_mode;	/* AT_SECURE: the dynamic loader's secure mode (trusted_core) */
 const char *log_file;	/* ONLOAD_LOG_FILE, or NULL: standard error */
 long spin_ns;		/* the profile's spin time */
 int irq_fd = -1;	/* the stack's interrupt fd (onl_irq_fd) */
@@ -387,6 +388,59 @@ int core_fd_refused(int fd, const char *call)
 	return -1;
 }
 
+/* The dynamic loader's system directories: where its secure mode takes
+ * a preloaded library named without a path from, if the library is
+ * set-user-ID (ld.so(8)). */
+static const char *const system_dirs[] = {
+#if defined(__x86_64__)
+	"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
+#elif defined(__aarch64__)
+	"/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+#endif
+	"/lib64", "/usr/lib64", "/lib", "/usr/lib", NULL,
+};
+
+int trusted_dir(const char *dir, size_t n)
+{
+	for (int i = 0; system_dirs[i]; i++)
+		if (strlen(system_dirs[i]) == n && !strncmp(system_dirs[i], dir, n))
+			return 1;
+	return 0;
+}
+
+/* root_only: st is root's and nobody else may write it. */
+static int root_only(const struct stat *st) { return st->st_uid == 0 && !(st->st_mode & (S_IWGRP | S_IWOTH)); }
+
+/* trusted_core says whether a process in the dynamic loader's secure mode
+ * (a set-user-ID program, or one exec'd with its users apart; secure_mode)
+ * may load the core at path: its environment is a less privileged
+ * user's, so ONLOAD_CORE is not read (load_core), and the core beside
+ * this library is loaded only from a system directory, a regular file of
+ * root's in a directory of root's that nobody else may write (make
+ * install-shim puts it there). Said when not. */
+static int trusted_core(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	struct stat st, dt;
+	char dir[PATH_MAX];
+	int n = slash ? (int)(slash - path) : 0;
+	if (slash && n < (int)sizeof dir) {
+		memcpy(dir, path, n);
+		dir[n] = 0;
+	}
+	if (!slash || n >= (int)sizeof dir || !trusted_dir(path, n) || stat(path, &st) < 0 || !S_ISREG(st.st_mode) ||
+	    !root_only(&st) || stat(dir, &dt) < 0 || !root_only(&dt)) {
+		logf_("the program runs in the dynamic loader's secure mode, and the stack's core %s is not root's in a system "
+		      "library directory that only root writes: sockets use the kernel (make install-shim installs it so)",
+		      path);
+		return 0;
+	}
+	const char *env = getenv("ONLOAD_CORE");
+	if (env && *env && strcmp(env, path))
+		debugf("ONLOAD_CORE=%s is ignored in the dynamic loader's secure mode: the core is %s", env, path);
+	return 1;
+}
+
 int load_core(void)
 {
 	if (core_state)
@@ -398,7 +452,7 @@ int load_core(void)
 		locks_gone();
 		return core_state;
 	}
-	const char *path = getenv("ONLOAD_CORE");
+	const char *path = secure_mode ? NULL : getenv("ONLOAD_CORE");
 	char buf[PATH_MAX];
 	if (!path || !*path) {
 		/* Beside this library. */
@@ -414,6 +468,12 @@ int load_core(void)
 		} else {
 			path = "libonload-core.so";
 		}
+	}
+	if (secure_mode && !trusted_core(path)) {
+		core_state = -1;
+		pthread_mutex_unlock(&load_mu);
+		locks_gone();
+		return core_state;
 	}
 	struct low_hold low;
 	hold_low(&low);

@@ -133,8 +133,14 @@ __attribute__((constructor)) static void init(void)
 	}
 	const char *lv = getenv("ONLOAD_LOG");
 	log_debug = lv && strcmp(lv, "debug") == 0;
+	secure_mode = getauxval(AT_SECURE) != 0;
 	const char *lf = getenv("ONLOAD_LOG_FILE");
-	if (lf && *lf)
+	if (lf && *lf && secure_mode)
+		/* A less privileged user's environment names no file for a
+		 * set-user-ID program to write (trusted_core). */
+		logf_("ONLOAD_LOG_FILE=%s is ignored in the dynamic loader's secure mode (a set-user-ID program, or one "
+		      "exec'd with its users apart): the log goes to standard error", lf);
+	else if (lf && *lf)
 		log_file = strdup(lf);
 	const char *dis = getenv("ONLOAD_DISABLE");
 	if (dis && strcmp(dis, "1") == 0)
@@ -368,11 +374,39 @@ static void release_at_exit(const int *names)
 		real_dup2(null_fd, names[i]);
 }
 
+/* preloads says whether the LD_PRELOAD list pre (separated by spaces or
+ * colons) names name, without a path. */
+static int preloads(const char *pre, const char *name)
+{
+	size_t n = strlen(name);
+	for (const char *p = pre; *p;) {
+		size_t l = strcspn(p, " :");
+		if (l == n && !strncmp(p, name, n))
+			return 1;
+		p += l;
+		p += strspn(p, " :");
+	}
+	return 0;
+}
+
+/* setuid_installed says whether the shim at path (its name base) is one
+ * the loader's secure mode preloads by name: set-user-ID, root's, in one
+ * of its system directories. */
+static int setuid_installed(const char *path, const char *base)
+{
+	struct stat st;
+	return trusted_dir(path, (size_t)(base - 1 - path)) && stat(path, &st) == 0 && (st.st_mode & S_ISUID) &&
+	       st.st_uid == 0;
+}
+
 /* An exec in the dynamic loader's secure mode (the new program's real
  * and effective user or group differ: squid's master, root in effect and
  * its user in name, execs its worker so; or a set-user-ID file) ignores
- * an LD_PRELOAD entry with a path, as `onloadd run` writes ours: the new
- * program runs without the shim, its sockets the kernel's. say_secure_exec
+ * an LD_PRELOAD entry with a path, as `onloadd run` writes ours unless
+ * the shim is installed set-user-ID (make install-shim), and one without
+ * a path unless the library it names is set-user-ID in a system
+ * directory (ld.so(8)): the new program then runs without the shim, its
+ * sockets the kernel's. say_secure_exec
  * says so, as the run command says it of a set-user-ID program: an error
  * where the configuration asks for acceleration in so many words
  * (ONLOAD_DAEMON=require, ONLOAD_INTERFACE), else at debug. path is the
@@ -397,9 +431,14 @@ static void say_secure_exec(const char *path, int fd, char *const envp[])
 	for (int i = 0; envp && envp[i]; i++)
 		if (!strncmp(envp[i], "LD_PRELOAD=", 11))
 			pre = envp[i] + 11;
-	if (!pre || !dladdr((void *)say_secure_exec, &di) || !di.dli_fname || !strchr(di.dli_fname, '/') ||
-	    !strstr(pre, di.dli_fname))
-		return; /* the shim is not preloaded by path there */
+	if (!pre || !dladdr((void *)say_secure_exec, &di) || !di.dli_fname || !strchr(di.dli_fname, '/'))
+		return;
+	const char *base = strrchr(di.dli_fname, '/') + 1;
+	int by_name = preloads(pre, base);
+	if (!by_name && !strstr(pre, di.dli_fname))
+		return; /* the shim is not preloaded there */
+	if (by_name && setuid_installed(di.dli_fname, base))
+		return; /* the loader takes it in secure mode too */
 	const char *d = getenv("ONLOAD_DAEMON"), *itf = getenv("ONLOAD_INTERFACE");
 	int asked = (d && !strcmp(d, "require")) || (itf && *itf);
 	if (!asked && !log_debug)
@@ -408,9 +447,9 @@ static void say_secure_exec(const char *path, int fd, char *const envp[])
 	if (!path)
 		snprintf(name, sizeof name, "fd %d", fd);
 	logf_("exec %s: the new program runs in the dynamic loader's secure mode (real uid %u, effective %u; real gid %u, "
-	      "effective %u), which ignores LD_PRELOAD=%s: it runs without the shim, its sockets the kernel's (a program "
-	      "whose user and effective user differ is not accelerated)",
-	      path ? path : name, (unsigned)ru, (unsigned)eu, (unsigned)rg, (unsigned)eg, di.dli_fname);
+	      "effective %u), which ignores LD_PRELOAD=%s: it runs without the shim, its sockets the kernel's (make "
+	      "install-shim installs the shim set-user-ID where that mode takes it from, and onloadd run then preloads it)",
+	      path ? path : name, (unsigned)ru, (unsigned)eu, (unsigned)rg, (unsigned)eg, by_name ? base : di.dli_fname);
 }
 
 /* before_exec readies the process for an exec (see the section's

@@ -69,6 +69,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/select.h>
@@ -426,6 +427,7 @@ extern uint64_t fdt_used[(1 << 20) / FDT_BLOCK / 64];
 extern int core_state;
 extern int after_fork;
 extern int log_debug;
+extern int secure_mode;
 extern const char *log_file;
 extern long spin_ns;
 extern int irq_fd;
@@ -451,6 +453,10 @@ void log_write(const char *buf, int n);
 void log_keep_open(void);
 void exit_close(void);
 int load_core(void);
+/* The shim installed set-user-ID where the dynamic loader's secure mode
+ * takes it from (core.c): trusted_dir says whether dir (without a
+ * trailing slash) is one of the loader's system directories. */
+int trusted_dir(const char *dir, size_t n);
 
 /* RLIMIT_AS beside the core (limits.c): as_room says whether the core may
  * load under the limit (load_core asks); as_for_exec and as_exec_failed

@@ -3,7 +3,6 @@ package sockets
 import (
 	"fmt"
 	"log/slog"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -149,10 +148,10 @@ var Options = []Option{
 		Doc: "Congestion control of TCP connections: CUBIC (RFC 9438) or NewReno (RFC 6582). A program's TCP_CONGESTION chooses either per connection; a connection set to another before its connect (bbr) is the kernel's.",
 		set: func(c *Config, _ int64, s string) { c.Congestion = s }},
 	{Env: "ONLOAD_DAEMON", Default: "auto", Choices: []string{"auto", "require", "off"},
-		Doc: "Where stacks come from. `auto`: from onloadd when its control socket answers (no privilege needed), else made by the process itself (standalone: root), else the kernel. `require`: from onloadd only; without it sockets use the kernel. `off`: standalone only.",
+		Doc: "Where stacks come from. `auto`: from onloadd when its control socket answers (no privilege needed), else made by the process itself (standalone: root), else the kernel. `require`: from onloadd only; without it sockets use the kernel. `off`: standalone only. A program in the dynamic loader's secure mode (set-user-ID, or exec'd with its users apart) takes stacks from onloadd only, whatever this says.",
 		set: func(c *Config, _ int64, s string) { c.Daemon = s }},
 	{Env: "ONLOAD_DAEMON_SOCKET", Default: "/run/onload/onloadd.sock",
-		Doc: "onloadd's control socket.",
+		Doc: "onloadd's control socket. A program in the dynamic loader's secure mode takes a stack only from an onloadd that runs as root (or as the program's effective user) there.",
 		set: func(c *Config, _ int64, s string) { c.DaemonSocket = s }},
 	{Env: "ONLOAD_STACK_NAME", Default: "",
 		Doc: "Through onloadd: processes that give the same name share one stack (one image, one queue), as Onload's EF_NAME. Empty: the process has a stack of its own. `onloadd run` without -n gives the processes of its command a name of their own (run-PID-NONCE), so that they share one stack, as Onload's forked children share their parent's.",
@@ -173,7 +172,7 @@ var Options = []Option{
 		Doc: "Log level, to standard error (or ONLOAD_LOG_FILE). `debug` says which sockets are not accelerated and why; `info` reports stacks created and closed.",
 		set: func(c *Config, _ int64, s string) { c.Log = logLevel(s) }},
 	{Env: "ONLOAD_LOG_FILE", Default: "",
-		Doc: "The log's file, in place of standard error: appended to, opened for each message, so that a daemon that closes or redirects its standard error (squid, a program that calls daemon(3)) still says what was not accelerated and why; the processes of a program share it, each line naming its process. Empty: standard error.",
+		Doc: "The log's file, in place of standard error: appended to, opened for each message, so that a daemon that closes or redirects its standard error (squid, a program that calls daemon(3)) still says what was not accelerated and why; the processes of a program share it, each line naming its process. Empty: standard error. Ignored in the dynamic loader's secure mode (a set-user-ID program, or one exec'd with its users apart): standard error.",
 		set: func(c *Config, _ int64, s string) { c.LogFile = s }},
 }
 
@@ -195,8 +194,10 @@ func DefaultConfig(p Profile) (Config, error) {
 }
 
 // ConfigFromEnv reads the ONLOAD_* environment variables. A value that is
-// not valid is an error naming the variable and what it accepts.
-func ConfigFromEnv() (Config, error) { return configFrom(os.Getenv, "") }
+// not valid is an error naming the variable and what it accepts. In the
+// dynamic loader's secure mode ONLOAD_LOG_FILE is ignored and
+// ONLOAD_DAEMON is require (SecureMode).
+func ConfigFromEnv() (Config, error) { return configFrom(envGetenv(), "") }
 
 func configFrom(getenv func(string) string, p Profile) (Config, error) {
 	if p == "" {

@@ -46,6 +46,19 @@ func openDaemon(cfg Config) (*Stack, error) {
 		}
 		return nil, fmt.Errorf("onloadd at %s: %w", path, err)
 	}
+	if SecureMode() {
+		// Our environment is a less privileged user's: the stack's
+		// memory, which the engine trusts, comes from root's onloadd
+		// only (secure.go).
+		cred, err := cl.Peer()
+		if err == nil {
+			err = trustDaemon(cred.Uid, os.Geteuid())
+		}
+		if err != nil {
+			cl.Close()
+			return nil, fmt.Errorf("onloadd at %s: %w", path, err)
+		}
+	}
 	undo := []func() error{cl.Close}
 	fail := func(err error) (*Stack, error) {
 		for i := len(undo) - 1; i >= 0; i-- {

@@ -57,7 +57,7 @@ const (
 func init() {
 	logLevelVar.Set(logLevel(strings.TrimSpace(os.Getenv("ONLOAD_LOG"))))
 	logger.Store(newLogger(os.Stderr))
-	if p := strings.TrimSpace(os.Getenv("ONLOAD_LOG_FILE")); p != "" {
+	if p := strings.TrimSpace(os.Getenv("ONLOAD_LOG_FILE")); p != "" && !SecureMode() {
 		SetLogOutput(&logFile{path: p})
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/rand"
 	"debug/buildinfo"
 	"debug/elf"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -92,16 +94,30 @@ func run(args []string) error {
 			return fmt.Errorf("run: finding the shim: %w", err)
 		}
 		dir = filepath.Dir(self)
+		if _, err := os.Stat(filepath.Join(dir, shimLib)); err != nil {
+			// An onloadd installed apart from the build: the shim
+			// make install-shim put in a system directory.
+			if d := installedShim("", ""); d != "" {
+				dir = d
+			}
+		}
 	}
 	shim, core := filepath.Join(dir, shimLib), filepath.Join(dir, coreLib)
 	for _, f := range []string{shim, core} {
 		if _, err := os.Stat(f); err != nil {
-			return fmt.Errorf("run: %s is missing (make build puts it beside onloadd; or pass -lib DIR): %w", f, err)
+			return fmt.Errorf("run: %s is missing (make build puts it beside onloadd, make install-shim in a system directory; or pass -lib DIR): %w", f, err)
 		}
 	}
-	pre := shim
+	// The shim installed set-user-ID in a system directory, this build's,
+	// is preloaded by name: the dynamic loader's secure mode takes it
+	// there, where it ignores a path (ld.so(8)).
+	entry := shim
+	if d := installedShim(shim, core); d != "" {
+		entry, core = shimLib, filepath.Join(d, coreLib)
+	}
+	pre := entry
 	if old := os.Getenv("LD_PRELOAD"); old != "" {
-		pre = shim + " " + old
+		pre = entry + " " + old
 	}
 	env = setEnv(env, "LD_PRELOAD", pre)
 	env = setEnv(env, "ONLOAD_CORE", core)
@@ -109,7 +125,7 @@ func run(args []string) error {
 	if err != nil {
 		return &exitError{127, fmt.Errorf("run: %w", err)}
 	}
-	if why := notPreloadable(path); why != "" {
+	if why := notPreloadable(path, entry == shimLib); why != "" {
 		// Not an error: the program runs, on the kernel.
 		fmt.Fprintf(os.Stderr, "onloadd run: %s: %s; its sockets use the kernel\n", path, why)
 	}
@@ -139,14 +155,77 @@ func setEnv(env []string, k, v string) []string {
 	return append(env, k+"="+v)
 }
 
+// systemLibDirs are the dynamic loader's system directories, where its
+// secure mode takes a preloaded library named without a path from, if
+// the library is set-user-ID (ld.so(8)); the shim's C half has the same
+// list (shim/core.c, trusted_dir).
+func systemLibDirs() []string {
+	dirs := []string{"/lib64", "/usr/lib64", "/lib", "/usr/lib"}
+	switch runtime.GOARCH {
+	case "amd64":
+		return append([]string{"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"}, dirs...)
+	case "arm64":
+		return append([]string{"/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu"}, dirs...)
+	}
+	return dirs
+}
+
+// installedShim is the system directory where make install-shim put the
+// shim (set-user-ID, root's) and its core, or "". With shim and core set
+// it must be their copy, byte for byte: another build's would not match
+// the onloadd it talks to.
+func installedShim(shim, core string) string {
+	for _, d := range systemLibDirs() {
+		s, c := filepath.Join(d, shimLib), filepath.Join(d, coreLib)
+		st, err := os.Stat(s)
+		if err != nil {
+			continue
+		}
+		sys, _ := st.Sys().(*syscall.Stat_t)
+		if st.Mode()&os.ModeSetuid == 0 || sys == nil || sys.Uid != 0 {
+			continue
+		}
+		if shim == "" || sameFile(shim, s) && sameFile(core, c) {
+			return d
+		}
+	}
+	return ""
+}
+
+// sameFile says whether the files at a and b are one file or hold the
+// same bytes.
+func sameFile(a, b string) bool {
+	sa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	sb, err := os.Stat(b)
+	if err != nil {
+		return false
+	}
+	if os.SameFile(sa, sb) {
+		return true
+	}
+	if sa.Size() != sb.Size() {
+		return false
+	}
+	ba, err := os.ReadFile(a)
+	if err != nil {
+		return false
+	}
+	bb, err := os.ReadFile(b)
+	return err == nil && bytes.Equal(ba, bb)
+}
+
 // notPreloadable says why the shim cannot accelerate the program at path,
 // or "" when it can (or path is not an ELF program: a script's
 // interpreter is preloaded as any program is). The dynamic loader is
 // what preloads the shim, so a statically linked program never loads it;
-// nor does a set-user-ID or set-group-ID one run by another user (the
-// loader's secure mode ignores an LD_PRELOAD with a path); and a Go
-// program makes its own system calls, which the shim does not see.
-func notPreloadable(path string) string {
+// nor does a set-user-ID or set-group-ID one run by another user, unless
+// the shim is installed set-user-ID (setuid: the loader's secure mode
+// ignores an LD_PRELOAD with a path); and a Go program makes its own
+// system calls, which the shim does not see.
+func notPreloadable(path string, setuid bool) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return ""
@@ -171,8 +250,8 @@ func notPreloadable(path string) string {
 	if st, err := f.Stat(); err == nil {
 		m := st.Mode()
 		sys, _ := st.Sys().(*syscall.Stat_t)
-		if sys != nil && (m&os.ModeSetuid != 0 && int(sys.Uid) != os.Geteuid() || m&os.ModeSetgid != 0 && int(sys.Gid) != os.Getegid()) {
-			return "set-user-ID or set-group-ID: the dynamic loader ignores LD_PRELOAD for it"
+		if !setuid && sys != nil && (m&os.ModeSetuid != 0 && int(sys.Uid) != os.Geteuid() || m&os.ModeSetgid != 0 && int(sys.Gid) != os.Getegid()) {
+			return "set-user-ID or set-group-ID: the dynamic loader ignores LD_PRELOAD=" + shimLib + " with a path for it (make install-shim installs the shim where it takes it from)"
 		}
 	}
 	return ""

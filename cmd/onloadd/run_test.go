@@ -69,17 +69,46 @@ func TestNotPreloadable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct {
+	cases := []struct {
 		path, want string
+		setuid     bool // the shim is installed set-user-ID
 	}{
-		{static, "statically linked"},
-		{goProg, "a Go program"},
-		{sh, ""},
-		{script, ""},
-	} {
-		got := notPreloadable(c.path)
+		{static, "statically linked", false},
+		{goProg, "a Go program", false},
+		{sh, "", false},
+		{script, "", false},
+	}
+	if os.Geteuid() == 0 {
+		// A program set-user-ID for another user: the loader's secure
+		// mode takes only a set-user-ID shim, from a system directory.
+		suid := filepath.Join(dir, "suid")
+		b, err := os.ReadFile(sh)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(suid, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(suid, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(suid, 0o755|os.ModeSetuid); err != nil {
+			t.Fatal(err)
+		}
+		cases = append(cases, struct {
+			path, want string
+			setuid     bool
+		}{suid, "set-user-ID", false}, struct {
+			path, want string
+			setuid     bool
+		}{suid, "", true})
+	} else {
+		t.Log("not root: a set-user-ID program of another user's is not tried")
+	}
+	for _, c := range cases {
+		got := notPreloadable(c.path, c.setuid)
 		if c.want == "" && got != "" || !strings.Contains(got, c.want) {
-			t.Errorf("notPreloadable(%s) = %q, want %q", c.path, got, c.want)
+			t.Errorf("notPreloadable(%s, shim set-user-ID %v) = %q, want %q", c.path, c.setuid, got, c.want)
 		}
 	}
 }

@@ -25,6 +25,7 @@ static void worker(const char *tag)
 {
 	int s = dial();
 	printf("%s: secure mode %lu\n", tag, getauxval(AT_SECURE));
+	fprintf(stderr, "%s: pid %d\n", tag, (int)getpid()); /* its lines in the shim's log */
 	echo(s, tag, "through the worker's connection");
 	close(s);
 }
