@@ -187,13 +187,16 @@ type Client struct {
 const callTimeout = 10 * time.Second
 
 // Dial connects to onloadd at path and says hello as program.
-func Dial(path, program string) (*Client, error) {
+func Dial(path, program string) (*Client, error) { return DialHello(path, Hello{Program: program}) }
+
+// DialHello connects to onloadd at path and says hello.
+func DialHello(path string, hello Hello) (*Client, error) {
 	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
 		return nil, err
 	}
 	c := &Client{conn: NewConn(uc)}
-	rep, fds, err := c.Call(Request{Op: OpHello, Hello: &Hello{Program: program}})
+	rep, fds, err := c.Call(Request{Op: OpHello, Hello: &hello})
 	CloseFDs(fds)
 	if err != nil {
 		uc.Close()

@@ -139,6 +139,11 @@ type ResolveRequest struct {
 type Hello struct {
 	// Program names the client in logs and dumps (its command name).
 	Program string `json:"program,omitempty"`
+	// Secure says the client runs in the dynamic loader's secure mode (a
+	// set-user-ID program under the shim): its environment, which chose
+	// the stack's name, is a less privileged user's, so it shares and
+	// adopts only stacks of its own (effective) user's, root or not.
+	Secure bool `json:"secure,omitempty"`
 }
 
 // StackRequest asks for a stack.

@@ -30,6 +30,20 @@ type client struct {
 	// pid namespace): what it writes in a stack lock it holds.
 	pidfd   int
 	selfPid int
+	// secure: the client runs in the dynamic loader's secure mode
+	// (control.Hello.Secure; mayUse).
+	secure bool
+}
+
+// mayUse says whether c may share, join or adopt a stack (or cluster)
+// that a process of uid made: its own user's, or any for root, but for a
+// client in the dynamic loader's secure mode, whose environment (which
+// named the stack) is a less privileged user's: a set-user-ID root
+// program would otherwise join a stack that user made, and share its
+// sockets' memory with that user's processes, or adopt an orphan whose
+// memory a process of theirs still maps.
+func (c *client) mayUse(uid int) bool {
+	return int(c.cred.Uid) == uid || c.cred.Uid == 0 && !c.secure
 }
 
 func (c *client) String() string {
@@ -145,7 +159,11 @@ func (c *client) handle(msg []byte, fds []int) (rep *control.Reply, rfds []int) 
 			return errReply(req.Seq, refuse(codeInvalid, "a second hello")), nil
 		}
 
-		c.hello, c.program = true, truncate(req.Hello.Program, 64)
+		// Under the lock: the dump and the cluster holds read them from
+		// other clients' goroutines.
+		d.mu.Lock()
+		c.hello, c.program, c.secure = true, truncate(req.Hello.Program, 64), req.Hello.Secure
+		d.mu.Unlock()
 		rep.Hello = &control.HelloReply{Daemon: Version, PID: os.Getpid()}
 		d.log.Debug("client", "client", c.String())
 	case control.OpStack:
@@ -307,4 +325,12 @@ func clientNetns(uc *net.UnixConn, pid int) error {
 		return refuse(control.CodeNamespace, "process %d is in another network namespace than onloadd (pid %d): run an onloadd in that namespace, with a -socket of its own", pid, os.Getpid())
 	}
 	return nil
+}
+
+// secureWhy adds, to a refusal mayUse made, why root was refused too.
+func secureWhy(c *client) string {
+	if c.cred.Uid == 0 && c.secure {
+		return " (a program in the dynamic loader's secure mode shares stacks only with its own user's, root or not)"
+	}
+	return ""
 }

@@ -44,7 +44,7 @@ func (d *Daemon) holdForComingLocked(cl *cluster, key bpf.Listener, cp *clusterP
 	var st unix.Stat_t
 	if unix.Fstat(proof, &st) == nil {
 		for c := range d.clients {
-			if !c.hello || len(c.stacks) != 0 || c.netnsErr != nil || (c.cred.Uid != 0 && int(c.cred.Uid) != cl.uid) {
+			if !c.hello || len(c.stacks) != 0 || c.netnsErr != nil || !c.mayUse(cl.uid) {
 				continue
 			}
 			held := map[uint64]bool{}

@@ -56,8 +56,8 @@ type clusterPort struct {
 // clusterForLocked finds or makes cluster req.Name for client c.
 func (d *Daemon) clusterForLocked(c *client, req *control.StackRequest, ifc *iface) (*cluster, error) {
 	if cl := d.clusters[req.Name]; cl != nil {
-		if c.cred.Uid != 0 && int(c.cred.Uid) != cl.uid {
-			return nil, refuse(codeDenied, "cluster %q belongs to uid %d; processes of uid %d may not join it", req.Name, cl.uid, c.cred.Uid)
+		if !c.mayUse(cl.uid) {
+			return nil, refuse(codeDenied, "cluster %q belongs to uid %d; processes of uid %d may not join it%s", req.Name, cl.uid, c.cred.Uid, secureWhy(c))
 		}
 		if cl.ifc != ifc {
 			return nil, refuse(codeInvalid, "cluster %q is on %s, not %s", req.Name, cl.ifc.name, ifc.name)

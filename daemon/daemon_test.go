@@ -241,3 +241,40 @@ func TestFitDump(t *testing.T) {
 		t.Fatalf("cut %d filters (kept %d), kept %d sockets: want the filters cut, the counts to add up, the socket kept", s.FiltersCut, len(s.Filters), len(s.Sockets))
 	}
 }
+
+// TestHelloSecure: a client that says it runs in the dynamic loader's
+// secure mode is marked so (client.mayUse reads it); one that does not,
+// not.
+func TestHelloSecure(t *testing.T) {
+	d, sock := start(t)
+	for _, secure := range []bool{true, false} {
+		cl, err := control.DialHello(sock, control.Hello{Program: "hello-test", Secure: secure})
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := 0
+		d.mu.Lock()
+		for c := range d.clients {
+			if c.program == "hello-test" {
+				found++
+				if c.secure != secure {
+					t.Errorf("hello with secure %v: client marked %v", secure, c.secure)
+				}
+			}
+		}
+		d.mu.Unlock()
+		if found != 1 {
+			t.Errorf("hello with secure %v: %d clients named hello-test", secure, found)
+		}
+		cl.Close()
+		deadline := time.Now().Add(5 * time.Second)
+		for gone := false; !gone && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			d.mu.Lock()
+			gone = true
+			for c := range d.clients {
+				gone = gone && c.program != "hello-test"
+			}
+			d.mu.Unlock()
+		}
+	}
+}

@@ -73,13 +73,14 @@ func (d *Daemon) orphanLocked(s *dstack) {
 }
 
 // adoptableLocked finds an orphan stack on ifc that client c may take as
-// its own when no queue is free: one of c's user (or any, for root),
+// its own when no queue is free: one of c's user (or any, for root not
+// in secure mode: client.mayUse),
 // named name, or unnamed or named by `onloadd run` if name is either
 // (control.SameRunKind), whose watch found nothing wrong.
 func (d *Daemon) adoptableLocked(c *client, ifc *iface, name string) *dstack {
 	for _, s := range d.stacks {
 		if s.ifc != ifc || s.orphanSince.IsZero() || s.quarantined != "" || !control.SameRunKind(s.name, name) ||
-			s.watch == nil || s.watch.err.Load() != nil || (c.cred.Uid != 0 && int(c.cred.Uid) != s.uid) {
+			s.watch == nil || s.watch.err.Load() != nil || !c.mayUse(s.uid) {
 			continue
 		}
 		return s

@@ -134,3 +134,28 @@ func TestCheckProofServersGroup(t *testing.T) {
 		t.Fatalf("a group with a listener another process holds: %v, want refused, saying why", err)
 	}
 }
+
+// TestClientMayUse: root may join, or adopt, any user's stack, but not
+// from the dynamic loader's secure mode, where the stack's name came from
+// a less privileged user's environment; a user only its own.
+func TestClientMayUse(t *testing.T) {
+	for _, tc := range []struct {
+		uid    uint32
+		secure bool
+		owner  int
+		want   bool
+	}{
+		{0, false, 1000, true},
+		{0, true, 1000, false},
+		{0, true, 0, true},
+		{1000, false, 1000, true},
+		{1000, true, 1000, true},
+		{1000, false, 0, false},
+		{1000, false, 1001, false},
+	} {
+		c := &client{cred: unix.Ucred{Uid: tc.uid}, secure: tc.secure}
+		if got := c.mayUse(tc.owner); got != tc.want {
+			t.Errorf("client of uid %d (secure %v) on a stack of uid %d: may use %v, want %v", tc.uid, tc.secure, tc.owner, got, tc.want)
+		}
+	}
+}

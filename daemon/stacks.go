@@ -72,8 +72,8 @@ func (d *Daemon) stackLocked(c *client, req *control.StackRequest) (*dstack, boo
 	}
 	if req.Name != "" && !req.Cluster {
 		if s := d.named[req.Name]; s != nil {
-			if c.cred.Uid != 0 && int(c.cred.Uid) != s.uid {
-				return nil, false, refuse(codeDenied, "stack %q belongs to uid %d; processes of uid %d may not join it", req.Name, s.uid, c.cred.Uid)
+			if !c.mayUse(s.uid) {
+				return nil, false, refuse(codeDenied, "stack %q belongs to uid %d; processes of uid %d may not join it%s", req.Name, s.uid, c.cred.Uid, secureWhy(c))
 			}
 			if req.Interface != "" && req.Interface != s.ifc.name {
 				return nil, false, refuse(codeInvalid, "stack %q is on %s, not %s", req.Name, s.ifc.name, req.Interface)

@@ -32,7 +32,7 @@ func openDaemon(cfg Config) (*Stack, error) {
 	if path == "" {
 		path = control.DefaultSocket
 	}
-	cl, err := control.Dial(path, filepath.Base(os.Args[0]))
+	cl, err := dialDaemon(path, filepath.Base(os.Args[0]))
 	if err != nil {
 		var ce *control.Error
 		if errors.As(err, &ce) {
@@ -45,19 +45,6 @@ func openDaemon(cfg Config) (*Stack, error) {
 			return nil, fmt.Errorf("onloadd's control socket %s refuses this user (uid %d): ask for its group, or run onloadd with -group", path, os.Getuid())
 		}
 		return nil, fmt.Errorf("onloadd at %s: %w", path, err)
-	}
-	if SecureMode() {
-		// Our environment is a less privileged user's: the stack's
-		// memory, which the engine trusts, comes from root's onloadd
-		// only (secure.go).
-		cred, err := cl.Peer()
-		if err == nil {
-			err = trustDaemon(cred.Uid, os.Geteuid())
-		}
-		if err != nil {
-			cl.Close()
-			return nil, fmt.Errorf("onloadd at %s: %w", path, err)
-		}
 	}
 	undo := []func() error{cl.Close}
 	fail := func(err error) (*Stack, error) {

@@ -200,7 +200,7 @@ func (c *sock) retire(tookReservation bool) { c.shut(false, tookReservation) }
 // once in some 300 handovers of TestHandoverLateSegments).
 func (f *daemonFilters) handover(id stack.SockID, fd int) (stack.HandoverStats, error) {
 	var st stack.HandoverStats
-	c, err := control.Dial(f.path, filepath.Base(os.Args[0])+" (handover)")
+	c, err := dialDaemon(f.path, filepath.Base(os.Args[0])+" (handover)")
 	if err != nil {
 		return st, fmt.Errorf("onloadd at %s: %w", f.path, err)
 	}

@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/xdp-onload/onload/control"
 )
 
 // Secure mode. A program the dynamic loader runs in its secure mode
@@ -91,4 +93,25 @@ func trustDaemon(uid uint32, euid int) error {
 		return nil
 	}
 	return fmt.Errorf("it runs as uid %d: a program in the dynamic loader's secure mode (set-user-ID, or exec'd with its users apart) takes its stack only from an onloadd of root's or of its effective user's", uid)
+}
+
+// dialDaemon connects to onloadd at path as program. In secure mode the
+// hello says so (onloadd then shares and adopts stacks only of the
+// effective user's), and an onloadd that trustDaemon refuses is an
+// error: the stack's memory, which the engine trusts, comes from it.
+func dialDaemon(path, program string) (*control.Client, error) {
+	sec := SecureMode()
+	cl, err := control.DialHello(path, control.Hello{Program: program, Secure: sec})
+	if err != nil || !sec {
+		return cl, err
+	}
+	cred, err := cl.Peer()
+	if err == nil {
+		err = trustDaemon(cred.Uid, os.Geteuid())
+	}
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	return cl, nil
 }
