@@ -196,7 +196,7 @@ func DefaultConfig(p Profile) (Config, error) {
 // ConfigFromEnv reads the ONLOAD_* environment variables. A value that is
 // not valid is an error naming the variable and what it accepts. In the
 // dynamic loader's secure mode ONLOAD_LOG_FILE is ignored and
-// ONLOAD_DAEMON is require (SecureMode).
+// ONLOAD_DAEMON is require (secureMode).
 func ConfigFromEnv() (Config, error) { return configFrom(envGetenv(), "") }
 
 func configFrom(getenv func(string) string, p Profile) (Config, error) {

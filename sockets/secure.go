@@ -22,20 +22,24 @@ import (
 // ONLOAD_LOG_FILE is ignored (the log goes to standard error), stacks
 // come from onloadd only (ONLOAD_DAEMON=require: the program never loads
 // the steering program or opens an AF_XDP socket of its own), and
-// onloadd's control socket, wherever ONLOAD_DAEMON_SOCKET puts it, must
-// be root's (SO_PEERCRED). The other variables are tuning, each bounded
-// by the option table. The shim's C half ignores ONLOAD_CORE there too.
+// onloadd, wherever ONLOAD_DAEMON_SOCKET puts its socket, must run as
+// root or as the program's effective user (SO_PEERCRED: trustDaemon);
+// the hello tells onloadd the program is in secure mode, and it then
+// shares and adopts only stacks of the program's effective user's
+// (daemon's client.mayUse: ONLOAD_STACK_NAME and ONLOAD_CLUSTER are the
+// environment's). The other variables are tuning, each bounded by the
+// option table. The shim's C half ignores ONLOAD_CORE there too.
 
 // atSecure is AT_SECURE's type in the auxiliary vector.
 const atSecure = 23
 
-// SecureMode reports that the process runs in the dynamic loader's
+// secureMode reports that the process runs in the dynamic loader's
 // secure mode: AT_SECURE in its auxiliary vector (the Go runtime's copy,
 // which it has in a library the shim loads too, else /proc/self/auxv,
 // which a set-user-ID process that has dropped its privilege cannot
 // read), or, where neither can be read, real and effective users (or
 // groups) apart.
-var SecureMode = sync.OnceValue(func() bool {
+var secureMode = sync.OnceValue(func() bool {
 	if v, err := unix.Auxv(); err == nil {
 		for _, kv := range v {
 			if kv[0] == atSecure {
@@ -79,7 +83,7 @@ func secureGetenv(getenv func(string) string) func(string) string {
 // envGetenv is the environment as the stack reads it: all of it, or in
 // secure mode what secureGetenv keeps.
 func envGetenv() func(string) string {
-	if SecureMode() {
+	if secureMode() {
 		return secureGetenv(os.Getenv)
 	}
 	return os.Getenv
@@ -100,7 +104,7 @@ func trustDaemon(uid uint32, euid int) error {
 // effective user's), and an onloadd that trustDaemon refuses is an
 // error: the stack's memory, which the engine trusts, comes from it.
 func dialDaemon(path, program string) (*control.Client, error) {
-	sec := SecureMode()
+	sec := secureMode()
 	cl, err := control.DialHello(path, control.Hello{Program: program, Secure: sec})
 	if err != nil || !sec {
 		return cl, err

@@ -36,7 +36,7 @@ func TestAuxvSecure(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot read this process's auxiliary vector: %v", err)
 	}
-	if auxvSecure(b) || SecureMode() {
+	if auxvSecure(b) || secureMode() {
 		t.Error("a test process reads as one in the loader's secure mode")
 	}
 }
