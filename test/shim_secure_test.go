@@ -68,15 +68,15 @@ func TestShimSecureExecInstalled(t *testing.T) {
 			t.Skipf("%s is installed already: not replacing it (make uninstall-shim removes it)", filepath.Join(libdir, f))
 		}
 	}
-	make := func(target string) {
+	runMake := func(target string) {
 		t.Helper()
 		if out, err := exec.Command("make", "-C", "..", target, "SHIM_LIBDIR="+libdir).CombinedOutput(); err != nil {
 			t.Fatalf("make %s: %v\n%s", target, err, out)
 		}
 	}
 	RequireTool(t, "make")
-	make("install-shim")
-	t.Cleanup(func() { make("uninstall-shim") })
+	runMake("install-shim")
+	t.Cleanup(func() { runMake("uninstall-shim") })
 	dir, _ := daemonDir(t)
 	sock, _ := startDaemon(t, a, dir)
 	file := filepath.Join(t.TempDir(), "onload.log")
