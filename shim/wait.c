@@ -327,9 +327,29 @@ void keep_p(int64_t now, int64_t every)
 	}
 }
 
+/* A thread among others that block on the stack takes the stack's
+ * interrupt in its blocks (direct, in wait_block) only while its wakes
+ * by it are of use to it: the interrupt wakes one thread of those that
+ * wait on it (EPOLLEXCLUSIVE), the one that has waited longest, and a
+ * thread whose connections are idle has waited longest. Woken for a
+ * frame of another thread's, it polled the stack, woke that thread
+ * through its eventfd and blocked again: two wake-ups a frame where one
+ * does (TestShimPollHerd: 1.03 a round trip of one thread's seven
+ * waiting). After IDLE_WAKES_MAX such wakes in a row it blocks on its
+ * eventfd alone, which whoever polls the stack writes when its sockets
+ * turn ready, and takes the interrupt again from then on.
+ * t_irq_woke: the thread's last block ended by the interrupt, and no
+ * wait has ended since (a wait that ends made it of use); t_idle_wakes:
+ * the interrupt's wakes in a row that did not end the thread's wait. */
+#define IDLE_WAKES_MAX 4
+static __thread char t_irq_woke;
+static __thread unsigned char t_idle_wakes;
+
 /* wait_begin_spin is wait_begin, spinning only if spin. */
 static void wait_begin_spin(struct wait *w, int64_t timeout_ns, int spin)
 {
+	if (t_irq_woke)
+		t_irq_woke = t_idle_wakes = 0;
 	if (timeout_ns != 0)
 		count_waiter();
 	flush_kicks();
@@ -369,13 +389,26 @@ int wait_over(struct wait *w, int64_t *now)
 /* block_arms is what wait_block armed while it blocks: a cancellation
  * there disarms it (block_unarm). */
 struct block_arms {
-	int *hs, k, efd, park, log, tep;
+	int *hs, k, efd, park, log, tep, kfds;
 };
+
+/* drop_thread_ep closes the thread's epoll set, to be made again at its
+ * next block: what is in it is no longer known (a block with the
+ * program's kernel fds in it was cancelled, or one of them was closed
+ * during it). */
+static void drop_thread_ep(void)
+{
+	if (t_ep >= 0)
+		real_close(t_ep);
+	t_ep = t_ep_prog = -1;
+}
 
 static void block_unarm(void *arg)
 {
 	struct block_arms *b = arg;
-	if (b->tep >= 0)
+	if (b->kfds)
+		drop_thread_ep();
+	else if (b->tep >= 0)
 		real_epoll_ctl(b->tep, EPOLL_CTL_DEL, irq_fd, NULL);
 	if (b->log)
 		CORE_VOID(core.disarm_ready(b->efd, b->park));
@@ -390,6 +423,77 @@ static int no_kernel_fds(const struct pollfd *p, int np)
 	for (int i = 0; i < np; i++)
 		if (p[i].fd >= 0)
 			return 0;
+	return 1;
+}
+
+/* KFDS_IN_EP is the most kernel fds a poll's block adds to the thread's
+ * epoll set (kernel_fds_in); a poll with more blocks in ppoll. */
+#define KFDS_IN_EP 8
+
+/* POLL_AS_EPOLL: the poll events that are epoll events of the same value
+ * (Linux gives both one numbering). */
+#define POLL_AS_EPOLL (POLLIN | POLLPRI | POLLOUT | POLLRDNORM | POLLRDBAND | POLLWRNORM | POLLWRBAND | POLLMSG | POLLRDHUP)
+
+/* first_kernel_fd: p[i] is a kernel fd, and its first entry in p. */
+static int first_kernel_fd(const struct pollfd *p, int i)
+{
+	if (p[i].fd < 0)
+		return 0;
+	for (int j = 0; j < i; j++)
+		if (p[j].fd == p[i].fd)
+			return 0;
+	return 1;
+}
+
+/* kernel_fds_out takes the kernel fds of p[0..np-1] out of the thread's
+ * epoll set tep (those of the first n entries where kernel_fds_in
+ * stopped): 0, or -1 if one was not there (the program closed it during
+ * the block, or put another file under its number), when the set is
+ * dropped: a file closed under one number and open under another
+ * (dup) stays in an epoll set, and would wake the thread's later
+ * blocks. */
+static int kernel_fds_out(int tep, const struct pollfd *p, int n)
+{
+	int bad = 0;
+	for (int i = 0; i < n; i++) {
+		if (first_kernel_fd(p, i) && real_epoll_ctl(tep, EPOLL_CTL_DEL, p[i].fd, NULL) < 0)
+			bad = 1;
+	}
+	if (bad)
+		drop_thread_ep();
+	return bad ? -1 : 0;
+}
+
+/* kernel_fds_in adds the kernel fds of p[0..np-1] to the thread's epoll
+ * set tep for a block, each once with the events of all its entries: 1,
+ * or 0 with none added where one cannot be (a file epoll does not take,
+ * such as a regular one: poll finds it ready, and the thread does not
+ * block) or there are more than KFDS_IN_EP. So a thread whose poll mixes
+ * the stack's sockets with its own fds (a thread pool's wake-up pipe, a
+ * timerfd) blocks in epoll_wait with the stack's interrupt in its set
+ * EPOLLEXCLUSIVE, as one on the stack's sockets alone does: in ppoll,
+ * every frame woke every thread blocked so (TestShimPollHerd: 6 wake-ups
+ * a round trip of eight threads' seven waiting). */
+static int kernel_fds_in(int tep, const struct pollfd *p, int np)
+{
+	int n = 0;
+	for (int i = 0; i < np; i++)
+		n += p[i].fd >= 0;
+	if (n > KFDS_IN_EP)
+		return 0;
+	for (int i = 0; i < np; i++) {
+		if (!first_kernel_fd(p, i))
+			continue;
+		uint32_t ev = 0;
+		for (int j = i; j < np; j++)
+			if (p[j].fd == p[i].fd)
+				ev |= (uint16_t)p[j].events & POLL_AS_EPOLL;
+		struct epoll_event e = {.events = ev, .data.fd = p[i].fd};
+		if (real_epoll_ctl(tep, EPOLL_CTL_ADD, p[i].fd, &e) < 0) {
+			kernel_fds_out(tep, p, i);
+			return 0;
+		}
+	}
 	return 1;
 }
 
@@ -434,7 +538,15 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 	 * waits on a stack of this process's own (redis, an nginx worker,
 	 * between connections): the Sleeper's wake-up for a SYN, and then
 	 * the thread's for the connection, were two where this is one. */
-	int direct = irq_fd >= 0 && (conns || (remote_fd < 0 && __atomic_load_n(&waiter_threads, __ATOMIC_RELAXED) <= 1));
+	int alone = __atomic_load_n(&waiter_threads, __ATOMIC_RELAXED) <= 1;
+	if (t_irq_woke) {
+		/* The last block's wake by the interrupt made nothing of the
+		 * thread's ready: its wait goes on. */
+		t_irq_woke = 0;
+		if (t_idle_wakes < IDLE_WAKES_MAX)
+			t_idle_wakes++;
+	}
+	int direct = irq_fd >= 0 && (conns ? alone || t_idle_wakes < IDLE_WAKES_MAX : remote_fd < 0 && alone);
 	/* epoll_pwait2 (glibc 2.35) takes the deadline to the nanosecond;
 	 * without it, ppoll. */
 	/* A wait on the stack alone (no kernel fd in p: a blocking read, or
@@ -442,7 +554,17 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 	 * makes on its connection) takes the thread's set too, for
 	 * EPOLLEXCLUSIVE (below): with ppoll, every frame woke each of
 	 * varnish's 50 threads blocked so. */
-	int tep = direct && (epfd >= 0 || no_kernel_fds(p, np)) && real_epoll_pwait2 ? thread_ep(epfd) : -1;
+	/* A wait with kernel fds in it takes the thread's set too, with them
+	 * added for the block (kernel_fds_in), where other threads (or
+	 * processes) may block on the stack beside it: one thread alone has
+	 * no herd to wake, and ppoll costs it fewer system calls. */
+	int tep = -1, kfds = 0;
+	if (direct && real_epoll_pwait2) {
+		if (epfd >= 0 || no_kernel_fds(p, np))
+			tep = thread_ep(epfd);
+		else if (!alone || remote_fd >= 0)
+			kfds = (tep = thread_ep(-1)) >= 0;
+	}
 	int park = direct ? ONL_PARK_DIRECT : ONL_PARK;
 	keep_p(now ? now : now_ns(), RESCHED_IDLE_NS); /* now is 0 without a deadline */
 	if (logseq) {
@@ -489,20 +611,29 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 	 * (redis-benchmark's CPU, 4% of it). Level-triggered, the add reports
 	 * a frame already in the ring. */
 	struct epoll_event b = {.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = irq_fd};
-	if (tep >= 0 && real_epoll_ctl(tep, EPOLL_CTL_ADD, irq_fd, &b) < 0 && errno != EEXIST)
-		tep = -1; /* the ppoll below waits on it */
+	if (kfds && !kernel_fds_in(tep, p, np))
+		kfds = 0, tep = -1; /* the ppoll below waits on them */
+	if (tep >= 0 && real_epoll_ctl(tep, EPOLL_CTL_ADD, irq_fd, &b) < 0 && errno != EEXIST) {
+		if (kfds)
+			kernel_fds_out(tep, p, np);
+		kfds = 0, tep = -1; /* the ppoll below waits on it */
+	}
 	if (tep >= 0) {
-		struct epoll_event got[4];
+		struct epoll_event got[KFDS_IN_EP + 4];
 		ba.tep = tep;
-		CANCEL_POINT(r = real_epoll_pwait2(tep, got, 4, tsp, mp));
+		ba.kfds = kfds;
+		CANCEL_POINT(r = real_epoll_pwait2(tep, got, KFDS_IN_EP + 4, tsp, mp));
 		int e = errno;
 		real_epoll_ctl(tep, EPOLL_CTL_DEL, irq_fd, NULL);
+		if (kfds)
+			kernel_fds_out(tep, p, np);
 		errno = e;
 		for (int i = 0; i < r; i++) {
-			irq |= got[i].data.fd == irq_fd;
-			woke |= got[i].data.fd == efd;
-			remote |= got[i].data.fd == remote_fd;
-			prog |= got[i].data.fd == epfd;
+			int fd = got[i].data.fd;
+			irq |= fd == irq_fd;
+			woke |= fd == efd;
+			remote |= fd == remote_fd;
+			prog |= fd == epfd || (kfds && fd != irq_fd && fd != efd && fd != remote_fd);
 		}
 	} else {
 		int n = np;
@@ -520,6 +651,9 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 	}
 	int saved = errno;
 	undo_pop(&u);
+	t_irq_woke = irq;
+	if (woke)
+		t_idle_wakes = 0; /* its sockets turned ready: their traffic goes on */
 	int unpark = !direct ? ONL_PARK : irq ? ONL_UNPARK_POLL : ONL_PARK_DIRECT;
 	if (logseq)
 		CORE_VOID(core.disarm_ready(efd, unpark));
