@@ -179,3 +179,19 @@ void as_exec_failed(void)
 		set_as(&prog_as);
 	errno = e;
 }
+
+/* as_for_spawned gives a child that posix_spawn made and exec'd past the
+ * shim's execve the program's own soft RLIMIT_AS, from the parent (the
+ * child has exec'd when posix_spawn returns: glibc's waits for it). Its
+ * exec's first mappings were made under the raised limit; what it maps
+ * from here is held to the program's. system's and popen's children
+ * (posix_spawn inside libc, their process ids out of reach) keep the
+ * raised one. */
+void as_for_spawned(pid_t pid)
+{
+	struct rlimit r;
+	if (pid > 0 && prog_set && real_prlimit(pid, RLIMIT_AS, NULL, &r) == 0 && prog_as.rlim_cur < r.rlim_cur) {
+		r.rlim_cur = prog_as.rlim_cur;
+		real_prlimit(pid, RLIMIT_AS, &r, NULL);
+	}
+}

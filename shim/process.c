@@ -457,7 +457,8 @@ static void say_secure_exec(const char *path, int fd, char *const envp[])
  * say_secure_exec takes them. as_exec_failed undoes it if the exec
  * fails. before_spawn does the same for a child the C library makes
  * and execs past the shim's execve (posix_spawn, system, popen), but
- * for RLIMIT_AS, which the parent keeps (the child's stays raised). */
+ * for RLIMIT_AS: posix_spawn gives the child the program's after it
+ * execs (as_for_spawned); system's and popen's keep the raised one. */
 static void before_spawn(const char *path, char *const envp[])
 {
 	handover_for_exec();
@@ -545,19 +546,34 @@ EXPORT int execle(const char *path, const char *arg, ...)
  * libc), execs past the shim's execve: the connections it inherits go to
  * the kernel first, here in the parent, as those an exec passes on do
  * (the parent's fds go on working, the kernel's now). Before, the child
- * found an unconnected socket (calls.c, TestShimCalls). */
+ * found an unconnected socket (calls.c, TestShimCalls). posix_spawn's
+ * child gets the program's own RLIMIT_AS (as_for_spawned). */
 EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
 		       const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
+	pid_t child;
 	before_spawn(path, envp);
-	return real_posix_spawn(pid, path, fa, attr, argv, envp);
+	int r = real_posix_spawn(&child, path, fa, attr, argv, envp);
+	if (r == 0) {
+		as_for_spawned(child);
+		if (pid)
+			*pid = child;
+	}
+	return r;
 }
 
 EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
 			const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
+	pid_t child;
 	before_spawn(file, envp);
-	return real_posix_spawnp(pid, file, fa, attr, argv, envp);
+	int r = real_posix_spawnp(&child, file, fa, attr, argv, envp);
+	if (r == 0) {
+		as_for_spawned(child);
+		if (pid)
+			*pid = child;
+	}
+	return r;
 }
 
 EXPORT int system(const char *cmd)

@@ -464,6 +464,7 @@ int trusted_dir(const char *dir, size_t n);
 int as_room(void);
 void as_for_exec(void);
 void as_exec_failed(void);
+void as_for_spawned(pid_t pid);
 
 /* io_uring instances (uring.c): uring_keeps_kernel says whether a ring
  * among the open fds (a bit an fd) keeps the process's sockets in the

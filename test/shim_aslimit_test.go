@@ -16,14 +16,16 @@ import (
 // program the child execs has the child's limit. Under the shim the core
 // takes about 2 GiB of address space, none of it the program's: before,
 // the child's mmap failed (ENOMEM; vsftpd answered every login "500
-// OOPS: mmap"). Started under a limit that leaves the core no room, it
-// runs on the kernel.
+// OOPS: mmap"). A shell the parent starts with posix_spawn has the
+// parent's own limit, not the raised one (before, 1 GiB read 2.9 GiB
+// there). Started under a limit that leaves the core no room, it runs
+// on the kernel.
 func TestShimAddressSpaceLimit(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "aslimit")
 	a, b, ln := echoHosts(t)
 	addr, port := b.Iface0().Addr().String(), strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	for _, args := range [][]string{{addr, port}, {addr, port, "exec"}} {
+	for _, args := range [][]string{{addr, port}, {addr, port, "exec"}, {addr, port, "spawn"}} {
 		kernel, _ := runBounded(t, a.Command(prog, args...), 30*time.Second)
 		shim, log := runBounded(t, shimCommand(t, a, nil, prog, args...), 30*time.Second)
 		requireAccelerated(t, log, "connecting")

@@ -7,10 +7,13 @@
  * connection under it, and prints what each step gave: the same under
  * the shim as on the kernel. With "exec", the child execs
  * /bin/sh -c 'ulimit -v' instead, which prints the limit it inherited.
+ * With "spawn", the parent then starts that shell with posix_spawn,
+ * under its own limit.
  *
- *	aslimit ADDR PORT [exec]
+ *	aslimit ADDR PORT [exec|spawn]
  */
 #define _GNU_SOURCE
+#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -29,8 +32,8 @@ static void limit(const char *who, rlim_t bytes)
 
 int main(int argc, char **argv)
 {
-	int ex = argc == 4 && !strcmp(argv[3], "exec");
-	int r = peer_args_more(argc - ex, argv, 0, "[exec]");
+	int ex = argc == 4 && !strcmp(argv[3], "exec"), sp = argc == 4 && !strcmp(argv[3], "spawn");
+	int r = peer_args_more(argc - ex - sp, argv, 0, "[exec|spawn]");
 	if (r)
 		return r;
 	int s = dial();
@@ -53,6 +56,16 @@ int main(int argc, char **argv)
 	if (send(s, line, sizeof line - 1, 0) == sizeof line - 1)
 		n = recv(s, buf, sizeof line - 1, MSG_WAITALL);
 	printf("parent: echo %zd bytes\n", n);
+	fflush(stdout);
+	if (sp) {
+		char *sh[] = {"sh", "-c", "echo child spawn: ulimit -v $(ulimit -v)", NULL};
+		extern char **environ;
+		int e = posix_spawn(&pid, "/bin/sh", NULL, NULL, sh, environ);
+		if (e != 0)
+			printf("posix_spawn: %s\n", strerror(e));
+		else
+			waitpid(pid, NULL, 0);
+	}
 	close(s);
 	return 0;
 }
