@@ -180,13 +180,65 @@ void as_exec_failed(void)
 	errno = e;
 }
 
-/* as_for_spawned gives a child that posix_spawn made and exec'd past the
- * shim's execve the program's own soft RLIMIT_AS, from the parent (the
- * child has exec'd when posix_spawn returns: glibc's waits for it). Its
- * exec's first mappings were made under the raised limit; what it maps
- * from here is held to the program's. system's and popen's children
- * (posix_spawn inside libc, their process ids out of reach) keep the
- * raised one. */
+/* AS_ENV carries the program's own soft RLIMIT_AS to a program it
+ * starts with posix_spawn (as_spawn_env), whose shim sets it as it loads
+ * (as_from_env), before the program runs: a shell's first fork (a
+ * command substitution) came before the parent's prlimit could reach it
+ * (as_for_spawned), and kept the raised limit. */
+#define AS_ENV "ONLOAD_RLIMIT_AS"
+
+/* as_spawn_env is envp with AS_ENV set to the program's soft limit, for
+ * posix_spawn (free it after), or NULL where the program set none below
+ * the limit in force. */
+char **as_spawn_env(char *const envp[])
+{
+	struct rlimit r;
+	if (!prog_set || real_getrlimit(RLIMIT_AS, &r) < 0 || prog_as.rlim_cur >= r.rlim_cur)
+		return NULL;
+	size_t n = 0, k = 0;
+	while (envp && envp[n])
+		n++;
+	char **e = malloc((n + 2) * sizeof *e + sizeof AS_ENV + 24);
+	if (!e)
+		return NULL;
+	char *v = (char *)(e + n + 2);
+	snprintf(v, sizeof AS_ENV + 24, AS_ENV "=%llu", (unsigned long long)prog_as.rlim_cur);
+	for (size_t i = 0; i < n; i++)
+		if (strncmp(envp[i], AS_ENV "=", sizeof AS_ENV) != 0)
+			e[k++] = envp[i];
+	e[k++] = v;
+	e[k] = NULL;
+	return e;
+}
+
+/* as_from_env sets the soft RLIMIT_AS a parent under the shim passed in
+ * AS_ENV (as_spawn_env), as the shim loads, and takes the variable out of
+ * the environment: a program this one starts has the limit this one
+ * sets. */
+void as_from_env(void)
+{
+	const char *v = getenv(AS_ENV);
+	if (!v)
+		return;
+	char *end;
+	errno = 0;
+	unsigned long long x = strtoull(v, &end, 10);
+	struct rlimit r;
+	if (*v && !*end && !errno && real_getrlimit(RLIMIT_AS, &r) == 0 && x < r.rlim_cur) {
+		r.rlim_cur = x;
+		real_setrlimit(RLIMIT_AS, &r);
+	}
+	unsetenv(AS_ENV);
+}
+
+/* as_for_spawned gives a child that posix_spawn made the program's own
+ * soft RLIMIT_AS from the parent once it has exec'd (glibc's posix_spawn
+ * returns then), where it runs without the shim and AS_ENV means nothing
+ * to it: what it maps from then on is held to the program's limit. Its
+ * exec's first mappings, and whatever it forked before this, had the
+ * raised one. system's and popen's children (posix_spawn inside libc,
+ * their environment the process's own and their process ids out of
+ * reach) keep the raised one. */
 void as_for_spawned(pid_t pid)
 {
 	struct rlimit r;

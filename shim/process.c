@@ -122,6 +122,7 @@ void adopt_received(const struct msghdr *m)
 __attribute__((constructor)) static void init(void)
 {
 	resolve_libc();
+	as_from_env();
 	/* A signal the program inherited ignored is ignored in prog_act too
 	 * (on_pipe and catch_ends read it there): the Go runtime installs a
 	 * handler of its own for SIGPIPE, and the program's disposition is
@@ -457,8 +458,8 @@ static void say_secure_exec(const char *path, int fd, char *const envp[])
  * say_secure_exec takes them. as_exec_failed undoes it if the exec
  * fails. before_spawn does the same for a child the C library makes
  * and execs past the shim's execve (posix_spawn, system, popen), but
- * for RLIMIT_AS: posix_spawn gives the child the program's after it
- * execs (as_for_spawned); system's and popen's keep the raised one. */
+ * for RLIMIT_AS: posix_spawn gives the child the program's (limits.c,
+ * as_spawn_env); system's and popen's keep the raised one. */
 static void before_spawn(const char *path, char *const envp[])
 {
 	handover_for_exec();
@@ -547,13 +548,15 @@ EXPORT int execle(const char *path, const char *arg, ...)
  * the kernel first, here in the parent, as those an exec passes on do
  * (the parent's fds go on working, the kernel's now). Before, the child
  * found an unconnected socket (calls.c, TestShimCalls). posix_spawn's
- * child gets the program's own RLIMIT_AS (as_for_spawned). */
+ * child gets the program's own RLIMIT_AS (as_spawn_env, as_for_spawned). */
 EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
 		       const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
 	pid_t child;
 	before_spawn(path, envp);
-	int r = real_posix_spawn(&child, path, fa, attr, argv, envp);
+	char **env = as_spawn_env(envp);
+	int r = real_posix_spawn(&child, path, fa, attr, argv, env ? env : envp);
+	free(env);
 	if (r == 0) {
 		as_for_spawned(child);
 		if (pid)
@@ -567,7 +570,9 @@ EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_act
 {
 	pid_t child;
 	before_spawn(file, envp);
-	int r = real_posix_spawnp(&child, file, fa, attr, argv, envp);
+	char **env = as_spawn_env(envp);
+	int r = real_posix_spawnp(&child, file, fa, attr, argv, env ? env : envp);
+	free(env);
 	if (r == 0) {
 		as_for_spawned(child);
 		if (pid)

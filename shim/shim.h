@@ -465,6 +465,8 @@ int as_room(void);
 void as_for_exec(void);
 void as_exec_failed(void);
 void as_for_spawned(pid_t pid);
+char **as_spawn_env(char *const envp[]);
+void as_from_env(void);
 
 /* io_uring instances (uring.c): uring_keeps_kernel says whether a ring
  * among the open fds (a bit an fd) keeps the process's sockets in the

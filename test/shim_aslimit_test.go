@@ -18,7 +18,10 @@ import (
 // the child's mmap failed (ENOMEM; vsftpd answered every login "500
 // OOPS: mmap"). A shell the parent starts with posix_spawn has the
 // parent's own limit, not the raised one (before, 1 GiB read 2.9 GiB
-// there). Started under a limit that leaves the core no room, it runs
+// there), from its start (its first fork, a command substitution,
+// raced the parent's prlimit and kept the raised one in a fresh clone's
+// CI run), and so does one started without the shim, once it has
+// exec'd. Started under a limit that leaves the core no room, it runs
 // on the kernel.
 func TestShimAddressSpaceLimit(t *testing.T) {
 	shimOnloadd(t)

@@ -8,7 +8,8 @@
  * the shim as on the kernel. With "exec", the child execs
  * /bin/sh -c 'ulimit -v' instead, which prints the limit it inherited.
  * With "spawn", the parent then starts that shell with posix_spawn,
- * under its own limit.
+ * under its own limit, and again with LD_PRELOAD out of its
+ * environment.
  *
  *	aslimit ADDR PORT [exec|spawn]
  */
@@ -58,13 +59,26 @@ int main(int argc, char **argv)
 	printf("parent: echo %zd bytes\n", n);
 	fflush(stdout);
 	if (sp) {
-		char *sh[] = {"sh", "-c", "echo child spawn: ulimit -v $(ulimit -v)", NULL};
+		/* A shell whose first act is a fork (the command substitution),
+		 * in the environment as it is; then one without LD_PRELOAD in
+		 * its environment, which looks a moment later. */
 		extern char **environ;
-		int e = posix_spawn(&pid, "/bin/sh", NULL, NULL, sh, environ);
-		if (e != 0)
-			printf("posix_spawn: %s\n", strerror(e));
-		else
-			waitpid(pid, NULL, 0);
+		char *bare[256];
+		int n = 0;
+		for (char **e = environ; *e && n < 255; e++)
+			if (strncmp(*e, "LD_PRELOAD=", 11) != 0)
+				bare[n++] = *e;
+		bare[n] = NULL;
+		char *sh[] = {"sh", "-c", "echo child spawn: ulimit -v $(ulimit -v)", NULL};
+		char *later[] = {"sh", "-c", "sleep 0.3; echo child spawn without LD_PRELOAD: ulimit -v $(ulimit -v)", NULL};
+		char **argvs[] = {sh, later}, **envs[] = {environ, bare};
+		for (int i = 0; i < 2; i++) {
+			int e = posix_spawn(&pid, "/bin/sh", NULL, NULL, argvs[i], envs[i]);
+			if (e != 0)
+				printf("posix_spawn: %s\n", strerror(e));
+			else
+				waitpid(pid, NULL, 0);
+		}
 	}
 	close(s);
 	return 0;
