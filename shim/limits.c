@@ -160,16 +160,24 @@ EXPORT int prlimit64(pid_t pid, __rlimit_resource_t res, const struct rlimit64 *
 	return prlimit(pid, res, (const struct rlimit *)nr, (struct rlimit *)old);
 }
 
+/* lower_soft_as lowers process pid's soft RLIMIT_AS (0: this process's)
+ * to v, if v is below it; the hard limit stays. */
+static void lower_soft_as(pid_t pid, rlim_t v)
+{
+	struct rlimit r;
+	if (real_prlimit(pid, RLIMIT_AS, NULL, &r) == 0 && v < r.rlim_cur) {
+		r.rlim_cur = v;
+		real_prlimit(pid, RLIMIT_AS, &r, NULL);
+	}
+}
+
 /* as_for_exec gives the program its own soft RLIMIT_AS back for the
  * program it execs, which starts without the core; as_exec_failed raises
  * it again if the exec failed. */
 void as_for_exec(void)
 {
-	struct rlimit r;
-	if (prog_set && real_getrlimit(RLIMIT_AS, &r) == 0 && prog_as.rlim_cur < r.rlim_cur) {
-		r.rlim_cur = prog_as.rlim_cur;
-		real_setrlimit(RLIMIT_AS, &r);
-	}
+	if (prog_set)
+		lower_soft_as(0, prog_as.rlim_cur);
 }
 
 void as_exec_failed(void)
@@ -223,11 +231,8 @@ void as_from_env(void)
 	char *end;
 	errno = 0;
 	unsigned long long x = strtoull(v, &end, 10);
-	struct rlimit r;
-	if (*v && !*end && !errno && real_getrlimit(RLIMIT_AS, &r) == 0 && x < r.rlim_cur) {
-		r.rlim_cur = x;
-		real_setrlimit(RLIMIT_AS, &r);
-	}
+	if (*v && !*end && !errno)
+		lower_soft_as(0, x);
 	unsetenv(AS_ENV);
 }
 
@@ -241,9 +246,6 @@ void as_from_env(void)
  * reach) keep the raised one. */
 void as_for_spawned(pid_t pid)
 {
-	struct rlimit r;
-	if (pid > 0 && prog_set && real_prlimit(pid, RLIMIT_AS, NULL, &r) == 0 && prog_as.rlim_cur < r.rlim_cur) {
-		r.rlim_cur = prog_as.rlim_cur;
-		real_prlimit(pid, RLIMIT_AS, &r, NULL);
-	}
+	if (pid > 0 && prog_set)
+		lower_soft_as(pid, prog_as.rlim_cur);
 }

@@ -543,6 +543,20 @@ EXPORT int execle(const char *path, const char *arg, ...)
 	return execve(path, argv, envp);
 }
 
+/* spawned finishes a posix_spawn that returned r, its child's process
+ * id child: frees the environment as_spawn_env made, gives the child the
+ * program's RLIMIT_AS (as_for_spawned) and the caller its id. */
+static int spawned(int r, pid_t child, pid_t *pid, char **env)
+{
+	free(env);
+	if (r == 0) {
+		as_for_spawned(child);
+		if (pid)
+			*pid = child;
+	}
+	return r;
+}
+
 /* posix_spawn's child, and system's and popen's (posix_spawn inside
  * libc), execs past the shim's execve: the connections it inherits go to
  * the kernel first, here in the parent, as those an exec passes on do
@@ -555,14 +569,7 @@ EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_acti
 	pid_t child;
 	before_spawn(path, envp);
 	char **env = as_spawn_env(envp);
-	int r = real_posix_spawn(&child, path, fa, attr, argv, env ? env : envp);
-	free(env);
-	if (r == 0) {
-		as_for_spawned(child);
-		if (pid)
-			*pid = child;
-	}
-	return r;
+	return spawned(real_posix_spawn(&child, path, fa, attr, argv, env ? env : envp), child, pid, env);
 }
 
 EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
@@ -571,14 +578,7 @@ EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_act
 	pid_t child;
 	before_spawn(file, envp);
 	char **env = as_spawn_env(envp);
-	int r = real_posix_spawnp(&child, file, fa, attr, argv, env ? env : envp);
-	free(env);
-	if (r == 0) {
-		as_for_spawned(child);
-		if (pid)
-			*pid = child;
-	}
-	return r;
+	return spawned(real_posix_spawnp(&child, file, fa, attr, argv, env ? env : envp), child, pid, env);
 }
 
 EXPORT int system(const char *cmd)
