@@ -57,7 +57,7 @@ const (
 func init() {
 	logLevelVar.Set(logLevel(strings.TrimSpace(os.Getenv("ONLOAD_LOG"))))
 	logger.Store(newLogger(os.Stderr))
-	if p := strings.TrimSpace(os.Getenv("ONLOAD_LOG_FILE")); p != "" && !secureMode() {
+	if p := strings.TrimSpace(envGetenv()("ONLOAD_LOG_FILE")); p != "" { // none in secure mode
 		SetLogOutput(&logFile{path: p})
 	}
 }
