@@ -124,9 +124,14 @@ type Sleeper struct {
 	// the frames left to threads (threadsAttend): a park wakes it
 	// (nudge), since the parked thread leaves them to it.
 	timersOnly atomic.Bool
-	events     atomic.Uint64 // parks and last-spinner exits: kick reasons
-	state      atomic.Int32
-	wakeAt     atomic.Int64 // when an armed Sleeper wakes for a timer (Clock)
+	// look is the time between the Sleeper's looks at a stack a thread
+	// keeps polling, and lookedAt the last poll it saw then (lookAfter;
+	// the Sleeper's goroutine alone touches them).
+	look     time.Duration
+	lookedAt int64
+	events   atomic.Uint64 // parks and last-spinner exits: kick reasons
+	state    atomic.Int32
+	wakeAt   atomic.Int64 // when an armed Sleeper wakes for a timer (Clock)
 	// w is how it sleeps, and its one timer: watch periods, timer
 	// deadlines.
 	w waiter
@@ -253,8 +258,10 @@ var beforeTimersOnly atomic.Pointer[func()]
 // blocks on the interrupt itself (ParkDirect) is trusted to come back to
 // it: until then the Sleeper leaves the stack's frames to it. A thread
 // that stays away longer (busy, or blocked on something else) leaves the
-// stack to the Sleeper, which polls and arms the interrupt as usual:
-// frames wait at most this long. It is onloadd's takeover grace too.
+// stack to the Sleeper, which polls and arms the interrupt as usual at
+// its next look: frames wait at most this long, or MaxLook after a
+// thread that kept polling (lookAfter). It is onloadd's takeover grace
+// too.
 const DirectGrace = time.Millisecond
 
 // elsewhereBound is how long a Sleeper that leaves the frames to a
@@ -267,11 +274,15 @@ const elsewhereBound = 10 * time.Millisecond
 // themselves, this process's or another's, attend the stack's frames
 // now, and for how long at most
 // the Sleeper may leave them to it before it looks again (-1: until
-// UnparkDirect; the Sleeper then sleeps deep). idle says nobody polled
-// the stack while the Sleeper last slept for the timers alone.
-func (s *Sleeper) threadsAttend(idle bool) (bool, time.Duration) {
+// UnparkDirect; the Sleeper then sleeps deep). polling says a thread of
+// ours that polled lately attends them, and its timers too: its polls
+// run them. idle says nobody polled the stack while the Sleeper last
+// slept for the timers alone.
+func (s *Sleeper) threadsAttend(idle bool) (attend bool, d time.Duration, polling bool) {
+	look := s.look
+	s.look = 0
 	if s.spinning.Load() != 0 {
-		return false, 0
+		return false, 0, false
 	}
 	if s.directSeen.Load() {
 		if s.direct.Load() > 0 {
@@ -281,11 +292,11 @@ func (s *Sleeper) threadsAttend(idle bool) (bool, time.Duration) {
 				// while it blocks; its UnparkDirect wakes us.
 				s.deep.Store(true)
 				if s.direct.Load() > 0 {
-					return true, -1
+					return true, -1, false
 				}
 				s.deep.Store(false)
 			}
-			return true, DirectGrace
+			return true, DirectGrace, false
 		}
 		// A thread that polled lately comes back to the stack, unless
 		// every thread is parked (blocked without the interrupt, as a
@@ -294,8 +305,9 @@ func (s *Sleeper) threadsAttend(idle bool) (bool, time.Duration) {
 		// each new connection's SYN waited out the grace (a client
 		// that connected every 0.3 ms was answered in 0.76 ms at the
 		// median, against the kernel's 0.05).
-		if since := time.Duration(s.st.Clock() - s.st.PolledAt()); since < DirectGrace && !s.allParked() {
-			return true, DirectGrace - since
+		at := s.st.PolledAt()
+		if since := time.Duration(s.st.Clock() - at); since < DirectGrace && !s.allParked() {
+			return true, s.lookAfter(look, at, since), true
 		}
 	}
 	// None of our threads attends. On a stack shared with other
@@ -307,14 +319,45 @@ func (s *Sleeper) threadsAttend(idle bool) (bool, time.Duration) {
 	// worker's.
 	parked, at := s.st.Elsewhere()
 	if parked {
-		return true, elsewhereBound
+		return true, elsewhereBound, false
 	}
 	if at != 0 {
 		if since := time.Duration(s.st.Clock() - at); since < DirectGrace {
-			return true, DirectGrace - since
+			return true, DirectGrace - since, false
 		}
 	}
-	return false, 0
+	return false, 0, false
+}
+
+// MaxLook bounds the backoff of lookAfter: the longest a Sleeper leaves
+// the stack to a thread that keeps polling it before it looks again,
+// and so the longest frames wait when that thread goes away (busy
+// outside the stack) without blocking. It bounds the wait of frames a
+// corked send left for its sender's next wait too (KickOwed), should the
+// sender not come back. It is well under a peer's tail loss probe (10 ms
+// and more), which frames waiting for us would draw.
+const MaxLook = 4 * time.Millisecond
+
+// lookAfter is how long the Sleeper sleeps before it looks again at a
+// stack a thread polled since ago (at, on the Clock), trusted to come
+// back to it; prev is the time between the looks so far (0: this is the
+// first). Each look that finds the stack polled since the last doubles
+// it, from DirectGrace up to MaxLook; any other turn of threadsAttend
+// (the thread away a grace period, blocked, or spinning) ends the
+// backoff. Under
+// pipelined redis, looking every grace period woke the Sleeper's thread
+// 1,100 times a second, and each wake-up preempted redis-server's
+// thread on its processor: the Sleeper's thread and the runtime's took
+// 4-5% of the main thread's CPU.
+func (s *Sleeper) lookAfter(prev time.Duration, at int64, since time.Duration) time.Duration {
+	switch {
+	case prev == 0 || at == s.lookedAt:
+		s.look = DirectGrace
+	default:
+		s.look = min(2*prev, MaxLook)
+	}
+	s.lookedAt = at
+	return s.look - since
 }
 
 // SetThreads says how many threads use the stack: those of a program
@@ -615,7 +658,26 @@ func (s *Sleeper) run() {
 		}
 		s.state.Store(stRunning)
 		ev0 := s.events.Load()
-		if ok, d := s.threadsAttend(directIdle); ok {
+		ok, d, polling := s.threadsAttend(directIdle)
+		if polling {
+			// A thread of ours keeps polling the stack: its polls take
+			// the frames in, run the timers and send what its corked
+			// sends left. Look again at d, or at a park's nudge. Waking
+			// for each timer instead (the stack's retransmission timers
+			// come due every few milliseconds on each busy connection,
+			// re-armed lazily), and being set earlier by the thread's
+			// sends (TimerSet), woke the Sleeper 600 times a second
+			// under pipelined redis, and cost redis-server's thread a
+			// system call at every TimerSet. A timer that comes due
+			// while the thread is away, or blocked on the interrupt,
+			// waits for the next look: up to MaxLook.
+			directIdle = false
+			if watch(ev0, d) {
+				return
+			}
+			continue
+		}
+		if ok {
 			// Threads block on the interrupt themselves: the timers only.
 			nt, due := s.st.NextTimeout()
 			if due && nt == 0 {
@@ -629,7 +691,7 @@ func (s *Sleeper) run() {
 			}
 			s.wakeAt.Store(math.MaxInt64)
 			s.state.Store(stArmed)
-			if s.st.KickOwed() && (d < 0 || d > DirectGrace) {
+			if s.st.KickOwed() && (d < 0 || d > MaxLook) {
 				// A send that left its frames for its sender's next wait
 				// sets our timer only if it finds us armed (TimerSet, from
 				// sockets.Desc.SendMore): one that looked just before the
@@ -640,7 +702,7 @@ func (s *Sleeper) run() {
 				// before it looked, and we look after the store: one of
 				// the two sees the other. Wake within the bound it would
 				// have set.
-				d = DirectGrace
+				d = MaxLook
 			}
 			// A park (nudge) since ev0 was read may leave the frames to
 			// us: look again rather than sleep. One after the store
@@ -723,12 +785,12 @@ func (s *Sleeper) run() {
 			s.src.Disarm()
 			continue
 		}
-		d, ok := s.st.NextTimeout()
-		if ok && d == 0 {
+		nt, due := s.st.NextTimeout()
+		if due && nt == 0 {
 			s.src.Disarm()
 			continue
 		}
-		s.sleepUntil(d, ok, -1)
+		s.sleepUntil(nt, due, -1)
 		s.stats.arms.Add(1)
 		_, stop := wait(true)
 		s.src.Disarm()

@@ -354,12 +354,21 @@ func TestSleeperTakesFramesWhenItsOnlyThreadParks(t *testing.T) {
 	waiters(t, testSleeperTakesFramesWhenItsOnlyThreadParks)
 }
 
-func testSleeperTakesFramesWhenItsOnlyThreadParks(t *testing.T, pol interrupts.Policy) {
-	a, b := pairWith(t, vnic.MemConfig{}, pol)
-	rx, tx := udpPair(t, a, b)
+// oneShimThread is a pair whose b is a process under the shim with one
+// thread, which has blocked on the interrupt itself once, and a UDP pair
+// from a to b (udpPair).
+func oneShimThread(t *testing.T, pol interrupts.Policy) (a, b *end, rx, tx stack.SockID) {
+	t.Helper()
+	a, b = pairWith(t, vnic.MemConfig{}, pol)
+	rx, tx = udpPair(t, a, b)
 	b.sl.SetThreads(1)
-	b.sl.ParkDirect() // the thread has blocked on the interrupt itself
+	b.sl.ParkDirect()
 	b.sl.UnparkDirect()
+	return a, b, rx, tx
+}
+
+func testSleeperTakesFramesWhenItsOnlyThreadParks(t *testing.T, pol interrupts.Policy) {
+	a, b, rx, tx := oneShimThread(t, pol)
 	buf := make([]byte, 64)
 	var took []time.Duration
 	for i := range 21 {
@@ -386,6 +395,73 @@ func testSleeperTakesFramesWhenItsOnlyThreadParks(t *testing.T, pol interrupts.P
 	if med := took[len(took)/2]; med > interrupts.DirectGraceForTest/3 {
 		t.Errorf("a frame that came while the only thread was parked waited %v at the median (each: %v); "+
 			"the Sleeper waited out its grace (%v) for a thread that would not come back", med, took, interrupts.DirectGraceForTest)
+	}
+}
+
+// TestSleeperBacksOffFromAPollingThread: while a thread of a process
+// under the shim keeps polling the stack, the Sleeper leaves the stack to
+// it and looks less and less often, up to MaxLook apart, whatever timers
+// the thread's sends set; once the thread goes away, a frame that comes
+// is taken in within MaxLook of the thread's last poll or so. Looking
+// every DirectGrace woke the Sleeper's thread a thousand times a second
+// under pipelined redis, and every timer the stack armed (TimerSet) woke
+// it more.
+func TestSleeperBacksOffFromAPollingThread(t *testing.T) {
+	waiters(t, testSleeperBacksOffFromAPollingThread)
+}
+
+func testSleeperBacksOffFromAPollingThread(t *testing.T, pol interrupts.Policy) {
+	a, b, rx, tx := oneShimThread(t, pol)
+	buf := make([]byte, 64)
+	send := func(msg string) {
+		if _, err := a.st.SendTo(tx, []byte(msg), netip.AddrPortFrom(addrB.Addr(), 7000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The thread polls every 100 µs for 300 ms, taking in a frame a
+	// millisecond, and after each poll tells an armed Sleeper of a timer
+	// due in 1 ms, as a send's way out does (sockets.Stack.leave).
+	const busy = 300 * time.Millisecond
+	before := b.sl.Stats()
+	start := time.Now()
+	for i := 0; time.Since(start) < busy; i++ {
+		if i%10 == 0 {
+			send("busy")
+		}
+		b.st.Poll()
+		b.st.RecvFrom(rx, buf, false)
+		if b.sl.Armed() {
+			b.sl.TimerSet(b.st.Clock() + int64(time.Millisecond))
+		}
+		// A sleep of Go's may take a millisecond itself.
+		for t0 := time.Now(); time.Since(t0) < 100*time.Microsecond; {
+			runtime.Gosched()
+		}
+	}
+	after := b.sl.Stats()
+	wakes := (after.Timeouts + after.Kicks + after.IRQs) - (before.Timeouts + before.Kicks + before.IRQs)
+	// A look every MaxLook is 75 in the 300 ms, and the first looks
+	// come sooner; one every DirectGrace, 300.
+	if limit := uint64(busy/interrupts.MaxLook) * 2; wakes > limit {
+		t.Errorf("the Sleeper woke %d times in %v while a thread polled the stack every 100 µs (at most %d: a look every %v): %+v",
+			wakes, busy, limit, interrupts.MaxLook, after)
+	}
+	// The thread goes away without blocking: the next look finds it gone
+	// and the Sleeper takes the frame in.
+	b.st.Poll()
+	left := time.Now()
+	send("gone")
+	for b.st.WaitFor(rx, stack.Readable)&stack.Readable == 0 {
+		if time.Since(left) > 2*time.Second {
+			t.Fatalf("a frame that came after the polling thread went away was not taken in within 2s: %+v", b.sl.Stats())
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	// The bound is MaxLook and a grace period past the last poll; a
+	// loaded machine's wake-ups come later.
+	if took := time.Since(left); took > 10*interrupts.MaxLook {
+		t.Errorf("a frame that came after the polling thread went away waited %v (a look is at most %v apart): %+v",
+			took, interrupts.MaxLook, b.sl.Stats())
 	}
 }
 

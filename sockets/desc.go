@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/xdp-onload/onload/interrupts"
 	"github.com/xdp-onload/onload/stack"
 )
 
@@ -550,8 +551,12 @@ func (s *Stack) boundHeldKick() bool {
 // should the caller not come back to a wait (which kicks at once). It is
 // a safety net, and a coarse one: each time it moves the Sleeper's timer
 // earlier costs a system call and a thread's wake-up in the Go runtime,
-// and at 100 µs that was every other request of a busy redis-server.
-const heldKickWait = time.Millisecond
+// and at 100 µs that was every other request of a busy redis-server. At
+// 1 ms it set the Sleeper's rhythm under pipelined redis (a wake-up
+// every millisecond, 700 timer settings a second from redis-server's
+// thread); at the Sleeper's longest look (interrupts.MaxLook) a send
+// finds the Sleeper due sooner and sets nothing.
+const heldKickWait = interrupts.MaxLook
 
 // KickHeld gives the NIC the frames SendMore left waiting.
 func (s *Stack) KickHeld() {
