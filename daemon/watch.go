@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdp-onload/onload/internal/eventfd"
+	"github.com/xdp-onload/onload/interrupts"
 	"github.com/xdp-onload/onload/stack"
 )
 
@@ -78,7 +79,11 @@ type watcher struct {
 	fds [1]unix.PollFd
 	// checked is when the watcher last looked over the socket table.
 	checked time.Time
-	done    chan struct{}
+	// look is the time between looks at a stack its process keeps
+	// polling, and lookedAt the last poll seen then (lookAfter).
+	look     time.Duration
+	lookedAt int64
+	done     chan struct{}
 	// ready is an epoll set the Go runtime's network poller waits on,
 	// with the stack's AF_XDP socket in it while the watcher waits for
 	// it (park); stopped and stopC end the parked waits as stop does the
@@ -172,15 +177,17 @@ func (w *watcher) run(d *Daemon) {
 		switch {
 		case now-last < grace:
 			// The process polls: look again when a grace period has
-			// passed since its last poll.
+			// passed since its last poll, or later while it keeps
+			// polling (lookAfter).
 			w.since.Store(0)
-			if w.sleep(time.Duration(grace-(now-last)), false) {
+			if w.sleep(w.lookAfter(last, time.Duration(now-last)), false) {
 				return
 			}
 			continue
 		case !st.Waiting():
 			// Nothing to do: wait for a frame or the next timer, then
 			// give the process its grace period to take it.
+			w.look = 0
 			w.since.Store(0)
 			wait := maxIdleWait
 			if st.InHandoverGrace() {
@@ -201,6 +208,7 @@ func (w *watcher) run(d *Daemon) {
 			continue
 		}
 		// Work has waited a grace period and nobody polled: take over.
+		w.look = 0
 		w.since.CompareAndSwap(0, now)
 		if !w.poll(d) {
 			return
@@ -209,6 +217,35 @@ func (w *watcher) run(d *Daemon) {
 			return
 		}
 	}
+}
+
+// lookAfter is how long the watcher sleeps before it looks again at a
+// stack its process polled since ago (at, on the stack's clock). Each
+// look that finds the stack polled since the last doubles the time
+// between looks, from the grace period up to maxLook's bound; a look
+// that finds the process away or the stack idle ends the backoff. As
+// interrupts.Sleeper's looks back off from a thread that keeps polling:
+// onloadd's look every grace period (1 ms) cost about 1,200 context
+// switches and 30 ms of CPU a second, at a real-time priority, under
+// pipelined redis.
+func (w *watcher) lookAfter(at int64, since time.Duration) time.Duration {
+	switch {
+	case w.look == 0 || at == w.lookedAt:
+		w.look = w.grace
+	default:
+		w.look = min(2*w.look, maxLook(w.grace))
+	}
+	w.lookedAt = at
+	return w.look - since
+}
+
+// maxLook is the longest a watcher backs off from a process that keeps
+// polling (lookAfter), and so how long a stall of that process may go
+// unseen: four grace periods, and no more than interrupts.MaxLook (the
+// bound on the process's own Sleeper's looks) unless the grace itself is
+// longer. Within maxQuietSleep: the looks stay raw system calls.
+func maxLook(grace time.Duration) time.Duration {
+	return min(4*grace, max(grace, interrupts.MaxLook))
 }
 
 // checkEvery is how often a watcher taking over a stack looks over its
@@ -344,13 +381,15 @@ func readySet() (*os.File, error) {
 
 // maxQuietSleep is the longest sleep a watcher takes without telling the
 // Go runtime (sleepQuiet): the runtime's stop-the-world phases wait for
-// it to end.
-const maxQuietSleep = 2 * time.Millisecond
+// it to end. It covers a watcher's longest look at a process that polls
+// (maxLook at the default grace).
+const maxQuietSleep = interrupts.MaxLook
 
 // sleepQuiet is sleep for the short waits of a watcher, d up to
-// maxQuietSleep: the grace periods of a process that polls (one each:
-// 1,000 a second by default), and the grace a woken watcher gives the
-// process. It is a raw system call, which the Go runtime does not see.
+// maxQuietSleep: the looks at a process that polls (one a grace period
+// at first, 1,000 a second by default, then fewer: lookAfter), and the
+// grace a woken watcher gives the process. It is a raw system call,
+// which the Go runtime does not see.
 // As an ordinary one, each wait's end woke the runtime's monitor thread
 // from its deep sleep (exitsyscall's notewakeup), which slept 20 µs and
 // went back to sleep: three wake-ups of onloadd's threads a look instead
