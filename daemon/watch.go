@@ -51,7 +51,8 @@ const lateLookEvery = 50 * time.Millisecond
 // watcher polls one stack when its processes do not (seed 001's lazy
 // interrupts, with onloadd as the interrupt handler). While a process
 // polls it stays out of the way: it reads two words of shared memory
-// every grace period and makes no system call the process would see.
+// every grace period, less often while the process keeps polling
+// (lookAfter), and makes no system call the process would see.
 // When the process has not polled for the grace period and has work
 // waiting (frames in the ring, a timer due), the watcher takes the lock
 // by trylock and runs the same poll: ACKs, retransmissions, timers,
