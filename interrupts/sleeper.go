@@ -344,11 +344,10 @@ const MaxLook = 4 * time.Millisecond
 // first). Each look that finds the stack polled since the last doubles
 // it, from DirectGrace up to MaxLook; any other turn of threadsAttend
 // (the thread away a grace period, blocked, or spinning) ends the
-// backoff. Under
-// pipelined redis, looking every grace period woke the Sleeper's thread
-// 1,100 times a second, and each wake-up preempted redis-server's
-// thread on its processor: the Sleeper's thread and the runtime's took
-// 4-5% of the main thread's CPU.
+// backoff. Under pipelined redis, looking every grace period woke the
+// Sleeper's thread 1,100 times a second, and each wake-up preempted
+// redis-server's thread on its processor: the Sleeper's thread and the
+// runtime's took 4-5% of the main thread's CPU.
 func (s *Sleeper) lookAfter(prev time.Duration, at int64, since time.Duration) time.Duration {
 	switch {
 	case prev == 0 || at == s.lookedAt:

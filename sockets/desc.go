@@ -376,7 +376,7 @@ func (d *Desc) RecvCorked(b []byte, peek bool) (n int, owed bool, err error) {
 		return 0, false, net.ErrClosed
 	}
 	n, err = s.st.RecvCorked(d.id, b, peek)
-	owed = s.boundHeldKick()
+	owed = s.boundHeldKick(heldKickWait)
 	s.leave()
 	return n, owed, err
 }
@@ -529,34 +529,39 @@ func (d *Desc) SendMore(b []byte) (int, error) {
 		return 0, net.ErrClosed
 	}
 	n, err := s.st.SendCorked(d.id, b)
-	s.boundHeldKick()
+	s.boundHeldKick(heldKickWait)
 	s.leave()
 	return n, err
 }
 
-// boundHeldKick has an armed Sleeper kick, within heldKickWait, what a
-// corked call left for its caller's next wait; it reports whether
-// anything was left.
-func (s *Stack) boundHeldKick() bool {
+// boundHeldKick has an armed Sleeper kick, within wait, what a corked
+// call left for its caller's next wait; it reports whether anything was
+// left.
+func (s *Stack) boundHeldKick(wait time.Duration) bool {
 	if !s.st.KickOwed() {
 		return false
 	}
 	if s.sl.Armed() {
-		s.sl.TimerSet(s.st.Clock() + int64(heldKickWait))
+		s.sl.TimerSet(s.st.Clock() + int64(wait))
 	}
 	return true
 }
 
-// heldKickWait bounds how long frames SendMore left wait for their kick,
-// should the caller not come back to a wait (which kicks at once). It is
-// a safety net, and a coarse one: each time it moves the Sleeper's timer
-// earlier costs a system call and a thread's wake-up in the Go runtime,
-// and at 100 µs that was every other request of a busy redis-server. At
+// heldKickWait bounds how long frames the shim's corked calls (SendMore,
+// RecvCorked) left wait for their kick, should the caller not come back
+// to a wait (which kicks at once). It is a safety net, and a coarse one:
+// each time it moves the Sleeper's timer earlier costs the shim's thread
+// a system call (the Sleeper's timerfd) and the Sleeper a wake-up, and
+// at 100 µs that was every other request of a busy redis-server. At
 // 1 ms it set the Sleeper's rhythm under pipelined redis (a wake-up
 // every millisecond, 700 timer settings a second from redis-server's
 // thread); at the Sleeper's longest look (interrupts.MaxLook) a send
 // finds the Sleeper due sooner and sets nothing.
 const heldKickWait = interrupts.MaxLook
+
+// readKickWait is heldKickWait for the Go library's reads (TCPConn.Read),
+// whose Sleeper's timer is the Go runtime's.
+const readKickWait = time.Millisecond
 
 // KickHeld gives the NIC the frames SendMore left waiting.
 func (s *Stack) KickHeld() {

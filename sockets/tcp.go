@@ -106,7 +106,7 @@ func (c *TCPConn) Read(b []byte) (int, error) {
 		if more {
 			s.kickIfLast()
 		} else if s.st.CorkedOwed() {
-			s.boundHeldKick()
+			s.boundHeldKick(readKickWait)
 		}
 		s.leave()
 		switch {
