@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdp-onload/onload/internal/eventfd"
-	"github.com/xdp-onload/onload/interrupts"
 	"github.com/xdp-onload/onload/stack"
 )
 
@@ -242,12 +241,18 @@ func (w *watcher) lookAfter(at int64, since time.Duration) time.Duration {
 
 // maxLook is the longest a watcher backs off from a process that keeps
 // polling (lookAfter), and so how long a stall of that process may go
-// unseen: four grace periods, and no more than interrupts.MaxLook (the
-// bound on the process's own Sleeper's looks) unless the grace itself is
-// longer. Within maxQuietSleep: the looks stay raw system calls.
+// unseen: four grace periods, and no more than lookBound unless the
+// grace itself is longer. Within maxQuietSleep: the looks stay raw
+// system calls.
 func maxLook(grace time.Duration) time.Duration {
-	return min(4*grace, max(grace, interrupts.MaxLook))
+	return min(4*grace, max(grace, lookBound))
 }
+
+// lookBound is the bound on the backoff of a watcher's looks, the same
+// as that on the looks of the process's own Sleeper (interrupts.MaxLook,
+// which the import rule keeps the daemon from naming): under a peer's
+// tail loss probe, 8-10 ms on veth.
+const lookBound = 4 * time.Millisecond
 
 // checkEvery is how often a watcher taking over a stack looks over its
 // whole socket table (stack.TryCheck).
@@ -384,7 +389,7 @@ func readySet() (*os.File, error) {
 // Go runtime (sleepQuiet): the runtime's stop-the-world phases wait for
 // it to end. It covers a watcher's longest look at a process that polls
 // (maxLook at the default grace).
-const maxQuietSleep = interrupts.MaxLook
+const maxQuietSleep = lookBound
 
 // sleepQuiet is sleep for the short waits of a watcher, d up to
 // maxQuietSleep: the looks at a process that polls (one a grace period

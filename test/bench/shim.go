@@ -29,7 +29,10 @@ import (
 //     the floor (a raw AF_XDP ping-pong) in the same round.
 //   - redis-server under the shim against redis-server on the kernel,
 //     loaded by the kernel's redis-benchmark (50 clients, GET, not
-//     pipelined and 16 pipelined), unpinned, as their users run them.
+//     pipelined and 16 pipelined), unpinned, as their users run them,
+//     back to back with the server floor in redis-server's place: the
+//     kernel's, the shim's and the floor's figures of a round are seconds
+//     apart, the shim's between the other two.
 //   - iperf3's client under the shim against the kernel's client, both to
 //     the kernel's server, one connection for 3 s, beside the Go
 //     library's bulk (sockets against net, one connection for 3 s to a Go
@@ -208,13 +211,37 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				mcP99[id] = append(mcP99[id], p99)
 				fmt.Fprintf(os.Stderr, "shim round %d memcached -t %d mcping %-6s %9.0f/s p99 %7.1f us\n", r+1, workers, side, v, p99)
 			}
-			for _, pipe := range []int{1, 16} {
+		}
+		// redis: the kernel's, the shim's and the floor back to back, so
+		// that a round's three figures are seconds apart, not minutes
+		// (the machine drifts: a round's floor read 0.86-1.21M GETs a
+		// second in one run); the shim's between the two, the order of
+		// the others turned each round.
+		sides := []string{"kernel", "shim", "floor"}
+		if r%2 == 1 {
+			sides = []string{"floor", "shim", "kernel"}
+		}
+		for _, pipe := range []int{1, 16} {
+			for _, side := range sides {
+				sv := server{side: side}
+				switch side {
+				case "shim":
+					sv.onloadd = onloadd
+				case "floor":
+					sv.self = self
+				}
 				var cpu cpuUse
 				done := machine.start(fmt.Sprintf("redis-%s-p%d", side, pipe))
-				rps, err := redisRound(ctx, a, b, server{side: side, onloadd: run}, pipe, &cpu)
+				rps, err := redisRound(ctx, a, b, sv, pipe, &cpu)
 				done()
 				if err != nil {
 					return nil, fmt.Errorf("shim round %d, redis %s -P %d: %w", r+1, side, pipe, err)
+				}
+				if side == "floor" {
+					id := fmt.Sprintf("redis-p%d-floor", pipe)
+					redis[id] = append(redis[id], rps)
+					fmt.Fprintf(os.Stderr, "shim round %d redis floor  -P %-2d %9.0f GET/s\n", r+1, pipe, rps)
+					continue
 				}
 				id := fmt.Sprintf("redis-%s-p%d", side, pipe)
 				redis[id] = append(redis[id], rps)
@@ -226,7 +253,7 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 		}
 		// The server floor in the programs' place, the same clients.
 		fl := server{side: "floor", self: self}
-		for _, tool := range []string{"memcslap", "nginx", "redis-p1", "redis-p16"} {
+		for _, tool := range []string{"memcslap", "nginx"} {
 			done := machine.start(tool + "-floor")
 			v, err := serverRound(ctx, a, b, tool, fl)
 			done()
@@ -392,8 +419,9 @@ func sockperfPingPong(ctx context.Context, a, b *test.Host, pinA, pinB []string,
 
 var redisGets = regexp.MustCompile(`(?m)^GET: ([0-9.]+) requests per second`)
 
-// serverRound is one round of tool's server (memcslap, nginx, redis-p1 or
-// redis-p16) served as sv says: its clients' requests per second.
+// serverRound is one round of tool's server (memcslap, memcaslap,
+// memcaslap-t2 or an nginx) served as sv says: its clients' requests per
+// second.
 func serverRound(ctx context.Context, a, b *test.Host, tool string, sv server) (float64, error) {
 	switch tool {
 	case "memcslap":
@@ -404,10 +432,6 @@ func serverRound(ctx context.Context, a, b *test.Host, tool string, sv server) (
 		return memcaslapRound(ctx, a, b, sv, 2)
 	case "nginx", "nginx-cluster", "nginx-reuseport":
 		return nginxRound(ctx, a, b, sv, strings.TrimPrefix(strings.TrimPrefix(tool, "nginx"), "-"))
-	case "redis-p1":
-		return redisRound(ctx, a, b, sv, 1, nil)
-	case "redis-p16":
-		return redisRound(ctx, a, b, sv, 16, nil)
 	}
 	return 0, fmt.Errorf("no server round for %q", tool)
 }
