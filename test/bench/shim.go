@@ -230,21 +230,24 @@ func shimSection(ctx context.Context, self string, a, b *test.Host, pinA, pinB [
 				case "floor":
 					sv.self = self
 				}
+				// The ids are the results' (the machine's shares are
+				// looked up by them).
+				id := fmt.Sprintf("redis-%s-p%d", side, pipe)
+				if side == "floor" {
+					id = fmt.Sprintf("redis-p%d-floor", pipe)
+				}
 				var cpu cpuUse
-				done := machine.start(fmt.Sprintf("redis-%s-p%d", side, pipe))
+				done := machine.start(id)
 				rps, err := redisRound(ctx, a, b, sv, pipe, &cpu)
 				done()
 				if err != nil {
 					return nil, fmt.Errorf("shim round %d, redis %s -P %d: %w", r+1, side, pipe, err)
 				}
+				redis[id] = append(redis[id], rps)
 				if side == "floor" {
-					id := fmt.Sprintf("redis-p%d-floor", pipe)
-					redis[id] = append(redis[id], rps)
 					fmt.Fprintf(os.Stderr, "shim round %d redis floor  -P %-2d %9.0f GET/s\n", r+1, pipe, rps)
 					continue
 				}
-				id := fmt.Sprintf("redis-%s-p%d", side, pipe)
-				redis[id] = append(redis[id], rps)
 				cpuUs[id] = append(cpuUs[id], cpu.perRequest())
 				others[id] = append(others[id], cpu.othersShare())
 				fmt.Fprintf(os.Stderr, "shim round %d redis %-6s -P %-2d %9.0f GET/s, %.2f us of CPU a GET, other threads %.3f of the main one's\n",
