@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include "conform.h"
+#include "noshim.h"
 
 static void limit(const char *who, rlim_t bytes)
 {
@@ -64,11 +65,7 @@ int main(int argc, char **argv)
 		 * its environment, which looks a moment later. */
 		extern char **environ;
 		char *bare[256];
-		int n = 0;
-		for (char **e = environ; *e && n < 255; e++)
-			if (strncmp(*e, "LD_PRELOAD=", 11) != 0)
-				bare[n++] = *e;
-		bare[n] = NULL;
+		env_without_shim(bare, 256);
 		char *sh[] = {"sh", "-c", "echo child spawn: ulimit -v $(ulimit -v)", NULL};
 		char *later[] = {"sh", "-c", "sleep 0.3; echo child spawn without LD_PRELOAD: ulimit -v $(ulimit -v)", NULL};
 		char **argvs[] = {sh, later}, **envs[] = {environ, bare};

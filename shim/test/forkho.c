@@ -34,6 +34,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "noshim.h"
 
 #define ROUND (64 << 10)
 #define CHILD_BYTES (8 << 20)
@@ -141,14 +142,8 @@ static void exec_child(int s, const char *prog)
 {
 	if (s != 3 && dup2(s, 3) < 0)
 		die("dup2");
-	extern char **environ;
 	char *env[256];
-	int k = 0;
-	for (char **e = environ; *e && k < 255; e++)
-		if (strncmp(*e, "LD_PRELOAD=", 11) != 0)
-			env[k++] = *e;
-	env[k] = NULL;
-	execle(prog, prog, "child-exec", (char *)NULL, env);
+	execle(prog, prog, "child-exec", (char *)NULL, env_without_shim(env, 256));
 	die("exec");
 }
 
