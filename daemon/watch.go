@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdp-onload/onload/internal/eventfd"
+	"github.com/xdp-onload/onload/internal/lookback"
 	"github.com/xdp-onload/onload/stack"
 )
 
@@ -79,11 +80,10 @@ type watcher struct {
 	fds [1]unix.PollFd
 	// checked is when the watcher last looked over the socket table.
 	checked time.Time
-	// look is the time between looks at a stack its process keeps
-	// polling, and lookedAt the last poll seen then (lookAfter).
-	look     time.Duration
-	lookedAt int64
-	done     chan struct{}
+	// looks paces the looks at a stack its process keeps polling
+	// (lookAfter).
+	looks lookback.Backoff
+	done  chan struct{}
 	// ready is an epoll set the Go runtime's network poller waits on,
 	// with the stack's AF_XDP socket in it while the watcher waits for
 	// it (park); stopped and stopC end the parked waits as stop does the
@@ -187,7 +187,7 @@ func (w *watcher) run(d *Daemon) {
 		case !st.Waiting():
 			// Nothing to do: wait for a frame or the next timer, then
 			// give the process its grace period to take it.
-			w.look = 0
+			w.looks.Reset()
 			w.since.Store(0)
 			wait := maxIdleWait
 			if st.InHandoverGrace() {
@@ -208,7 +208,7 @@ func (w *watcher) run(d *Daemon) {
 			continue
 		}
 		// Work has waited a grace period and nobody polled: take over.
-		w.look = 0
+		w.looks.Reset()
 		w.since.CompareAndSwap(0, now)
 		if !w.poll(d) {
 			return
@@ -220,39 +220,26 @@ func (w *watcher) run(d *Daemon) {
 }
 
 // lookAfter is how long the watcher sleeps before it looks again at a
-// stack its process polled since ago (at, on the stack's clock). Each
-// look that finds the stack polled since the last doubles the time
-// between looks, from the grace period up to maxLook's bound; a look
-// that finds the process away or the stack idle ends the backoff. As
-// interrupts.Sleeper's looks back off from a thread that keeps polling:
-// onloadd's look every grace period (1 ms) cost about 1,200 context
-// switches and 30 ms of CPU a second, at a real-time priority, under
-// pipelined redis.
+// stack its process polled since ago (at, on the stack's clock): a grace
+// period, doubling at each look that finds the stack polled since the
+// last, up to maxLook (lookback); a look that finds the process away or
+// the stack idle starts over. As the process's own Sleeper's looks back
+// off from a thread that keeps polling: onloadd's look every grace
+// period (1 ms) cost about 1,200 context switches and 30 ms of CPU a
+// second, at a real-time priority, under pipelined redis.
 func (w *watcher) lookAfter(at int64, since time.Duration) time.Duration {
-	switch {
-	case w.look == 0 || at == w.lookedAt:
-		w.look = w.grace
-	default:
-		w.look = min(2*w.look, maxLook(w.grace))
-	}
-	w.lookedAt = at
-	return w.look - since
+	return w.looks.Next(at, since, w.grace, maxLook(w.grace))
 }
 
 // maxLook is the longest a watcher backs off from a process that keeps
 // polling (lookAfter), and so how long a stall of that process may go
-// unseen: four grace periods, and no more than lookBound unless the
-// grace itself is longer. Within maxQuietSleep: the looks stay raw
-// system calls.
+// unseen: four grace periods, and no more than lookback.Bound (the
+// bound on the process's own Sleeper's looks too) unless the grace
+// itself is longer. Within maxQuietSleep: the looks stay raw system
+// calls.
 func maxLook(grace time.Duration) time.Duration {
-	return min(4*grace, max(grace, lookBound))
+	return min(4*grace, max(grace, lookback.Bound))
 }
-
-// lookBound is the bound on the backoff of a watcher's looks, the same
-// as that on the looks of the process's own Sleeper (interrupts.MaxLook,
-// which the import rule keeps the daemon from naming): under a peer's
-// tail loss probe, 8-10 ms on veth.
-const lookBound = 4 * time.Millisecond
 
 // checkEvery is how often a watcher taking over a stack looks over its
 // whole socket table (stack.TryCheck).
@@ -389,7 +376,7 @@ func readySet() (*os.File, error) {
 // Go runtime (sleepQuiet): the runtime's stop-the-world phases wait for
 // it to end. It covers a watcher's longest look at a process that polls
 // (maxLook at the default grace).
-const maxQuietSleep = lookBound
+const maxQuietSleep = lookback.Bound
 
 // sleepQuiet is sleep for the short waits of a watcher, d up to
 // maxQuietSleep: the looks at a process that polls (one a grace period

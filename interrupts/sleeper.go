@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/xdp-onload/onload/internal/lookback"
 )
 
 // Stack is what the Sleeper drives; *stack.Stack satisfies it.
@@ -124,14 +126,12 @@ type Sleeper struct {
 	// the frames left to threads (threadsAttend): a park wakes it
 	// (nudge), since the parked thread leaves them to it.
 	timersOnly atomic.Bool
-	// look is the time between the Sleeper's looks at a stack a thread
-	// keeps polling, and lookedAt the last poll it saw then (lookAfter;
-	// the Sleeper's goroutine alone touches them).
-	look     time.Duration
-	lookedAt int64
-	events   atomic.Uint64 // parks and last-spinner exits: kick reasons
-	state    atomic.Int32
-	wakeAt   atomic.Int64 // when an armed Sleeper wakes for a timer (Clock)
+	// looks paces the Sleeper's looks at a stack a thread keeps polling
+	// (threadsAttend; the Sleeper's goroutine alone touches it).
+	looks  lookback.Backoff
+	events atomic.Uint64 // parks and last-spinner exits: kick reasons
+	state  atomic.Int32
+	wakeAt atomic.Int64 // when an armed Sleeper wakes for a timer (Clock)
 	// w is how it sleeps, and its one timer: watch periods, timer
 	// deadlines.
 	w waiter
@@ -260,8 +260,8 @@ var beforeTimersOnly atomic.Pointer[func()]
 // that stays away longer (busy, or blocked on something else) leaves the
 // stack to the Sleeper, which polls and arms the interrupt as usual at
 // its next look: frames wait at most this long, or MaxLook after a
-// thread that kept polling (lookAfter). It is onloadd's takeover grace
-// too.
+// thread that kept polling (threadsAttend). It is onloadd's takeover
+// grace too.
 const DirectGrace = time.Millisecond
 
 // elsewhereBound is how long a Sleeper that leaves the frames to a
@@ -276,11 +276,15 @@ const elsewhereBound = 10 * time.Millisecond
 // the Sleeper may leave them to it before it looks again (-1: until
 // UnparkDirect; the Sleeper then sleeps deep). polling says a thread of
 // ours that polled lately attends them, and its timers too: its polls
-// run them. idle says nobody polled the stack while the Sleeper last
-// slept for the timers alone.
+// run them; the Sleeper then looks again less and less often while the
+// thread keeps polling (s.looks: from DirectGrace up to MaxLook; any
+// other answer starts the pace over, in run). Under pipelined redis,
+// looking every grace period woke the Sleeper's thread 1,100 times a
+// second, and each wake-up preempted redis-server's thread on its
+// processor: the Sleeper's thread and the runtime's took 4-5% of the
+// main thread's CPU. idle says nobody polled the stack while the Sleeper
+// last slept for the timers alone.
 func (s *Sleeper) threadsAttend(idle bool) (attend bool, d time.Duration, polling bool) {
-	look := s.look
-	s.look = 0
 	if s.spinning.Load() != 0 {
 		return false, 0, false
 	}
@@ -307,7 +311,7 @@ func (s *Sleeper) threadsAttend(idle bool) (attend bool, d time.Duration, pollin
 		// median, against the kernel's 0.05).
 		at := s.st.PolledAt()
 		if since := time.Duration(s.st.Clock() - at); since < DirectGrace && !s.allParked() {
-			return true, s.lookAfter(look, at, since), true
+			return true, s.looks.Next(at, since, DirectGrace, MaxLook), true
 		}
 	}
 	// None of our threads attends. On a stack shared with other
@@ -329,35 +333,12 @@ func (s *Sleeper) threadsAttend(idle bool) (attend bool, d time.Duration, pollin
 	return false, 0, false
 }
 
-// MaxLook bounds the backoff of lookAfter: the longest a Sleeper leaves
-// the stack to a thread that keeps polling it before it looks again,
-// and so the longest frames wait when that thread goes away (busy
-// outside the stack) without blocking. It bounds the wait of frames a
-// corked send left for its sender's next wait too (KickOwed), should the
-// sender not come back. It is well under a peer's tail loss probe (10 ms
-// and more), which frames waiting for us would draw.
-const MaxLook = 4 * time.Millisecond
-
-// lookAfter is how long the Sleeper sleeps before it looks again at a
-// stack a thread polled since ago (at, on the Clock), trusted to come
-// back to it; prev is the time between the looks so far (0: this is the
-// first). Each look that finds the stack polled since the last doubles
-// it, from DirectGrace up to MaxLook; any other turn of threadsAttend
-// (the thread away a grace period, blocked, or spinning) ends the
-// backoff. Under pipelined redis, looking every grace period woke the
-// Sleeper's thread 1,100 times a second, and each wake-up preempted
-// redis-server's thread on its processor: the Sleeper's thread and the
-// runtime's took 4-5% of the main thread's CPU.
-func (s *Sleeper) lookAfter(prev time.Duration, at int64, since time.Duration) time.Duration {
-	switch {
-	case prev == 0 || at == s.lookedAt:
-		s.look = DirectGrace
-	default:
-		s.look = min(2*prev, MaxLook)
-	}
-	s.lookedAt = at
-	return s.look - since
-}
+// MaxLook bounds the backoff of the Sleeper's looks at a thread that
+// keeps polling (threadsAttend), and so how long frames wait when that
+// thread goes away (busy outside the stack) without blocking. It bounds
+// the wait of frames a corked send left for its sender's next wait too
+// (KickOwed), should the sender not come back.
+const MaxLook = lookback.Bound
 
 // SetThreads says how many threads use the stack: those of a program
 // under the shim (each counted at its first call into the core).
@@ -676,6 +657,7 @@ func (s *Sleeper) run() {
 			}
 			continue
 		}
+		s.looks.Reset()
 		if ok {
 			// Threads block on the interrupt themselves: the timers only.
 			nt, due := s.st.NextTimeout()
