@@ -219,6 +219,47 @@ char **as_spawn_env(char *const envp[])
 	return e;
 }
 
+/* system and popen start their shell with posix_spawn inside the C
+ * library, from the process's environment, and give no one its process
+ * id: as_environ_enter puts AS_ENV into the process's environment for
+ * the call (a copy of environ with it, as_spawn_env's), and
+ * as_environ_leave takes it out after, so that the shell's shim sets the
+ * program's own limit as it loads. Calls in several threads at once share
+ * one copy; the last to leave puts the program's environ back, or, where
+ * the program changed its environment in the meantime (its setenv then
+ * made an array of its own from the copy), unsets AS_ENV in that one. A
+ * shell started without the shim (LD_PRELOAD taken out of the program's
+ * environment) keeps the raised limit. */
+static pthread_mutex_t env_mu = PTHREAD_MUTEX_INITIALIZER;
+static int env_users;		    /* calls between enter and leave */
+static char **env_prog, **env_copy; /* the program's environ and the copy in its place; NULL: none */
+
+void as_environ_enter(void)
+{
+	pthread_mutex_lock(&env_mu);
+	if (env_users++ == 0 && (env_copy = as_spawn_env(environ)) != NULL) {
+		env_prog = environ;
+		environ = env_copy;
+	}
+	pthread_mutex_unlock(&env_mu);
+}
+
+void as_environ_leave(void)
+{
+	int e = errno; /* the call's */
+	pthread_mutex_lock(&env_mu);
+	if (--env_users == 0 && env_copy) {
+		if (environ == env_copy)
+			environ = env_prog;
+		else
+			unsetenv(AS_ENV);
+		free(env_copy);
+		env_copy = env_prog = NULL;
+	}
+	pthread_mutex_unlock(&env_mu);
+	errno = e;
+}
+
 /* as_from_env sets the soft RLIMIT_AS a parent under the shim passed in
  * AS_ENV (as_spawn_env), as the shim loads, and takes the variable out of
  * the environment: a program this one starts has the limit this one
@@ -241,9 +282,8 @@ void as_from_env(void)
  * returns then), where it runs without the shim and AS_ENV means nothing
  * to it: what it maps from then on is held to the program's limit. Its
  * exec's first mappings, and whatever it forked before this, had the
- * raised one. system's and popen's children (posix_spawn inside libc,
- * their environment the process's own and their process ids out of
- * reach) keep the raised one. */
+ * raised one. system's and popen's children, whose process ids are out
+ * of reach, get the limit through AS_ENV alone (as_environ_enter). */
 void as_for_spawned(pid_t pid)
 {
 	if (pid > 0 && prog_set)

@@ -458,8 +458,8 @@ static void say_secure_exec(const char *path, int fd, char *const envp[])
  * say_secure_exec takes them. as_exec_failed undoes it if the exec
  * fails. before_spawn does the same for a child the C library makes
  * and execs past the shim's execve (posix_spawn, system, popen), but
- * for RLIMIT_AS: posix_spawn gives the child the program's (limits.c,
- * as_spawn_env); system's and popen's keep the raised one. */
+ * for RLIMIT_AS, which the child gets from the environment (limits.c:
+ * as_spawn_env for posix_spawn, as_environ_enter for system and popen). */
 static void before_spawn(const char *path, char *const envp[])
 {
 	handover_for_exec();
@@ -581,16 +581,24 @@ EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_act
 	return spawned(real_posix_spawnp(&child, file, fa, attr, argv, env ? env : envp), child, pid, env);
 }
 
+/* system's and popen's shell gets the program's RLIMIT_AS through the
+ * process's environment (as_environ_enter). */
 EXPORT int system(const char *cmd)
 {
 	before_spawn("/bin/sh", environ);
-	return real_system(cmd);
+	as_environ_enter();
+	int r = real_system(cmd);
+	as_environ_leave();
+	return r;
 }
 
 EXPORT FILE *popen(const char *cmd, const char *mode)
 {
 	before_spawn("/bin/sh", environ);
-	return real_popen(cmd, mode);
+	as_environ_enter();
+	FILE *f = real_popen(cmd, mode);
+	as_environ_leave();
+	return f;
 }
 
 /* A spawn's dup2 action passes a connection on whether or not it is

@@ -466,6 +466,8 @@ void as_for_exec(void);
 void as_exec_failed(void);
 void as_for_spawned(pid_t pid);
 char **as_spawn_env(char *const envp[]);
+void as_environ_enter(void);
+void as_environ_leave(void);
 void as_from_env(void);
 
 /* io_uring instances (uring.c): uring_keeps_kernel says whether a ring

@@ -21,7 +21,8 @@ import (
 // there), from its start (its first fork, a command substitution,
 // raced the parent's prlimit and kept the raised one in a fresh clone's
 // CI run), and so does one started without the shim, once it has
-// exec'd. Started under a limit that leaves the core no room, it runs
+// exec'd, and ones started by system and popen (before, 2.9 GiB).
+// Started under a limit that leaves the core no room, it runs
 // on the kernel.
 func TestShimAddressSpaceLimit(t *testing.T) {
 	shimOnloadd(t)

@@ -9,7 +9,7 @@
  * /bin/sh -c 'ulimit -v' instead, which prints the limit it inherited.
  * With "spawn", the parent then starts that shell with posix_spawn,
  * under its own limit, and again with LD_PRELOAD out of its
- * environment.
+ * environment, and then with system and popen.
  *
  *	aslimit ADDR PORT [exec|spawn]
  */
@@ -75,6 +75,18 @@ int main(int argc, char **argv)
 				printf("posix_spawn: %s\n", strerror(e));
 			else
 				waitpid(pid, NULL, 0);
+		}
+		fflush(stdout);
+		int st = system("echo child system: ulimit -v $(ulimit -v)");
+		printf("system: %d\n", st);
+		FILE *f = popen("echo child popen: ulimit -v $(ulimit -v)", "r");
+		char got[128];
+		if (!f)
+			printf("popen: %s\n", strerror(errno));
+		else {
+			while (fgets(got, sizeof got, f))
+				fputs(got, stdout);
+			printf("pclose: %d\n", pclose(f));
 		}
 	}
 	close(s);
