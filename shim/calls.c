@@ -109,6 +109,7 @@ static int nonblocking(int fd)
 static void stack_known(void)
 {
 	spin_ns = CORE(core.spin_ns());
+	blocked_limit = CORE(core.blocked_threads());
 	irq_fd = CORE(core.irq_fd());
 	remote_fd = CORE(core.remote_fd());
 }
@@ -237,7 +238,7 @@ static int reuseport_twin(int fd, struct fdent *e, uint32_t ip, uint16_t port)
 
 void accel_listener(int fd, struct fdent *e)
 {
-	if (e->kind != K_TCP || !e->listening || after_fork || uring_late)
+	if (e->kind != K_TCP || !e->listening || after_fork || left_stack)
 		return;
 	table_lock();
 	/* Its name before the core: a loopback listener needs none. */
@@ -408,7 +409,7 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 	}
 	uint32_t ip;
 	uint16_t port;
-	int ours = e && e->kind == K_TCP && !e->listening && !after_fork && !uring_late;
+	int ours = e && e->kind == K_TCP && !e->listening && !after_fork && !left_stack;
 	if (!ours || !v4_of(fd, e, a, l, 0, &ip, &port)) {
 		if (ours && e->v6 && a && a->sa_family == AF_INET6)
 			debugf("fd %d: an IPv6 connect that does not reach IPv4 (an IPv6 address, IPV6_V6ONLY, or bound to an IPv6 address): the kernel's", fd);
@@ -672,10 +673,12 @@ static int accept_call(struct ccall *c, int v6, struct sockaddr *a, socklen_t *l
 				uint16_t lp, rp;
 				if (CORE(core.addrs(h, &lip, &lp, &rip, &rp)) == 0)
 					fill_addr(a, l, rip, rp, v6);
-				/* Queued before the program made a ring, which may
-				 * drive it (uring.c): the kernel's. */
-				if (__atomic_load_n(&uring_late, __ATOMIC_RELAXED))
-					to_kernel(kfd, ent(kfd), "for the io_uring instance the program made");
+				/* Queued before the process left the stack
+				 * (leave_stack): the kernel's. */
+				if (__atomic_load_n(&left_stack, __ATOMIC_ACQUIRE)) {
+					const char *why = __atomic_load_n(&left_why, __ATOMIC_ACQUIRE);
+					to_kernel(kfd, ent(kfd), why ? why : "as the process leaves the stack");
+				}
 				return kfd;
 			}
 			real_close(kfd);

@@ -50,6 +50,7 @@ int log_debug;		/* ONLOAD_LOG=debug */
 int secure_mode;	/* AT_SECURE: the dynamic loader's secure mode (trusted_core) */
 const char *log_file;	/* ONLOAD_LOG_FILE, or NULL: standard error */
 long spin_ns;		/* the profile's spin time */
+int blocked_limit;	/* ONLOAD_BLOCKED_THREADS (wait.c, thread_a_connection) */
 int irq_fd = -1;	/* the stack's interrupt fd (onl_irq_fd) */
 int remote_fd = -1;	/* the stack's wake socket (onl_remote_fd) */
 pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* the table */
@@ -503,7 +504,7 @@ int load_core(void)
 	int ok = lib != NULL;
 #define SYM(name) do { if (ok && !(*(void **)&core.name = dlsym(lib, "onl_" #name))) ok = 0; } while (0)
 	SYM(listen); SYM(connect); SYM(accept); SYM(recv); SYM(send); SYM(kick);
-	SYM(events); SYM(ready); SYM(arm); SYM(arm_ready); SYM(disarm_ready); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(forget_efd); SYM(thread); SYM(thread_gone); SYM(resched); SYM(spin_ns); SYM(try_spin);
+	SYM(events); SYM(ready); SYM(arm); SYM(arm_ready); SYM(disarm_ready); SYM(disarm); SYM(irq_fd); SYM(remote_fd); SYM(take_remote); SYM(forget_efd); SYM(thread); SYM(thread_gone); SYM(resched); SYM(spin_ns); SYM(blocked_threads); SYM(try_spin);
 	SYM(end_spin); SYM(close); SYM(shutdown); SYM(retire_listener); SYM(child_served);
 	SYM(setopt); SYM(getopt); SYM(addrs); SYM(sockerr); SYM(unread); SYM(tcpinfo);
 	SYM(handover_info); SYM(handover); SYM(handed_over); SYM(exit); SYM(own_stack); SYM(ifindex); SYM(init);

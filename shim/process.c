@@ -297,6 +297,64 @@ int listener_to_kernel(int fd, struct fdent *e)
 	return CORE(core.retire_listener(e->h));
 }
 
+/* left_stack: the process left the stack (leave_stack), for left_why:
+ * its connections went to the kernel and its listeners' ports to their
+ * kernel sockets, and its new sockets stay the kernel's (accel_listener,
+ * connect; accept hands over what the stack had queued). */
+int left_stack;
+const char *left_why;
+
+/* leave_stack sends the process's sockets to the kernel, once, for why
+ * (as to_kernel takes it: "for ..."): its listeners' ports go to their
+ * kernel sockets, its connections are handed over if conns (else each
+ * goes as its user asks: wait.c's lone_to_kernel), and its new sockets
+ * stay the kernel's. what says what happened and hint what the user can
+ * do, for the log, at debug level unless loud. 1 if it did so now, 0 if
+ * the process had left before (or has no stack). A connection a thread is
+ * blocked on goes too: the handover wakes the thread, whose call goes on
+ * in the kernel (ccall_check). */
+int leave_stack(const char *why, const char *what, const char *hint, int loud, int conns)
+{
+	if (core_state != 1 || !fdt || __atomic_exchange_n(&left_stack, 1, __ATOMIC_ACQ_REL))
+		return 0;
+	__atomic_store_n(&left_why, why, __ATOMIC_RELEASE);
+	int handed = 0, listeners = 0, kept = 0, later = 0;
+	FDT_EACH(fd) {
+		struct fdent *e = &fdt[fd];
+		if (__atomic_load_n(&e->kind, __ATOMIC_RELAXED) != K_OURS)
+			continue;
+		if (!e->listening) {
+			if (!conns)
+				later++;
+			else if (to_kernel(fd, e, why) == 0)
+				handed++;
+			else
+				kept++;
+			continue;
+		}
+		int r = listener_to_kernel(fd, e);
+		if (r == 0) {
+			listeners++;
+		} else {
+			kept++;
+			logf_("fd %d: a listener whose port could not go to its kernel socket %s (%s): it stays accelerated",
+			      fd, why, strerror(-r));
+		}
+	}
+	if (!loud && !log_debug)
+		return 1;
+	if (conns)
+		logf_("%s: the process's sockets go to the kernel (connections handed over: %d; listeners whose ports went "
+		      "to their kernel sockets: %d; left accelerated: %d), and so do its new ones (%s)",
+		      what, handed, listeners, kept, hint);
+	else
+		logf_("%s: the process's sockets go to the kernel (listeners whose ports went to their kernel sockets: %d; "
+		      "left accelerated: %d; connections that go as their threads next wait on them: %d), and so do its "
+		      "new ones (%s)",
+		      what, listeners, kept, later, hint);
+	return 1;
+}
+
 static int *names_of(int h);
 static void release_at_exit(const int *names);
 

@@ -193,6 +193,7 @@ struct core_fns {
 	int (*retire_listener)(int);
 	int (*child_served)(int); /* 1: the connection's listener went to the kernel now */
 	long (*spin_ns)(void);
+	int (*blocked_threads)(void);
 	int (*try_spin)(void);
 	void (*end_spin)(void);
 	void (*close)(int);
@@ -430,6 +431,7 @@ extern int log_debug;
 extern int secure_mode;
 extern const char *log_file;
 extern long spin_ns;
+extern int blocked_limit;
 extern int irq_fd;
 extern int remote_fd;
 extern pthread_mutex_t mu;
@@ -472,11 +474,9 @@ void as_from_env(void);
 
 /* io_uring instances (uring.c): uring_keeps_kernel says whether a ring
  * among the open fds (a bit an fd) keeps the process's sockets in the
- * kernel (load_core asks); uring_late, that the program made one since
- * the core loaded: its sockets went to the kernel, and new ones stay
- * there. */
+ * kernel (load_core asks); a ring the program makes after the core loaded
+ * makes it leave the stack (leave_stack). */
 int uring_keeps_kernel(const uint8_t *open);
-extern int uring_late;
 int fd_high(int fd);
 extern __thread int t_sigstack;
 extern __thread sigset_t t_sigstack_mask;
@@ -616,6 +616,12 @@ void handover_at_exit(void);
 void handover_for_close(int fd, struct fdent *e);
 int to_kernel(int fd, struct fdent *e, const char *why);
 int listener_to_kernel(int fd, struct fdent *e);
+/* leave_stack: the process's sockets go to the kernel, once, for why
+ * (process.c); left_stack says that they went (or go, as their users ask
+ * of them), and that new ones stay the kernel's, left_why why. */
+int leave_stack(const char *why, const char *what, const char *hint, int loud, int conns);
+extern int left_stack;
+extern const char *left_why;
 void adopt_received(const struct msghdr *m);
 void each_passed_fd(const struct msghdr *m, void (*fn)(int fd));
 

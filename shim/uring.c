@@ -14,7 +14,7 @@
  *   io_uring_setup): the process's accelerated connections are handed
  *   over to the kernel (to_kernel), its listeners' ports go to their
  *   kernel sockets (onl_retire_listener), and its later sockets stay the
- *   kernel's (uring_late). A connection the stack's listener had queued
+ *   kernel's (leave_stack). A connection the stack's listener had queued
  *   before is taken by the C library's accept, not the ring's, and goes
  *   to the kernel as it is accepted.
  *
@@ -28,7 +28,6 @@
  * sockets fail as above. */
 #include "shim.h"
 
-int uring_late;
 
 /* uring_accelerate: ONLOAD_IO_URING=accelerate, the user's word that the
  * process's rings do not touch its sockets. */
@@ -70,35 +69,13 @@ int uring_keeps_kernel(const uint8_t *open)
  * loaded. Its accelerated sockets go to the kernel, once. */
 static void uring_made(const char *how)
 {
-	if (core_state != 1 || uring_accelerate() || __atomic_exchange_n(&uring_late, 1, __ATOMIC_SEQ_CST))
+	if (core_state != 1 || uring_accelerate())
 		return;
-	int conns = 0, listeners = 0, kept = 0;
-	FDT_EACH(fd) {
-		struct fdent *e = &fdt[fd];
-		if (__atomic_load_n(&e->kind, __ATOMIC_RELAXED) != K_OURS)
-			continue;
-		if (!e->listening) {
-			if (to_kernel(fd, e, "for the io_uring instance the program made") == 0)
-				conns++;
-			else
-				kept++;
-			continue;
-		}
-		int r = listener_to_kernel(fd, e);
-		if (r == 0) {
-			listeners++;
-		} else {
-			kept++;
-			logf_("fd %d: a listener whose port could not go to its kernel socket for the io_uring instance (%s): "
-			      "an accept through the ring waits for connections the stack takes",
-			      fd, strerror(-r));
-		}
-	}
-	logf_("the program made an io_uring instance (%s), whose operations the interposer cannot see: its sockets go "
-	      "to the kernel (connections handed over: %d; listeners whose ports went to their kernel sockets: %d; "
-	      "left accelerated: %d), and so do its new ones (ONLOAD_IO_URING=accelerate accelerates them, for rings "
-	      "that do file I/O only)",
-	      how, conns, listeners, kept);
+	char what[160];
+	snprintf(what, sizeof what, "the program made an io_uring instance (%s), whose operations the interposer cannot see",
+		 how);
+	leave_stack("for the io_uring instance the program made", what,
+		    "ONLOAD_IO_URING=accelerate accelerates them, for rings that do file I/O only", 1, 1);
 }
 
 /* The interposers, of liburing's calls that make a ring. Their argument

@@ -389,8 +389,70 @@ int wait_over(struct wait *w, int64_t *now)
 /* block_arms is what wait_block armed while it blocks: a cancellation
  * there disarms it (block_unarm). */
 struct block_arms {
-	int *hs, k, efd, park, log, tep, kfds;
+	int *hs, k, efd, park, log, tep, kfds, lone;
 };
+
+/* ---- a thread a connection ------------------------------------------
+ *
+ * A server of a thread a connection (apache's workers, varnish, MariaDB,
+ * test/bench/threadsrv) has each thread blocked in a read, or a poll, of
+ * its one connection. On the stack each such block and its wake-up cost
+ * more than the kernel's (the interrupt in and out of the thread's set,
+ * the socket armed and disarmed, the frame's wake-up of whichever thread
+ * waits on the interrupt and then of the connection's own): 45-65 µs of
+ * CPU a request against the kernel's 11, 0.37-0.48 of its requests a
+ * second (docs/SHIM-PERFORMANCE.md). lone_blocked counts the threads
+ * blocked so at once (a lone wait: one connection, to read, no kernel fd
+ * beside it). Once a thread about to block finds it at
+ * ONLOAD_BLOCKED_THREADS (blocked_limit) less one, the process leaves
+ * the stack (lone_leave): its listeners' ports go to their kernel
+ * sockets and its new sockets stay the kernel's. Its connections go one
+ * by one, each handed over by its own thread as that thread next waits
+ * on it alone (lone_to_kernel), where nothing else of the thread's is
+ * under way on it: a handover of another thread's connection met its
+ * connect or its write half done (a connect failed with EBADF, wrk saw
+ * connections end). A thread that spins, or waits on several sockets or
+ * on kernel fds too (an event loop), is not counted, and its connections
+ * stay on the stack. */
+static int lone_blocked;
+static int lone_left; /* the process left the stack so (lone_leave) */
+
+static void lone_end(struct block_arms *b)
+{
+	if (b->lone)
+		__atomic_sub_fetch(&lone_blocked, 1, __ATOMIC_RELAXED);
+	b->lone = 0;
+}
+
+static void lone_leave(void)
+{
+	if (__atomic_exchange_n(&lone_left, 1, __ATOMIC_ACQ_REL))
+		return;
+	char what[128];
+	snprintf(what, sizeof what, "%d threads blocked at once, each on one connection of its own (a server of a thread a "
+		 "connection)", blocked_limit);
+	leave_stack("for a thread a connection", what,
+		    "such a server serves more on the kernel; ONLOAD_BLOCKED_THREADS=0 keeps them accelerated", 0, 0);
+}
+
+/* lone_to_kernel: a thread is about to block on connection h alone. If
+ * the process left the stack for a thread a connection, or leaves it now,
+ * the connection goes to the kernel here (1: the caller's call finds its
+ * fd the kernel's); 0: it blocks. */
+static int lone_to_kernel(int h)
+{
+	if (!__atomic_load_n(&lone_left, __ATOMIC_ACQUIRE)) {
+		if (blocked_limit <= 0 || __atomic_load_n(&lone_blocked, __ATOMIC_RELAXED) + 1 < blocked_limit)
+			return 0;
+		lone_leave();
+	}
+	FDT_EACH(fd) {
+		struct fdent *e = &fdt[fd];
+		if (__atomic_load_n(&e->kind, __ATOMIC_RELAXED) == K_OURS && e->h == h && !e->listening)
+			return to_kernel(fd, e, "for a thread a connection") == 0;
+	}
+	return 0;
+}
 
 /* drop_thread_ep closes the thread's epoll set, to be made again at its
  * next block: what is in it is no longer known (a block with the
@@ -406,6 +468,7 @@ static void drop_thread_ep(void)
 static void block_unarm(void *arg)
 {
 	struct block_arms *b = arg;
+	lone_end(b);
 	if (b->kfds)
 		drop_thread_ep();
 	else if (b->tep >= 0)
@@ -530,6 +593,10 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 		return 0;
 	}
 	wait_end(w);
+	/* A wait on one connection alone, to read (lone_to_kernel). */
+	int lone = k == 1 && epfd < 0 && !logseq && conns && (want[0] & ONL_READABLE) && no_kernel_fds(p, np);
+	if (lone && lone_to_kernel(hs[0]))
+		return 0;
 	int efd = thread_efd();
 	/* A thread that waits on listeners only (memcached's accepting
 	 * thread) leaves the interrupt to those that wait on connections,
@@ -618,6 +685,10 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 			kernel_fds_out(tep, p, np);
 		kfds = 0, tep = -1; /* the ppoll below waits on it */
 	}
+	if (lone) {
+		ba.lone = 1;
+		__atomic_add_fetch(&lone_blocked, 1, __ATOMIC_RELAXED);
+	}
 	if (tep >= 0) {
 		struct epoll_event got[KFDS_IN_EP + 4];
 		ba.tep = tep;
@@ -651,6 +722,7 @@ int wait_block(struct wait *w, int64_t now, int *hs, int *want, int *evs, unsign
 	}
 	int saved = errno;
 	undo_pop(&u);
+	lone_end(&ba);
 	t_irq_woke = irq;
 	if (woke)
 		t_idle_wakes = 0; /* its sockets turned ready: their traffic goes on */

@@ -25,22 +25,23 @@ const (
 // environment variable (see the table in Options, and docs/config.md);
 // ConfigFromEnv reads them, the process default stack uses them.
 type Config struct {
-	Profile     Profile
-	Disable     bool          // accelerate nothing: every call goes to the standard library
-	IOURing     string        // under the shim, "kernel" or "accelerate" (ONLOAD_IO_URING; the interposer reads it)
-	ChildServed int           // under the shim, connections in a row a listener's process hands to forked children, unused, before the listener's port goes to the kernel (0: never)
-	Interface   string        // "" picks the interface of the default route, or the only one
-	Spin        time.Duration // how long a goroutine polls before it sleeps
-	SpinThreads int           // how many waiters spin at once
-	Sockets     int           // socket table size
-	UmemFrames  int           // frames in the UMEM
-	RingSize    int           // entries in each AF_XDP ring
-	FillDepth   int           // frames kept in the fill ring
-	MinRTO      time.Duration
-	DelayedAck  time.Duration
-	TimeWait    time.Duration // how long a closed connection stays in TIME-WAIT
-	SendBuffer  int           // default SO_SNDBUF
-	RecvBuffer  int           // default SO_RCVBUF
+	Profile        Profile
+	Disable        bool          // accelerate nothing: every call goes to the standard library
+	IOURing        string        // under the shim, "kernel" or "accelerate" (ONLOAD_IO_URING; the interposer reads it)
+	ChildServed    int           // under the shim, connections in a row a listener's process hands to forked children, unused, before the listener's port goes to the kernel (0: never)
+	BlockedThreads int           // under the shim, threads blocked at once, each on one connection of its own, at which the process's sockets go to the kernel (0: never)
+	Interface      string        // "" picks the interface of the default route, or the only one
+	Spin           time.Duration // how long a goroutine polls before it sleeps
+	SpinThreads    int           // how many waiters spin at once
+	Sockets        int           // socket table size
+	UmemFrames     int           // frames in the UMEM
+	RingSize       int           // entries in each AF_XDP ring
+	FillDepth      int           // frames kept in the fill ring
+	MinRTO         time.Duration
+	DelayedAck     time.Duration
+	TimeWait       time.Duration // how long a closed connection stays in TIME-WAIT
+	SendBuffer     int           // default SO_SNDBUF
+	RecvBuffer     int           // default SO_RCVBUF
 	// SendBufferMax and RecvBufferMax bound the buffers' own growth.
 	SendBufferMax, RecvBufferMax int
 	Congestion                   string // "cubic" or "reno"
@@ -94,6 +95,9 @@ var Options = []Option{
 	{Env: "ONLOAD_CHILD_SERVED", Default: "2", Min: 0, Max: 1_000_000, Unit: "connections",
 		Doc: "Under the shim, a server of a process a connection (PostgreSQL's postmaster, sshd, inetd: it accepts, forks a child for the connection and closes its own copy without using it) has each connection handed over to the kernel for its child, about 2 ms more a connection. After this many connections of one listener in a row went so, the listener's port goes to the kernel, whose connections its children use as they are; a connection the process read or wrote itself starts the count again. 0: never.",
 		set: func(c *Config, v int64, _ string) { c.ChildServed = int(v) }},
+	{Env: "ONLOAD_BLOCKED_THREADS", Default: "8", Min: 0, Max: 1_000_000, Unit: "threads",
+		Doc: "Under the shim, a server of a thread a connection (apache's workers, varnish, MariaDB, a client's pool of connections each used by a thread of its own: each thread blocked in a read, or a poll, of its one connection) serves less on the stack than on the kernel, as each block and wake-up costs a user-space stack more than it costs the kernel. Once this many of a process's threads are blocked at once, each waiting to read one accelerated connection alone, the process's connections are handed over to the kernel, its listeners' ports go to their kernel sockets, and its later sockets stay the kernel's; `ONLOAD_LOG=debug` says so. 0: never.",
+		set: func(c *Config, v int64, _ string) { c.BlockedThreads = int(v) }},
 	{Env: "ONLOAD_INTERFACE", Default: "",
 		Doc: "The interface to accelerate. Empty: the interface of the default route, else the only interface that is up with an IPv4 address. Traffic through other interfaces goes to the kernel.",
 		set: func(c *Config, _ int64, s string) { c.Interface = s }},

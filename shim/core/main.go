@@ -703,6 +703,18 @@ func onl_spin_ns() C.long {
 	return C.long(stk.SpinTime())
 }
 
+// onl_blocked_threads is ONLOAD_BLOCKED_THREADS: the threads blocked at
+// once, each on one connection of its own, at which the process's
+// sockets go to the kernel (0: never, or no stack).
+//
+//export onl_blocked_threads
+func onl_blocked_threads() C.int {
+	if stk == nil {
+		return 0
+	}
+	return C.int(stk.Config().BlockedThreads)
+}
+
 //export onl_try_spin
 func onl_try_spin() C.int {
 	if stk == nil || !stk.TrySpin() {
