@@ -50,7 +50,7 @@ int log_debug;		/* ONLOAD_LOG=debug */
 int secure_mode;	/* AT_SECURE: the dynamic loader's secure mode (trusted_core) */
 const char *log_file;	/* ONLOAD_LOG_FILE, or NULL: standard error */
 long spin_ns;		/* the profile's spin time */
-int blocked_limit;	/* ONLOAD_BLOCKED_THREADS (wait.c, thread_a_connection) */
+int blocked_limit;	/* ONLOAD_BLOCKED_THREADS (wait.c, lone_to_kernel) */
 int irq_fd = -1;	/* the stack's interrupt fd (onl_irq_fd) */
 int remote_fd = -1;	/* the stack's wake socket (onl_remote_fd) */
 pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* the table */

@@ -298,9 +298,10 @@ int listener_to_kernel(int fd, struct fdent *e)
 }
 
 /* left_stack: the process left the stack (leave_stack), for left_why:
- * its connections went to the kernel and its listeners' ports to their
- * kernel sockets, and its new sockets stay the kernel's (accel_listener,
- * connect; accept hands over what the stack had queued). */
+ * its listeners' ports went to their kernel sockets, its connections
+ * went (or go, each as its thread asks), and its new sockets stay the
+ * kernel's (accel_listener, connect; accept hands over what the stack
+ * had queued). */
 int left_stack;
 const char *left_why;
 

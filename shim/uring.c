@@ -28,7 +28,6 @@
  * sockets fail as above. */
 #include "shim.h"
 
-
 /* uring_accelerate: ONLOAD_IO_URING=accelerate, the user's word that the
  * process's rings do not touch its sockets. */
 static int uring_accelerate(void)

@@ -415,7 +415,9 @@ struct block_arms {
  * on kernel fds too (an event loop), is not counted, and its connections
  * stay on the stack. */
 static int lone_blocked;
-static int lone_left; /* the process left the stack so (lone_leave) */
+static int lone_left;  /* the process left the stack so (lone_leave) */
+static int lone_fails; /* handovers that failed (each logged); at LONE_FAILS_MAX, no more are tried */
+#define LONE_FAILS_MAX 4
 
 static void lone_end(struct block_arms *b)
 {
@@ -446,10 +448,16 @@ static int lone_to_kernel(int h)
 			return 0;
 		lone_leave();
 	}
+	if (__atomic_load_n(&lone_fails, __ATOMIC_RELAXED) >= LONE_FAILS_MAX)
+		return 0; /* the handovers fail here (logged): the connections stay */
 	FDT_EACH(fd) {
 		struct fdent *e = &fdt[fd];
-		if (__atomic_load_n(&e->kind, __ATOMIC_RELAXED) == K_OURS && e->h == h && !e->listening)
-			return to_kernel(fd, e, "for a thread a connection") == 0;
+		if (__atomic_load_n(&e->kind, __ATOMIC_RELAXED) != K_OURS || e->h != h || e->listening)
+			continue;
+		if (to_kernel(fd, e, "for a thread a connection") == 0)
+			return 1;
+		__atomic_add_fetch(&lone_fails, 1, __ATOMIC_RELAXED);
+		return 0;
 	}
 	return 0;
 }
