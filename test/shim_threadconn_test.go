@@ -17,11 +17,13 @@ import (
 
 // leftForThreads is the shim's log line of a process that left the stack
 // for a thread a connection (wait.c, lone_leave); leftCounts reads its
-// counts, and handedOverAlone is the line of each connection its thread
-// handed over.
+// counts, handedOverAlone is the line of each connection its thread
+// handed over, and acceptedByKernel that of one accepted from the
+// listener's kernel socket.
 const (
-	leftForThreads  = "threads blocked at once, each on one connection of its own (a server of a thread a connection)"
-	handedOverAlone = "handed over to the kernel for a thread a connection"
+	leftForThreads   = "threads blocked at once, each on one connection of its own (a server of a thread a connection)"
+	handedOverAlone  = "handed over to the kernel for a thread a connection"
+	acceptedByKernel = "a connection from the listener's kernel socket: the kernel's"
 )
 
 var leftCounts = regexp.MustCompile(`listeners whose ports went to their kernel sockets: (\d+); left accelerated: (\d+)`)
@@ -40,9 +42,10 @@ var leftCounts = regexp.MustCompile(`listeners whose ports went to their kernel 
 // every echo whole and in order, as on the kernel, and leaves the stack
 // (with blocking reads, and with a poll of the one connection before
 // each); with 4 threads, or ONLOAD_BLOCKED_THREADS=0, it stays on the
-// stack. test/bench/threadsrv under the shim, 16 clients of 100 requests
-// each: every response byte-exact, and the listener's port goes to the
-// kernel, which serves a client that comes after.
+// stack. test/bench/threadsrv under the shim, standalone and on a stack
+// from onloadd, 16 clients of 100 requests each: every response
+// byte-exact, and the listener's port goes to the kernel, which serves a
+// client that comes after.
 func TestShimThreadAConnection(t *testing.T) {
 	shimOnloadd(t)
 	prog := buildC(t, "threadconn")
@@ -81,13 +84,29 @@ func TestShimThreadAConnection(t *testing.T) {
 		}
 	}
 
-	// A server: threadsrv under the shim in host a, clients from b.
+	// A server, standalone and on a stack from onloadd.
+	threadsrvLeaves(t, a, b, "8097", nil)
+	sock, _, dlog, _ := startOnloaddCommand(t, a)
+	threadsrvLeaves(t, a, b, "8098", []string{"ONLOAD_DAEMON=require", "ONLOAD_DAEMON_SOCKET=" + sock,
+		"ONLOAD_INTERFACE=" + a.Iface0().Name})
+	if t.Failed() {
+		t.Logf("onloadd:\n%s", dlog.String())
+	}
+}
+
+// threadsrvLeaves runs test/bench/threadsrv under the shim (env) in host
+// a on port, with 16 clients from host b of 100 requests each and then
+// one more each: every response byte-exact, the process leaves the stack
+// (its listener's port and every connection to the kernel: handed over by
+// its thread, or accepted from the kernel's socket once the port went
+// there), and one more client after is served.
+func threadsrvLeaves(t *testing.T, a, b *Host, port string, env []string) {
+	t.Helper()
 	srvBin, err := filepath.Abs("../bin/threadsrv")
 	if err != nil {
 		t.Fatal(err)
 	}
-	const srvPort = "8097"
-	srv := shimCommand(t, a, nil, srvBin, srvPort)
+	srv := shimCommand(t, a, env, srvBin, port)
 	var log SyncBuffer
 	srv.Stdout, srv.Stderr = &log, &log
 	if err := srv.Start(); err != nil {
@@ -100,7 +119,7 @@ func TestShimThreadAConnection(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	requireAccelerated(t, log.String(), "listening")
-	target := net.JoinHostPort(a.Iface0().Addr().String(), srvPort)
+	target := net.JoinHostPort(a.Iface0().Addr().String(), port)
 	const clients, requests = 16, 100
 	conns := make([]net.Conn, 0, clients+1)
 	defer func() {
@@ -111,9 +130,8 @@ func TestShimThreadAConnection(t *testing.T) {
 	dial := func(n int) error {
 		return b.Do(func() error {
 			for i := 0; i < n; i++ {
-				var c net.Conn
-				var err error
-				if c, err = net.DialTimeout("tcp", target, 5*time.Second); err != nil {
+				c, err := net.DialTimeout("tcp", target, 5*time.Second)
+				if err != nil {
 					return err
 				}
 				conns = append(conns, c)
@@ -122,7 +140,7 @@ func TestShimThreadAConnection(t *testing.T) {
 		})
 	}
 	if err := dial(clients); err != nil {
-		t.Fatalf("dial threadsrv: %v\nserver:\n%s", err, log.String())
+		t.Fatalf("%v: dial threadsrv: %v\nserver:\n%s", env, err, log.String())
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, clients)
@@ -138,22 +156,41 @@ func TestShimThreadAConnection(t *testing.T) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		t.Fatalf("%v\nserver:\n%s", err, log.String())
+		t.Fatalf("%v: %v\nserver:\n%s", env, err, log.String())
+	}
+	// One more request on each connection: a thread blocked since before
+	// the process left the stack wakes for it, and hands its connection
+	// over as it waits again.
+	for i, c := range conns {
+		if err := threadsrvRequests(c, 1); err != nil {
+			t.Fatalf("%v: client %d, its last request: %v\nserver:\n%s", env, i, err, log.String())
+		}
+	}
+	// Each connection is the kernel's then: handed over by its thread, or
+	// accepted from the listener's kernel socket (one that came after the
+	// port went there).
+	onKernel := func() int {
+		l := log.String()
+		return strings.Count(l, handedOverAlone) + strings.Count(l, acceptedByKernel)
+	}
+	for i := 0; i < 50 && onKernel() < clients; i++ { // up to 5 s
+		time.Sleep(100 * time.Millisecond)
 	}
 	// One more client, after: the listener's kernel socket serves it.
 	if err := dial(1); err != nil {
-		t.Fatalf("dial threadsrv after: %v\nserver:\n%s", err, log.String())
+		t.Fatalf("%v: dial threadsrv after: %v\nserver:\n%s", env, err, log.String())
 	}
 	if err := threadsrvRequests(conns[clients], 10); err != nil {
-		t.Fatalf("the client after: %v\nserver:\n%s", err, log.String())
+		t.Fatalf("%v: the client after: %v\nserver:\n%s", env, err, log.String())
 	}
 	l := log.String()
 	m := leftCounts.FindStringSubmatch(l)
 	n := strings.Count(l, handedOverAlone)
-	if !strings.Contains(l, leftForThreads) || m == nil || m[1] != "1" || m[2] != "0" || n < 8 {
-		t.Fatalf("threadsrv did not leave the stack, its listener's port and 8 or more connections to the kernel; its log:\n%s", l)
+	if !strings.Contains(l, leftForThreads) || m == nil || m[1] != "1" || m[2] != "0" || onKernel() != clients+1 {
+		t.Fatalf("%v: threadsrv did not leave the stack, its listener's port and all %d connections to the kernel (%d handed over, %d accepted from the kernel's socket); its log:\n%s",
+			env, clients+1, n, onKernel()-n, l)
 	}
-	t.Logf("threadsrv: %d connections handed over, its listener's port to the kernel", n)
+	t.Logf("threadsrv %v: %d connections handed over, %d accepted from the listener's kernel socket", env, n, onKernel()-n)
 }
 
 // threadsrvRequests sends n requests on c, one at a time, and checks each
